@@ -1,0 +1,125 @@
+"""The `gpuopt` command line. Heavy modules are imported inside the commands that use them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from optimizer import __version__
+
+app = typer.Typer(
+    name="gpuopt",
+    help="Keep GPU work on the cheapest AWS/GCP capacity that your policy allows.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+class MarketChoice(StrEnum):
+    spot = "spot"
+    on_demand = "on_demand"
+    on_demand_dash = "on-demand"
+
+
+def fail(message: str, code: int = 2) -> None:
+    """One clear line on stderr, then exit: the CLI never shows a traceback for bad input."""
+    print(f"gpuopt: error: {message}", file=sys.stderr)
+    raise typer.Exit(code)
+
+
+@app.command()
+def version() -> None:
+    """Print the gpuopt version."""
+    print(__version__)
+
+
+@app.command()
+def offers(
+    gpu: Annotated[
+        list[str] | None,
+        typer.Option("--gpu", help="GPU model, canonical or alias (A100-80GB, h100); repeatable."),
+    ] = None,
+    min_gpu_memory: Annotated[
+        float | None,
+        typer.Option("--min-gpu-memory", min=0, help="Minimum memory per GPU, GiB."),
+    ] = None,
+    gpus: Annotated[
+        int | None, typer.Option("--gpus", min=1, help="Minimum GPUs per instance.")
+    ] = None,
+    region: Annotated[
+        list[str] | None,
+        typer.Option("--region", help="Region glob (eu-*, europe-west4); repeatable."),
+    ] = None,
+    provider: Annotated[
+        list[str] | None, typer.Option("--provider", help="aws, gcp, …; repeatable.")
+    ] = None,
+    market: Annotated[MarketChoice | None, typer.Option("--market", help="Only this market.")] = (
+        None
+    ),
+    max_price: Annotated[
+        float | None, typer.Option("--max-price", min=0, help="Maximum USD per instance-hour.")
+    ] = None,
+    limit: Annotated[
+        int, typer.Option("--limit", min=0, help="Show at most this many rows (0 = all).")
+    ] = 20,
+    catalog: Annotated[
+        Path | None,
+        typer.Option("--catalog", help="Read offers from this catalog CSV instead.", dir_okay=True),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of offers.")] = False,
+) -> None:
+    """List GPU offers, cheapest first, from the configured providers or a catalog file."""
+    from optimizer import hardware
+    from optimizer.catalog import CatalogError
+    from optimizer.model import Market
+    from optimizer.offers import OfferQuery, select
+    from providers.snapshot import CatalogFileSource, SnapshotSource
+
+    gpu_models: list[str] = []
+    for name in gpu or []:
+        spec = hardware.lookup(name)
+        if spec is None:
+            known = ", ".join(g.name for g in hardware.all_gpus())
+            fail(f"--gpu: unknown GPU model {name!r}; known models: {known}")
+        else:
+            gpu_models.append(spec.name)
+
+    source = CatalogFileSource(catalog) if catalog is not None else SnapshotSource()
+    try:
+        rows = source.fetch_offers()
+    except CatalogError as exc:
+        fail(str(exc))
+
+    query = OfferQuery(
+        gpu_models=tuple(gpu_models),
+        min_gpu_memory_gib=min_gpu_memory,
+        min_gpus=gpus,
+        region_globs=tuple(region or ()),
+        providers=tuple(p.lower() for p in provider or ()),
+        market=Market(market.value.replace("-", "_")) if market else None,
+        max_usd_per_hour=max_price,
+    )
+    chosen = select(rows, query)
+    shown = chosen[:limit] if limit else chosen
+
+    if as_json:
+        json.dump([o.to_dict() for o in shown], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
+    from optimizer.render import offers_table
+
+    offers_table(shown, total=len(chosen), source=source.name)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

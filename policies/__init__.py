@@ -1,0 +1,1 @@
+"""Policy schema, loader and ranking engine (pure; no I/O beyond reading YAML)."""

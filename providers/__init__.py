@@ -1,0 +1,1 @@
+"""Cloud adapters behind one small contract (see providers.base)."""

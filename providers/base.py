@@ -1,0 +1,100 @@
+"""The provider contract: fetch offers, launch, describe, terminate; failures are typed.
+
+Adapters translate each cloud's error codes into the classes below at the boundary, so
+nothing above a provider ever parses an error message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+from optimizer.model import Offer
+
+
+class ProviderError(Exception):
+    """A provider call failed for a reason none of the narrower classes covers."""
+
+    def __init__(self, message: str, *, provider: str = "", code: str = "") -> None:
+        super().__init__(message)
+        self.provider = provider
+        self.code = code
+
+
+class CapacityError(ProviderError):
+    """The cloud has no capacity for this type in this place right now."""
+
+
+class QuotaError(ProviderError):
+    """An account quota or limit stops the launch."""
+
+
+class PriceTooLowError(ProviderError):
+    """The spot cap is below the current spot price."""
+
+
+class ThrottledError(ProviderError):
+    """The API asked us to slow down."""
+
+
+class AuthError(ProviderError):
+    """Credentials are missing, wrong or lack a permission."""
+
+
+class InstanceState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    TERMINATED = "terminated"
+
+
+class EndReason(StrEnum):
+    PREEMPTED = "preempted"
+    USER = "user"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceRef:
+    """Enough to find one launched instance again."""
+
+    provider: str
+    region: str
+    zone: str | None
+    instance_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceStatus:
+    ref: InstanceRef
+    state: InstanceState
+    end_reason: EndReason | None = None
+    detail: str = ""
+
+
+@runtime_checkable
+class OfferSource(Protocol):
+    """Anything that yields offers: a live cloud, a catalog file, the bundled snapshot."""
+
+    name: str
+
+    def fetch_offers(self, regions: Sequence[str] | None = None) -> list[Offer]:
+        """Prices, availability and specs, normalized; all known regions when None."""
+        ...
+
+
+@runtime_checkable
+class Provider(OfferSource, Protocol):
+    """A cloud gpuopt can launch on."""
+
+    def launch(self, offer: Offer, spec: Any, idempotency_key: str) -> InstanceRef:
+        """Start an instance for `offer`; calling twice with one key yields one instance."""
+        ...
+
+    def describe(self, refs: Iterable[InstanceRef]) -> list[InstanceStatus]:
+        """Current state of each instance and, once it ended, why."""
+        ...
+
+    def terminate(self, ref: InstanceRef) -> None: ...
