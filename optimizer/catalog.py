@@ -18,7 +18,13 @@ from typing import Any, TextIO
 
 from optimizer.model import OFFER_FIELDS, Interconnect, Market, Offer, OfferError
 
-REQUIRED = frozenset(OFFER_FIELDS) - {"zone", "placement_score", "interruption_bucket", "source"}
+OPTIONAL: dict[str, Any] = {
+    "zone": None,
+    "placement_score": None,
+    "interruption_bucket": None,
+    "source": "",
+}
+REQUIRED = frozenset(OFFER_FIELDS) - set(OPTIONAL)
 
 
 @dataclass
@@ -150,14 +156,16 @@ def iter_offers(stream: TextIO, *, path: str = "<catalog>") -> Iterator[Offer]:
                 raise CatalogError(
                     path, f"expected {len(header)} values, found {len(row)}", line=line
                 )
-            values: dict[str, Any] = {}
+            values: dict[str, Any] = dict(OPTIONAL)
             for column, (name, raw) in enumerate(zip(header, row, strict=True), start=1):
                 if name in REQUIRED and not raw.strip():
                     raise CatalogError(path, "missing value", line=line, column=column, field=name)
                 try:
                     values[name] = PARSERS[name](raw)
                 except ValueError as exc:
-                    raise CatalogError(path, str(exc), line=line, column=column, field=name) from None
+                    raise CatalogError(
+                        path, str(exc), line=line, column=column, field=name
+                    ) from None
             try:
                 yield Offer(**values)
             except OfferError as exc:

@@ -1,0 +1,109 @@
+"""`gpuopt` as users run it: a real process, its exit code, stdout and stderr."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from optimizer import __version__
+from optimizer.catalog import read_catalog
+
+GOOD_CATALOG = """\
+# a small catalog
+provider,region,zone,instance_type,gpu_model,gpu_count,gpu_memory_gib,vcpus,ram_gib,interconnect,market,usd_per_hour,observed_at
+aws,eu-west-1,euw1-az1,p4d.24xlarge,A100-40GB,8,40.0,96,1152,nvlink,spot,9.5,2026-11-01T00:00:00Z
+aws,us-east-1,use1-az2,p4de.24xlarge,A100-80GB,8,80.0,96,1152,nvlink,on_demand,40.96,2026-11-01T00:00:00Z
+gcp,europe-west4,europe-west4-a,a2-ultragpu-1g,A100-80GB,1,80.0,12,170,none,spot,2.1,2026-11-01T00:00:00Z
+gcp,europe-west2,,g2-standard-8,L4,1,24.0,8,32,none,on_demand,0.85,2026-11-01T00:00:00Z
+"""
+
+
+def gpuopt(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "optimizer.cli", *args],
+        capture_output=True, text=True, env=env, cwd=cwd, timeout=60, check=False,
+    )
+
+
+@pytest.fixture
+def catalog(tmp_path: Path) -> Path:
+    path = tmp_path / "prices.csv"
+    path.write_text(GOOD_CATALOG)
+    return path
+
+
+def test_version() -> None:
+    done = gpuopt("version")
+    assert done.returncode == 0
+    assert done.stdout.strip() == __version__
+
+
+def test_json_rows_are_offer_objects_cheapest_first(catalog: Path) -> None:
+    done = gpuopt("offers", "--catalog", str(catalog), "--json")
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
+    assert [r["usd_per_hour"] for r in rows] == [0.85, 2.1, 9.5, 40.96]
+    assert rows[0]["zone"] is None and rows[0]["market"] == "on_demand"
+    assert [r.to_dict() for r in read_catalog(catalog)][3] == rows[0]
+
+
+def test_filters_reach_the_query(catalog: Path) -> None:
+    done = gpuopt("offers", "--catalog", str(catalog), "--json", "--gpu", "a100-80gb",
+                  "--region", "europe-*", "--market", "spot")
+    assert done.returncode == 0, done.stderr
+    assert [(r["region"], r["instance_type"]) for r in json.loads(done.stdout)] == [
+        ("europe-west4", "a2-ultragpu-1g")
+    ]
+    done = gpuopt("offers", "--catalog", str(catalog), "--json", "--min-gpu-memory", "40",
+                  "--gpus", "8", "--limit", "1")
+    assert [r["instance_type"] for r in json.loads(done.stdout)] == ["p4d.24xlarge"]
+
+
+def test_table_output_lists_the_offers(catalog: Path) -> None:
+    done = gpuopt("offers", "--catalog", str(catalog), "--market", "on-demand")
+    assert done.returncode == 0, done.stderr
+    assert "g2-standard-8" in done.stdout and "p4de.24xlarge" in done.stdout
+    assert "p4d.24xlarge" not in done.stdout  # the spot row
+    assert done.stdout.index("g2-standard-8") < done.stdout.index("p4de.24xlarge")
+
+
+def test_missing_catalog_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    done = gpuopt("offers", "--catalog", "does-not-exist.csv", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr == "gpuopt: error: does-not-exist.csv: no such file\n"
+
+
+def test_malformed_catalog_names_line_column_and_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text(GOOD_CATALOG.replace("40.96", "forty"))
+    done = gpuopt("offers", "--catalog", str(bad))
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert done.stderr.startswith(f"gpuopt: error: {bad}:4:12: usd_per_hour: ")
+
+
+def test_unknown_gpu_is_refused_with_the_known_names(catalog: Path) -> None:
+    done = gpuopt("offers", "--catalog", str(catalog), "--gpu", "A1000000")
+    assert done.returncode == 2
+    assert "unknown GPU model 'A1000000'" in done.stderr and "A100-80GB" in done.stderr
+
+
+def test_help_does_not_load_cloud_sdks_or_the_store() -> None:
+    probe = (
+        "import sys, runpy; sys.argv = ['gpuopt', '--help']\n"
+        "try:\n    runpy.run_module('optimizer.cli', run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        "heavy = [m for m in ('boto3', 'botocore', 'google.cloud', 'torch', 'pynvml',"
+        " 'sqlmodel', 'sqlalchemy', 'fastapi') if m in sys.modules]\n"
+        "print('HEAVY', heavy)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert "HEAVY []" in done.stdout, done.stdout + done.stderr
