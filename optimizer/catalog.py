@@ -206,9 +206,7 @@ def _format(value: Any) -> str:
     return str(value)
 
 
-def write_catalog(
-    offers: Iterable[Offer], stream: TextIO, *, comments: Iterable[str] = ()
-) -> int:
+def write_catalog(offers: Iterable[Offer], stream: TextIO, *, comments: Iterable[str] = ()) -> int:
     """Write offers as catalog CSV (comments first, as `# ` lines); return the row count."""
     for comment in comments:
         stream.write(f"# {comment}\n")

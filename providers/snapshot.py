@@ -25,12 +25,24 @@ SNAPSHOT_RESOURCE = "offers_snapshot.csv"
 # What the snapshot covers (the common GPU families, EU and non-EU European regions included).
 SNAPSHOT_REGIONS = {
     "aws": (
-        "us-east-1", "us-east-2", "us-west-2", "eu-west-1", "eu-central-1", "eu-west-2",
-        "eu-north-1", "ap-northeast-1",
+        "us-east-1",
+        "us-east-2",
+        "us-west-2",
+        "eu-west-1",
+        "eu-central-1",
+        "eu-west-2",
+        "eu-north-1",
+        "ap-northeast-1",
     ),
     "gcp": (
-        "us-central1", "us-east4", "us-west1", "europe-west4", "europe-west1", "europe-west2",
-        "europe-west3", "asia-northeast1",
+        "us-central1",
+        "us-east4",
+        "us-west1",
+        "europe-west4",
+        "europe-west1",
+        "europe-west2",
+        "europe-west3",
+        "asia-northeast1",
     ),
 }
 AWS_FAMILIES = ("g4dn", "g5", "g6", "g6e", "p3", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en")
@@ -109,9 +121,7 @@ def build_snapshot(catalog_dir: str | Path) -> list[Offer]:
         key = (offer.provider, offer.region, offer.instance_type)
         best = by_region.get(key)
         if best is None or offer.usd_per_hour < best.usd_per_hour:
-            by_region[key] = replace(
-                offer, zone=None, source=SNAPSHOT_SOURCES[offer.provider]
-            )
+            by_region[key] = replace(offer, zone=None, source=SNAPSHOT_SOURCES[offer.provider])
     return sorted(by_region.values(), key=lambda o: (o.provider, o.region, o.instance_type))
 
 

@@ -45,8 +45,16 @@ def dump(offers: list[Offer], comments: tuple[str, ...] = ()) -> str:
 
 
 def test_round_trip_keeps_every_field() -> None:
-    rows = [offer(), offer(zone=None, market=Market.ON_DEMAND, placement_score=None,
-                           interruption_bucket=None, usd_per_hour=40.96)]
+    rows = [
+        offer(),
+        offer(
+            zone=None,
+            market=Market.ON_DEMAND,
+            placement_score=None,
+            interruption_bucket=None,
+            usd_per_hour=40.96,
+        ),
+    ]
     assert parse_catalog(dump(rows, comments=("list prices", "as of 2026-04-23"))) == rows
 
 
@@ -105,8 +113,11 @@ def test_bad_value_names_file_line_column_and_field(field: str, value: str, need
 
 def test_missing_required_column_is_named() -> None:
     text = dump([offer()]).replace("usd_per_hour", "price")
-    with pytest.raises(CatalogError, match=r"x.csv:1: header lacks required column\(s\): "
-                                           r"usd_per_hour"):
+    with pytest.raises(
+        CatalogError,
+        match=r"x.csv:1: header lacks required column\(s\): "
+        r"usd_per_hour",
+    ):
         parse_catalog(text, path="x.csv")
 
 
@@ -141,8 +152,11 @@ def test_binary_file_is_refused(tmp_path) -> None:
 
 
 def test_optional_columns_may_be_left_out() -> None:
-    required = [f for f in OFFER_FIELDS if f not in
-                ("zone", "placement_score", "interruption_bucket", "source")]
+    required = [
+        f
+        for f in OFFER_FIELDS
+        if f not in ("zone", "placement_score", "interruption_bucket", "source")
+    ]
     row = offer(zone=None, placement_score=None, interruption_bucket=None, source="")
     values = row.to_dict()
     text = ",".join(required) + "\n" + ",".join(str(values[f]) for f in required) + "\n"

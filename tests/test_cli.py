@@ -27,7 +27,12 @@ def gpuopt(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[s
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
     return subprocess.run(
         [sys.executable, "-m", "optimizer.cli", *args],
-        capture_output=True, text=True, env=env, cwd=cwd, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=60,
+        check=False,
     )
 
 
@@ -54,14 +59,34 @@ def test_json_rows_are_offer_objects_cheapest_first(catalog: Path) -> None:
 
 
 def test_filters_reach_the_query(catalog: Path) -> None:
-    done = gpuopt("offers", "--catalog", str(catalog), "--json", "--gpu", "a100-80gb",
-                  "--region", "europe-*", "--market", "spot")
+    done = gpuopt(
+        "offers",
+        "--catalog",
+        str(catalog),
+        "--json",
+        "--gpu",
+        "a100-80gb",
+        "--region",
+        "europe-*",
+        "--market",
+        "spot",
+    )
     assert done.returncode == 0, done.stderr
     assert [(r["region"], r["instance_type"]) for r in json.loads(done.stdout)] == [
         ("europe-west4", "a2-ultragpu-1g")
     ]
-    done = gpuopt("offers", "--catalog", str(catalog), "--json", "--min-gpu-memory", "40",
-                  "--gpus", "8", "--limit", "1")
+    done = gpuopt(
+        "offers",
+        "--catalog",
+        str(catalog),
+        "--json",
+        "--min-gpu-memory",
+        "40",
+        "--gpus",
+        "8",
+        "--limit",
+        "1",
+    )
     assert [r["instance_type"] for r in json.loads(done.stdout)] == ["p4d.24xlarge"]
 
 
@@ -104,6 +129,7 @@ def test_help_does_not_load_cloud_sdks_or_the_store() -> None:
         " 'sqlmodel', 'sqlalchemy', 'fastapi') if m in sys.modules]\n"
         "print('HEAVY', heavy)\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
     assert "HEAVY []" in done.stdout, done.stdout + done.stderr

@@ -14,9 +14,18 @@ T0 = datetime(2026, 4, 23, tzinfo=UTC)
 
 def offer(region: str, price: float, **changes: object) -> Offer:
     values: dict[str, object] = dict(
-        provider="gcp", region=region, zone=None, instance_type="a2-ultragpu-1g",
-        gpu_model="A100-80GB", gpu_count=1, gpu_memory_gib=80.0, vcpus=12, ram_gib=170.0,
-        interconnect=Interconnect.NONE, market=Market.ON_DEMAND, usd_per_hour=price,
+        provider="gcp",
+        region=region,
+        zone=None,
+        instance_type="a2-ultragpu-1g",
+        gpu_model="A100-80GB",
+        gpu_count=1,
+        gpu_memory_gib=80.0,
+        vcpus=12,
+        ram_gib=170.0,
+        interconnect=Interconnect.NONE,
+        market=Market.ON_DEMAND,
+        usd_per_hour=price,
         observed_at=T0,
     )
     values.update(changes)
@@ -42,8 +51,12 @@ def test_region_globs_use_each_clouds_names() -> None:
 
 
 def test_filters_combine() -> None:
-    query = OfferQuery(gpu_models=("A100-80GB",), min_gpu_memory_gib=40, market=Market.ON_DEMAND,
-                       max_usd_per_hour=4.5)
+    query = OfferQuery(
+        gpu_models=("A100-80GB",),
+        min_gpu_memory_gib=40,
+        market=Market.ON_DEMAND,
+        max_usd_per_hour=4.5,
+    )
     assert [o.region for o in select(ROWS, query)] == ["us-central1", "europe-west2"]
     assert [o.gpu_count for o in select(ROWS, OfferQuery(min_gpus=2))] == [8]
     assert select(ROWS, OfferQuery(providers=("aws",))) == []

@@ -1,0 +1,390 @@
+"""The store: price history, latest prices, jobs and events, on SQLite or PostgreSQL.
+
+Tables live in `optimizer.store_tables`. Bulk paths use SQLAlchemy Core over plain dicts
+(executemany), because building ORM objects costs more than the insert itself; every public
+write is one transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import UTC, datetime
+from itertools import islice
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self, TypeVar, cast
+
+from sqlalchemy import (
+    CursorResult,
+    Engine,
+    Insert,
+    Row,
+    Table,
+    create_engine,
+    event,
+    insert,
+    select,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.pool import StaticPool
+from sqlmodel import SQLModel
+
+from optimizer import settings
+from optimizer.model import OFFER_FIELDS, Market, Offer
+from optimizer.store_tables import (
+    POOL_COLUMNS,
+    Event,
+    EventRecord,
+    Job,
+    JobRecord,
+    LatestPrice,
+    PriceHistory,
+)
+
+__all__ = [
+    "DuplicateJobError",
+    "EventRecord",
+    "JobRecord",
+    "Store",
+    "StoreError",
+]
+
+# Rows per executemany call: big enough to amortize the round trip, small enough that one
+# chunk's parameter list stays a few MB.
+CHUNK_ROWS = 5_000
+
+# PostgreSQL identifiers: we splice the schema into a connection option, so allow no quoting.
+_SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+_T = TypeVar("_T")
+
+
+class StoreError(Exception):
+    """The store refused or could not complete an operation."""
+
+
+class DuplicateJobError(StoreError):
+    """A job with this name already exists."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"a job named {name!r} already exists")
+        self.name = name
+
+
+def _table(model: type[SQLModel]) -> Table:
+    return cast(Table, model.__table__)  # type: ignore[attr-defined]
+
+
+_HISTORY = _table(PriceHistory)
+_LATEST = _table(LatestPrice)
+_JOB = _table(Job)
+_EVENT = _table(Event)
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _aware(value: datetime, name: str) -> datetime:
+    if value.tzinfo is None:
+        raise ValueError(f"{name} must be timezone-aware (UTC), got a naive datetime")
+    return value.astimezone(UTC)
+
+
+def _chunks(items: Iterable[_T], size: int) -> Iterator[list[_T]]:
+    it = iter(items)
+    while chunk := list(islice(it, size)):
+        yield chunk
+
+
+def _history_row(offer: Offer) -> dict[str, Any]:
+    return {
+        "provider": offer.provider,
+        "region": offer.region,
+        "zone": offer.zone or "",
+        "instance_type": offer.instance_type,
+        "market": offer.market.value,
+        "usd_per_hour": offer.usd_per_hour,
+        "observed_at": offer.observed_at,
+        "source": offer.source,
+    }
+
+
+def _latest_row(offer: Offer) -> dict[str, Any]:
+    row = {name: getattr(offer, name) for name in OFFER_FIELDS}
+    row["zone"] = offer.zone or ""
+    row["market"] = offer.market.value
+    row["interconnect"] = offer.interconnect.value
+    return row
+
+
+def _offer(row: Row[Any]) -> Offer:
+    values = row._mapping
+    fields = {name: values[name] for name in OFFER_FIELDS}
+    fields["zone"] = fields["zone"] or None
+    return Offer(**fields)
+
+
+def _job(row: Row[Any]) -> JobRecord:
+    m = row._mapping
+    fields = {name: m[name] for name in JobRecord.__dataclass_fields__}
+    return JobRecord(**{**fields, "spec": json.loads(m["spec"])})
+
+
+def _event(row: Row[Any]) -> EventRecord:
+    m = row._mapping
+    fields = {name: m[name] for name in EventRecord.__dataclass_fields__}
+    return EventRecord(**{**fields, "data": None if m["data"] is None else json.loads(m["data"])})
+
+
+def _inserted_id(result: CursorResult[Any]) -> int:
+    key = result.inserted_primary_key
+    if key is None:
+        raise StoreError("the database returned no id for the new row")
+    return int(key[0])
+
+
+def _upsert_latest(dialect: str) -> Insert:
+    """INSERT … ON CONFLICT (pool) DO UPDATE, only when the incoming row is not older."""
+    stmt: postgresql.Insert | sqlite.Insert
+    if dialect == "postgresql":
+        stmt = postgresql.insert(_LATEST)
+    elif dialect == "sqlite":
+        stmt = sqlite.insert(_LATEST)
+    else:
+        raise StoreError(f"no latest-price upsert for the {dialect!r} dialect")
+    excluded = stmt.excluded
+    updates = {name: excluded[name] for name in OFFER_FIELDS if name not in POOL_COLUMNS}
+    return stmt.on_conflict_do_update(
+        index_elements=list(POOL_COLUMNS),
+        set_=updates,
+        where=excluded.observed_at >= _LATEST.c.observed_at,
+    )
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA foreign_keys=ON")  # off by default in SQLite
+    # WAL lets the API and CLI read while the daemon writes; NORMAL sync is crash-safe in WAL
+    # (a power cut may lose the last commits, never consistency).
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=5000")
+    cursor.close()
+
+
+def _make_engine(url: str, schema: str | None) -> Engine:
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if schema is not None:
+            raise ValueError("schema= applies to PostgreSQL only")
+        database = parsed.database or ""
+        if database in ("", ":memory:"):
+            # One shared connection, or every checkout would see its own empty database.
+            engine = create_engine(
+                url, poolclass=StaticPool, connect_args={"check_same_thread": False}
+            )
+        else:
+            if not database.startswith("file:"):
+                Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            engine = create_engine(url)
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    connect_args: dict[str, Any] = {}
+    if schema is not None:
+        if not _SCHEMA_NAME.fullmatch(schema):
+            raise ValueError(f"schema must be a plain identifier, got {schema!r}")
+        connect_args["options"] = f"-csearch_path={schema}"
+    return create_engine(url, connect_args=connect_args, pool_pre_ping=True)
+
+
+class Store:
+    """The daemon's durable state. `Store()` uses `settings.database_url()`.
+
+    `schema` (PostgreSQL only) puts every table in that existing schema via `search_path`;
+    `clock` supplies "now" wherever a caller does not pass a time.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        schema: str | None = None,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        self.url = settings.database_url() if url is None else settings.normalize_database_url(url)
+        self.engine = _make_engine(self.url, schema)
+        self._clock = clock or _utc_now
+        self._upsert = _upsert_latest(self.engine.dialect.name)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def create_all(self) -> None:
+        """Create any missing tables and indexes (existing ones are left as they are)."""
+        SQLModel.metadata.create_all(self.engine)
+
+    def close(self) -> None:
+        """Close every pooled connection."""
+        self.engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _now(self, at: datetime | None, name: str = "at") -> datetime:
+        return _aware(self._clock() if at is None else at, name)
+
+    # -- prices ----------------------------------------------------------------------------
+
+    def record_offers(self, offers: Iterable[Offer]) -> int:
+        """Append offers to price history and advance each pool's latest price; one transaction.
+
+        A pool's latest row only moves forward: an observation older than the stored one is
+        kept in history but does not replace it. Returns the number of history rows written.
+        """
+        newest: dict[tuple[str, str, str | None, str, Market], Offer] = {}
+        written = 0
+        with self.engine.begin() as conn:
+            for chunk in _chunks(offers, CHUNK_ROWS):
+                conn.execute(insert(_HISTORY), [_history_row(offer) for offer in chunk])
+                written += len(chunk)
+                for offer in chunk:
+                    # One row per pool per statement: PostgreSQL refuses to upsert a row twice
+                    # in one command, and it saves work on both engines.
+                    held = newest.get(offer.pool)
+                    if held is None or offer.observed_at >= held.observed_at:
+                        newest[offer.pool] = offer
+            for rows in _chunks(map(_latest_row, newest.values()), CHUNK_ROWS):
+                conn.execute(self._upsert, rows)
+        return written
+
+    def latest_offers(
+        self,
+        *,
+        provider: str | None = None,
+        region: str | None = None,
+        market: Market | str | None = None,
+    ) -> list[Offer]:
+        """The newest offer of every pool, optionally filtered, ordered by pool."""
+        query = select(_LATEST).order_by(*(_LATEST.c[name] for name in POOL_COLUMNS))
+        if provider is not None:
+            query = query.where(_LATEST.c.provider == provider)
+        if region is not None:
+            query = query.where(_LATEST.c.region == region)
+        if market is not None:
+            query = query.where(_LATEST.c.market == Market(market).value)
+        with self.engine.connect() as conn:
+            return [_offer(row) for row in conn.execute(query)]
+
+    def price_history(
+        self,
+        provider: str,
+        region: str,
+        zone: str | None,
+        instance_type: str,
+        market: Market | str,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[tuple[datetime, float]]:
+        """One pool's (observed_at, usd_per_hour) in time order, for since <= t < until."""
+        t = _HISTORY
+        query = (
+            select(t.c.observed_at, t.c.usd_per_hour)
+            .where(
+                t.c.provider == provider,
+                t.c.region == region,
+                t.c.zone == (zone or ""),
+                t.c.instance_type == instance_type,
+                t.c.market == Market(market).value,
+            )
+            .order_by(t.c.observed_at, t.c.id)
+        )
+        if since is not None:
+            query = query.where(t.c.observed_at >= _aware(since, "since"))
+        if until is not None:
+            query = query.where(t.c.observed_at < _aware(until, "until"))
+        with self.engine.connect() as conn:
+            return [(row.observed_at, row.usd_per_hour) for row in conn.execute(query)]
+
+    # -- jobs ------------------------------------------------------------------------------
+
+    def add_job(
+        self, name: str, policy: str, spec: Mapping[str, Any], *, at: datetime | None = None
+    ) -> int:
+        """Create a pending job and return its id; raise DuplicateJobError if the name is taken."""
+        now = self._now(at)
+        values = {
+            "name": name,
+            "policy": policy,
+            "spec": json.dumps(dict(spec), sort_keys=True),
+            "state": "pending",
+            "restarts": 0,
+            "created_at": now,
+            "updated_at": now,
+        }
+        try:
+            with self.engine.begin() as conn:
+                result = conn.execute(insert(_JOB).values(values))
+        except IntegrityError as err:
+            if self.get_job(name) is not None:
+                raise DuplicateJobError(name) from err
+            raise
+        return _inserted_id(result)
+
+    def get_job(self, name: str) -> JobRecord | None:
+        """The job with this name, or None."""
+        with self.engine.connect() as conn:
+            row = conn.execute(select(_JOB).where(_JOB.c.name == name)).first()
+        return None if row is None else _job(row)
+
+    def list_jobs(self) -> list[JobRecord]:
+        """Every job, oldest first."""
+        with self.engine.connect() as conn:
+            return [_job(row) for row in conn.execute(select(_JOB).order_by(_JOB.c.id))]
+
+    # -- events ----------------------------------------------------------------------------
+
+    def add_event(
+        self,
+        kind: str,
+        message: str,
+        *,
+        severity: str = "info",
+        job_id: int | None = None,
+        policy: str | None = None,
+        data: Mapping[str, Any] | None = None,
+        at: datetime | None = None,
+    ) -> int:
+        """Record an event and return its id."""
+        values = {
+            "at": self._now(at),
+            "kind": kind,
+            "severity": severity,
+            "job_id": job_id,
+            "policy": policy,
+            "message": message,
+            "data": None if data is None else json.dumps(dict(data), sort_keys=True),
+        }
+        with self.engine.begin() as conn:
+            result = conn.execute(insert(_EVENT).values(values))
+        return _inserted_id(result)
+
+    def events(self, job_id: int | None = None, limit: int = 100) -> list[EventRecord]:
+        """The newest `limit` events (of one job, if given), returned oldest first."""
+        query = select(_EVENT).order_by(_EVENT.c.at.desc(), _EVENT.c.id.desc()).limit(limit)
+        if job_id is not None:
+            query = query.where(_EVENT.c.job_id == job_id)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).all()
+        return [_event(row) for row in reversed(rows)]
