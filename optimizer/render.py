@@ -12,6 +12,9 @@ from optimizer.model import Offer
 
 def offers_table(offers: Sequence[Offer], *, total: int, source: str) -> None:
     console = Console()
+    if not console.is_terminal:
+        # Piped or captured output has no width to fit; never truncate a price or a name.
+        console = Console(width=250)
     if not offers:
         console.print(f"No offers match (source: {source}).")
         return
