@@ -1,0 +1,256 @@
+"""The v1 policy file, as pydantic models: unknown keys, wrong types and bad values are errors.
+
+Every model is frozen and forbids extra keys, so a typo (`max_usd_per_hr`) is caught before
+anything runs. `policy.schema.json` is generated from these models (`gpuopt policy schema`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from optimizer import hardware
+from policies import regions, sizing
+
+API_VERSION = "gpuopt/v1"
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+PROVIDERS = ("aws", "gcp", "local")
+DTYPES = hardware.DTYPES
+Dtype = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8"]
+Market = Literal["spot", "on_demand"]
+HOURS_PER_MONTH = 730  # 365 x 24 / 12, the convention cloud price calculators use
+
+assert set(Dtype.__args__) == set(DTYPES), "Dtype must list the hardware table's dtypes"  # type: ignore[attr-defined]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class ModelSpec(_Strict):
+    """A model to derive GPU memory from (policies/sizing.py has the formulas)."""
+
+    parameters: int | float | str = Field(
+        description="Parameter count: a number or 340M / 7B / 1.5T."
+    )
+    precision: str = Field("bf16", description="fp32, tf32, bf16, fp16, fp8, int8, int4.")
+    optimizer: str = Field("adam", description="adam, adamw, sgd, adafactor or none.")
+
+    @field_validator("parameters")
+    @classmethod
+    def _parameters(cls, value: int | float | str) -> int:
+        return sizing.parse_parameters(value)
+
+    @field_validator("precision")
+    @classmethod
+    def _precision(cls, value: str) -> str:
+        return sizing.canonical_precision(value)
+
+    @field_validator("optimizer")
+    @classmethod
+    def _optimizer(cls, value: str) -> str:
+        return sizing.canonical_optimizer(value)
+
+
+class Workload(_Strict):
+    """What the work needs, before the buffer."""
+
+    type: Literal["training", "inference", "hpc", "rendering"] = "training"
+    gpus: int = Field(1, ge=1, le=64, description="GPUs per node, minimum.")
+    gpu_memory_gib: float | None = Field(
+        None, gt=0, le=4096, description="Per-GPU memory needed before the buffer, GiB."
+    )
+    model: ModelSpec | None = Field(
+        None, description="Derive per-GPU memory from a model; with gpu_memory_gib the larger wins."
+    )
+    min_tflops: dict[Dtype, float] = Field(
+        default_factory=dict, description="Whole-node dense TFLOPS per dtype, before the buffer."
+    )
+    fp64: bool = Field(False, description="Needs real FP64 units (>= 5 TFLOPS per GPU).")
+    interconnect: Literal["any", "nvlink"] = "any"
+    gpu_models: list[str] = Field(
+        default_factory=list, description="Only these GPU models (canonical names or aliases)."
+    )
+    cpu_memory_gib: float = Field(0, ge=0, description="Host RAM per node, GiB.")
+    vcpus: int = Field(0, ge=0, description="vCPUs per node.")
+
+    @field_validator("min_tflops")
+    @classmethod
+    def _positive_tflops(cls, value: dict[str, float]) -> dict[str, float]:
+        for dtype, tflops in value.items():
+            if tflops <= 0:
+                raise ValueError(f"min_tflops.{dtype} must be > 0, got {tflops}")
+        return value
+
+    @field_validator("gpu_models")
+    @classmethod
+    def _known_gpus(cls, value: list[str]) -> list[str]:
+        names: list[str] = []
+        for raw in value:
+            spec = hardware.lookup(raw)
+            if spec is None:
+                known = ", ".join(g.name for g in hardware.all_gpus())
+                raise ValueError(f"unknown GPU model {raw!r}; known models: {known}")
+            if spec.name not in names:
+                names.append(spec.name)
+        return names
+
+    @model_validator(mode="after")
+    def _sizable(self) -> Workload:
+        if self.model is not None:
+            if self.type not in ("training", "inference"):
+                raise ValueError(f"model sizing applies to training and inference, not {self.type}")
+            if self.type == "training" and self.model.precision not in sizing.TRAINING_PRECISIONS:
+                raise ValueError(
+                    f"precision {self.model.precision} cannot size training; use one of: "
+                    + ", ".join(sizing.TRAINING_PRECISIONS)
+                )
+        return self
+
+    def memory_estimate(self) -> sizing.Estimate | None:
+        if self.model is None:
+            return None
+        return sizing.estimate(
+            self.model.parameters, self.model.precision, self.type, self.model.optimizer, self.gpus
+        )
+
+    def gpu_memory_need_gib(self) -> float:
+        """Per-GPU memory needed before the buffer: the explicit figure or the model's."""
+        estimate = self.memory_estimate()
+        derived = estimate.per_gpu_gib if estimate else 0.0
+        return max(float(self.gpu_memory_gib or 0.0), derived)
+
+    def dtype(self) -> str:
+        """The dtype that ranks throughput: the first min_tflops key, else the model's."""
+        if self.min_tflops:
+            return next(iter(self.min_tflops))
+        if self.model is not None and self.model.precision in DTYPES:
+            return self.model.precision
+        if self.type == "hpc" or self.fp64:
+            return "fp64"
+        return "bf16"
+
+
+class Bid(_Strict):
+    """Price caps; each optional."""
+
+    max_usd_per_hour: float | None = Field(None, gt=0, description="Whole instance, USD/h.")
+    max_usd_per_gpu_hour: float | None = Field(None, gt=0, description="USD per GPU-hour.")
+    max_fraction_of_on_demand: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Spot only: spot price <= this x on-demand of the same type and region.",
+    )
+
+
+class RegionRules(_Strict):
+    allow: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    deny: list[str] = Field(default_factory=list)
+
+    @field_validator("allow", "deny")
+    @classmethod
+    def _globs(cls, value: list[str]) -> list[str]:
+        for glob in value:
+            if not glob.strip():
+                raise ValueError("a region glob must not be empty")
+            if not re.fullmatch(r"[A-Za-z0-9*?\[\]!-]+", glob):
+                raise ValueError(f"{glob!r} is not a region glob (letters, digits, -, *, ?, [])")
+        return value
+
+
+class Placement(_Strict):
+    providers: list[Literal["aws", "gcp", "local"]] = Field(
+        default_factory=lambda: ["aws", "gcp", "local"], min_length=1
+    )
+    regions: RegionRules = Field(default_factory=RegionRules)
+    compliance: str | None = Field(
+        None, description="eu (alias gdpr) = EU/EEA member states only; us, uk, ch; or null."
+    )
+    countries: list[str] = Field(
+        default_factory=list, description="ISO 3166-1 alpha-2 codes the region must be in."
+    )
+
+    @field_validator("compliance")
+    @classmethod
+    def _preset(cls, value: str | None) -> str | None:
+        return None if value is None else regions.resolve_preset(value)
+
+    @field_validator("countries")
+    @classmethod
+    def _countries(cls, value: list[str]) -> list[str]:
+        return regions.validate_countries(value)
+
+
+class Budget(_Strict):
+    monthly_usd: float | None = Field(None, gt=0, description="Spend cap per month, USD.")
+    hours_per_month: float = Field(
+        HOURS_PER_MONTH, gt=0, le=744, description="Hours a node is expected to run per month."
+    )
+
+
+class Recovery(_Strict):
+    max_restarts: int = Field(20, ge=0)
+    pool_cooldown_minutes: float = Field(10, ge=0)
+    on_demand_after_interruptions: int = Field(3, ge=0)
+
+
+class Policy(_Strict):
+    """One policy file (apiVersion gpuopt/v1, kind Policy)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        strict=True,
+        populate_by_name=True,
+        json_schema_extra={"title": "gpuopt policy (gpuopt/v1)"},
+    )
+
+    api_version: Literal["gpuopt/v1"] = Field(alias="apiVersion")
+    kind: Literal["Policy"]
+    name: str = Field(pattern=NAME_PATTERN, description="[a-z0-9-], unique.")
+    description: str = ""
+    workload: Workload = Field(default_factory=Workload)
+    buffer: float = Field(
+        0.20, ge=0, lt=1, description="Headroom on memory and throughput, 0 <= buffer < 1."
+    )
+    markets: list[Market] = Field(
+        default_factory=lambda: ["spot", "on_demand"],
+        min_length=1,
+        description="Allowed markets, in order of preference (breaks price ties).",
+    )
+    rank_by: Literal["price", "price_per_tflop"] = "price"
+    max_price_age_hours: float | None = Field(
+        None, gt=0, description="Reject prices observed longer ago than this."
+    )
+    bid: Bid = Field(default_factory=Bid)
+    placement: Placement = Field(default_factory=Placement)
+    budget: Budget = Field(default_factory=Budget)
+    recovery: Recovery = Field(default_factory=Recovery)
+
+    @field_validator("markets")
+    @classmethod
+    def _unique_markets(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("markets lists a market twice")
+        return value
+
+    def memory_need_gib(self) -> float:
+        """Per-GPU memory an offer must have: the need grown by the buffer."""
+        return sizing.with_buffer(self.workload.gpu_memory_need_gib(), self.buffer)
+
+
+def json_schema() -> dict[str, object]:
+    """The JSON Schema of a policy file (by alias, as people write it)."""
+    schema = Policy.model_json_schema(by_alias=True, mode="validation")
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = "https://gpuopt.dev/schemas/policy-v1.json"
+    return schema
