@@ -21,6 +21,15 @@ app = typer.Typer(
 )
 
 
+def _register_subcommands() -> None:
+    from optimizer.cli_policy import app as policy_app
+
+    app.add_typer(policy_app, name="policy")
+
+
+_register_subcommands()
+
+
 class MarketChoice(StrEnum):
     spot = "spot"
     on_demand = "on_demand"
@@ -73,6 +82,13 @@ def offers(
         typer.Option("--catalog", help="Read offers from this catalog CSV instead.", dir_okay=True),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of offers.")] = False,
+    policy: Annotated[
+        Path | None,
+        typer.Option("--policy", help="Rank the offers under this policy file.", dir_okay=True),
+    ] = None,
+    explain: Annotated[
+        bool, typer.Option("--explain", help="With --policy: show why offers were rejected.")
+    ] = False,
 ) -> None:
     """List GPU offers, cheapest first, from the configured providers or a catalog file."""
     from optimizer import hardware
@@ -106,6 +122,11 @@ def offers(
         max_usd_per_hour=max_price,
     )
     chosen = select(rows, query)
+    if policy is not None:
+        _ranked(policy, chosen, limit=limit, explain=explain, as_json=as_json, source=source.name)
+        return
+    if explain:
+        fail("--explain needs --policy FILE")
     shown = chosen[:limit] if limit else chosen
 
     if as_json:
@@ -115,6 +136,35 @@ def offers(
     from optimizer.render import offers_table
 
     offers_table(shown, total=len(chosen), source=source.name)
+
+
+def _ranked(
+    path: Path, offers: list, *, limit: int, explain: bool, as_json: bool, source: str
+) -> None:
+    from datetime import UTC, datetime
+
+    from policies.engine import evaluate
+    from policies.loader import PolicyError, load_policy
+
+    try:
+        loaded = load_policy(path)
+    except PolicyError as exc:
+        for problem in exc.problems:
+            print(f"gpuopt: error: {problem}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    ranking = evaluate(loaded, offers, datetime.now(UTC))
+    if as_json:
+        out = ranking.to_dict()
+        if limit:
+            out["candidates"] = out["candidates"][:limit]
+        if not explain:
+            out.pop("rejections", None)
+        json.dump(out, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
+    from optimizer.render import ranking_table
+
+    ranking_table(ranking, limit=limit, explain=explain, source=source)
 
 
 def main() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -51,4 +52,67 @@ def offers_table(offers: Sequence[Offer], *, total: int, source: str) -> None:
             f"{o.usd_per_hour:.4f}",
             f"{o.usd_per_gpu_hour:.4f}",
         )
+    console.print(table)
+
+
+def ranking_table(ranking: Any, *, limit: int, explain: bool, source: str) -> None:
+    """Ranked candidates of a policy evaluation and, with `explain`, its rejections by rule."""
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=250)
+    shown = ranking.candidates[:limit] if limit else ranking.candidates
+    total = len(ranking.candidates) + len(ranking.rejections)
+    title = (
+        f"policy {ranking.policy_name}: {len(ranking.candidates)} of {total} offers qualify, "
+        f"best first (source: {source})"
+    )
+    if not shown:
+        console.print(f"{title}\nNo offer meets the policy; run with --explain to see why.")
+    else:
+        table = Table(title=title)
+        per_tflop = any(c.usd_per_tflop_hour is not None for c in shown)
+        headers = [
+            "#", "provider", "region", "zone", "instance type", "GPUs", "GiB/GPU", "headroom",
+            "market", "$/h", "$/GPU-h",
+        ]  # fmt: skip
+        if per_tflop:
+            headers += [f"{ranking.dtype} TFLOPS", "$/TFLOP-h"]
+        for header in headers:
+            table.add_column(header, justify="left" if header[0].isalpha() else "right")
+        for c in shown:
+            o = c.offer
+            headroom = "-" if c.memory_headroom is None else f"{c.memory_headroom:+.0%}"
+            row = [
+                str(c.rank), o.provider, o.region, o.zone or "-", o.instance_type,
+                f"{o.gpu_count}x {o.gpu_model}", f"{o.gpu_memory_gib:.1f}", headroom,
+                o.market.value, f"{o.usd_per_hour:.4f}", f"{c.usd_per_gpu_hour:.4f}",
+            ]  # fmt: skip
+            if per_tflop:
+                row += [
+                    "-" if c.node_tflops is None else f"{c.node_tflops:,.0f}",
+                    "-" if c.usd_per_tflop_hour is None else f"{c.usd_per_tflop_hour:.5f}",
+                ]
+            table.add_row(*row)
+        console.print(table)
+    if explain:
+        _rejections(console, ranking)
+
+
+def _rejections(console: Console, ranking: Any, examples: int = 3) -> None:
+    by_rule = ranking.rejections_by_rule()
+    if not by_rule:
+        console.print("No offer was rejected.")
+        return
+    table = Table(title=f"{len(ranking.rejections)} rejected offers, by the first rule they failed")
+    table.add_column("rule")
+    table.add_column("offers", justify="right")
+    table.add_column("examples")
+    for rule, rejected in by_rule.items():
+        lines = [
+            f"{r.offer.instance_type} {r.offer.region} {r.offer.market.value}: {r.reason}"
+            for r in rejected[:examples]
+        ]
+        if len(rejected) > examples:
+            lines.append(f"… and {len(rejected) - examples} more")
+        table.add_row(rule, str(len(rejected)), "\n".join(lines))
     console.print(table)

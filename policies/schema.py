@@ -252,5 +252,4 @@ def json_schema() -> dict[str, object]:
     """The JSON Schema of a policy file (by alias, as people write it)."""
     schema = Policy.model_json_schema(by_alias=True, mode="validation")
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["$id"] = "https://gpuopt.dev/schemas/policy-v1.json"
     return schema

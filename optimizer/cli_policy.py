@@ -1,0 +1,64 @@
+"""`gpuopt policy …`: check policy files and print their JSON Schema."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="Check policy files and print the policy JSON Schema.", no_args_is_help=True)
+
+
+@app.command("check")
+def check(
+    files: Annotated[list[Path], typer.Argument(help="Policy YAML files.", show_default=False)],
+) -> None:
+    """Validate policy files; print every problem as file:line:col: field: message.
+
+    Exit 0 when every file is valid, 1 otherwise.
+    """
+    from policies.loader import PolicyError, load_policy
+
+    names: dict[str, str] = {}
+    failed = 0
+    for path in files:
+        try:
+            policy = load_policy(path)
+        except PolicyError as exc:
+            failed += 1
+            for problem in exc.problems:
+                print(problem, file=sys.stderr)
+            continue
+        if policy.name in names:
+            failed += 1
+            other = names[policy.name]
+            print(
+                f"{path}: name: policy name {policy.name!r} is already used by {other}",
+                file=sys.stderr,
+            )
+            continue
+        names[policy.name] = str(path)
+        need = policy.memory_need_gib()
+        print(f"{path}: ok ({policy.name}: {policy.workload.gpus} GPU(s), {need:.1f} GiB per GPU)")
+    if failed:
+        print(f"{failed} of {len(files)} policy file(s) invalid", file=sys.stderr)
+        raise typer.Exit(1)
+
+
+@app.command("schema")
+def schema(
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write to this file instead of stdout.")
+    ] = None,
+) -> None:
+    """Print the JSON Schema of policy files (editors validate with it)."""
+    from policies.schema import json_schema
+
+    text = json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        output.write_text(text, encoding="utf-8")
