@@ -82,6 +82,8 @@ class _Builder:
                 f"document expands to more than {MAX_NODES} nodes (an alias bomb?)", node.start_mark
             )
         self.marks[at] = _Marks(key_mark, node.start_mark)
+        if isinstance(node, yaml.MappingNode | yaml.SequenceNode) and node.tag not in _SAFE_TAGS:
+            raise self.fail(f"YAML tag {node.tag} is not allowed", node.start_mark, at)
         if isinstance(node, yaml.MappingNode):
             out: dict[Any, Any] = {}
             for key_node, value_node in node.value:
@@ -107,7 +109,9 @@ class _Builder:
             raise self.fail(f"YAML tag {node.tag} is not allowed", node.start_mark, at)
         if interpolate and "${" in node.value:
             text = self._interpolate(node, at)
-            if node.style is None:  # plain scalar: let the value's own type come through
+            # A plain scalar, or a value that is one whole ${VAR}: the value's own type comes
+            # through (`${CAP}` set to 40 is a number), so numbers work inside flow mappings too.
+            if node.style is None or _ENV.fullmatch(node.value):
                 tag = self._scalars.resolve(yaml.ScalarNode, text, (True, False))
                 node = yaml.ScalarNode(tag, text, node.start_mark, node.end_mark)
             else:
@@ -138,7 +142,8 @@ class _Builder:
 
 
 _SAFE_TAGS = {
-    "tag:yaml.org,2002:" + t for t in ("str", "int", "float", "bool", "null", "timestamp")
+    "tag:yaml.org,2002:" + t
+    for t in ("str", "int", "float", "bool", "null", "timestamp", "map", "seq")
 }
 
 
