@@ -89,7 +89,9 @@ def ranking_table(ranking: Any, *, limit: int, explain: bool, source: str) -> No
             ]  # fmt: skip
             if per_tflop:
                 row += [
-                    "-" if c.node_tflops is None else f"{c.node_tflops:,.0f}",
+                    "-"
+                    if c.node_tflops is None
+                    else f"{c.node_tflops:,.{0 if c.node_tflops >= 100 else 1}f}",
                     "-" if c.usd_per_tflop_hour is None else f"{c.usd_per_tflop_hour:.5f}",
                 ]
             table.add_row(*row)

@@ -174,14 +174,14 @@ def read_gcp(path: str | Path, observed_at: datetime) -> list[Offer]:
             if gpu_row is None:
                 continue  # host sold here without that GPU: not a GPU offer
             model = hardware.from_gcp(name)
+            # GCP's APIs state no GPU memory (the catalog's figure is its own table), so a
+            # known model takes the hardware table's, which matches what AWS and NVML report.
+            listed = ast.literal_eval(gpu_row["GpuInfo"])["Gpus"][0]["MemoryInfo"]["SizeInMiB"]
             spec = _Spec(
                 instance_type=instance_type,
                 gpu_model=model.name,
                 gpu_count=count,
-                gpu_memory_gib=ast.literal_eval(gpu_row["GpuInfo"])["Gpus"][0]["MemoryInfo"][
-                    "SizeInMiB"
-                ]
-                / 1024,
+                gpu_memory_gib=model.memory_gib if model.known else listed / 1024,
                 vcpus=int(float(host["vCPUs"])),
                 ram_gib=float(host["MemoryGiB"]),
             )
