@@ -133,3 +133,48 @@ def test_help_does_not_load_cloud_sdks_or_the_store() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
     )
     assert "HEAVY []" in done.stdout, done.stdout + done.stderr
+
+
+POLICY = """\
+apiVersion: gpuopt/v1
+kind: Policy
+name: a100-eu
+workload: {gpus: 1, gpu_memory_gib: 30}
+placement: {compliance: eu}
+"""
+
+
+def test_offers_ranked_under_a_policy_with_explanations(catalog: Path, tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    done = gpuopt(
+        "offers", "--catalog", str(catalog), "--policy", str(policy), "--json", "--explain"
+    )
+    assert done.returncode == 0, done.stderr
+    ranking = json.loads(done.stdout)
+    assert [c["offer"]["instance_type"] for c in ranking["candidates"]] == [
+        "a2-ultragpu-1g",
+        "p4d.24xlarge",
+    ]
+    assert ranking["rejected_by_rule"] == {"compliance": 2}
+    reasons = {r["offer"]["region"]: r["reason"] for r in ranking["rejections"]}
+    assert set(reasons) == {"us-east-1", "europe-west2"}
+    assert "outside the EU/EEA" in reasons["europe-west2"]
+    table = gpuopt("offers", "--catalog", str(catalog), "--policy", str(policy), "--explain")
+    assert "compliance" in table.stdout and "europe-west2" in table.stdout
+    assert "a2-ultragpu-1g" in table.stdout
+
+
+def test_offers_with_a_bad_policy_exits_2_with_located_errors(
+    catalog: Path, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY + "buffer: 3\n")
+    done = gpuopt("offers", "--catalog", str(catalog), "--policy", str(policy))
+    assert done.returncode == 2
+    assert done.stderr == f"gpuopt: error: {policy}:6:9: buffer: must be < 1\n"
+
+
+def test_explain_without_a_policy_is_refused(catalog: Path) -> None:
+    done = gpuopt("offers", "--catalog", str(catalog), "--explain")
+    assert done.returncode == 2 and "--explain needs --policy" in done.stderr
