@@ -29,6 +29,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from optimizer import hardware
 from optimizer.model import Market, Offer
 from policies.engine import Ranking, evaluate
 from policies.schema import Policy
@@ -146,7 +147,11 @@ def figures(times: list[float]) -> dict[str, float]:
 def gpuhunt_query(policy: Policy, offers: list[Offer], runs: int) -> dict[str, Any] | str:
     """gpuhunt's own filter over the same rows, with the filters it can express."""
     try:
-        from gpuhunt import CatalogItem, QueryFilter  # type: ignore[import-not-found]
+        from gpuhunt import (  # type: ignore[import-not-found]
+            AcceleratorVendor,
+            CatalogItem,
+            QueryFilter,
+        )
         from gpuhunt._internal.constraints import matches  # type: ignore[import-not-found]
     except ImportError:
         return "not installed"
@@ -167,6 +172,9 @@ def gpuhunt_query(policy: Policy, offers: list[Offer], runs: int) -> dict[str, A
                 gpu_name=o.gpu_model,
                 gpu_memory=o.gpu_memory_gib,
                 spot=o.market == Market.SPOT,
+                gpu_vendor=AcceleratorVendor(hardware.get(o.gpu_model).vendor)
+                if o.gpu_count
+                else None,
             )
             if "flags" in row:
                 row["flags"] = []

@@ -170,9 +170,9 @@ def iter_offers(stream: TextIO, *, path: str = "<catalog>") -> Iterator[Offer]:
                 yield Offer(**values)
             except OfferError as exc:
                 field = str(exc).split(" ", 1)[0]
-                column = header.index(field) + 1 if field in header else None
+                at = header.index(field) + 1 if field in header else None
                 raise CatalogError(
-                    path, str(exc), line=line, column=column, field=field if column else None
+                    path, str(exc), line=line, column=at, field=field if at else None
                 ) from None
     except csv.Error as exc:
         raise CatalogError(path, f"malformed CSV: {exc}", line=skipped + reader.line_num) from None

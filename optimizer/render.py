@@ -35,7 +35,11 @@ def offers_table(offers: Sequence[Offer], *, total: int, source: str) -> None:
         ("$/h", "right"),
         ("$/GPU-h", "right"),
     ):
-        table.add_column(header, justify=justify, no_wrap=header in ("instance type", "$/h"))
+        table.add_column(
+            header,
+            justify="right" if justify == "right" else "left",
+            no_wrap=header in ("instance type", "$/h"),
+        )
     for o in offers:
         table.add_row(
             o.provider,

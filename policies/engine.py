@@ -34,9 +34,12 @@ def _utc_text(value: datetime) -> str:
     return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """An offer that passed every rule, with the figures its rank came from."""
+class Candidate(NamedTuple):
+    """An offer that passed every rule, with the figures its rank came from.
+
+    A NamedTuple, like Rejection: a permissive policy over a large price list builds one per
+    offer, and a frozen dataclass costs several times more to construct.
+    """
 
     offer: Offer
     rank: int  # 1 = best

@@ -94,14 +94,16 @@ class _Builder:
                 key = self._scalar(key_node, interpolate=False)
                 if not isinstance(key, str | int | float | bool) and key is not None:
                     raise self.fail("a key must be a plain value", key_node.start_mark, at)
+                step = key if isinstance(key, str | int) else str(key)
                 if key in out:
-                    first = self.marks[(*at, key)].key
+                    first = self.marks[(*at, step)].key
                     seen = f" (first at line {first.line + 1})" if first else ""
-                    raise self.fail(f"duplicate key{seen}", key_node.start_mark, (*at, key))
-                out[key] = self.build(value_node, (*at, key), key_node.start_mark)
+                    raise self.fail(f"duplicate key{seen}", key_node.start_mark, (*at, step))
+                out[key] = self.build(value_node, (*at, step), key_node.start_mark)
             return out
         if isinstance(node, yaml.SequenceNode):
             return [self.build(item, (*at, i)) for i, item in enumerate(node.value)]
+        assert isinstance(node, yaml.ScalarNode)
         return self._scalar(node, interpolate=True, at=at)
 
     def _scalar(self, node: yaml.ScalarNode, *, interpolate: bool, at: FieldPath = ()) -> Any:

@@ -22,10 +22,20 @@ from policies import regions, sizing
 
 API_VERSION = "gpuopt/v1"
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
-PROVIDERS = ("aws", "gcp", "local")
 DTYPES = hardware.DTYPES
 Dtype = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8"]
 Market = Literal["spot", "on_demand"]
+ProviderName = Literal["aws", "gcp", "local"]
+
+
+def _all_providers() -> list[ProviderName]:
+    return ["aws", "gcp", "local"]
+
+
+def _all_markets() -> list[Market]:
+    return ["spot", "on_demand"]
+
+
 HOURS_PER_MONTH = 730  # 365 x 24 / 12, the convention cloud price calculators use
 
 assert set(Dtype.__args__) == set(DTYPES), "Dtype must list the hardware table's dtypes"  # type: ignore[attr-defined]
@@ -168,9 +178,7 @@ class RegionRules(_Strict):
 
 
 class Placement(_Strict):
-    providers: list[Literal["aws", "gcp", "local"]] = Field(
-        default_factory=lambda: ["aws", "gcp", "local"], min_length=1
-    )
+    providers: list[ProviderName] = Field(default_factory=_all_providers, min_length=1)
     regions: RegionRules = Field(default_factory=RegionRules)
     compliance: str | None = Field(
         None, description="eu (alias gdpr) = EU/EEA member states only; us, uk, ch; or null."
@@ -223,7 +231,7 @@ class Policy(_Strict):
         0.20, ge=0, lt=1, description="Headroom on memory and throughput, 0 <= buffer < 1."
     )
     markets: list[Market] = Field(
-        default_factory=lambda: ["spot", "on_demand"],
+        default_factory=_all_markets,
         min_length=1,
         description="Allowed markets, in order of preference (breaks price ties).",
     )

@@ -9,6 +9,7 @@ and labels them `simulated`). Regenerate it with
 
 from __future__ import annotations
 
+import io
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
@@ -63,7 +64,7 @@ SNAPSHOT_SOURCES = {
 def load_snapshot() -> list[Offer]:
     """The bundled snapshot's offers."""
     data = resources.files("optimizer") / "data" / SNAPSHOT_RESOURCE
-    with data.open(encoding="utf-8", newline="") as stream:
+    with data.open("rb") as raw, io.TextIOWrapper(raw, encoding="utf-8", newline="") as stream:
         return list(iter_offers(stream, path=f"optimizer/data/{SNAPSHOT_RESOURCE}"))
 
 
