@@ -23,6 +23,7 @@ from sqlalchemy import (
     Row,
     Table,
     create_engine,
+    delete,
     event,
     insert,
     select,
@@ -43,6 +44,7 @@ from optimizer.store_tables import (
     JobRecord,
     LatestPrice,
     PriceHistory,
+    SpecCacheEntry,
 )
 
 __all__ = [
@@ -83,6 +85,7 @@ _HISTORY = _table(PriceHistory)
 _LATEST = _table(LatestPrice)
 _JOB = _table(Job)
 _EVENT = _table(Event)
+_SPEC = _table(SpecCacheEntry)
 
 
 def _utc_now() -> datetime:
@@ -388,3 +391,26 @@ class Store:
         with self.engine.connect() as conn:
             rows = conn.execute(query).all()
         return [_event(row) for row in reversed(rows)]
+
+    # -- provider spec cache (providers.base.SpecCache) -------------------------------------
+
+    def load_cached(self, provider: str, key: str) -> tuple[datetime, Any] | None:
+        """(fetched_at, value) saved under (provider, key), or None."""
+        query = select(_SPEC.c.fetched_at, _SPEC.c.value).where(
+            _SPEC.c.provider == provider, _SPEC.c.key == key
+        )
+        with self.engine.connect() as conn:
+            row = conn.execute(query).first()
+        return None if row is None else (row.fetched_at, json.loads(row.value))
+
+    def save_cached(self, provider: str, key: str, value: Any, fetched_at: datetime) -> None:
+        """Replace the value under (provider, key) in one transaction."""
+        row = {
+            "provider": provider,
+            "key": key,
+            "fetched_at": _aware(fetched_at, "fetched_at"),
+            "value": json.dumps(value, sort_keys=True),
+        }
+        with self.engine.begin() as conn:
+            conn.execute(delete(_SPEC).where(_SPEC.c.provider == provider, _SPEC.c.key == key))
+            conn.execute(insert(_SPEC).values(row))

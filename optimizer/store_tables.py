@@ -143,6 +143,17 @@ class Event(SQLModel, table=True):
     data: str | None = Field(default=None, sa_type=Text)
 
 
+class SpecCacheEntry(SQLModel, table=True):
+    """Slow-changing provider facts (instance specs) kept between polls; `value` is JSON."""
+
+    __tablename__ = "spec_cache"
+
+    provider: str = Field(primary_key=True)
+    key: str = Field(primary_key=True)
+    fetched_at: datetime = Field(sa_type=UTCDateTime)
+    value: str = Field(sa_type=Text)
+
+
 @dataclass(frozen=True, slots=True)
 class JobRecord:
     """A job as stored; `spec` is the decoded JSON."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
@@ -15,12 +16,19 @@ from optimizer.model import Offer
 
 
 class ProviderError(Exception):
-    """A provider call failed for a reason none of the narrower classes covers."""
+    """A provider call failed for a reason none of the narrower classes covers.
 
-    def __init__(self, message: str, *, provider: str = "", code: str = "") -> None:
+    `code` is the cloud's own error code (`InsufficientInstanceCapacity`, `QUOTA_EXCEEDED`),
+    `zone` the zone the failure is scoped to, where it is.
+    """
+
+    def __init__(
+        self, message: str, *, provider: str = "", code: str = "", zone: str | None = None
+    ) -> None:
         super().__init__(message)
         self.provider = provider
         self.code = code
+        self.zone = zone
 
 
 class CapacityError(ProviderError):
@@ -71,7 +79,39 @@ class InstanceStatus:
     ref: InstanceRef
     state: InstanceState
     end_reason: EndReason | None = None
-    detail: str = ""
+    detail: str = ""  # the cloud's own words: state reason code, spot request status …
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    """What a provider needs to start one attempt's instance, cloud-neutral.
+
+    `max_usd_per_hour` is set only when the policy asks to enforce its cap in the cloud
+    (AWS MaxPrice); by default gpuopt enforces caps before launching, because a cloud-side
+    cap adds price-triggered interruptions. `bootstrap` is the shell script the instance runs
+    at first boot (user data / startup script): it installs and starts the gpuopt agent.
+    """
+
+    job: str
+    attempt: int
+    bootstrap: str
+    image: str | None = None  # AMI id / GCE image; None = the provider's default GPU image
+    disk_gib: int = 200
+    max_usd_per_hour: float | None = None
+    labels: tuple[tuple[str, str], ...] = ()  # extra tags/labels, besides job and attempt
+
+
+class SpecCache(Protocol):
+    """Where a provider keeps slow-changing facts (instance specs) between polls.
+
+    The store implements it; providers never import the store.
+    """
+
+    def load_cached(self, provider: str, key: str) -> tuple[datetime, Any] | None:
+        """(fetched_at, JSON value) saved under `key`, or None."""
+        ...
+
+    def save_cached(self, provider: str, key: str, value: Any, fetched_at: datetime) -> None: ...
 
 
 @runtime_checkable
@@ -89,7 +129,7 @@ class OfferSource(Protocol):
 class Provider(OfferSource, Protocol):
     """A cloud gpuopt can launch on."""
 
-    def launch(self, offer: Offer, spec: Any, idempotency_key: str) -> InstanceRef:
+    def launch(self, offer: Offer, spec: LaunchSpec, idempotency_key: str) -> InstanceRef:
         """Start an instance for `offer`; calling twice with one key yields one instance."""
         ...
 
@@ -98,3 +138,7 @@ class Provider(OfferSource, Protocol):
         ...
 
     def terminate(self, ref: InstanceRef) -> None: ...
+
+
+class ProviderDisabled(ProviderError):
+    """The provider cannot run here (no credentials, no SDK, no project); says why in one line."""

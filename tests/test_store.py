@@ -270,3 +270,17 @@ def test_default_store_creates_its_sqlite_file_under_the_data_dir(
 def test_schema_is_refused_on_sqlite(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="PostgreSQL only"):
         Store(f"sqlite:///{tmp_path / 'x.db'}", schema="s")
+
+
+def test_spec_cache_round_trip_and_replace(store: Store) -> None:
+    assert store.load_cached("aws", "us-east-1/instance-types") is None
+    first = {"p4d.24xlarge": {"gpus": 8, "memory_mib": 40960}}
+    store.save_cached("aws", "us-east-1/instance-types", first, T0)
+    assert store.load_cached("aws", "us-east-1/instance-types") == (T0, first)
+    later = T0 + timedelta(days=1)
+    store.save_cached("aws", "us-east-1/instance-types", {"g5.xlarge": {"gpus": 1}}, later)
+    assert store.load_cached("aws", "us-east-1/instance-types") == (
+        later,
+        {"g5.xlarge": {"gpus": 1}},
+    )
+    assert store.load_cached("gcp", "us-east-1/instance-types") is None
