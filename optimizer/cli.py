@@ -66,7 +66,11 @@ def offers(
         typer.Option("--region", help="Region glob (eu-*, europe-west4); repeatable."),
     ] = None,
     provider: Annotated[
-        list[str] | None, typer.Option("--provider", help="aws, gcp, …; repeatable.")
+        list[str] | None,
+        typer.Option(
+            "--provider",
+            help="aws or gcp: query that cloud live (credentials needed; else its snapshot rows).",
+        ),
     ] = None,
     market: Annotated[MarketChoice | None, typer.Option("--market", help="Only this market.")] = (
         None
@@ -95,7 +99,7 @@ def offers(
     from optimizer.catalog import CatalogError
     from optimizer.model import Market
     from optimizer.offers import OfferQuery, select
-    from providers.snapshot import CatalogFileSource, SnapshotSource
+    from providers.snapshot import CatalogFileSource
 
     gpu_models: list[str] = []
     for name in gpu or []:
@@ -106,24 +110,34 @@ def offers(
         else:
             gpu_models.append(spec.name)
 
-    source = CatalogFileSource(catalog) if catalog is not None else SnapshotSource()
-    try:
-        rows = source.fetch_offers()
-    except CatalogError as exc:
-        fail(str(exc))
+    providers = [p.lower() for p in provider or ()]
+    if catalog is not None:
+        file_source = CatalogFileSource(catalog)
+        try:
+            rows = file_source.fetch_offers()
+        except CatalogError as exc:
+            fail(str(exc))
+        source_name = file_source.name
+    else:
+        from optimizer.sources import gather
+
+        gathered = gather(providers, region or ())
+        for note in gathered.notes:
+            print(f"gpuopt: {note}", file=sys.stderr)
+        rows, source_name = gathered.offers, ", ".join(gathered.names)
 
     query = OfferQuery(
         gpu_models=tuple(gpu_models),
         min_gpu_memory_gib=min_gpu_memory,
         min_gpus=gpus,
         region_globs=tuple(region or ()),
-        providers=tuple(p.lower() for p in provider or ()),
+        providers=tuple(providers),
         market=Market(market.value.replace("-", "_")) if market else None,
         max_usd_per_hour=max_price,
     )
     chosen = select(rows, query)
     if policy is not None:
-        _ranked(policy, chosen, limit=limit, explain=explain, as_json=as_json, source=source.name)
+        _ranked(policy, chosen, limit=limit, explain=explain, as_json=as_json, source=source_name)
         return
     if explain:
         fail("--explain needs --policy FILE")
@@ -135,7 +149,7 @@ def offers(
         return
     from optimizer.render import offers_table
 
-    offers_table(shown, total=len(chosen), source=source.name)
+    offers_table(shown, total=len(chosen), source=source_name)
 
 
 def _ranked(

@@ -1,0 +1,87 @@
+"""Which offer sources a command reads: live clouds when asked for and usable, else the snapshot.
+
+A cloud that cannot run here (no credentials, no project) is reported in one line and its
+part of the bundled snapshot stands in, so gpuopt keeps working without credentials.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+
+from optimizer.model import Offer
+from providers.base import OfferSource, ProviderError
+from providers.snapshot import SnapshotSource
+
+LIVE_PROVIDERS = ("aws", "gcp")
+GCP_PROJECT_ENV = "GPUOPT_GCP_PROJECT"
+
+
+@dataclass
+class Gathered:
+    """Offers from every source asked for, with one note per source that could not run."""
+
+    offers: list[Offer] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+
+
+def expand_regions(provider: str, globs: Sequence[str]) -> list[str] | None:
+    """The provider's known regions matching the globs; None (all regions) without globs."""
+    if not globs:
+        return None
+    from policies import regions
+
+    known = [r.name for r in regions.all_regions(provider)]
+    exact = [g for g in globs if not any(c in g for c in "*?[")]
+    matched = [name for name in known if any(fnmatchcase(name, g) for g in globs)]
+    return sorted(set(matched) | set(exact))
+
+
+def _live(provider: str) -> tuple[OfferSource | None, str | None]:
+    """A live source for the provider, or (None, why it cannot run here)."""
+    if provider == "aws":
+        from providers.aws import AwsProvider, aws_disabled_reason
+
+        reason = aws_disabled_reason()
+        return (None, reason) if reason else (AwsProvider(), None)
+    if provider == "gcp":
+        from providers.gcp import GcpProvider, gcp_disabled_reason
+
+        project = os.environ.get(GCP_PROJECT_ENV, "").strip() or None
+        reason = gcp_disabled_reason(project)
+        if reason or project is None:
+            return None, reason or f"no GCP project: set {GCP_PROJECT_ENV}"
+        return GcpProvider(project), None
+    return None, f"no live adapter for {provider!r}"
+
+
+def gather(providers: Sequence[str], region_globs: Sequence[str]) -> Gathered:
+    """Offers for `gpuopt offers`: the snapshot by default, live clouds when named."""
+    out = Gathered()
+    live = [p for p in providers if p in LIVE_PROVIDERS]
+    fallback: set[str] = set()
+    for provider in live:
+        source, why = _live(provider)
+        if source is None:
+            out.notes.append(f"{provider}: disabled ({why}); showing the bundled snapshot")
+            fallback.add(provider)
+            continue
+        try:
+            out.offers.extend(source.fetch_offers(expand_regions(provider, region_globs)))
+        except ProviderError as exc:
+            out.notes.append(f"{provider}: {exc.__class__.__name__}: {exc}; showing the snapshot")
+            fallback.add(provider)
+            continue
+        out.names.append(source.name)
+        out.notes.extend(f"{provider}: {p}" for p in getattr(source, "problems", ()))
+    if not live or fallback:
+        snapshot = SnapshotSource()
+        rows = snapshot.fetch_offers()
+        if live:
+            rows = [o for o in rows if o.provider in fallback]
+        out.offers.extend(rows)
+        out.names.append(snapshot.name)
+    return out

@@ -1,0 +1,275 @@
+"""The AWS adapter against moto in-process: real instance-type and offering data, launches,
+idempotency, describe and terminate. (moto's spot prices are a fixed placeholder, so price
+logic lives in test_aws_prices.py.)"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from test_aws_harness import NOW, Clock, StubSession, aws_env, offline  # noqa: F401
+
+from optimizer.model import Interconnect, Market, Offer
+from providers.aws import AwsProvider, client_token
+from providers.aws import launch as L
+from providers.aws import specs as S
+from providers.base import EndReason, InstanceState, LaunchSpec
+
+REGIONS = ["us-east-1", "eu-west-1"]
+
+
+@pytest.fixture
+def moto(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    from moto import mock_aws
+
+    # moto's ~2 s load of its public AMI list per test buys nothing here (see `image`).
+    monkeypatch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
+    with mock_aws():
+        yield
+
+
+@pytest.fixture
+def session(moto: None) -> Any:
+    import boto3
+
+    return boto3.session.Session(region_name="us-east-1")
+
+
+def _ec2(region: str = "us-east-1") -> Any:
+    import boto3
+
+    return boto3.client("ec2", region_name=region)
+
+
+def _seed_list_prices(cache: S.MemoryCache, region: str) -> dict[str, float]:
+    """On-demand list prices as an earlier poll would have cached them (moto has no Price List)."""
+    prices = {t.instance_type: 1.0 + t.gpu_count for t in S.list_gpu_types(_ec2(region))}
+    for kind, usd in prices.items():
+        cache.save_cached("aws", f"on-demand/{kind}", {region: usd}, NOW)
+    return prices
+
+
+def test_moto_gpu_types_become_offers_named_canonically(session: Any) -> None:
+    cache = S.MemoryCache()
+    prices = _seed_list_prices(cache, "us-east-1")
+    aws = AwsProvider(REGIONS, session=session, cache=cache, clock=Clock())
+    offers = aws.fetch_offers()
+    assert aws.problems == []
+
+    def one(kind: str) -> Offer:
+        return next(o for o in offers if o.instance_type == kind)
+
+    assert (one("p4d.24xlarge").gpu_model, one("p4d.24xlarge").gpu_count) == ("A100-40GB", 8)
+    assert one("p4de.24xlarge").gpu_model == "A100-80GB"  # same AWS name, told apart by memory
+    assert one("p5en.48xlarge").gpu_model == "H200-141GB"
+    assert one("p5.48xlarge").interconnect is Interconnect.NVLINK
+    assert one("g5.48xlarge").interconnect is Interconnect.PCIE
+    l4 = one("g6.xlarge")
+    assert (l4.gpu_model, l4.gpu_count, l4.interconnect) == ("L4", 1, Interconnect.NONE)
+    assert l4.gpu_memory_gib == pytest.approx(22888 / 1024)
+    assert (l4.vcpus, l4.ram_gib) == (4, 16)
+    assert one("g5g.xlarge").gpu_model == "T4"
+    assert not [o for o in offers if o.instance_type.startswith(("g6f.", "gr6f."))]
+
+    on_demand = [o for o in offers if o.market is Market.ON_DEMAND]
+    assert {o.region for o in on_demand} == {"us-east-1"}  # eu-west-1 has no list price cached
+    assert all(o.usd_per_hour == prices[o.instance_type] for o in on_demand)
+    assert {o.source for o in offers} == {"aws-api"}
+
+
+def test_offers_carry_zone_ids_matching_the_offerings(session: Any) -> None:
+    aws = AwsProvider(REGIONS, session=session, clock=Clock())
+    offers = aws.fetch_offers()
+    for region in REGIONS:
+        ec2 = _ec2(region)
+        zone_ids = {z["ZoneId"] for z in ec2.describe_availability_zones()["AvailabilityZones"]}
+        # Ask EC2 for the offerings by zone ID directly: the name → ID mapping must agree.
+        by_id = ec2.describe_instance_type_offerings(
+            LocationType="availability-zone-id",
+            Filters=[{"Name": "instance-type", "Values": ["p5.48xlarge", "g6.xlarge"]}],
+        )["InstanceTypeOfferings"]
+        for kind in ("p5.48xlarge", "g6.xlarge"):
+            expected = {row["Location"] for row in by_id if row["InstanceType"] == kind}
+            got = {
+                o.zone
+                for o in offers
+                if o.region == region and o.instance_type == kind and o.market is Market.SPOT
+            }
+            assert got == expected and got <= zone_ids
+    assert all(o.zone and "-az" in o.zone for o in offers)
+
+
+# --- launching ---------------------------------------------------------------------------------
+
+
+def _offer(aws: AwsProvider, kind: str = "g6.xlarge", market: Market = Market.SPOT) -> Offer:
+    return (
+        next(
+            o
+            for o in aws.fetch_offers(["us-east-1"])
+            if o.instance_type == kind and o.market is market
+        )
+        if market is Market.SPOT
+        else replace(_offer(aws, kind), market=market, usd_per_hour=0.8)
+    )
+
+
+def _spec(image: str | None, **kwargs: Any) -> LaunchSpec:
+    return LaunchSpec(
+        job="job-42",
+        attempt=3,
+        bootstrap="#!/bin/sh\necho agent\n",
+        image=image,
+        labels=(("team", "ml"),),
+        **kwargs,
+    )
+
+
+@pytest.fixture
+def image(moto: None) -> str:
+    """An AMI of our own (root device /dev/sda1), like a configured image."""
+    image_id: str = _ec2().register_image(Name="gpuopt-test", RootDeviceName="/dev/sda1")["ImageId"]
+    return image_id
+
+
+@pytest.fixture
+def captured(session: Any) -> list[dict[str, Any]]:
+    """Every RunInstances request the provider sends, as botocore is about to serialize it."""
+    calls: list[dict[str, Any]] = []
+    session.events.register(
+        "provide-client-params.ec2.RunInstances", lambda params, **_: calls.append(dict(params))
+    )
+    return calls
+
+
+def test_a_spot_launch_sends_the_request_gpuopt_needs(
+    session: Any, image: str, captured: list[dict[str, Any]]
+) -> None:
+    aws = AwsProvider(["us-east-1"], session=session, clock=Clock())
+    offer = _offer(aws)
+    ref = aws.launch(offer, _spec(image), "job-42/attempt-3")
+
+    (request,) = captured
+    assert request["ClientToken"] == "job-42/attempt-3"
+    assert request["InstanceMarketOptions"] == {
+        "MarketType": "spot",
+        "SpotOptions": {
+            "SpotInstanceType": "one-time",
+            "InstanceInterruptionBehavior": "terminate",
+        },
+    }
+    assert request["MetadataOptions"]["HttpTokens"] == "required"
+    assert request["MetadataOptions"]["HttpPutResponseHopLimit"] == 2
+    assert request["UserData"] == "#!/bin/sh\necho agent\n"
+    assert request["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] == 200
+    zone_names = {
+        z["ZoneId"]: z["ZoneName"]
+        for z in _ec2().describe_availability_zones()["AvailabilityZones"]
+    }
+    assert request["Placement"] == {"AvailabilityZone": zone_names[offer.zone]}
+
+    (instance,) = _ec2().describe_instances(InstanceIds=[ref.instance_id])["Reservations"][0][
+        "Instances"
+    ]
+    tags = {t["Key"]: t["Value"] for t in instance["Tags"]}
+    assert tags["gpuopt:job"] == "job-42" and tags["gpuopt:attempt"] == "3"
+    assert tags["team"] == "ml"
+    assert instance["InstanceLifecycle"] == "spot"
+    assert instance["MetadataOptions"]["HttpTokens"] == "required"
+    assert instance["InstanceType"] == "g6.xlarge"
+    assert (ref.provider, ref.region, ref.zone) == ("aws", "us-east-1", offer.zone)
+
+
+def test_max_price_is_sent_only_when_the_policy_enforces_its_cap_in_aws(
+    session: Any, image: str, captured: list[dict[str, Any]]
+) -> None:
+    aws = AwsProvider(["us-east-1"], session=session, clock=Clock())
+    offer = _offer(aws)
+    aws.launch(offer, _spec(image, max_usd_per_hour=3.5), "capped")
+    assert captured[0]["InstanceMarketOptions"]["SpotOptions"]["MaxPrice"] == "3.5"
+
+
+def test_an_on_demand_launch_has_no_market_options(
+    session: Any, image: str, captured: list[dict[str, Any]]
+) -> None:
+    aws = AwsProvider(["us-east-1"], session=session, clock=Clock())
+    ref = aws.launch(_offer(aws, market=Market.ON_DEMAND), _spec(image), "od-1")
+    assert "InstanceMarketOptions" not in captured[0]
+    (instance,) = _ec2().describe_instances(InstanceIds=[ref.instance_id])["Reservations"][0][
+        "Instances"
+    ]
+    assert "InstanceLifecycle" not in instance
+
+
+def test_the_same_key_twice_gives_one_instance(
+    session: Any, image: str, captured: list[dict[str, Any]]
+) -> None:
+    aws = AwsProvider(["us-east-1"], session=session, clock=Clock())
+    offer = _offer(aws)
+    first = aws.launch(offer, _spec(image), "job-42/attempt-3")
+    again = aws.launch(offer, _spec(image), "job-42/attempt-3")
+    assert again == first
+    assert len(captured) == 1
+    reservations = _ec2().describe_instances()["Reservations"]
+    assert sum(len(r["Instances"]) for r in reservations) == 1
+
+
+def test_a_long_key_becomes_a_64_character_token(
+    session: Any, image: str, captured: list[dict[str, Any]]
+) -> None:
+    key = "job-" + "x" * 100 + "/attempt-1"
+    aws = AwsProvider(["us-east-1"], session=session, clock=Clock())
+    aws.launch(_offer(aws), _spec(image), key)
+    token = captured[0]["ClientToken"]
+    assert token == client_token(key) and len(token) == 64 and token.isascii()
+    assert client_token("ünïcode") != "ünïcode"
+
+
+def test_describe_follows_an_instance_to_its_user_termination(session: Any, image: str) -> None:
+    aws = AwsProvider(["us-east-1"], session=session, clock=Clock())
+    ref = aws.launch(_offer(aws), _spec(image), "life")
+    (status,) = aws.describe([ref])
+    assert status.state in (InstanceState.PENDING, InstanceState.RUNNING)
+    assert status.end_reason is None
+
+    aws.terminate(ref)
+    aws.terminate(ref)  # again: still fine
+    (status,) = aws.describe([ref])
+    assert status.state is InstanceState.TERMINATED
+    assert status.end_reason is EndReason.USER
+    assert status.detail == "Client.UserInitiatedShutdown"
+
+
+def test_an_instance_ec2_no_longer_knows_is_gone(session: Any) -> None:
+    from providers.base import InstanceRef
+
+    aws = AwsProvider(["us-east-1"], session=session, clock=Clock())
+    ghost = InstanceRef("aws", "us-east-1", None, "i-0123456789abcdef0")
+    (status,) = aws.describe([ghost])
+    assert (status.state, status.end_reason, status.detail) == (
+        InstanceState.TERMINATED,
+        None,
+        "not-found",
+    )
+    aws.terminate(ghost)  # InvalidInstanceID.NotFound counts as done
+
+
+def test_the_default_image_is_the_dlami_for_the_type_architecture(moto: None) -> None:
+    session = StubSession(strict=False)
+    arm = L.DLAMI_PARAMETER.format(arch="arm64")
+    session.stub("ssm").add_response(
+        "get_parameter",
+        {"Parameter": {"Name": arm, "Type": "String", "Value": "ami-0123456789abcdef0"}},
+        {"Name": arm},
+    )
+    aws = AwsProvider(["us-east-1"], session=session, clock=Clock())
+    offer = _offer(aws, "g5g.xlarge")  # Graviton + T4g: an arm64 image
+    ref = aws.launch(offer, _spec(None), "arm-1")
+    aws.launch(replace(offer), _spec(None), "arm-2")  # the image id is remembered
+    session.assert_done()
+    (instance,) = _ec2().describe_instances(InstanceIds=[ref.instance_id])["Reservations"][0][
+        "Instances"
+    ]
+    assert instance["ImageId"] == "ami-0123456789abcdef0"
