@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import csv
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -422,17 +421,7 @@ def test_the_table_is_loaded_once() -> None:
 # --- every GPU the shared price data names ---------------------------------------------------
 
 
-def _catalog_dir() -> Path | None:
-    candidates = [Path(__file__).resolve().parents[2] / "shared" / "data" / "catalog"]
-    if env := os.environ.get("GPUOPT_SHARED_DIR"):
-        candidates += [Path(env) / "data" / "catalog", Path(env)]
-    return next((p for p in candidates if (p / "aws_gpu_vms.csv").is_file()), None)
-
-
-def _catalog_rows(filename: str) -> list[dict[str, str]]:
-    directory = _catalog_dir()
-    if directory is None:
-        pytest.skip("shared catalog not found: ../shared/data/catalog or $GPUOPT_SHARED_DIR")
+def _catalog_rows(directory: Path, filename: str) -> list[dict[str, str]]:
     with (directory / filename).open(newline="", encoding="utf-8") as handle:
         return list(csv.DictReader(handle))
 
@@ -461,9 +450,11 @@ GCP_EXPECTED = {
 
 
 @pytest.mark.catalog
-def test_every_aws_gpu_in_the_shared_prices_maps_to_the_expected_model() -> None:
+def test_every_aws_gpu_in_the_shared_prices_maps_to_the_expected_model(
+    shared_catalog_dir: Path,
+) -> None:
     seen: set[tuple[str, int, str]] = set()
-    for row in _catalog_rows("aws_gpu_vms.csv"):
+    for row in _catalog_rows(shared_catalog_dir, "aws_gpu_vms.csv"):
         gpu = ast.literal_eval(row["GpuInfo"])["Gpus"][0]
         seen.add((gpu["Name"], gpu["MemoryInfo"]["SizeInMiB"], gpu.get("Manufacturer", "")))
     assert seen
@@ -475,16 +466,22 @@ def test_every_aws_gpu_in_the_shared_prices_maps_to_the_expected_model() -> None
 
 
 @pytest.mark.catalog
-def test_every_gcp_gpu_in_the_shared_prices_maps_to_the_expected_model() -> None:
-    names = {row["AcceleratorName"] for row in _catalog_rows("gcp_gpu_vms.csv")} - {""}
+def test_every_gcp_gpu_in_the_shared_prices_maps_to_the_expected_model(
+    shared_catalog_dir: Path,
+) -> None:
+    names = {
+        row["AcceleratorName"] for row in _catalog_rows(shared_catalog_dir, "gcp_gpu_vms.csv")
+    } - {""}
     assert names == set(GCP_EXPECTED), "the GCP price data names a GPU this test does not expect"
     for name in sorted(names):
         assert from_gcp(name).name == GCP_EXPECTED[name]
 
 
 @pytest.mark.catalog
-def test_aws_priced_instances_get_nvlink_exactly_in_multi_gpu_p_families() -> None:
-    for row in _catalog_rows("aws_gpu_vms.csv"):
+def test_aws_priced_instances_get_nvlink_exactly_in_multi_gpu_p_families(
+    shared_catalog_dir: Path,
+) -> None:
+    for row in _catalog_rows(shared_catalog_dir, "aws_gpu_vms.csv"):
         count = int(float(row["AcceleratorCount"]))
         link = instance_interconnect("aws", row["InstanceType"], count)
         if count <= 1:
