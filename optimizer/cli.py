@@ -23,8 +23,10 @@ app = typer.Typer(
 
 def _register_subcommands() -> None:
     from optimizer.cli_policy import app as policy_app
+    from optimizer.cli_probe import probe
 
     app.add_typer(policy_app, name="policy")
+    app.command("probe")(probe)
 
 
 _register_subcommands()
