@@ -21,6 +21,7 @@ from pathlib import Path
 
 from optimizer import hardware
 from optimizer.model import Market, Offer
+from providers.gcp.names import attached_instance_type  # shared with the live GCP adapter
 
 SOURCE = "skypilot-catalog-v7"
 
@@ -59,11 +60,6 @@ def built_in_gpus(machine_type: str) -> tuple[str, int] | None:
         if match:
             return name, int(match.group(1))
     return None
-
-
-def attached_instance_type(host: str, accelerator: str, count: int) -> str:
-    """The instance type gpuopt uses for an n1 host with attached GPUs."""
-    return f"{host}+{accelerator}:{count}"
 
 
 def _price(raw: str) -> float | None:
