@@ -14,10 +14,10 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from policies.schema import Policy
 
@@ -26,6 +26,7 @@ MAX_NODES = 10_000  # nodes built, aliases counted each time they are used
 _ENV = re.compile(r"\$(\$?)\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 FieldPath = tuple[str | int, ...]
+M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,12 +49,16 @@ class Problem:
         return f"{where}: {what}{self.message}"
 
 
-class PolicyError(ValueError):
-    """A policy file that cannot be used; `problems` lists every problem found."""
+class DocumentError(ValueError):
+    """A YAML document that cannot be used; `problems` lists every problem found."""
 
     def __init__(self, problems: list[Problem]) -> None:
         self.problems = problems
         super().__init__("\n".join(str(p) for p in problems))
+
+
+class PolicyError(DocumentError):
+    """A policy file that cannot be used."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,15 +70,18 @@ class _Marks:
 class _Builder:
     """Turns a composed YAML node tree into plain values, remembering where each came from."""
 
-    def __init__(self, path: str, environ: Mapping[str, str]) -> None:
+    def __init__(
+        self, path: str, environ: Mapping[str, str], error: type[DocumentError] = DocumentError
+    ) -> None:
         self.path = path
         self.environ = environ
+        self.error = error
         self.marks: dict[FieldPath, _Marks] = {}
         self.nodes = 0
         self._scalars = yaml.SafeLoader("")  # only its resolver and scalar constructors are used
 
-    def fail(self, message: str, mark: yaml.Mark | None, field: FieldPath = ()) -> PolicyError:
-        return PolicyError([_problem(self.path, message, mark, field)])
+    def fail(self, message: str, mark: yaml.Mark | None, field: FieldPath = ()) -> DocumentError:
+        return self.error([_problem(self.path, message, mark, field)])
 
     def build(self, node: yaml.Node, at: FieldPath, key_mark: yaml.Mark | None = None) -> Any:
         self.nodes += 1
@@ -217,63 +225,91 @@ def _validation_problems(
         yield _problem(path, message, mark, field)
 
 
-def parse_policy(
-    text: str | bytes, *, path: str = "<policy>", environ: Mapping[str, str] | None = None
-) -> Policy:
-    """Parse one policy document; raises PolicyError listing every problem found."""
+def parse_document(
+    text: str | bytes,
+    model: type[M],
+    *,
+    path: str,
+    environ: Mapping[str, str] | None = None,
+    what: str = "document",
+    error: type[DocumentError] = DocumentError,
+) -> M:
+    """Parse one YAML document into `model`; raises `error` listing every problem found."""
     size = len(text.encode("utf-8") if isinstance(text, str) else text)
     if size > MAX_BYTES:
-        raise PolicyError([Problem(path, f"file is {size} bytes; a policy may be at most 1 MiB")])
+        raise error([Problem(path, f"file is {size} bytes; a {what} may be at most 1 MiB")])
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise PolicyError([Problem(path, f"not UTF-8 text (byte {exc.start})")]) from None
+            raise error([Problem(path, f"not UTF-8 text (byte {exc.start})")]) from None
+    too_deep = Problem(path, f"YAML nests too deeply to be a {what}")
     try:
         documents = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        what = exc.problem or exc.context or "YAML syntax error"
-        raise PolicyError([_problem(path, f"YAML syntax error: {what}", mark)]) from None
+        problem = exc.problem or exc.context or "YAML syntax error"
+        raise error([_problem(path, f"YAML syntax error: {problem}", mark)]) from None
     except yaml.YAMLError as exc:
-        raise PolicyError([Problem(path, f"YAML syntax error: {exc}")]) from None
+        raise error([Problem(path, f"YAML syntax error: {exc}")]) from None
     except RecursionError:
-        raise PolicyError([Problem(path, "YAML nests too deeply to be a policy")]) from None
+        raise error([too_deep]) from None
     if not documents or documents[0] is None:
-        raise PolicyError([Problem(path, "empty file: expected a policy mapping")])
+        raise error([Problem(path, f"empty file: expected a {what} mapping")])
     if len(documents) > 1:
         second = documents[1]
-        raise PolicyError(
-            [_problem(path, "one policy per file; found a second document", second.start_mark)]
+        raise error(
+            [_problem(path, f"one {what} per file; found a second document", second.start_mark)]
         )
     root = documents[0]
     if not isinstance(root, yaml.MappingNode):
-        raise PolicyError(
-            [_problem(path, "the top level must be a mapping of policy fields", root.start_mark)]
+        raise error(
+            [_problem(path, f"the top level must be a mapping of {what} fields", root.start_mark)]
         )
-    builder = _Builder(path, os.environ if environ is None else environ)
+    builder = _Builder(path, os.environ if environ is None else environ, error)
     try:
         data = builder.build(root, ())
     except RecursionError:
-        raise PolicyError([Problem(path, "YAML nests too deeply to be a policy")]) from None
+        raise error([too_deep]) from None
     try:
-        return Policy.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
-        raise PolicyError(list(_validation_problems(path, exc, builder.marks))) from None
+        raise error(list(_validation_problems(path, exc, builder.marks))) from None
 
 
-def load_policy(path: str | Path, *, environ: Mapping[str, str] | None = None) -> Policy:
-    """Read and parse one policy file; every failure is a PolicyError naming the file."""
+def load_document(
+    path: str | Path,
+    model: type[M],
+    *,
+    environ: Mapping[str, str] | None = None,
+    what: str = "document",
+    error: type[DocumentError] = DocumentError,
+) -> M:
+    """Read and parse one YAML file; every failure is `error` naming the file."""
     name = str(path)
     try:
         with open(path, "rb") as stream:
             raw = stream.read(MAX_BYTES + 1)
     except FileNotFoundError:
-        raise PolicyError([Problem(name, "no such file")]) from None
+        raise error([Problem(name, "no such file")]) from None
     except IsADirectoryError:
-        raise PolicyError([Problem(name, "is a directory, not a policy file")]) from None
+        raise error([Problem(name, f"is a directory, not a {what} file")]) from None
     except PermissionError:
-        raise PolicyError([Problem(name, "permission denied")]) from None
+        raise error([Problem(name, "permission denied")]) from None
     if len(raw) > MAX_BYTES:
-        raise PolicyError([Problem(name, "file is over 1 MiB; a policy may be at most 1 MiB")])
-    return parse_policy(raw, path=name, environ=environ)
+        raise error([Problem(name, f"file is over 1 MiB; a {what} may be at most 1 MiB")])
+    return parse_document(raw, model, path=name, environ=environ, what=what, error=error)
+
+
+def parse_policy(
+    text: str | bytes, *, path: str = "<policy>", environ: Mapping[str, str] | None = None
+) -> Policy:
+    """Parse one policy document; raises PolicyError listing every problem found."""
+    return parse_document(
+        text, Policy, path=path, environ=environ, what="policy", error=PolicyError
+    )
+
+
+def load_policy(path: str | Path, *, environ: Mapping[str, str] | None = None) -> Policy:
+    """Read and parse one policy file; every failure is a PolicyError naming the file."""
+    return load_document(path, Policy, environ=environ, what="policy", error=PolicyError)
