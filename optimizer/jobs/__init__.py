@@ -1,0 +1,1 @@
+"""Managed jobs: the spec, the state machine and how reconcile applies it."""

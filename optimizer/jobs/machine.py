@@ -1,0 +1,296 @@
+"""The managed-job state machine: pure transitions from what was observed to what to do.
+
+`decide(job, attempt, now=…, recovery=…)` looks at one job and its current attempt, as the
+reconcile loop folded them from the store, the agent's events and the provider's describe,
+and returns the job's next state with the actions that get it there. It does no I/O; the
+reconcile loop applies the actions (launch, stop, terminate, cooldown, alert) and records
+every transition as an event. The same inputs always give the same answer.
+
+    pending → provisioning → probing → running → succeeded | failed | cancelled
+                  ▲                        │
+                  └──── interrupted ◄──────┘   (a preemption, a failed probe, a lost instance)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from optimizer.model import Market
+
+Pool = tuple[str, str, str | None, str, str]  # provider, region, zone, instance type, market
+
+
+class JobState(StrEnum):
+    PENDING = "pending"
+    PROVISIONING = "provisioning"
+    PROBING = "probing"
+    RUNNING = "running"
+    INTERRUPTED = "interrupted"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+LIVE = frozenset(JobState) - TERMINAL
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """The policy's recovery settings, plus how long a launch may take to check in."""
+
+    max_restarts: int = 20
+    pool_cooldown: timedelta = timedelta(minutes=10)
+    on_demand_after_interruptions: int = 3
+    on_demand_allowed: bool = True
+    register_timeout: timedelta = timedelta(minutes=10)
+    interruption_window: timedelta = timedelta(hours=1)
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    id: int
+    name: str
+    state: JobState
+    restarts: int = 0
+    probes: str = "quick"  # quick | deep | none
+    cancel_requested: bool = False
+    interruptions: tuple[datetime, ...] = ()  # when earlier attempts were interrupted
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptView:
+    """One attempt as observed: launch facts, the agent's reports, the provider's describe."""
+
+    number: int
+    key: str
+    pool: Pool
+    launched_at: datetime
+    registered: bool = False
+    probe_status: str | None = None  # pass | warn | fail
+    job_started: bool = False
+    exit_code: int | None = None
+    interruption_notice_at: datetime | None = None
+    instance_gone: bool = False  # the provider says the instance no longer runs
+    preempted: bool = False  # … because the cloud took it back
+    stop_sent: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """Start the next attempt on the best offer the policy allows, avoiding these pools."""
+
+    avoid: frozenset[Pool] = frozenset()
+    markets: tuple[Market, ...] | None = None  # None: the policy's own markets
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Tell the attempt's agent to send the job SIGTERM so it can checkpoint."""
+
+    key: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Terminate:
+    key: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Cooldown:
+    pool: Pool
+    until: datetime
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    kind: str
+    severity: str
+    message: str
+
+
+Action = Launch | Stop | Terminate | Cooldown | Alert
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    state: JobState
+    reason: str = ""
+    actions: tuple[Action, ...] = ()
+    end_attempt: str | None = None  # why the current attempt is over, when it is
+    restarts: int | None = None  # the new restart count, when it changes
+
+    @property
+    def launches(self) -> bool:
+        return any(isinstance(a, Launch) for a in self.actions)
+
+
+@dataclass(frozen=True, slots=True)
+class _Relaunch:
+    why: str  # preempted | probe_failed | lost | not_registered
+    alert_kind: str
+    message: str
+    stop_job: bool = False  # let the job checkpoint instead of killing the instance
+
+
+def describe_pool(pool: Pool) -> str:
+    provider, region, zone, kind, market = pool
+    return f"{provider} {region}{'/' + zone if zone else ''} {kind} {market}"
+
+
+def _relaunch_reason(attempt: AttemptView, now: datetime, recovery: Recovery) -> _Relaunch | None:
+    where = describe_pool(attempt.pool)
+    if attempt.interruption_notice_at is not None or attempt.preempted:
+        return _Relaunch(
+            "preempted", "job.interrupted", f"spot capacity reclaimed on {where}", stop_job=True
+        )
+    if attempt.probe_status == "fail":
+        return _Relaunch("probe_failed", "job.probe_failed", f"GPU probe failed on {where}")
+    if attempt.instance_gone and attempt.exit_code is None:
+        return _Relaunch("lost", "job.instance_lost", f"instance on {where} ended unexpectedly")
+    if not attempt.registered and now - attempt.launched_at > recovery.register_timeout:
+        minutes = recovery.register_timeout.total_seconds() / 60
+        return _Relaunch(
+            "not_registered",
+            "job.launch_timeout",
+            f"agent on {where} did not check in within {minutes:g} minutes",
+        )
+    return None
+
+
+def _progress(job: JobView, attempt: AttemptView) -> JobState:
+    if not attempt.registered:
+        return JobState.PROVISIONING
+    if attempt.job_started:
+        return JobState.RUNNING
+    if job.probes != "none":
+        return JobState.PROBING
+    return JobState.PROVISIONING
+
+
+def _finished(job: JobView, attempt: AttemptView, code: int) -> Decision:
+    if code == 0:
+        return Decision(
+            JobState.SUCCEEDED,
+            "job exited 0",
+            (
+                Terminate(attempt.key, "job finished"),
+                Alert("job.succeeded", "info", f"job {job.name} finished"),
+            ),
+            end_attempt="succeeded",
+        )
+    return Decision(
+        JobState.FAILED,
+        f"job exited {code}",
+        (
+            Terminate(attempt.key, "job failed"),
+            Alert("job.failed", "error", f"job {job.name} exited with code {code}"),
+        ),
+        end_attempt="failed",
+    )
+
+
+def decide(
+    job: JobView, attempt: AttemptView | None, *, now: datetime, recovery: Recovery
+) -> Decision:
+    """The job's next state and the actions that get it there."""
+    if job.state in TERMINAL:
+        return Decision(job.state)
+
+    if job.cancel_requested:
+        stop: tuple[Action, ...] = ()
+        if attempt is not None and not attempt.instance_gone:
+            stop = (Terminate(attempt.key, "job cancelled"),)
+        return Decision(
+            JobState.CANCELLED,
+            "cancelled by request",
+            (*stop, Alert("job.cancelled", "info", f"job {job.name} cancelled")),
+            end_attempt="user" if attempt is not None else None,
+        )
+
+    if attempt is None:
+        return Decision(JobState.PENDING, "waiting for an offer", (Launch(),))
+
+    # A job that exits after an interruption notice was stopped for it: not a job failure.
+    if attempt.exit_code is not None and attempt.interruption_notice_at is None:
+        return _finished(job, attempt, attempt.exit_code)
+
+    relaunch = _relaunch_reason(attempt, now, recovery)
+    if relaunch is None:
+        state = _progress(job, attempt)
+        return Decision(state, f"attempt {attempt.number}: {state.value}")
+
+    restarts = job.restarts + 1
+    if restarts > recovery.max_restarts:
+        gone: tuple[Action, ...] = ()
+        if not attempt.instance_gone:
+            gone = (Terminate(attempt.key, "restart limit reached"),)
+        return Decision(
+            JobState.FAILED,
+            f"{relaunch.message}; restart limit {recovery.max_restarts} reached",
+            (
+                *gone,
+                Alert(
+                    "job.failed",
+                    "error",
+                    f"job {job.name}: {relaunch.message}; gave up after "
+                    f"{recovery.max_restarts} restarts",
+                ),
+            ),
+            end_attempt=relaunch.why,
+            restarts=restarts,
+        )
+
+    # A preempted job gets SIGTERM so it can checkpoint; its instance is terminated once the
+    # job has exited (see `leftover`). A sick or silent instance is terminated at once.
+    ending: list[Action] = []
+    if not attempt.instance_gone:
+        if not relaunch.stop_job:
+            ending.append(Terminate(attempt.key, relaunch.message))
+        elif not attempt.stop_sent:
+            ending.append(Stop(attempt.key, relaunch.message))
+
+    markets: tuple[Market, ...] | None = None
+    recent = [t for t in job.interruptions if now - t <= recovery.interruption_window]
+    if relaunch.why == "preempted":
+        recent.append(now)
+    fallback = ""
+    if (
+        recovery.on_demand_allowed
+        and recovery.on_demand_after_interruptions
+        and len(recent) >= recovery.on_demand_after_interruptions
+    ):
+        markets = (Market.ON_DEMAND,)
+        fallback = f"; {len(recent)} interruptions within an hour: falling back to on-demand"
+    told = f"{relaunch.message}; relaunching (restart {restarts}){fallback}"
+    return Decision(
+        JobState.PROVISIONING,
+        told,
+        (
+            *ending,
+            Cooldown(attempt.pool, now + recovery.pool_cooldown, relaunch.message),
+            Launch(avoid=frozenset({attempt.pool}), markets=markets),
+            Alert(relaunch.alert_kind, "warning", f"job {job.name}: {told}"),
+        ),
+        end_attempt=relaunch.why,
+        restarts=restarts,
+    )
+
+
+def leftover(
+    attempt: AttemptView, *, stop_sent_at: datetime | None, now: datetime, grace: timedelta
+) -> Terminate | None:
+    """An ended attempt whose instance still runs: terminate it once its job has exited or
+    the stop's grace period is over (a rebalance notice leaves the instance running)."""
+    if attempt.instance_gone:
+        return None
+    if attempt.exit_code is not None:
+        return Terminate(attempt.key, "attempt ended; job exited")
+    if stop_sent_at is None or now - stop_sent_at >= grace:
+        return Terminate(attempt.key, "attempt ended; grace period over")
+    return None

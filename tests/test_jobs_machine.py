@@ -1,0 +1,213 @@
+"""The job state machine, decision by decision (pure: no store, no clock, no processes)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from optimizer.jobs.machine import (
+    TERMINAL,
+    Alert,
+    AttemptView,
+    Cooldown,
+    Decision,
+    JobState,
+    JobView,
+    Launch,
+    Recovery,
+    Stop,
+    Terminate,
+    decide,
+    leftover,
+)
+from optimizer.model import Market
+
+NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
+POOL = ("aws", "eu-west-1", "euw1-az1", "p4d.24xlarge", "spot")
+REC = Recovery(max_restarts=3, pool_cooldown=timedelta(minutes=10), on_demand_after_interruptions=2)
+
+
+def job(**changes: Any) -> JobView:
+    return replace(JobView(id=7, name="train", state=JobState.RUNNING, probes="quick"), **changes)
+
+
+def attempt(**changes: Any) -> AttemptView:
+    base = AttemptView(
+        number=1,
+        key="7-1",
+        pool=POOL,
+        launched_at=NOW - timedelta(minutes=5),
+        registered=True,
+        probe_status="pass",
+        job_started=True,
+    )
+    return replace(base, **changes)
+
+
+def kinds(decision: Decision) -> list[str]:
+    return [type(a).__name__ for a in decision.actions]
+
+
+def test_a_new_job_asks_for_a_launch() -> None:
+    d = decide(job(state=JobState.PENDING), None, now=NOW, recovery=REC)
+    assert d.state is JobState.PENDING and d.actions == (Launch(),)
+
+
+@pytest.mark.parametrize(
+    ("observed", "state"),
+    [
+        ({"registered": False, "probe_status": None, "job_started": False}, "provisioning"),
+        ({"registered": True, "probe_status": None, "job_started": False}, "probing"),
+        ({"registered": True, "probe_status": "pass", "job_started": False}, "probing"),
+        ({"registered": True, "probe_status": "warn", "job_started": True}, "running"),
+    ],
+)
+def test_progress_follows_the_agent(observed: dict[str, Any], state: str) -> None:
+    d = decide(job(state=JobState.PROVISIONING), attempt(**observed), now=NOW, recovery=REC)
+    assert d.state == state and d.actions == ()
+
+
+def test_no_probe_jobs_skip_probing() -> None:
+    waiting = attempt(probe_status=None, job_started=False)
+    assert decide(job(probes="none"), waiting, now=NOW, recovery=REC).state == "provisioning"
+
+
+def test_exit_zero_succeeds_and_frees_the_instance() -> None:
+    d = decide(job(), attempt(exit_code=0), now=NOW, recovery=REC)
+    assert d.state is JobState.SUCCEEDED and d.end_attempt == "succeeded"
+    assert Terminate("7-1", "job finished") in d.actions
+
+
+def test_nonzero_exit_fails_the_job_without_relaunch() -> None:
+    d = decide(job(), attempt(exit_code=2), now=NOW, recovery=REC)
+    assert d.state is JobState.FAILED and not d.launches
+    assert any(isinstance(a, Alert) and a.severity == "error" for a in d.actions)
+
+
+def test_interruption_notice_stops_the_job_cools_the_pool_and_relaunches_elsewhere() -> None:
+    d = decide(job(), attempt(interruption_notice_at=NOW), now=NOW, recovery=REC)
+    assert d.state is JobState.PROVISIONING
+    assert d.restarts == 1 and d.end_attempt == "preempted"
+    assert kinds(d) == ["Stop", "Cooldown", "Launch", "Alert"]
+    reason = "spot capacity reclaimed on aws eu-west-1/euw1-az1 p4d.24xlarge spot"
+    assert d.actions[0] == Stop("7-1", reason)
+    assert d.actions[1] == Cooldown(POOL, NOW + timedelta(minutes=10), reason)
+    assert d.actions[2] == Launch(avoid=frozenset({POOL}), markets=None)
+
+
+def test_an_exit_after_the_notice_is_still_an_interruption() -> None:
+    # the job exits 143 on the SIGTERM the stop sends: that is not a job failure
+    observed = attempt(interruption_notice_at=NOW, exit_code=143, stop_sent=True)
+    d = decide(job(), observed, now=NOW, recovery=REC)
+    assert d.state is JobState.PROVISIONING and d.launches
+    assert not any(isinstance(a, Stop) for a in d.actions)
+
+
+def test_preemption_seen_only_by_describe_relaunches_too() -> None:
+    d = decide(job(), attempt(instance_gone=True, preempted=True), now=NOW, recovery=REC)
+    assert d.state is JobState.PROVISIONING and d.launches
+    assert not any(isinstance(a, Stop | Terminate) for a in d.actions)  # nothing left to stop
+
+
+def test_failed_probe_terminates_and_relaunches_on_another_pool() -> None:
+    sick = attempt(probe_status="fail", job_started=False)
+    d = decide(job(state=JobState.PROBING), sick, now=NOW, recovery=REC)
+    assert d.state is JobState.PROVISIONING and d.end_attempt == "probe_failed"
+    assert isinstance(d.actions[0], Terminate)
+    assert Launch(avoid=frozenset({POOL})) in d.actions
+
+
+def test_an_agent_that_never_checks_in_is_replaced() -> None:
+    silent = attempt(
+        registered=False,
+        probe_status=None,
+        job_started=False,
+        launched_at=NOW - timedelta(minutes=11),
+    )
+    d = decide(job(state=JobState.PROVISIONING), silent, now=NOW, recovery=REC)
+    assert d.end_attempt == "not_registered" and d.launches
+    young = replace(silent, launched_at=NOW - timedelta(minutes=9))
+    assert not decide(job(state=JobState.PROVISIONING), young, now=NOW, recovery=REC).launches
+
+
+def test_restart_limit_fails_the_job() -> None:
+    d = decide(job(restarts=3), attempt(interruption_notice_at=NOW), now=NOW, recovery=REC)
+    assert d.state is JobState.FAILED and not d.launches and d.restarts == 4
+    assert "restart limit 3" in d.reason
+
+
+def test_repeated_interruptions_fall_back_to_on_demand() -> None:
+    def launch_of(decision: Decision) -> Launch:
+        return next(a for a in decision.actions if isinstance(a, Launch))
+
+    earlier = (NOW - timedelta(minutes=20),)
+    notice = attempt(interruption_notice_at=NOW)
+    d = decide(job(interruptions=earlier, restarts=1), notice, now=NOW, recovery=REC)
+    assert launch_of(d).markets == (Market.ON_DEMAND,) and "on-demand" in d.reason
+    old = (NOW - timedelta(hours=2),)
+    d = decide(job(interruptions=old, restarts=1), notice, now=NOW, recovery=REC)
+    assert launch_of(d).markets is None
+    no_on_demand = replace(REC, on_demand_allowed=False)
+    d = decide(job(interruptions=earlier), notice, now=NOW, recovery=no_on_demand)
+    assert launch_of(d).markets is None
+
+
+def test_cancel_terminates_and_ends() -> None:
+    d = decide(job(cancel_requested=True), attempt(), now=NOW, recovery=REC)
+    assert d.state is JobState.CANCELLED and Terminate("7-1", "job cancelled") in d.actions
+    d = decide(job(state=JobState.PENDING, cancel_requested=True), None, now=NOW, recovery=REC)
+    assert d.state is JobState.CANCELLED and kinds(d) == ["Alert"]
+
+
+def test_leftover_instances_are_terminated_after_the_job_exits_or_the_grace() -> None:
+    ended = attempt(interruption_notice_at=NOW, stop_sent=True)
+    grace = timedelta(seconds=30)
+    assert leftover(ended, stop_sent_at=NOW, now=NOW + timedelta(seconds=5), grace=grace) is None
+    assert leftover(ended, stop_sent_at=NOW, now=NOW + grace, grace=grace) is not None
+    exited = replace(ended, exit_code=143)
+    assert leftover(exited, stop_sent_at=NOW, now=NOW, grace=grace) is not None
+    gone = replace(ended, instance_gone=True)
+    assert leftover(gone, stop_sent_at=None, now=NOW, grace=grace) is None
+
+
+observations = st.builds(
+    AttemptView,
+    number=st.just(1),
+    key=st.just("7-1"),
+    pool=st.just(POOL),
+    launched_at=st.sampled_from([NOW, NOW - timedelta(hours=1)]),
+    registered=st.booleans(),
+    probe_status=st.sampled_from([None, "pass", "warn", "fail"]),
+    job_started=st.booleans(),
+    exit_code=st.sampled_from([None, 0, 1, 143]),
+    interruption_notice_at=st.sampled_from([None, NOW]),
+    instance_gone=st.booleans(),
+    preempted=st.booleans(),
+    stop_sent=st.booleans(),
+)
+
+
+@given(
+    observed=observations,
+    state=st.sampled_from(list(JobState)),
+    restarts=st.integers(0, 5),
+    cancel=st.booleans(),
+)
+def test_decisions_are_deterministic_and_consistent(
+    observed: AttemptView, state: JobState, restarts: int, cancel: bool
+) -> None:
+    view = job(state=state, restarts=restarts, cancel_requested=cancel)
+    first = decide(view, observed, now=NOW, recovery=REC)
+    assert first == decide(view, observed, now=NOW, recovery=REC)
+    if state in TERMINAL:
+        assert first.state is state and first.actions == ()
+    if first.state in TERMINAL:
+        assert not first.launches  # a finished job never launches
+    if first.launches:
+        assert first.restarts == restarts + 1 and first.restarts <= REC.max_restarts
+        assert any(isinstance(a, Cooldown) for a in first.actions)
