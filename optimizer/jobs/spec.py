@@ -1,0 +1,73 @@
+"""The job spec: what to run, under which policy, and where its checkpoints live.
+
+```yaml
+apiVersion: gpuopt/v1          # optional
+kind: Job                      # optional
+name: train-resnet             # [a-z0-9-], unique among jobs
+policy: resnet50-training      # a loaded policy's name
+run: python train.py --epochs 90
+setup: pip install -r requirements.txt     # optional, runs before `run` on every attempt
+checkpoint_dir: s3://team-ckpt/resnet      # handed to the job as GPUOPT_CHECKPOINT_DIR
+env: {WANDB_PROJECT: resnet}
+probes: quick                  # quick | deep | none
+max_restarts: 20               # optional; the policy's recovery.max_restarts otherwise
+```
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from policies.loader import DocumentError, load_document, parse_document
+from policies.schema import NAME_PATTERN
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+RESERVED_ENV = ("GPUOPT_CHECKPOINT_DIR", "GPUOPT_ATTEMPT", "GPUOPT_RESTARTS", "GPUOPT_JOB")
+
+
+class JobSpecError(DocumentError):
+    """A job spec that cannot be used."""
+
+
+class JobSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
+
+    api_version: Literal["gpuopt/v1"] = Field("gpuopt/v1", alias="apiVersion")
+    kind: Literal["Job"] = "Job"
+    name: str = Field(pattern=NAME_PATTERN, description="[a-z0-9-], unique among jobs.")
+    policy: str = Field(pattern=NAME_PATTERN, description="The policy the job runs under.")
+    run: str = Field(min_length=1, description="The command, run with /bin/sh -c.")
+    setup: str | None = Field(None, description="Runs before `run` on every attempt.")
+    checkpoint_dir: str = Field(min_length=1, description="A path or bucket URI for the job.")
+    env: dict[str, str] = Field(default_factory=dict)
+    probes: Literal["quick", "deep", "none"] = "quick"
+    max_restarts: int | None = Field(None, ge=0, le=1000)
+
+    @field_validator("run", "checkpoint_dir")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be blank")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not _ENV_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+            if name in RESERVED_ENV:
+                raise ValueError(f"{name} is set by gpuopt; choose another name")
+        return value
+
+
+def parse_job_spec(text: str | bytes, *, path: str = "<job>") -> JobSpec:
+    return parse_document(text, JobSpec, path=path, what="job spec", error=JobSpecError)
+
+
+def load_job_spec(path: str | Path) -> JobSpec:
+    return load_document(path, JobSpec, what="job spec", error=JobSpecError)
