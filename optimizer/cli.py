@@ -22,11 +22,15 @@ app = typer.Typer(
 
 
 def _register_subcommands() -> None:
+    from optimizer.cli_config import app as config_app
+    from optimizer.cli_daemon import daemon
     from optimizer.cli_policy import app as policy_app
     from optimizer.cli_probe import probe
 
     app.add_typer(policy_app, name="policy")
     app.command("probe")(probe)
+    app.command("daemon")(daemon)
+    app.add_typer(config_app, name="config")
 
 
 _register_subcommands()

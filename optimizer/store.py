@@ -1,6 +1,8 @@
 """The store: price history, latest prices, jobs and events, on SQLite or PostgreSQL.
 
-Tables live in `optimizer.store_tables`. Bulk paths use SQLAlchemy Core over plain dicts
+Tables live in `optimizer.store_tables`; the alert outbox's methods in `store_outbox.py` and
+the daemon's records (policy versions, price signals, poll status) in `store_daemon.py`,
+mixed into `Store`. Bulk paths use SQLAlchemy Core over plain dicts
 (executemany), because building ORM objects costs more than the insert itself; every public
 write is one transaction.
 """
@@ -9,26 +11,23 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from datetime import UTC, datetime
-from itertools import islice
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self, TypeVar, cast
+from typing import Any, Self
 
 from sqlalchemy import (
-    CursorResult,
     Engine,
     Insert,
     Row,
-    Table,
     create_engine,
     delete,
     event,
     insert,
     select,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.pool import StaticPool
@@ -36,6 +35,20 @@ from sqlmodel import SQLModel
 
 from optimizer import settings
 from optimizer.model import OFFER_FIELDS, Market, Offer
+from optimizer.store_base import (
+    DuplicateJobError,
+    StoreError,
+    aware,
+    chunks,
+    dialect_insert,
+    event_record,
+    inserted_id,
+    job_record,
+    table,
+    utc_now,
+)
+from optimizer.store_daemon import DaemonMixin
+from optimizer.store_outbox import OutboxMixin
 from optimizer.store_tables import (
     POOL_COLUMNS,
     Event,
@@ -43,6 +56,7 @@ from optimizer.store_tables import (
     Job,
     JobRecord,
     LatestPrice,
+    NewEvent,
     PriceHistory,
     SpecCacheEntry,
 )
@@ -51,6 +65,7 @@ __all__ = [
     "DuplicateJobError",
     "EventRecord",
     "JobRecord",
+    "NewEvent",
     "Store",
     "StoreError",
 ]
@@ -62,46 +77,11 @@ CHUNK_ROWS = 5_000
 # PostgreSQL identifiers: we splice the schema into a connection option, so allow no quoting.
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
-_T = TypeVar("_T")
-
-
-class StoreError(Exception):
-    """The store refused or could not complete an operation."""
-
-
-class DuplicateJobError(StoreError):
-    """A job with this name already exists."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"a job named {name!r} already exists")
-        self.name = name
-
-
-def _table(model: type[SQLModel]) -> Table:
-    return cast(Table, model.__table__)  # type: ignore[attr-defined]
-
-
-_HISTORY = _table(PriceHistory)
-_LATEST = _table(LatestPrice)
-_JOB = _table(Job)
-_EVENT = _table(Event)
-_SPEC = _table(SpecCacheEntry)
-
-
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
-def _aware(value: datetime, name: str) -> datetime:
-    if value.tzinfo is None:
-        raise ValueError(f"{name} must be timezone-aware (UTC), got a naive datetime")
-    return value.astimezone(UTC)
-
-
-def _chunks(items: Iterable[_T], size: int) -> Iterator[list[_T]]:
-    it = iter(items)
-    while chunk := list(islice(it, size)):
-        yield chunk
+_HISTORY = table(PriceHistory)
+_LATEST = table(LatestPrice)
+_JOB = table(Job)
+_EVENT = table(Event)
+_SPEC = table(SpecCacheEntry)
 
 
 def _history_row(offer: Offer) -> dict[str, Any]:
@@ -132,34 +112,9 @@ def _offer(row: Row[Any]) -> Offer:
     return Offer(**fields)
 
 
-def _job(row: Row[Any]) -> JobRecord:
-    m = row._mapping
-    fields = {name: m[name] for name in JobRecord.__dataclass_fields__}
-    return JobRecord(**{**fields, "spec": json.loads(m["spec"])})
-
-
-def _event(row: Row[Any]) -> EventRecord:
-    m = row._mapping
-    fields = {name: m[name] for name in EventRecord.__dataclass_fields__}
-    return EventRecord(**{**fields, "data": None if m["data"] is None else json.loads(m["data"])})
-
-
-def _inserted_id(result: CursorResult[Any]) -> int:
-    key = result.inserted_primary_key
-    if key is None:
-        raise StoreError("the database returned no id for the new row")
-    return int(key[0])
-
-
 def _upsert_latest(dialect: str) -> Insert:
     """INSERT … ON CONFLICT (pool) DO UPDATE, only when the incoming row is not older."""
-    stmt: postgresql.Insert | sqlite.Insert
-    if dialect == "postgresql":
-        stmt = postgresql.insert(_LATEST)
-    elif dialect == "sqlite":
-        stmt = sqlite.insert(_LATEST)
-    else:
-        raise StoreError(f"no latest-price upsert for the {dialect!r} dialect")
+    stmt = dialect_insert(dialect, _LATEST)
     excluded = stmt.excluded
     updates = {name: excluded[name] for name in OFFER_FIELDS if name not in POOL_COLUMNS}
     return stmt.on_conflict_do_update(
@@ -205,7 +160,7 @@ def _make_engine(url: str, schema: str | None) -> Engine:
     return create_engine(url, connect_args=connect_args, pool_pre_ping=True)
 
 
-class Store:
+class Store(OutboxMixin, DaemonMixin):
     """The daemon's durable state. `Store()` uses `settings.database_url()`.
 
     `schema` (PostgreSQL only) puts every table in that existing schema via `search_path`;
@@ -221,7 +176,7 @@ class Store:
     ) -> None:
         self.url = settings.database_url() if url is None else settings.normalize_database_url(url)
         self.engine = _make_engine(self.url, schema)
-        self._clock = clock or _utc_now
+        self._clock = clock or utc_now
         self._upsert = _upsert_latest(self.engine.dialect.name)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -245,9 +200,6 @@ class Store:
     ) -> None:
         self.close()
 
-    def _now(self, at: datetime | None, name: str = "at") -> datetime:
-        return _aware(self._clock() if at is None else at, name)
-
     # -- prices ----------------------------------------------------------------------------
 
     def record_offers(self, offers: Iterable[Offer]) -> int:
@@ -259,7 +211,7 @@ class Store:
         newest: dict[tuple[str, str, str | None, str, Market], Offer] = {}
         written = 0
         with self.engine.begin() as conn:
-            for chunk in _chunks(offers, CHUNK_ROWS):
+            for chunk in chunks(offers, CHUNK_ROWS):
                 conn.execute(insert(_HISTORY), [_history_row(offer) for offer in chunk])
                 written += len(chunk)
                 for offer in chunk:
@@ -268,7 +220,7 @@ class Store:
                     held = newest.get(offer.pool)
                     if held is None or offer.observed_at >= held.observed_at:
                         newest[offer.pool] = offer
-            for rows in _chunks(map(_latest_row, newest.values()), CHUNK_ROWS):
+            for rows in chunks(map(_latest_row, newest.values()), CHUNK_ROWS):
                 conn.execute(self._upsert, rows)
         return written
 
@@ -314,18 +266,27 @@ class Store:
             .order_by(t.c.observed_at, t.c.id)
         )
         if since is not None:
-            query = query.where(t.c.observed_at >= _aware(since, "since"))
+            query = query.where(t.c.observed_at >= aware(since, "since"))
         if until is not None:
-            query = query.where(t.c.observed_at < _aware(until, "until"))
+            query = query.where(t.c.observed_at < aware(until, "until"))
         with self.engine.connect() as conn:
             return [(row.observed_at, row.usd_per_hour) for row in conn.execute(query)]
 
     # -- jobs ------------------------------------------------------------------------------
 
     def add_job(
-        self, name: str, policy: str, spec: Mapping[str, Any], *, at: datetime | None = None
+        self,
+        name: str,
+        policy: str,
+        spec: Mapping[str, Any],
+        *,
+        at: datetime | None = None,
+        event: NewEvent | None = None,
     ) -> int:
-        """Create a pending job and return its id; raise DuplicateJobError if the name is taken."""
+        """Create a pending job and return its id; raise DuplicateJobError if the name is taken.
+
+        `event` (its job_id filled in here) is recorded with its alerts in the same transaction.
+        """
         now = self._now(at)
         values = {
             "name": name,
@@ -338,23 +299,25 @@ class Store:
         }
         try:
             with self.engine.begin() as conn:
-                result = conn.execute(insert(_JOB).values(values))
+                job_id = inserted_id(conn.execute(insert(_JOB).values(values)))
+                if event is not None:
+                    self._insert_event(conn, replace(event, job_id=job_id), now)
         except IntegrityError as err:
             if self.get_job(name) is not None:
                 raise DuplicateJobError(name) from err
             raise
-        return _inserted_id(result)
+        return job_id
 
     def get_job(self, name: str) -> JobRecord | None:
         """The job with this name, or None."""
         with self.engine.connect() as conn:
             row = conn.execute(select(_JOB).where(_JOB.c.name == name)).first()
-        return None if row is None else _job(row)
+        return None if row is None else job_record(row)
 
     def list_jobs(self) -> list[JobRecord]:
         """Every job, oldest first."""
         with self.engine.connect() as conn:
-            return [_job(row) for row in conn.execute(select(_JOB).order_by(_JOB.c.id))]
+            return [job_record(row) for row in conn.execute(select(_JOB).order_by(_JOB.c.id))]
 
     # -- events ----------------------------------------------------------------------------
 
@@ -381,7 +344,7 @@ class Store:
         }
         with self.engine.begin() as conn:
             result = conn.execute(insert(_EVENT).values(values))
-        return _inserted_id(result)
+        return inserted_id(result)
 
     def events(self, job_id: int | None = None, limit: int = 100) -> list[EventRecord]:
         """The newest `limit` events (of one job, if given), returned oldest first."""
@@ -390,7 +353,7 @@ class Store:
             query = query.where(_EVENT.c.job_id == job_id)
         with self.engine.connect() as conn:
             rows = conn.execute(query).all()
-        return [_event(row) for row in reversed(rows)]
+        return [event_record(row) for row in reversed(rows)]
 
     # -- provider spec cache (providers.base.SpecCache) -------------------------------------
 
@@ -408,7 +371,7 @@ class Store:
         row = {
             "provider": provider,
             "key": key,
-            "fetched_at": _aware(fetched_at, "fetched_at"),
+            "fetched_at": aware(fetched_at, "fetched_at"),
             "value": json.dumps(value, sort_keys=True),
         }
         with self.engine.begin() as conn:

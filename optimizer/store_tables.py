@@ -6,6 +6,7 @@ SQLite and PostgreSQL, so a NULL zone would let one regional pool get many "late
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -154,6 +155,75 @@ class SpecCacheEntry(SQLModel, table=True):
     value: str = Field(sa_type=Text)
 
 
+class AlertOutbox(SQLModel, table=True):
+    """One alert for one channel, written in the event's transaction and sent by `deliver`.
+
+    `dedupe_key` is unique: raising the same alert twice keeps one row. Only the channel's
+    name is stored; its URL and secret stay in the daemon's config.
+    """
+
+    __tablename__ = "alert_outbox"
+    __table_args__ = (Index("ix_alert_outbox_due", "state", "next_attempt_at"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    event_id: int = Field(foreign_key="event.id", index=True)
+    channel: str
+    dedupe_key: str = Field(unique=True)
+    state: str = "pending"  # pending | delivered | failed
+    attempts: int = 0
+    next_attempt_at: datetime = Field(sa_type=UTCDateTime)
+    last_error: str | None = Field(default=None, sa_type=Text)
+    created_at: datetime = Field(sa_type=UTCDateTime)
+    updated_at: datetime = Field(sa_type=UTCDateTime)
+    delivered_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
+class PolicyVersion(SQLModel, table=True):
+    """What the policy watcher saw in a file: a version it loaded, rejected or retired.
+
+    Loaded versions keep their text, so a restart can put the last good version back in
+    force when the file on disk is broken or gone.
+    """
+
+    __tablename__ = "policy_version"
+    __table_args__ = (Index("ix_policy_version_path", "path", "id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    path: str
+    name: str | None = Field(default=None, index=True)
+    sha256: str
+    outcome: str  # loaded | rejected | removed
+    text: str | None = Field(default=None, sa_type=Text)
+    problems: str | None = Field(default=None, sa_type=Text)  # JSON list of located lines
+    at: datetime = Field(sa_type=UTCDateTime)
+
+
+class PriceSignal(SQLModel, table=True):
+    """Per policy, what the last price evaluation saw: the best pool and the bid-cap sides."""
+
+    __tablename__ = "price_signal"
+
+    policy: str = Field(primary_key=True)
+    state: str = Field(sa_type=Text)  # JSON, see optimizer.daemon.prices.PriceState
+    updated_at: datetime = Field(sa_type=UTCDateTime)
+
+
+class PollStatus(SQLModel, table=True):
+    """The last poll of one provider, region ('*' = all) and market."""
+
+    __tablename__ = "poll_status"
+
+    provider: str = Field(primary_key=True)
+    region: str = Field(primary_key=True)
+    market: str = Field(primary_key=True)
+    last_run_at: datetime = Field(sa_type=UTCDateTime)
+    last_ok_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    duration_s: float = 0.0
+    offers: int = 0
+    failures: int = 0  # consecutive
+    last_error: str | None = Field(default=None, sa_type=Text)
+
+
 @dataclass(frozen=True, slots=True)
 class JobRecord:
     """A job as stored; `spec` is the decoded JSON."""
@@ -181,3 +251,59 @@ class EventRecord:
     policy: str | None
     message: str
     data: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    """An event to record, with the alert channels it goes to (routing decided them).
+
+    `dedupe_key` names the fact behind the alert; each channel's outbox row gets
+    `<dedupe_key>#<channel>`, and a key already in the outbox is not raised again.
+    """
+
+    kind: str
+    message: str
+    severity: str = "info"
+    job_id: int | None = None
+    policy: str | None = None
+    data: Mapping[str, Any] | None = None
+    alerts: tuple[str, ...] = ()
+    dedupe_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxItem:
+    """A due alert: its outbox row, the event it reports and the job's name, if any."""
+
+    id: int
+    channel: str
+    dedupe_key: str
+    attempts: int
+    created_at: datetime
+    event: EventRecord
+    job_name: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyVersionRecord:
+    id: int
+    path: str
+    name: str | None
+    sha256: str
+    outcome: str
+    text: str | None
+    problems: list[str]
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class PollStatusRecord:
+    provider: str
+    region: str
+    market: str
+    last_run_at: datetime
+    last_ok_at: datetime | None
+    duration_s: float
+    offers: int
+    failures: int
+    last_error: str | None

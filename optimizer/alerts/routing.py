@@ -1,0 +1,59 @@
+"""Which channels an event goes to: routes match event kinds (globs) and a minimum severity."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from fnmatch import fnmatchcase
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Severity = Literal["info", "warning", "critical"]
+SEVERITIES: tuple[str, ...] = ("info", "warning", "critical")
+_RANK = {name: i for i, name in enumerate(SEVERITIES)}
+
+
+def severity_rank(severity: str) -> int:
+    """info < warning < critical; an unknown severity ranks as critical, so it is not lost."""
+    return _RANK.get(severity, len(SEVERITIES) - 1)
+
+
+class Route(BaseModel):
+    """Send events whose kind matches `kinds` (and none of `exclude_kinds`) and whose
+    severity is at least `min_severity` to `channels` (every channel when left out)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kinds: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    exclude_kinds: list[str] = Field(default_factory=list)
+    min_severity: Severity = "info"
+    channels: list[str] | None = None
+
+    def matches(self, kind: str, severity: str) -> bool:
+        return (
+            severity_rank(severity) >= severity_rank(self.min_severity)
+            and any(fnmatchcase(kind, glob) for glob in self.kinds)
+            and not any(fnmatchcase(kind, glob) for glob in self.exclude_kinds)
+        )
+
+
+DEFAULT_ROUTES = (Route(),)
+"""With channels configured and no routes: every event to every channel."""
+
+
+class Router:
+    """Routes compiled against the configured channel names."""
+
+    def __init__(self, routes: Sequence[Route], channels: Iterable[str]) -> None:
+        self.channels = tuple(channels)
+        self.routes = tuple(routes) if routes else DEFAULT_ROUTES
+
+    def channels_for(self, kind: str, severity: str) -> tuple[str, ...]:
+        """The channels an event goes to, in configuration order, each once."""
+        if not self.channels:
+            return ()
+        chosen: set[str] = set()
+        for route in self.routes:
+            if route.matches(kind, severity):
+                chosen.update(self.channels if route.channels is None else route.channels)
+        return tuple(name for name in self.channels if name in chosen)

@@ -1,0 +1,117 @@
+"""Slack incoming-webhook alerts as Block Kit: a header, the message with four fields
+(what, job/policy, price before → after, severity) and a context line linking to the API.
+
+Limits kept (Slack Block Kit reference): header text <= 150 characters, section text <= 3000,
+at most 10 fields of <= 2000 characters each, at most 10 context elements.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC
+from typing import Any
+
+import httpx
+from pydantic import SecretStr
+
+from optimizer.alerts.channel import Alert, SendResult, post
+from optimizer.clock import Clock, utc_now
+
+HEADER_MAX = 150
+TEXT_MAX = 3000
+FIELD_MAX = 2000
+_ICONS = {"info": ":information_source:", "warning": ":warning:", "critical": ":rotating_light:"}
+
+
+def escape(text: str) -> str:
+    """Slack's three control characters (&, <, >) as entities, per its formatting guide."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _usd(value: float | None) -> str:
+    return "—" if value is None else f"${value:,.4f}/h".replace(".0000/h", "/h")
+
+
+def _price(alert: Alert) -> str:
+    before, after = alert.price_before, alert.price_after
+    if before is None and after is None:
+        return "—"
+    change = ""
+    if before and after is not None:
+        change = f" ({(after - before) / before:+.1%})"
+    return f"{_usd(before)} → {_usd(after)}{change}"
+
+
+def _subject(alert: Alert) -> str:
+    parts = []
+    if alert.job:
+        parts.append(f"job `{escape(alert.job)}`")
+    if alert.policy:
+        parts.append(f"policy `{escape(alert.policy)}`")
+    return ", ".join(parts) or "—"
+
+
+def slack_message(alert: Alert) -> dict[str, Any]:
+    """The incoming-webhook body for one alert."""
+    icon = _ICONS.get(alert.severity, ":grey_question:")
+    fields = [
+        ("What", escape(alert.title)),
+        ("Job / policy", _subject(alert)),
+        ("Price before → after", _price(alert)),
+        ("Severity", f"{icon} {escape(alert.severity)}"),
+    ]
+    when = alert.at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    context = [f"gpuopt event {alert.event_id} · {when}"]
+    if alert.link:
+        context.insert(0, f"<{alert.link}|Open in the gpuopt API>")
+    return {
+        "text": _cut(f"{alert.title}: {alert.message}", TEXT_MAX),
+        "blocks": [
+            {
+                "type": "header",
+                "text": {"type": "plain_text", "text": _cut(alert.title, HEADER_MAX)},
+            },
+            {
+                "type": "section",
+                "text": {"type": "mrkdwn", "text": _cut(escape(alert.message), TEXT_MAX)},
+                "fields": [
+                    {"type": "mrkdwn", "text": _cut(f"*{name}*\n{value}", FIELD_MAX)}
+                    for name, value in fields
+                ],
+            },
+            {
+                "type": "context",
+                "elements": [{"type": "mrkdwn", "text": text} for text in context],
+            },
+        ],
+    }
+
+
+class SlackNotifier:
+    """Posts alerts to one Slack incoming webhook."""
+
+    def __init__(
+        self, name: str, url: SecretStr, client: httpx.Client, *, clock: Clock = utc_now
+    ) -> None:
+        self.name = name
+        self._url = url
+        self._client = client
+        self._clock = clock
+
+    def __repr__(self) -> str:
+        return f"SlackNotifier({self.name!r})"
+
+    def send(self, alert: Alert) -> SendResult:
+        body = json.dumps(slack_message(alert), ensure_ascii=False).encode("utf-8")
+        return post(
+            self._client,
+            self._url.get_secret_value(),
+            body,
+            {"Content-Type": "application/json; charset=utf-8"},
+            secrets=(),
+            now=self._clock(),
+        )

@@ -1,0 +1,104 @@
+"""/jobs: submit, list, show and cancel managed jobs. Submitting stores the job as
+`pending`; the reconcile loop runs it. Submit and cancel wake the reconcile loop."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query, status
+
+from optimizer.api.state import ApiState, StateDep, utc_text
+from optimizer.jobs.machine import JobState
+from optimizer.jobs.spec import JobSpec
+from optimizer.store import DuplicateJobError, JobRecord
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+
+def job_view(job: JobRecord) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "name": job.name,
+        "policy": job.policy,
+        "state": job.state,
+        "reason": job.reason,
+        "restarts": job.restarts,
+        "created_at": utc_text(job.created_at),
+        "updated_at": utc_text(job.updated_at),
+        "spec": job.spec,
+    }
+
+
+def _job(state: ApiState, name: str) -> JobRecord:
+    job = state.store.get_job(name)
+    if job is None:
+        raise HTTPException(404, detail=f"no job named {name!r}")
+    return job
+
+
+@router.get("")
+def list_jobs(
+    state: StateDep,
+    job_state: Annotated[JobState | None, Query(alias="state")] = None,
+    before: Annotated[int | None, Query(description="Only jobs with an id below this.")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> dict[str, Any]:
+    """Jobs newest first."""
+    jobs = state.store.jobs_page(
+        state=job_state.value if job_state else None, before_id=before, limit=limit
+    )
+    return {"jobs": [job_view(j) for j in jobs]}
+
+
+@router.post("", status_code=status.HTTP_201_CREATED)
+def submit_job(spec: JobSpec, state: StateDep) -> dict[str, Any]:
+    """Store a job to run under a loaded policy (409 if the name is taken)."""
+    if state.policies.get(spec.policy) is None:
+        known = ", ".join(sorted(state.policies.snapshot())) or "none"
+        raise HTTPException(
+            422,
+            detail=[
+                {
+                    "loc": ["body", "policy"],
+                    "msg": f"no policy named {spec.policy!r} is loaded (loaded: {known})",
+                    "type": "value_error",
+                }
+            ],
+        )
+    body = spec.model_dump(mode="json", exclude={"api_version", "kind", "name", "policy"})
+    event = state.emitter.draft(
+        "job_submitted",
+        f"job {spec.name} submitted under policy {spec.policy}",
+        policy=spec.policy,
+        data={"job": spec.name},
+    )
+    try:
+        state.store.add_job(spec.name, spec.policy, body, event=event)
+    except DuplicateJobError as exc:
+        raise HTTPException(409, detail=str(exc)) from None
+    state.wakeup.set()
+    return job_view(_job(state, spec.name))
+
+
+@router.get("/{name}")
+def show_job(name: str, state: StateDep) -> dict[str, Any]:
+    return job_view(_job(state, name))
+
+
+@router.post("/{name}/cancel")
+def cancel_job(name: str, state: StateDep) -> dict[str, Any]:
+    """Cancel a job that has not ended (409 once it has succeeded, failed or been cancelled)."""
+    current = _job(state, name)
+    event = state.emitter.draft(
+        "job_cancelled",
+        f"job {name} cancelled (was {current.state})",
+        policy=current.policy,
+        data={"job": name, "state_before": current.state},
+    )
+    job, changed = state.store.cancel_job(name, event=event)
+    if job is None:
+        raise HTTPException(404, detail=f"no job named {name!r}")
+    if not changed:
+        raise HTTPException(409, detail=f"job {name!r} already ended ({job.state})")
+    state.wakeup.set()
+    return job_view(job)

@@ -1,0 +1,54 @@
+"""What the HTTP API reads and acts through; the daemon builds one and hands it to
+`create_app`. Handlers reach it with the `StateDep` dependency (`request.app.state.gpuopt`)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from pydantic import SecretStr
+
+from optimizer.alerts.outbox import Emitter
+from optimizer.clock import Clock
+from optimizer.daemon.policies import PolicyRegistry
+from optimizer.metrics import Metrics
+from optimizer.store import Store
+
+
+def _always_ready() -> tuple[bool, dict[str, Any]]:
+    return True, {}
+
+
+@dataclass
+class ApiState:
+    """The daemon's parts the API uses. `wakeup.set()` asks for a reconcile pass now;
+    `ready()` answers /readyz; `extras` is room for later areas (the agent's token table)."""
+
+    store: Store
+    policies: PolicyRegistry
+    emitter: Emitter
+    metrics: Metrics
+    clock: Clock
+    token: SecretStr
+    wakeup: threading.Event = field(default_factory=threading.Event)
+    ready: Callable[[], tuple[bool, dict[str, Any]]] = _always_ready
+    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def get_state(request: Request) -> ApiState:
+    state: ApiState = request.app.state.gpuopt
+    return state
+
+
+StateDep = Annotated[ApiState, Depends(get_state)]
+
+
+def utc_text(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")

@@ -1,0 +1,86 @@
+"""`gpuopt daemon`: the long-running service (imports the daemon only when it runs)."""
+
+from __future__ import annotations
+
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+class LogFormat(StrEnum):
+    text = "text"
+    json = "json"
+
+
+def _fail(message: str, code: int = 2) -> None:
+    print(f"gpuopt: error: {message}", file=sys.stderr)
+    raise typer.Exit(code)
+
+
+def daemon(
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            "-c",
+            help="Config file (default: $GPUOPT_CONFIG, else gpuopt.yaml in the data directory).",
+            dir_okay=False,
+        ),
+    ] = None,
+    log_format: Annotated[
+        LogFormat | None, typer.Option("--log-format", help="text or json (one object a line).")
+    ] = None,
+    host: Annotated[str | None, typer.Option("--host", help="Listen address (api.host).")] = None,
+    port: Annotated[
+        int | None,
+        typer.Option("--port", min=0, max=65535, help="Listen port (api.port); 0 = any free."),
+    ] = None,
+) -> None:
+    """Run the daemon: poll prices, reload policies, send alerts, serve the HTTP API."""
+    from optimizer.daemon.config import ConfigError, load_config
+    from optimizer.daemon.logsetup import configure
+    from optimizer.daemon.providers import provider_secrets
+    from optimizer.daemon.server import BindError
+    from optimizer.daemon.service import Daemon, DaemonError
+    from optimizer.settings import is_sqlite_url
+
+    try:
+        cfg = load_config(config)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"gpuopt: error: {problem}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    api = cfg.api.model_copy(
+        update={k: v for k, v in (("host", host), ("port", port)) if v is not None}
+    )
+    log = cfg.log.model_copy(update={"format": log_format.value} if log_format else {})
+    cfg = cfg.model_copy(update={"api": api, "log": log})
+    secrets = [*cfg.secrets(), *provider_secrets()]
+    configure(log.format, log.level, secrets=secrets, access_log=api.access_log)
+
+    try:
+        service = Daemon(cfg)
+    except DaemonError as exc:
+        _fail(str(exc))
+        return
+
+    def announce(url: str) -> None:
+        token = f"token in {service.token_file}" if service.token_file else "token from api.token"
+        print(f"gpuopt: API at {url} (docs: {url}/docs; {token})", flush=True)
+        print(f"gpuopt: policies from {cfg.effective_policy_dir}", flush=True)
+        url_text = cfg.effective_database_url
+        store = url_text.partition(":///")[2] if is_sqlite_url(url_text) else "PostgreSQL"
+        print(
+            f"gpuopt: store {store}; providers: {', '.join(service.handles) or 'none'}",
+            flush=True,
+        )
+
+    try:
+        code = service.run(announce)
+    except BindError as exc:
+        _fail(str(exc))
+        return
+    raise typer.Exit(code)

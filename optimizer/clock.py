@@ -1,0 +1,39 @@
+"""The clock gpuopt's daemon reads "now" from: injected everywhere, so tests can move time."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+Clock = Callable[[], datetime]
+"""Returns the current time, timezone-aware UTC."""
+
+
+def utc_now() -> datetime:
+    """The wall clock, in UTC."""
+    return datetime.now(UTC)
+
+
+class ManualClock:
+    """A clock that moves only when told to: for tests and benches."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self._now = start or datetime(2026, 1, 1, tzinfo=UTC)
+        if self._now.tzinfo is None:
+            raise ValueError("ManualClock needs a timezone-aware start")
+        self._lock = threading.Lock()
+
+    def __call__(self) -> datetime:
+        with self._lock:
+            return self._now
+
+    def advance(self, seconds: float = 0.0, **delta: float) -> datetime:
+        """Move forward by `seconds` (and any timedelta keywords); returns the new time."""
+        with self._lock:
+            self._now += timedelta(seconds=seconds, **delta)
+            return self._now
+
+    def set(self, when: datetime) -> None:
+        with self._lock:
+            self._now = when.astimezone(UTC)

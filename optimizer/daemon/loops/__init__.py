@@ -1,0 +1,16 @@
+"""The daemon's four loops; each has `run_once()` (one iteration) for the scheduler."""
+
+from optimizer.daemon.loops.deliver import DeliverLoop
+from optimizer.daemon.loops.poll import PollLoop
+from optimizer.daemon.loops.reconcile import ReconcileContext, ReconcileLoop, Reconciler, Wakeup
+from optimizer.daemon.loops.watch import PolicyWatcher
+
+__all__ = [
+    "DeliverLoop",
+    "PolicyWatcher",
+    "PollLoop",
+    "ReconcileContext",
+    "ReconcileLoop",
+    "Reconciler",
+    "Wakeup",
+]

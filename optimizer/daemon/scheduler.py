@@ -1,0 +1,101 @@
+"""APScheduler 3 around the daemon's loops: each loop is one interval job, never two
+instances at once, missed runs coalesced into one, late runs allowed a grace period.
+
+A loop that raises is logged with its traceback, counted in
+`gpuopt_loop_runs_total{outcome="error"}`, and simply runs again at its next tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from optimizer.clock import Clock, utc_now
+from optimizer.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class LoopScheduler:
+    """The daemon's loops on a background thread pool."""
+
+    def __init__(
+        self,
+        *,
+        metrics: Metrics | None = None,
+        misfire_grace_s: float = 60,
+        clock: Clock = utc_now,
+        workers: int = 10,
+    ) -> None:
+        from apscheduler.executors.pool import ThreadPoolExecutor
+
+        self.metrics = metrics
+        self.clock = clock
+        self._scheduler = BackgroundScheduler(
+            timezone=UTC,
+            executors={"default": ThreadPoolExecutor(workers)},
+            job_defaults={
+                "max_instances": 1,
+                "coalesce": True,
+                "misfire_grace_time": max(1, round(misfire_grace_s)),
+            },
+        )
+        self.names: list[str] = []
+
+    def add(
+        self, name: str, func: Callable[[], object], every_s: float, *, run_now: bool = True
+    ) -> None:
+        """Run `func` every `every_s` seconds (first at start when `run_now`)."""
+        kwargs = {"next_run_time": datetime.now(UTC)} if run_now else {}
+        self._scheduler.add_job(
+            self._guarded(name, func),
+            "interval",
+            seconds=every_s,
+            id=name,
+            name=name,
+            replace_existing=True,
+            **kwargs,
+        )
+        self.names.append(name)
+
+    def run_now(self, name: str) -> None:
+        """Move a loop's next run to now (it still never overlaps a run in progress)."""
+        try:
+            self._scheduler.modify_job(name, next_run_time=datetime.now(UTC))
+        except Exception:  # stopped, or the job is gone: nothing to wake
+            log.debug("could not wake loop %s", name, exc_info=True)
+
+    def _guarded(self, name: str, func: Callable[[], object]) -> Callable[[], None]:
+        def run() -> None:
+            started = time.perf_counter()
+            outcome = "ok"
+            try:
+                func()
+            except Exception:
+                outcome = "error"
+                log.exception("loop %s failed; it runs again at its next tick", name)
+            finally:
+                if self.metrics is not None:
+                    self.metrics.loop_duration.labels(name).observe(time.perf_counter() - started)
+                    self.metrics.loop_runs.labels(name, outcome).inc()
+                    if outcome == "ok":
+                        self.metrics.loop_last_success.labels(name).set(self.clock().timestamp())
+
+        run.__name__ = f"loop_{name.replace(':', '_')}"
+        return run
+
+    @property
+    def running(self) -> bool:
+        return bool(self._scheduler.running)
+
+    def start(self) -> None:
+        self._scheduler.start()
+
+    def shutdown(self, *, wait: bool = True) -> None:
+        """Stop scheduling; with `wait`, let every loop finish its current iteration."""
+        if self._scheduler.running:
+            self._scheduler.shutdown(wait=wait)

@@ -1,0 +1,309 @@
+"""The daemon: the store, the providers, the four loops on the scheduler, the API, signals.
+
+`Daemon(config).run()` is `gpuopt daemon`. Tests and benches use `start()`/`stop()` and may
+inject the clock, the random source of the alert back-off, offer sources and the HTTP client.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import secrets
+import signal
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import httpx
+from pydantic import SecretStr
+from sqlalchemy import text
+
+from optimizer import __version__
+from optimizer.alerts.channel import Notifier
+from optimizer.alerts.outbox import Emitter
+from optimizer.alerts.routing import Router
+from optimizer.alerts.slack import SlackNotifier
+from optimizer.alerts.webhook import WebhookNotifier
+from optimizer.api import ApiState, create_app
+from optimizer.clock import Clock, utc_now
+from optimizer.daemon.config import DaemonConfig, ProviderConfig
+from optimizer.daemon.logsetup import quiet_libraries
+from optimizer.daemon.loops.deliver import DeliverLoop
+from optimizer.daemon.loops.poll import PollLoop
+from optimizer.daemon.loops.reconcile import ReconcileLoop
+from optimizer.daemon.loops.watch import PolicyWatcher
+from optimizer.daemon.policies import PolicyRegistry
+from optimizer.daemon.prices import PriceWatch
+from optimizer.daemon.providers import ProviderHandle, make_handles, provider_secrets
+from optimizer.daemon.scheduler import LoopScheduler
+from optimizer.daemon.server import ApiServer, is_loopback
+from optimizer.metrics import Metrics
+from optimizer.model import Market
+from optimizer.store import Store
+from providers.base import OfferSource
+
+log = logging.getLogger(__name__)
+
+TOKEN_FILE = "api-token"
+
+
+class DaemonError(RuntimeError):
+    """The daemon cannot start as configured; the message is one line for the user."""
+
+
+def resolve_token(config: DaemonConfig) -> tuple[SecretStr, Path | None]:
+    """The configured API token, else the one in `<data dir>/api-token` (created with mode
+    0600 on first start). Returns (token, file it came from or None)."""
+    if config.api.token is not None:
+        return config.api.token, None
+    path = config.effective_data_dir / TOKEN_FILE
+    try:
+        saved = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        saved = ""
+    if saved:
+        return SecretStr(saved), path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as stream:
+        stream.write(token + "\n")
+    return SecretStr(token), path
+
+
+def build_notifiers(
+    config: DaemonConfig, client: httpx.Client, clock: Clock
+) -> dict[str, Notifier]:
+    out: dict[str, Notifier] = {}
+    for name, channel in config.alerts.channels.items():
+        if channel.type == "slack":
+            out[name] = SlackNotifier(name, channel.url, client, clock=clock)
+        else:
+            assert channel.secret is not None  # the config validator requires it
+            out[name] = WebhookNotifier(name, channel.url, channel.secret, client, clock=clock)
+    return out
+
+
+class Daemon:
+    """One gpuopt daemon. Public parts for later steps: `reconcile.reconcilers` (append a
+    reconciler), `reconcile.wakeup` (set it to run a pass now), `api_state` (what API
+    handlers see), `emitter` (record events with alerts), `handles` (providers)."""
+
+    def __init__(
+        self,
+        config: DaemonConfig,
+        *,
+        clock: Clock = utc_now,
+        rng: random.Random | None = None,
+        sources: Mapping[str, OfferSource] | None = None,
+        http_client: httpx.Client | None = None,
+        store: Store | None = None,
+    ) -> None:
+        quiet_libraries(config.api.access_log)
+        self.config = config
+        self.clock = clock
+        self.metrics = Metrics(start_time=clock().timestamp())
+        self.store = store or Store(config.effective_database_url, clock=clock)
+        self.registry = PolicyRegistry()
+        self.emitter = Emitter(
+            self.store, Router(config.alerts.routes, config.alerts.channels.keys())
+        )
+        if sources is not None:
+            self.handles = {
+                name: ProviderHandle.given(name, config.providers.get(name, ProviderConfig()), src)
+                for name, src in sources.items()
+            }
+        else:
+            self.handles = make_handles(
+                config.enabled_providers(), config.effective_data_dir, self.store, clock
+            )
+        secrets = [*config.secrets(), *provider_secrets()]
+        self.prices = PriceWatch(
+            self.store, self.registry, self.emitter, drop_fraction=config.prices.drop_fraction
+        )
+        self.polls = [
+            PollLoop(
+                handle,
+                market,
+                self.store,
+                self.emitter,
+                clock,
+                metrics=self.metrics,
+                after=self.prices.evaluate,
+                secrets=secrets,
+            )
+            for handle in self.handles.values()
+            for market in (Market.SPOT, Market.ON_DEMAND)
+        ]
+        self.reconcile = ReconcileLoop(
+            self.store,
+            self.registry,
+            self.emitter,
+            clock,
+            providers=self.handles,
+            metrics=self.metrics,
+        )
+        self._own_http = http_client is None
+        self.http = http_client or httpx.Client(
+            timeout=config.alerts.retry.timeout_s,
+            follow_redirects=False,
+            headers={"User-Agent": f"gpuopt/{__version__}"},
+        )
+        self.deliver = DeliverLoop(
+            self.store,
+            build_notifiers(config, self.http, clock),
+            clock,
+            retry=config.alerts.retry,
+            rng=rng,
+            api_url=config.api.public_url,
+            metrics=self.metrics,
+        )
+        self.watcher = PolicyWatcher(
+            config.effective_policy_dir,
+            self.registry,
+            self.store,
+            self.emitter,
+            clock,
+            metrics=self.metrics,
+            on_change=self.reconcile.wakeup.set,
+        )
+        self.scheduler = LoopScheduler(
+            metrics=self.metrics, misfire_grace_s=config.loops.misfire_grace_s, clock=clock
+        )
+        self.token, self.token_file = self._token()
+        self.api_state = ApiState(
+            store=self.store,
+            policies=self.registry,
+            emitter=self.emitter,
+            metrics=self.metrics,
+            clock=clock,
+            token=self.token,
+            wakeup=self.reconcile.wakeup,
+            ready=self.readiness,
+            started_at=clock(),
+        )
+        self.app = create_app(self.api_state)
+        self.server = ApiServer(
+            self.app, config.api.host, config.api.port, access_log=config.api.access_log
+        )
+        self._polled: set[str] = set()
+        self._stop = threading.Event()
+        self._started = False
+
+    def _token(self) -> tuple[SecretStr, Path | None]:
+        if not is_loopback(self.config.api.host) and self.config.api.token is None:
+            raise DaemonError(
+                f"refusing to listen on {self.config.api.host} without an API token: set "
+                "api.token in the config or GPUOPT_API__TOKEN (or bind 127.0.0.1)"
+            )
+        return resolve_token(self.config)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def start(self) -> None:
+        """Open the store, load policies, bind the API, start the loops and the server."""
+        self.config.effective_data_dir.mkdir(parents=True, exist_ok=True)
+        self.config.effective_policy_dir.mkdir(parents=True, exist_ok=True)
+        self.store.create_all()
+        self.watcher.run_once()  # policies are in force before anything reads them
+        self.metrics.watch(self.store, self.registry.status_counts)
+        self.server.bind()
+        if self.deliver.api_url is None:
+            self.deliver.api_url = self.server.url
+        loops = self.config.loops
+        for poll in self.polls:
+            cfg = poll.handle.config
+            every = cfg.spot_interval_s if poll.market is Market.SPOT else cfg.on_demand_interval_s
+            self.scheduler.add(poll.name, self._polling(poll), every)
+        self.scheduler.add("watch", self.watcher.run_once, loops.watch_s, run_now=False)
+        self.scheduler.add("reconcile", self.reconcile.tick, loops.reconcile_s)
+        self.scheduler.add("deliver", self.deliver.run_once, loops.deliver_s)
+        self.reconcile.attach(lambda: self.scheduler.run_now("reconcile"))
+        self.scheduler.start()
+        self.server.start()
+        self._started = True
+        log.info(
+            "gpuopt %s serving %s; providers: %s; policies from %s",
+            __version__,
+            self.url,
+            ", ".join(self.handles) or "none",
+            self.config.effective_policy_dir,
+        )
+
+    def _polling(self, poll: PollLoop) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                poll.run_once()
+            finally:
+                self._polled.add(poll.name)
+
+        return run
+
+    def stop(self) -> None:
+        """Let each loop finish its current iteration, stop serving, close everything."""
+        log.info("stopping: waiting for the loops' current iterations")
+        self.scheduler.shutdown(wait=True)
+        self.server.stop()
+        for handle in self.handles.values():
+            handle.close()
+        if self._own_http:
+            self.http.close()
+        self.store.close()
+        self._started = False
+        log.info("stopped")
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def run(self, announce: Callable[[str], None] | None = None) -> int:
+        """Start, serve until SIGTERM/SIGINT (or `request_stop()`), stop; the exit status."""
+        first = True
+
+        def on_signal(signum: int, _frame: FrameType | None) -> None:
+            nonlocal first
+            if not first:
+                os._exit(128 + signum)  # a second signal: the user insists
+            first = False
+            name = signal.Signals(signum).name
+            log.info("%s received: finishing the current loop iterations", name)
+            self._stop.set()
+
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.start()
+            if announce is not None:
+                announce(self.url)
+            while not self._stop.wait(0.5):
+                if not self.server.alive:
+                    log.error("the API server stopped unexpectedly")
+                    self.stop()
+                    return 1
+            self.stop()
+            return 0
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    # -- readiness ---------------------------------------------------------------------------
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        checks: dict[str, Any] = {}
+        try:
+            with self.store.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+            checks["store"] = "ok"
+        except Exception as exc:
+            checks["store"] = f"unavailable: {type(exc).__name__}"
+        checks["scheduler"] = "running" if self.scheduler.running else "stopped"
+        waiting = sorted(p.name for p in self.polls if p.name not in self._polled)
+        checks["first_polls"] = "done" if not waiting else {"waiting": waiting}
+        checks["policies"] = len(self.registry.snapshot())
+        ready = checks["store"] == "ok" and self.scheduler.running and not waiting
+        return ready, checks

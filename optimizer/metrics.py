@@ -1,0 +1,183 @@
+"""Prometheus metrics for one daemon, on a private registry (never the process-global one,
+so two daemons in one process, as in tests, do not collide).
+
+Counters and loop timings are updated as things happen; figures the store holds (offers,
+jobs by state, alerts by state) are read from it when /metrics is scraped.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from optimizer import __version__
+
+log = logging.getLogger(__name__)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_LOOP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_POLL = ("provider", "region", "market")
+
+
+class StoreFigures(Protocol):
+    def offer_counts(self) -> dict[tuple[str, str], int]: ...
+
+    def job_counts(self) -> dict[str, int]: ...
+
+    def alert_counts(self) -> dict[str, int]: ...
+
+
+def torch_loaded() -> bool:
+    """Whether this process imported torch (the daemon never should)."""
+    return "torch" in sys.modules
+
+
+class _Scraped(Collector):
+    """Figures read at scrape time: from the store, the policy registry, the process."""
+
+    def __init__(
+        self,
+        store: StoreFigures | None,
+        policies: Callable[[], Mapping[str, int]] | None,
+        start_time: float,
+    ) -> None:
+        self.store = store
+        self.policies = policies
+        self.start_time = start_time
+
+    def collect(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily(
+            "gpuopt_info",
+            "gpuopt build and process facts; torch_loaded must stay false in the daemon.",
+            labels=["version", "python", "torch_loaded"],
+        )
+        info.add_metric([__version__, platform.python_version(), str(torch_loaded()).lower()], 1.0)
+        yield info
+        yield GaugeMetricFamily(
+            "gpuopt_start_time_seconds", "When the daemon started (unix time).", self.start_time
+        )
+        if self.policies is not None:
+            family = GaugeMetricFamily(
+                "gpuopt_policies", "Policies in force, by status.", labels=["status"]
+            )
+            for status, count in sorted(self.policies().items()):
+                family.add_metric([status], count)
+            yield family
+        if self.store is None:
+            return
+        up = GaugeMetricFamily("gpuopt_store_up", "1 when the store answered this scrape.")
+        try:
+            offers = self.store.offer_counts()
+            jobs = self.store.job_counts()
+            alerts = self.store.alert_counts()
+        except Exception as exc:  # a scrape must answer even when the database does not
+            log.warning("metrics: store unavailable: %s", type(exc).__name__)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        family = GaugeMetricFamily(
+            "gpuopt_offers", "Latest offers held, by provider and market.", labels=_POLL[::2]
+        )
+        for (provider, market), count in sorted(offers.items()):
+            family.add_metric([provider, market], count)
+        yield family
+        family = GaugeMetricFamily("gpuopt_jobs", "Jobs by state.", labels=["state"])
+        for state, count in sorted(jobs.items()):
+            family.add_metric([state], count)
+        yield family
+        family = GaugeMetricFamily(
+            "gpuopt_alerts",
+            "Outbox alerts by state (pending, delivered, failed).",
+            labels=["state"],
+        )
+        for state, count in sorted(alerts.items()):
+            family.add_metric([state], count)
+        yield family
+
+
+class Metrics:
+    """The daemon's metrics; `render()` is the /metrics body."""
+
+    def __init__(self, *, start_time: float = 0.0) -> None:
+        self.registry = CollectorRegistry()
+        self._start_time = start_time
+        r = self.registry
+        self.loop_duration = Histogram(
+            "gpuopt_loop_duration_seconds",
+            "Time one loop iteration took.",
+            ["loop"],
+            buckets=_LOOP_BUCKETS,
+            registry=r,
+        )
+        self.loop_runs = Counter(
+            "gpuopt_loop_runs",
+            "Loop iterations, by outcome (ok, error).",
+            ["loop", "outcome"],
+            registry=r,
+        )
+        self.loop_last_success = Gauge(
+            "gpuopt_loop_last_success_timestamp_seconds",
+            "When the loop last finished without an error.",
+            ["loop"],
+            registry=r,
+        )
+        self.poll_last_run = Gauge(
+            "gpuopt_poll_last_run_timestamp_seconds", "When a poll last ran.", _POLL, registry=r
+        )
+        self.poll_last_success = Gauge(
+            "gpuopt_poll_last_success_timestamp_seconds",
+            "When a poll last succeeded.",
+            _POLL,
+            registry=r,
+        )
+        self.poll_duration = Gauge(
+            "gpuopt_poll_duration_seconds", "How long the last poll took.", _POLL, registry=r
+        )
+        self.poll_offers = Gauge(
+            "gpuopt_poll_offers", "Offers the last poll returned.", _POLL, registry=r
+        )
+        self.poll_errors = Counter(
+            "gpuopt_poll_errors",
+            "Failed polls, by error class.",
+            [*_POLL, "error"],
+            registry=r,
+        )
+        self.alert_deliveries = Counter(
+            "gpuopt_alert_deliveries",
+            "Delivery attempts by channel and outcome (delivered, retry, failed).",
+            ["channel", "outcome"],
+            registry=r,
+        )
+        self.policy_changes = Counter(
+            "gpuopt_policy_changes",
+            "Policy file changes seen by the watcher (loaded, rejected, removed, kept).",
+            ["outcome"],
+            registry=r,
+        )
+        self.reconcile_jobs = Gauge(
+            "gpuopt_reconcile_live_jobs", "Live jobs the last reconcile pass saw.", registry=r
+        )
+
+    def watch(
+        self,
+        store: StoreFigures | None = None,
+        policies: Callable[[], Mapping[str, int]] | None = None,
+    ) -> None:
+        """Add the scrape-time figures from the store and the policy registry."""
+        self.registry.register(_Scraped(store, policies, self._start_time))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def sample(self, name: str, labels: Mapping[str, str] | None = None) -> Any:
+        """One sample's value, or None: for tests and the bench."""
+        return self.registry.get_sample_value(name, dict(labels or {}))

@@ -1,0 +1,216 @@
+"""The HTTP API on a real uvicorn server (ephemeral port), driven with httpx."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from test_daemon_harness import (  # noqa: F401
+    TOKEN,
+    FakeSource,
+    api,
+    daemon_env,
+    make_config,
+    make_offer,
+    policy_text,
+    running,
+    wait_until,
+    write_policy,
+)
+
+from optimizer.model import Market
+
+SLACK_URL = "http://127.0.0.1:9/services/T000/B000/slack-secret-path-XYZ"
+HOOK_URL = "http://127.0.0.1:9/hooks/webhook-secret-path-ABC"
+HOOK_SECRET = "hmac-shared-secret-0123456789"
+PATHS = ("/alerts", "/events", "/jobs", "/policies", "/metrics", "/readyz", "/openapi.json")
+
+
+@pytest.fixture
+def offers() -> FakeSource:
+    return FakeSource(
+        [
+            make_offer(usd_per_hour=0.40),
+            make_offer(zone="use1-az2", usd_per_hour=0.35),
+            make_offer(market=Market.ON_DEMAND, zone=None, usd_per_hour=1.01),
+            make_offer(instance_type="g4dn.xlarge", gpu_model="T4", gpu_memory_gib=16.0),
+            make_offer(region="eu-west-1", zone="euw1-az1", gpu_memory_gib=8, gpu_model="T4G"),
+        ]
+    )
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, offers: FakeSource):
+    write_policy(tmp_path / "policies", "small.yaml", policy_text("small", memory=16))
+    config = make_config(
+        tmp_path,
+        alerts={
+            "channels": {
+                "ops": {"type": "slack", "url": SLACK_URL},
+                "hook": {"type": "webhook", "url": HOOK_URL, "secret": HOOK_SECRET},
+            }
+        },
+        loops={"deliver_s": 3600},
+    )
+    with running(config, sources={"local": offers}) as d, api(d) as client:
+        wait_until(lambda: client.get("/readyz").status_code == 200, what="readiness")
+        yield d
+
+
+@pytest.mark.parametrize(
+    "path", ["/offers", "/policies", "/jobs", "/events", "/alerts", "/policies/small"]
+)
+def test_every_operator_endpoint_needs_the_token(daemon, path: str) -> None:
+    with api(daemon, token=None) as anonymous, api(daemon, token="wrong-token") as wrong:
+        missing = anonymous.get(path)
+        bad = wrong.get(path)
+    assert missing.status_code == 401
+    assert missing.headers["www-authenticate"].startswith("Bearer")
+    assert bad.status_code == 401
+    with api(daemon) as client:
+        assert client.get(path).status_code == 200
+
+
+def test_health_readiness_metrics_and_docs_are_open(daemon) -> None:
+    with api(daemon, token=None) as anonymous:
+        assert anonymous.get("/healthz").json()["status"] == "ok"
+        ready = anonymous.get("/readyz").json()
+        assert ready["ready"] is True and ready["checks"]["store"] == "ok"
+        metrics = anonymous.get("/metrics").text
+        assert anonymous.get("/docs").status_code == 200
+        schema = anonymous.get("/openapi.json").json()
+    assert "gpuopt_info{" in metrics and "torch_loaded=" in metrics  # the process check: bench
+    assert 'gpuopt_offers{market="spot",provider="aws"} 4.0' in metrics
+    assert (
+        'gpuopt_poll_last_success_timestamp_seconds{market="spot",provider="local",region="*"}'
+        in metrics
+    )
+    assert "gpuopt_loop_runs_total" in metrics
+    assert {"/jobs", "/offers", "/policies", "/events", "/healthz"} <= set(schema["paths"])
+
+
+def test_offers_with_a_policy_is_the_engines_ranking_with_rejections(daemon) -> None:
+    with api(daemon) as client:
+        ranked = client.get("/offers", params={"policy": "small"}).json()
+        limited = client.get("/offers", params={"policy": "small", "limit": 1}).json()
+        unknown = client.get("/offers", params={"policy": "nope"})
+        plain = client.get("/offers", params={"market": "on_demand"}).json()
+    assert ranked["policy"] == "small"
+    assert [c["offer"]["usd_per_hour"] for c in ranked["candidates"]] == [0.35, 0.40, 1.01]
+    assert ranked["rejected_by_rule"] == {"gpu_memory": 2}
+    assert {r["rule"] for r in ranked["rejections"]} == {"gpu_memory"}
+    assert len(limited["candidates"]) == 1 and limited["rejected_by_rule"] == {"gpu_memory": 2}
+    assert unknown.status_code == 404 and "small" in unknown.json()["detail"]
+    assert plain["count"] == 1 and plain["offers"][0]["market"] == "on_demand"
+
+
+def test_policies_list_and_show(daemon, tmp_path: Path) -> None:
+    with api(daemon) as client:
+        listed = client.get("/policies").json()
+        shown = client.get("/policies/small").json()
+        missing = client.get("/policies/none")
+    assert [p["name"] for p in listed["policies"]] == ["small"]
+    assert listed["policies"][0]["path"] == str(tmp_path / "policies" / "small.yaml")
+    assert listed["rejected_files"] == []
+    assert shown["spec"]["apiVersion"] == "gpuopt/v1" and shown["status"] == "active"
+    assert shown["versions"][0]["outcome"] == "loaded"
+    assert missing.status_code == 404
+
+
+JOB = {
+    "name": "train-1",
+    "policy": "small",
+    "run": "python train.py",
+    "checkpoint_dir": "/tmp/ckpt",
+    "env": {"EPOCHS": "3"},
+    "probes": "none",
+    "max_restarts": 2,
+}
+
+
+def test_jobs_submit_list_show_and_cancel(daemon) -> None:
+    seen: list[list[str]] = []
+    daemon.reconcile.add(lambda ctx: seen.append([j.name for j in ctx.jobs]))
+    with api(daemon) as client:
+        created = client.post("/jobs", json=JOB)
+        assert created.status_code == 201, created.text
+        job = created.json()
+        assert job["state"] == "pending" and job["spec"]["run"] == "python train.py"
+        assert job["spec"]["max_restarts"] == 2 and "name" not in job["spec"]
+        wait_until(lambda: ["train-1"] in seen, what="the reconcile pass the submit woke")
+        assert client.post("/jobs", json=JOB).status_code == 409
+        assert [j["name"] for j in client.get("/jobs").json()["jobs"]] == ["train-1"]
+        assert client.get("/jobs", params={"state": "running"}).json()["jobs"] == []
+        assert client.get("/jobs/train-1").json()["id"] == job["id"]
+        assert client.get("/jobs/nope").status_code == 404
+        cancelled = client.post("/jobs/train-1/cancel")
+        again = client.post("/jobs/train-1/cancel")
+        events = client.get("/events", params={"job": "train-1"}).json()["events"]
+    assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
+    assert again.status_code == 409 and "cancelled" in again.json()["detail"]
+    assert [e["kind"] for e in events] == ["job_cancelled", "job_submitted"]
+
+
+def test_job_submit_is_validated(daemon) -> None:
+    with api(daemon) as client:
+        unknown_policy = client.post("/jobs", json={**JOB, "policy": "huge"})
+        bad_probe = client.post("/jobs", json={**JOB, "probes": "thorough"})
+        extra = client.post("/jobs", json={**JOB, "gpus": 8})
+        reserved = client.post("/jobs", json={**JOB, "env": {"GPUOPT_ATTEMPT": "1"}})
+    assert unknown_policy.status_code == 422
+    assert "no policy named 'huge'" in unknown_policy.json()["detail"][0]["msg"]
+    for response in (bad_probe, extra, reserved):
+        assert response.status_code == 422
+
+
+def test_events_are_listed_newest_first_and_shown_one_by_one(daemon) -> None:
+    with api(daemon) as client:
+        client.post("/jobs", json=JOB)
+        client.post("/jobs", json={**JOB, "name": "train-2"})
+        events = client.get("/events", params={"kind": "job_submitted"}).json()["events"]
+        older = client.get("/events", params={"before": events[0]["id"]}).json()["events"]
+        one = client.get(f"/events/{events[0]['id']}").json()
+        alerts = client.get("/alerts").json()
+    assert [e["data"]["job"] for e in events] == ["train-2", "train-1"]
+    assert all(e["id"] < events[0]["id"] for e in older)
+    assert one["kind"] == "job_submitted" and one["policy"] == "small"
+    assert alerts["counts"]["pending"] >= 4  # each job_submitted to both channels
+    assert {a["channel"] for a in alerts["alerts"]} == {"ops", "hook"}
+
+
+def test_secrets_never_appear_in_logs_or_api_output(
+    tmp_path: Path, offers: FakeSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    write_policy(tmp_path / "policies", "small.yaml", policy_text("small", memory=16))
+    config = make_config(
+        tmp_path,
+        alerts={
+            "channels": {
+                "ops": {"type": "slack", "url": SLACK_URL},
+                "hook": {"type": "webhook", "url": HOOK_URL, "secret": HOOK_SECRET},
+            },
+            "retry": {"timeout_s": 1},
+        },
+    )
+    bodies: list[str] = [repr(config), str(config), repr(config.alerts)]
+    with running(config, sources={"local": offers}) as daemon, api(daemon) as client:
+        client.post("/jobs", json=JOB)
+        # Port 9 (discard) refuses connections: each delivery fails and is retried.
+        wait_until(
+            lambda: (
+                client.get("/alerts").json()["counts"]["pending"] >= 2
+                and all(a["attempts"] >= 1 for a in client.get("/alerts").json()["alerts"])
+            ),
+            what="failed deliveries to the unreachable receivers",
+        )
+        for path in (*PATHS, "/offers?policy=small"):
+            bodies.append(client.get(path).text)
+        bodies.append(repr(daemon.deliver.notifiers))
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "connection failed" in "\n".join(bodies)  # the failures are visible…
+    for secret in (SLACK_URL, HOOK_URL, HOOK_SECRET, TOKEN, "slack-secret-path", "webhook-secret"):
+        assert secret not in logged
+        for body in bodies:
+            assert secret not in body  # …but never the URLs, secrets or the token

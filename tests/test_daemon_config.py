@@ -1,0 +1,115 @@
+"""The daemon config: embedded defaults, a YAML file with located errors, GPUOPT_* on top,
+and `gpuopt config check|show`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_daemon_harness import daemon_env  # noqa: F401
+from typer.testing import CliRunner
+
+from optimizer.cli import app
+from optimizer.daemon.config import DEFAULT_PORT, ConfigError, load_config
+
+GOOD = """\
+providers:
+  aws:
+    regions: [us-east-1, eu-west-1]
+    spot_interval_s: 300
+api:
+  token: ${OPS_TOKEN}
+alerts:
+  channels:
+    ops: {type: slack, url: "https://hooks.slack.com/services/T0/B0/abcdef"}
+  routes:
+    - {kinds: ["policy_*", "bid_cap_crossed"], min_severity: warning, channels: [ops]}
+"""
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("GPUOPT_DATA_DIR", str(tmp_path / "data"))
+    return tmp_path / "data"
+
+
+def test_no_config_means_the_embedded_default(data_dir: Path) -> None:
+    config = load_config()
+    assert config.source is None
+    assert list(config.enabled_providers()) == ["local"]
+    assert (config.api.host, config.api.port, config.api.token) == ("127.0.0.1", DEFAULT_PORT, None)
+    assert config.effective_database_url == f"sqlite:///{data_dir / 'gpuopt.db'}"
+    assert config.effective_policy_dir == data_dir / "policies"
+    assert (config.loops.reconcile_s, config.loops.deliver_s, config.loops.watch_s) == (15, 5, 2)
+    local = config.providers["local"]
+    assert (local.spot_interval_s, local.on_demand_interval_s) == (600, 86_400)
+
+
+def test_the_data_directorys_gpuopt_yaml_is_read_and_the_environment_wins(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data_dir.mkdir()
+    (data_dir / "gpuopt.yaml").write_text(GOOD)
+    monkeypatch.setenv("OPS_TOKEN", "from-the-file-via-env")
+    monkeypatch.setenv("GPUOPT_API__PORT", "9001")
+    monkeypatch.setenv("GPUOPT_PROVIDERS__AWS__SPOT_INTERVAL_S", "120")
+    config = load_config()
+    assert config.source == str(data_dir / "gpuopt.yaml")
+    assert config.api.port == 9001
+    assert config.api.token is not None
+    assert config.api.token.get_secret_value() == "from-the-file-via-env"
+    aws = config.providers["aws"]
+    assert (aws.regions, aws.spot_interval_s) == (["us-east-1", "eu-west-1"], 120)
+    assert "local" not in config.providers  # listing providers replaces the default
+    assert config.alerts.routes[0].channels == ["ops"]
+    assert "from-the-file-via-env" not in repr(config)
+
+
+def test_file_problems_are_located_and_a_bad_variable_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("api:\n  port: 70000\n  hots: 0.0.0.0\nloops: {watch_s: -1}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert [str(p) for p in caught.value.problems] == [
+        f"{path}:2:9: api.port: must be <= 65535",
+        f"{path}:3:3: api.hots: unknown field",
+        f"{path}:4:18: loops.watch_s: must be > 0",
+    ]
+    path.write_text("api: {port: 9000}\n")
+    monkeypatch.setenv("GPUOPT_LOOPS__WATCH_S", "often")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    [problem] = caught.value.problems
+    assert str(problem).startswith("GPUOPT_LOOPS__WATCH_S: loops.watch_s: must be a valid number")
+
+
+def test_config_check_exits_1_with_located_lines(tmp_path: Path) -> None:
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text("api: {port: 9000}\n")
+    bad.write_text("providers:\n  azure: {}\n")
+    runner = CliRunner()
+    ok = runner.invoke(app, ["config", "check", str(good)])
+    assert ok.exit_code == 0 and ok.stdout == f"{good}: ok\n"
+    failed = runner.invoke(app, ["config", "check", str(bad)])
+    assert failed.exit_code == 1
+    assert failed.stderr.startswith(f"{bad}:2:3: providers: unknown provider 'azure'")
+
+
+def test_config_check_refuses_a_public_address_without_a_token(tmp_path: Path) -> None:
+    path = tmp_path / "public.yaml"
+    path.write_text("api: {host: 0.0.0.0}\n")
+    result = CliRunner().invoke(app, ["config", "check", str(path)])
+    assert result.exit_code == 1
+    assert f"{path}: api.token: required to listen on 0.0.0.0" in result.stderr
+
+
+def test_config_show_masks_every_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(GOOD)
+    monkeypatch.setenv("OPS_TOKEN", "hidden-token-value")
+    result = CliRunner().invoke(app, ["config", "show", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "hidden-token-value" not in result.stdout and "abcdef" not in result.stdout
+    assert "token: '**********'" in result.stdout

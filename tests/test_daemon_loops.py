@@ -1,0 +1,124 @@
+"""The scheduler and the reconcile loop: failures are counted and retried, wake-ups run a
+pass at once, a wake during a pass is not lost, and reconcilers are isolated."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from test_daemon_harness import (  # noqa: F401
+    FakeSource,
+    api,
+    daemon_env,
+    make_config,
+    policy_text,
+    running,
+    wait_until,
+    write_policy,
+)
+
+from optimizer.daemon.loops.reconcile import ReconcileContext
+from optimizer.daemon.scheduler import LoopScheduler
+from optimizer.metrics import Metrics
+
+
+def test_a_loop_that_raises_is_counted_and_runs_again_next_tick() -> None:
+    metrics = Metrics()
+    calls: list[int] = []
+
+    def flaky() -> None:
+        calls.append(1)
+        if len(calls) <= 2:
+            raise RuntimeError("transient")
+
+    scheduler = LoopScheduler(metrics=metrics)
+    scheduler.add("flaky", flaky, 0.02)
+    scheduler.start()
+    try:
+        wait_until(lambda: len(calls) >= 4, what="the loop to keep running after errors")
+    finally:
+        scheduler.shutdown()
+    assert metrics.sample("gpuopt_loop_runs_total", {"loop": "flaky", "outcome": "error"}) == 2
+    assert metrics.sample("gpuopt_loop_runs_total", {"loop": "flaky", "outcome": "ok"}) >= 2
+    assert metrics.sample("gpuopt_loop_duration_seconds_count", {"loop": "flaky"}) >= 4
+
+
+def test_shutdown_lets_the_current_iteration_finish() -> None:
+    started, release, finished = threading.Event(), threading.Event(), threading.Event()
+
+    def slow() -> None:
+        started.set()
+        release.wait(5)
+        finished.set()
+
+    scheduler = LoopScheduler()
+    scheduler.add("slow", slow, 3600)
+    scheduler.start()
+    wait_until(started.is_set, what="the first iteration")
+    stopper = threading.Thread(target=scheduler.shutdown)
+    stopper.start()
+    assert not finished.is_set()
+    release.set()
+    stopper.join(5)
+    assert finished.is_set() and not stopper.is_alive()
+
+
+def test_a_wakeup_runs_a_reconcile_pass_now(tmp_path: Path) -> None:
+    seen: list[ReconcileContext] = []
+    with running(make_config(tmp_path)) as daemon:  # the tick is an hour away
+        daemon.reconcile.add(seen.append)
+        wait_until(lambda: daemon.reconcile.passes >= 1, what="the pass at start")
+        before = daemon.reconcile.passes
+        daemon.reconcile.wakeup.set()
+        wait_until(lambda: daemon.reconcile.passes > before, what="the woken pass")
+    assert seen and seen[-1].jobs == ()
+
+
+def test_a_wake_during_a_pass_runs_one_more_pass(tmp_path: Path) -> None:
+    entered, release = threading.Event(), threading.Event()
+    calls: list[int] = []
+
+    def blocking(ctx: ReconcileContext) -> None:
+        calls.append(len(ctx.jobs))
+        if len(calls) == 1:
+            entered.set()
+            release.wait(5)
+
+    with running(make_config(tmp_path)) as daemon:
+        wait_until(lambda: daemon.reconcile.passes >= 1, what="the pass at start")
+        daemon.reconcile.add(blocking)
+        daemon.reconcile.wakeup.set()
+        wait_until(entered.is_set, what="the blocking pass")
+        daemon.store.add_job("train", "small", {"run": "x"})
+        daemon.reconcile.wakeup.set()  # arrives while the pass runs
+        release.set()
+        wait_until(lambda: len(calls) >= 2, what="the pass the wake asked for")
+    assert calls[:2] == [0, 1]
+
+
+def test_one_failing_reconciler_does_not_stop_the_others(tmp_path: Path) -> None:
+    ran: list[str] = []
+
+    def broken(ctx: ReconcileContext) -> None:
+        raise ValueError("bug")
+
+    def fine(ctx: ReconcileContext) -> None:
+        ran.append("fine")
+
+    with running(make_config(tmp_path)) as daemon:
+        wait_until(lambda: daemon.reconcile.passes >= 1, what="the pass at start")
+        daemon.reconcile.reconcilers.extend([broken, fine])
+        report = daemon.reconcile.run_once()
+    assert ran == ["fine"]
+    assert report.errors == ["broken: ValueError: bug"]
+    labels = {"loop": "reconcile:broken", "outcome": "error"}
+    assert daemon.metrics.sample("gpuopt_loop_runs_total", labels) == 1
+
+
+def test_a_policy_change_wakes_reconcile(tmp_path: Path) -> None:
+    with running(make_config(tmp_path)) as daemon:
+        wait_until(lambda: daemon.reconcile.passes >= 1, what="the pass at start")
+        before = daemon.reconcile.passes
+        write_policy(tmp_path / "policies", "small.yaml", policy_text("small"))
+        wait_until(lambda: daemon.registry.get("small"), what="the new policy")
+        wait_until(lambda: daemon.reconcile.passes > before, what="the pass it woke")

@@ -1,0 +1,93 @@
+"""`gpuopt daemon` as a real process: it prints where its API is, serves /healthz, writes JSON
+logs when asked, exits 0 on SIGTERM, and refuses unsafe or impossible binds with exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+from test_daemon_harness import daemon_env, wait_until  # noqa: F401
+
+
+def start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUOPT_")}
+    env["GPUOPT_DATA_DIR"] = str(tmp_path / "data")
+    return subprocess.Popen(
+        [sys.executable, "-m", "optimizer.cli", "daemon", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def lines(stream) -> queue.Queue[str]:
+    out: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [out.put(line) for line in stream], daemon=True).start()
+    return out
+
+
+def test_the_daemon_serves_and_exits_cleanly_on_sigterm(tmp_path: Path) -> None:
+    proc = start(tmp_path, "--port", "0", "--log-format", "json")
+    try:
+        stdout = lines(proc.stdout)
+        first = wait_until(lambda: stdout.get(timeout=30), timeout=30, what="the API line")
+        match = re.match(
+            r"gpuopt: API at (http://127\.0\.0\.1:\d+) \(docs: .*token in (.*)\)$", first.strip()
+        )
+        assert match, first
+        url, token_file = match.groups()
+        assert Path(token_file) == tmp_path / "data" / "api-token"
+        assert oct(Path(token_file).stat().st_mode & 0o777) == "0o600"
+        assert httpx.get(f"{url}/healthz", timeout=5).json()["status"] == "ok"
+        assert 'torch_loaded="false"' in httpx.get(f"{url}/metrics", timeout=5).text
+        token = Path(token_file).read_text().strip()
+        assert httpx.get(f"{url}/jobs", timeout=5).status_code == 401
+        headers = {"Authorization": f"Bearer {token}"}
+        assert httpx.get(f"{url}/jobs", headers=headers, timeout=5).json() == {"jobs": []}
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    logged = [json.loads(line) for line in proc.stderr.read().splitlines() if line.strip()]
+    messages = [entry["msg"] for entry in logged]
+    assert any(m.startswith("SIGTERM received") for m in messages)
+    assert messages[-1] == "stopped"
+    assert {"ts", "level", "logger", "msg"} <= set(logged[0])
+
+
+def run_to_exit(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    proc = start(tmp_path, *args)
+    out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_a_public_address_without_a_token_is_refused(tmp_path: Path) -> None:
+    result = run_to_exit(tmp_path, "--host", "0.0.0.0", "--port", "0")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "gpuopt: error: refusing to listen on 0.0.0.0 without an API token: set api.token in "
+        "the config or GPUOPT_API__TOKEN (or bind 127.0.0.1)"
+    ]
+
+
+def test_a_port_in_use_is_one_clear_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_to_exit(tmp_path, "--port", str(port))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"gpuopt: error: cannot listen on 127.0.0.1:{port}: Address already in use"
+    )

@@ -1,0 +1,98 @@
+"""The daemon's records in the store, on SQLite and PostgreSQL: jobs submitted and cancelled
+with their events, policy versions, price-signal state and poll status."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from test_daemon_harness import T0, daemon_env, make_offer  # noqa: F401
+
+from optimizer.store import DuplicateJobError, Store
+from optimizer.store_tables import NewEvent, PolicyVersionRecord, PollStatusRecord
+
+
+def version(path: str, name: str | None, sha: str, outcome: str, text: str | None = None):
+    return PolicyVersionRecord(0, path, name, sha, outcome, text, [], T0)
+
+
+def test_a_job_and_its_event_are_one_transaction(store: Store) -> None:
+    event = NewEvent("job_submitted", "submitted", alerts=("ops",))
+    job_id = store.add_job("train", "small", {"run": "x"}, event=event, at=T0)
+    job = store.get_job("train")
+    assert job is not None and job.id == job_id
+    assert (job.state, job.spec, job.created_at) == ("pending", {"run": "x"}, T0)
+    [recorded] = store.list_events()
+    assert recorded.job_id == job.id and recorded.kind == "job_submitted"
+    with pytest.raises(DuplicateJobError):
+        store.add_job("train", "small", {"run": "y"}, event=event, at=T0)
+    assert len(store.list_events()) == 1  # the refused submit left no event
+    assert [a.job_name for a in store.due_alerts(T0)] == ["train"]
+
+
+def test_cancel_moves_only_jobs_that_have_not_ended(store: Store) -> None:
+    store.add_job("a", "small", {}, at=T0)
+    store.add_job("b", "other", {}, at=T0)
+    event = NewEvent("job_cancelled", "cancelled")
+    job, changed = store.cancel_job("a", event=event, at=T0 + timedelta(minutes=1))
+    assert changed and job is not None and job.state == "cancelled"
+    assert job.updated_at == T0 + timedelta(minutes=1)
+    assert store.cancel_job("a", event=event) == (job, False)
+    assert store.cancel_job("nope") == (None, False)
+    assert [j.name for j in store.live_jobs()] == ["b"]
+    assert store.policies_in_use() == {"other"}
+    assert store.job_counts() == {"cancelled": 1, "pending": 1}
+    assert [e.kind for e in store.list_events()] == ["job_cancelled"]
+    assert [j.name for j in store.jobs_page(limit=1)] == ["b"]
+    assert [j.name for j in store.jobs_page(state="cancelled")] == ["a"]
+
+
+def test_policy_versions_say_what_is_in_force(store: Store) -> None:
+    store.record_policy_changes(
+        [
+            version("/p/a.yaml", "a", "1", "loaded", "text-1"),
+            version("/p/b.yaml", "b", "2", "loaded", "text-2"),
+        ],
+        [NewEvent("policy_loaded", "a loaded")],
+    )
+    store.record_policy_changes([version("/p/a.yaml", None, "3", "rejected")])
+    store.record_policy_changes([version("/p/b.yaml", "b", "2", "removed")])
+    assert {p: v.outcome for p, v in store.latest_policy_versions().items()} == {
+        "/p/a.yaml": "rejected",
+        "/p/b.yaml": "removed",
+    }
+    assert store.last_loaded_version("/p/a.yaml").text == "text-1"
+    assert list(store.policies_in_force()) == ["a"]
+    assert [v.outcome for v in store.policy_versions("b")] == ["removed", "loaded"]
+    assert [e.kind for e in store.list_events()] == ["policy_loaded"]
+
+
+def test_price_signal_state_is_replaced_whole_with_its_events(store: Store) -> None:
+    store.save_price_signal("small", {"best_usd": 1.0}, at=T0)
+    store.save_price_signal("small", {"best_usd": 0.7}, [NewEvent("price_drop", "m")], at=T0)
+    assert store.price_signals() == {"small": {"best_usd": 0.7}}
+    store.save_price_signal("small", None)
+    assert store.price_signals() == {}
+    assert [e.kind for e in store.list_events()] == ["price_drop"]
+
+
+def test_poll_status_is_upserted_per_provider_region_and_market(store: Store) -> None:
+    failing = PollStatusRecord("aws", "us-east-1", "spot", T0, None, 1.5, 0, 1, "AuthError: x")
+    store.save_poll_status(failing, [NewEvent("poll_failed", "m", alerts=("ops",))])
+    ok = PollStatusRecord(
+        "aws", "us-east-1", "spot", T0 + timedelta(minutes=10), T0, 0.2, 9, 0, None
+    )
+    store.save_poll_status(ok)
+    store.save_poll_status(PollStatusRecord("aws", "*", "on_demand", T0, T0, 3.0, 4, 0, None))
+    assert store.poll_statuses() == [
+        PollStatusRecord("aws", "*", "on_demand", T0, T0, 3.0, 4, 0, None),
+        ok,
+    ]
+    assert len(store.due_alerts(T0)) == 1
+
+
+def test_offer_counts_by_provider_and_market(store: Store) -> None:
+    store.record_offers(
+        [make_offer(), make_offer(zone="use1-az2"), make_offer(provider="gcp", zone=None)]
+    )
+    assert store.offer_counts() == {("aws", "spot"): 2, ("gcp", "spot"): 1}
