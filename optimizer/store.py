@@ -48,6 +48,7 @@ from optimizer.store_base import (
     utc_now,
 )
 from optimizer.store_daemon import DaemonMixin
+from optimizer.store_jobs import JobsMixin
 from optimizer.store_outbox import OutboxMixin
 from optimizer.store_tables import (
     POOL_COLUMNS,
@@ -160,7 +161,7 @@ def _make_engine(url: str, schema: str | None) -> Engine:
     return create_engine(url, connect_args=connect_args, pool_pre_ping=True)
 
 
-class Store(OutboxMixin, DaemonMixin):
+class Store(OutboxMixin, DaemonMixin, JobsMixin):
     """The daemon's durable state. `Store()` uses `settings.database_url()`.
 
     `schema` (PostgreSQL only) puts every table in that existing schema via `search_path`;

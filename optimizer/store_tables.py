@@ -127,6 +127,43 @@ class Attempt(SQLModel, table=True):
     end_reason: str | None = None
     started_at: datetime = Field(sa_type=UTCDateTime)
     ended_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # What the agent and the provider reported (folded in as reports arrive).
+    token_sha256: str = ""
+    registered_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    probe_status: str | None = None
+    job_started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    exit_code: int | None = None
+    notice_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    stop_sent_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    instance_gone: bool = False
+    preempted: bool = False
+
+
+class AgentEvent(SQLModel, table=True):
+    """An agent's report, kept once per id so a retried batch is recorded once."""
+
+    __tablename__ = "agent_event"
+
+    id: str = Field(primary_key=True)
+    attempt_key: str = Field(index=True)
+    kind: str
+    at: datetime = Field(sa_type=UTCDateTime)
+    data: str | None = Field(default=None, sa_type=Text)
+
+
+class PoolCooldown(SQLModel, table=True):
+    """A capacity pool gpuopt avoids until `until` (after an interruption or a launch error)."""
+
+    __tablename__ = "pool_cooldown"
+
+    id: int | None = Field(default=None, primary_key=True)
+    provider: str
+    region: str
+    zone: str = ""
+    instance_type: str
+    market: str
+    until: datetime = Field(sa_type=UTCDateTime, index=True)
+    reason: str = Field(sa_type=Text)
 
 
 class Event(SQLModel, table=True):

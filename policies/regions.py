@@ -146,9 +146,21 @@ def _index() -> dict[tuple[str, str], Region]:
     return {(r.provider, r.name): r for r in parse_table(table_text())}
 
 
+# The local cloud borrows AWS and GCP region names (its offers copy the snapshot's rows), so
+# its regions sit where the cloud that owns the name puts them. The two clouds' names do not
+# collide (eu-west-1 vs europe-west1); AWS is tried first all the same.
+BORROWED_NAMES = {"local": PROVIDERS}
+
+
 def lookup(provider: str, region: str) -> Region | None:
     """The region's row, or None when the table does not know it."""
-    return _index().get((provider.strip().lower(), region.strip().lower()))
+    key = provider.strip().lower()
+    name = region.strip().lower()
+    for owner in BORROWED_NAMES.get(key, (key,)):
+        found = _index().get((owner, name))
+        if found is not None:
+            return found
+    return None
 
 
 def all_regions(provider: str | None = None) -> list[Region]:

@@ -28,6 +28,7 @@ from optimizer.alerts.routing import Router
 from optimizer.alerts.slack import SlackNotifier
 from optimizer.alerts.webhook import WebhookNotifier
 from optimizer.api import ApiState, create_app
+from optimizer.api import agent as agent_api
 from optimizer.clock import Clock, utc_now
 from optimizer.daemon.config import DaemonConfig, ProviderConfig
 from optimizer.daemon.logsetup import quiet_libraries
@@ -40,6 +41,7 @@ from optimizer.daemon.prices import PriceWatch
 from optimizer.daemon.providers import ProviderHandle, make_handles, provider_secrets
 from optimizer.daemon.scheduler import LoopScheduler
 from optimizer.daemon.server import ApiServer, is_loopback
+from optimizer.jobs.reconcile import JobReconciler
 from optimizer.metrics import Metrics
 from optimizer.model import Market
 from optimizer.store import Store
@@ -185,7 +187,7 @@ class Daemon:
             ready=self.readiness,
             started_at=clock(),
         )
-        self.app = create_app(self.api_state)
+        self.app = create_app(self.api_state, routers=[(agent_api.router, [])])
         self.server = ApiServer(
             self.app, config.api.host, config.api.port, access_log=config.api.access_log
         )
@@ -226,6 +228,9 @@ class Daemon:
         self.scheduler.add("reconcile", self.reconcile.tick, loops.reconcile_s)
         self.scheduler.add("deliver", self.deliver.run_once, loops.deliver_s)
         self.reconcile.attach(lambda: self.scheduler.run_now("reconcile"))
+        self.reconcile.reconcilers.append(
+            JobReconciler(lambda: self.config.api.public_url or self.server.url)
+        )
         self.scheduler.start()
         self.server.start()
         self._started = True

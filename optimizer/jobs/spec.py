@@ -7,6 +7,7 @@ name: train-resnet             # [a-z0-9-], unique among jobs
 policy: resnet50-training      # a loaded policy's name
 run: python train.py --epochs 90
 setup: pip install -r requirements.txt     # optional, runs before `run` on every attempt
+workdir: /srv/train            # optional: where `setup` and `run` start
 checkpoint_dir: s3://team-ckpt/resnet      # handed to the job as GPUOPT_CHECKPOINT_DIR
 env: {WANDB_PROJECT: resnet}
 probes: quick                  # quick | deep | none
@@ -42,6 +43,7 @@ class JobSpec(BaseModel):
     policy: str = Field(pattern=NAME_PATTERN, description="The policy the job runs under.")
     run: str = Field(min_length=1, description="The command, run with /bin/sh -c.")
     setup: str | None = Field(None, description="Runs before `run` on every attempt.")
+    workdir: str | None = Field(None, description="Where the commands run on the instance.")
     checkpoint_dir: str = Field(min_length=1, description="A path or bucket URI for the job.")
     env: dict[str, str] = Field(default_factory=dict)
     probes: Literal["quick", "deep", "none"] = "quick"

@@ -1,0 +1,182 @@
+"""How fast a managed job recovers from a spot interruption on the local cloud.
+
+A real daemon (in-process, ephemeral port) runs the example training job on the local
+cloud, whose instances are real agent processes. The bench interrupts the running attempt
+through the local metadata endpoint several times and measures, per interruption:
+
+- notice → launch: from the notice being posted to the replacement attempt's launch call
+  (its row is written just before the call);
+- notice → running: to the replacement's agent reporting the job started again;
+- steps lost: steps the old attempt had finished (its last log line) minus the step the new
+  attempt resumed from (its checkpoint).
+
+Targets (issue): notice → launch <= 2 s, notice → running <= 15 s. Writes
+bench/results/recovery.json.
+
+    python bench/recovery.py [--interruptions 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the daemon test harness: config, wait_until
+
+from test_daemon_harness import api, make_config, running, wait_until, write_policy  # noqa: E402
+
+from providers.local import LocalCloud  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "recovery.json"
+POLICY = """\
+apiVersion: gpuopt/v1
+kind: Policy
+name: bench-local
+workload: {gpus: 1, gpu_memory_gib: 12}
+markets: [spot, on_demand]
+placement: {providers: [local]}
+recovery: {max_restarts: 20, pool_cooldown_minutes: 10, on_demand_after_interruptions: 100}
+"""
+
+
+def _running(cloud: LocalCloud, number: int) -> Any:
+    for record in cloud.instances():
+        if record.state == "running" and record.key.endswith(f"-{number}"):
+            return record
+    return None
+
+
+def _latest_step(ckpt: Path) -> int:
+    return max((int(p.stem.split("-")[1]) for p in ckpt.glob("ckpt-*.pt")), default=0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--interruptions", type=int, default=3)
+    parser.add_argument("--grace-s", type=float, default=5.0)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        ckpt = base / "ckpt"
+        write_policy(base / "policies", "bench.yaml", POLICY)
+        cloud = LocalCloud(base / "local-cloud", grace_s=args.grace_s, tick_s=0.05)
+        config = make_config(base, policy_dir=base / "policies", loops={"reconcile_s": 15})
+        rows: list[dict[str, Any]] = []
+        try:
+            with running(config, sources={"local": cloud}) as daemon:
+                for poll in daemon.polls:
+                    poll.run_once()
+                steps = 100_000
+                body = {
+                    "name": "bench",
+                    "policy": "bench-local",
+                    "workdir": str(ROOT),
+                    "run": f"{sys.executable} examples/train_with_checkpoints.py --steps {steps} "
+                    "--checkpoint-every 50 --step-sleep 0.01 --log-every 1",
+                    "checkpoint_dir": str(ckpt),
+                    "probes": "none",
+                }
+                with api(daemon) as client:
+                    client.post("/jobs", json=body).raise_for_status()
+                job_id = daemon.store.get_job("bench").id
+                for n in range(1, args.interruptions + 1):
+                    record = wait_until(lambda k=n: _running(cloud, k), 60, f"attempt {n}")
+                    wait_until(
+                        lambda k=record.key: daemon.store.attempt(k).job_started_at, 60, "start"
+                    )
+                    floor = _latest_step(ckpt) + 100
+                    wait_until(lambda f=floor: _latest_step(ckpt) >= f, 60, "progress")
+                    cloud.interrupt(record.id)
+                    notice = time.time()
+                    nxt = wait_until(
+                        lambda k=f"{job_id}-{n + 1}": daemon.store.attempt(k), 30, "relaunch"
+                    )
+                    launched = nxt.started_at.timestamp()
+                    started = wait_until(
+                        lambda k=nxt.key: daemon.store.attempt(k).job_started_at, 60, "running"
+                    ).timestamp()
+                    done_steps = _steps_in_log(base, record.id)
+                    resumed = _resumed_from(base, nxt)
+                    rows.append(
+                        {
+                            "interruption": n,
+                            "notice_to_launch_s": round(launched - notice, 3),
+                            "notice_to_running_s": round(started - notice, 3),
+                            "steps_done_by_old_attempt": done_steps,
+                            "resumed_from_step": resumed,
+                            "steps_lost": None
+                            if done_steps is None or resumed is None
+                            else max(0, done_steps - resumed),
+                        }
+                    )
+                    print(json.dumps(rows[-1]))
+        finally:
+            cloud.kill_all()
+            cloud.close()
+
+    launch = [r["notice_to_launch_s"] for r in rows]
+    run = [r["notice_to_running_s"] for r in rows]
+    result = {
+        "bench": "recovery",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "cores": len(__import__("os").sched_getaffinity(0)),
+        "grace_s": args.grace_s,
+        "interruptions": rows,
+        "notice_to_launch_s": {"median": statistics.median(launch), "max": max(launch)},
+        "notice_to_running_s": {"median": statistics.median(run), "max": max(run)},
+        "targets": {"notice_to_launch_s": 2.0, "notice_to_running_s": 15.0},
+    }
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(
+        f"notice -> launch: median {result['notice_to_launch_s']['median']} s, "
+        f"max {result['notice_to_launch_s']['max']} s (target 2 s)"
+    )
+    print(
+        f"notice -> running: median {result['notice_to_running_s']['median']} s, "
+        f"max {result['notice_to_running_s']['max']} s (target 15 s)"
+    )
+    print(f"wrote {RESULTS.relative_to(ROOT)}")
+
+
+_STEP = re.compile(r"^step (\d+)/")
+_RESUMED = re.compile(r"^resumed from step (\d+)")
+
+
+def _log_text(base: Path, instance_id: str) -> str:
+    texts = [
+        p.read_text(errors="replace")
+        for p in (base / "local-cloud").rglob("*.log")
+        if instance_id in str(p)
+    ]
+    return "\n".join(texts)
+
+
+def _steps_in_log(base: Path, instance_id: str) -> int | None:
+    steps = [
+        int(m.group(1))
+        for line in _log_text(base, instance_id).splitlines()
+        if (m := _STEP.match(line))
+    ]
+    return max(steps) if steps else None
+
+
+def _resumed_from(base: Path, attempt: Any) -> int | None:
+    text = _log_text(base, attempt.instance_id or "-")
+    found = [int(m.group(1)) for line in text.splitlines() if (m := _RESUMED.match(line))]
+    return found[0] if found else None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""A small real training loop that survives spot interruptions: gpuopt's example job.
+
+It trains a two-layer MLP on a fixed synthetic regression task with torch (CPU is fine,
+CUDA is used when present), saves a checkpoint every `--checkpoint-every` steps into
+`GPUOPT_CHECKPOINT_DIR`, and on start resumes from the newest checkpoint there. On SIGTERM
+(what the gpuopt agent sends when the instance is about to be taken back) it finishes the
+current step, checkpoints and exits with 143. Run it again and it carries on; across any
+number of interruptions it stops at exactly `--steps` steps.
+
+    GPUOPT_CHECKPOINT_DIR=/tmp/ckpt python examples/train_with_checkpoints.py --steps 300
+
+Each checkpoint is written to a temporary file and renamed into place, so an interruption
+in the middle of a save leaves the previous checkpoint intact. The data batches are drawn
+from a generator seeded by the step number, so a resumed run sees the same batches an
+uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+EXIT_INTERRUPTED = 143  # 128 + SIGTERM, what a shell reports for a job ended by SIGTERM
+KEEP = 2  # checkpoints kept (the newest and one before it)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    env = os.environ
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=int(env.get("TRAIN_STEPS", 600)))
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=int(env.get("CHECKPOINT_EVERY", 50))
+    )
+    parser.add_argument(
+        "--checkpoint-dir",
+        default=env.get("GPUOPT_CHECKPOINT_DIR") or "checkpoints",
+        help="default: $GPUOPT_CHECKPOINT_DIR, else ./checkpoints",
+    )
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument(
+        "--step-sleep",
+        type=float,
+        default=float(env.get("STEP_SLEEP", 0.0)),
+        help="pause after each step, seconds (to make a demo long enough to interrupt)",
+    )
+    parser.add_argument("--log-every", type=int, default=int(env.get("LOG_EVERY", 50)))
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.checkpoint_every < 1:
+        parser.error("--steps and --checkpoint-every must be >= 1")
+    return args
+
+
+class Stop:
+    """Set by SIGTERM/SIGINT; the loop checks it between steps."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        self.signum = signum
+
+
+def checkpoints(folder: Path) -> list[Path]:
+    """Checkpoint files, newest (highest step) first."""
+    found = []
+    for path in folder.glob("ckpt-*.pt"):
+        try:
+            found.append((int(path.stem.split("-", 1)[1]), path))
+        except ValueError:
+            continue
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def save(folder: Path, state: dict[str, Any]) -> Path:
+    import torch
+
+    path = folder / f"ckpt-{state['step']:08d}.pt"
+    tmp = folder / f".{path.name}.{os.getpid()}.tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, path)  # atomic: a reader sees the old set or the new one, never half
+    for old in checkpoints(folder)[KEEP:]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def load_latest(folder: Path) -> dict[str, Any] | None:
+    import torch
+
+    for path in checkpoints(folder):
+        try:
+            return torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as exc:  # a damaged file: fall back to the one before it
+            print(f"skipping unreadable checkpoint {path.name}: {exc}", flush=True)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    stop = Stop()  # before importing torch, so an early SIGTERM is not lost
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    folder = Path(args.checkpoint_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+
+    features = 16
+    truth = torch.randn(features, 1, generator=torch.Generator().manual_seed(1234))
+    model = nn.Sequential(nn.Linear(features, args.hidden), nn.Tanh(), nn.Linear(args.hidden, 1))
+    model.to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    step = 0
+    runs: list[dict[str, Any]] = []
+    state = load_latest(folder)
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, runs = int(state["step"]), list(state.get("runs", []))
+        print(f"resumed from step {step} ({len(runs)} earlier run(s))", flush=True)
+    else:
+        print("no checkpoint: starting from step 0", flush=True)
+    run = {
+        "attempt": os.environ.get("GPUOPT_ATTEMPT"),
+        "restarts": os.environ.get("GPUOPT_RESTARTS"),
+        "from_step": step,
+        "to_step": step,
+    }
+    runs.append(run)
+
+    def checkpoint(loss: float) -> None:
+        run["to_step"] = step
+        state = {
+            "step": step,
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "loss": loss,
+            "runs": runs,
+            "total_steps": args.steps,
+        }
+        path = save(folder, state)
+        print(f"checkpoint {path.name} (step {step})", flush=True)
+
+    loss_value = float("nan")
+    started = time.monotonic()
+    while step < args.steps:
+        if stop.signum is not None:
+            checkpoint(loss_value)
+            print(f"signal {stop.signum}: stopped at step {step}/{args.steps}", flush=True)
+            return EXIT_INTERRUPTED
+        gen = torch.Generator().manual_seed(step)  # the same batch for a step, resumed or not
+        x = torch.randn(args.batch, features, generator=gen).to(device)
+        y = torch.tanh(x @ truth.to(device))
+        loss = nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        step += 1
+        loss_value = float(loss.item())
+        if step % args.log_every == 0 or step == args.steps:
+            print(f"step {step}/{args.steps} loss {loss_value:.5f}", flush=True)
+        if step % args.checkpoint_every == 0 and step < args.steps:
+            checkpoint(loss_value)
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
+    checkpoint(loss_value)
+    seconds = time.monotonic() - started
+    summary = {"steps": step, "loss": loss_value, "seconds": round(seconds, 2), "runs": runs}
+    (folder / "done.json").write_text(json.dumps(summary) + "\n")
+    print(f"finished: {step}/{args.steps} steps over {len(runs)} run(s), loss {loss_value:.5f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,358 @@
+"""The agent's main loop: register, probe, run the job, watch for interruptions, obey `stop`.
+
+The agent reports facts and follows the daemon's commands (docs/agent-protocol.md); the one
+thing it decides alone is to stop the job when the cloud has announced the end of the
+instance and the daemon cannot be reached to say so (`self_stop_s` after the notice), so a
+job still gets its chance to checkpoint. Nothing here kills the job because the daemon is
+gone: reports wait in the queue and are retried.
+
+Threads: the reporter sends events; the watcher polls the metadata endpoint; a heartbeat
+thread queues heartbeats; the job runner waits for the child. Everything that needs a
+decision (commands, signals, the job's exit) reaches the main thread through one inbox.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from optimizer import __version__
+from optimizer.agent.config import AgentConfig, Assignment
+from optimizer.agent.imds import Notice, Watcher, make_watcher, watch
+from optimizer.agent.reporter import Backoff, DaemonClient, DaemonError, EventQueue, Reporter
+from optimizer.agent.runner import AdoptedJob, JobExit, JobRunner, job_env
+from providers.local.procs import proc_start_ticks
+
+log = logging.getLogger(__name__)
+
+# Notices after which the instance goes away (a rebalance recommendation is only a hint).
+ENDING_ACTIONS = frozenset({"terminate", "stop", "hibernate", "preempted"})
+
+
+ProbeFn = Callable[[str, int | None], tuple[str, dict[str, Any]]]
+
+
+def default_probe(config: AgentConfig) -> ProbeFn:
+    def probe(kind: str, expected_gpus: int | None) -> tuple[str, dict[str, Any]]:
+        from optimizer.probes import ProbeOptions, run_probe
+
+        extra: dict[str, Any] = {"cpu_n": config.probe_cpu_n} if config.probe_cpu_n else {}
+        options = ProbeOptions(
+            kind=kind,
+            timeout_s=config.probe_timeout_s,
+            expected_gpus=expected_gpus,
+            visible=os.environ.get("CUDA_VISIBLE_DEVICES"),
+            **extra,
+        )
+        result = run_probe(options)
+        return result.status.value, result.to_dict()
+
+    return probe
+
+
+class Agent:
+    """One agent run; `run()` returns the process exit status."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        client: DaemonClient | None = None,
+        watcher: Watcher | None = None,
+        probe: ProbeFn | None = None,
+        register_backoff: Backoff | None = None,
+        send_backoff: Backoff | None = None,
+    ) -> None:
+        self.config = config
+        config.agent_dir.mkdir(parents=True, exist_ok=True)
+        self.client = client or DaemonClient(config.daemon_url, config.token, config.attempt_key)
+        self.watcher = watcher or make_watcher(
+            config.metadata_flavor, config.metadata_url, interval_s=config.poll_s
+        )
+        self.probe = probe or default_probe(config)
+        self.register_backoff = register_backoff or Backoff(base=1.0, cap=30.0)
+        self.queue = EventQueue(config.agent_dir / "events.json", attempt_key=config.attempt_key)
+        self.reporter = Reporter(self.queue, self.client, self._on_commands, backoff=send_backoff)
+        self.inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self.state = "registering"
+        self.job: JobRunner | AdoptedJob | None = None
+        self.stop_reason: str | None = None
+        self._quit = threading.Event()  # stops the watcher and heartbeat threads
+        self._notice_at: float | None = None
+        self._notice_event: str | None = None
+
+    # --- inputs ----------------------------------------------------------------------
+
+    def deliver_signal(self, signum: int) -> None:
+        """What the SIGTERM/SIGINT handlers call (SimpleQueue.put is safe in a handler)."""
+        self.inbox.put(("signal", signum))
+
+    def _on_commands(self, commands: list[dict[str, Any]]) -> None:
+        for command in commands:
+            if command.get("kind") == "stop":
+                self.inbox.put(("command", command))
+            else:
+                log.warning("ignoring unknown command %r", command.get("kind"))
+
+    def _on_notice(self, notice: Notice) -> None:
+        event = self.queue.put("interruption_notice", notice.to_data())
+        log.warning("interruption notice: %s %s at %s", notice.source, notice.action, notice.time)
+        if notice.action in ENDING_ACTIONS and self._notice_at is None:
+            self._notice_at, self._notice_event = time.monotonic(), event.id
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        """Route SIGTERM/SIGINT to the inbox; the handlers they replace, to put back."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        previous: dict[int, Any] = {}
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous[signum] = signal.signal(signum, lambda s, _f: self.deliver_signal(s))
+        return previous
+
+    # --- the run -----------------------------------------------------------------------
+
+    def run(self) -> int:
+        previous = self._install_signal_handlers()
+        try:
+            return self._run()
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def _run(self) -> int:
+        answer = self._register()
+        if isinstance(answer, int):
+            return answer
+        threading.Thread(target=self._heartbeats, args=(answer,), daemon=True).start()
+        threading.Thread(
+            target=watch, args=(self.watcher, self._on_notice, self._quit), daemon=True
+        ).start()
+        self.reporter.start()
+        try:
+            code = self._work(answer)
+        finally:
+            self._quit.set()
+        flushed = self.reporter.flush(self.config.flush_s)
+        self.reporter.stop()
+        if not flushed:
+            log.error("%d event(s) could not be delivered; giving up", len(self.queue))
+        log.info("agent done (exit %d)", code)
+        return code
+
+    def _register(self) -> Assignment | int:
+        """Register, retrying until the daemon answers; an int exit status if a signal came."""
+        instance_id = self.config.instance_id or self.watcher.instance_id() or platform.node()
+        body = {
+            "instance_id": instance_id,
+            "provider": self.config.cloud,
+            "hostname": platform.node(),
+            "agent_version": __version__,
+        }
+        log.info(
+            "registering %s as %s with %s",
+            self.config.attempt_key,
+            instance_id,
+            self.config.daemon_url,
+        )
+        while True:
+            try:
+                assignment = Assignment.parse(self.client.register(body))
+                log.info(
+                    "registered: job %r, attempt %d", assignment.job.get("name"), assignment.attempt
+                )
+                return assignment
+            except (DaemonError, ValueError) as exc:
+                delay = self.register_backoff.next()
+                log.warning("registration failed (%s); retrying in %.1f s", exc, delay)
+            item = self._next(delay)
+            if item is not None and item[0] == "signal":
+                return 128 + int(item[1])
+
+    def _next(self, timeout: float) -> tuple[str, Any] | None:
+        try:
+            return self.inbox.get(timeout=max(timeout, 0.0))
+        except queue.Empty:
+            return None
+
+    def _heartbeats(self, assignment: Assignment) -> None:
+        while not self._quit.wait(assignment.heartbeat_s):
+            self.queue.put(
+                "heartbeat",
+                {
+                    "state": self.state,
+                    "job_pid": getattr(self.job, "pid", None),
+                    "queued": len(self.queue),
+                    "metadata_errors": self.watcher.errors,
+                },
+            )
+
+    def _work(self, assignment: Assignment) -> int:
+        previous = self._previous_run()
+        if previous is not None and previous.get("phase") == "exited":
+            log.info(
+                "this attempt's job already ran (exit %s); not running it again",
+                previous.get("exit"),
+            )
+            self.state = "exited"
+            return int(previous.get("code", 0))
+        if previous is not None and previous.get("phase") == "started":
+            self.job = AdoptedJob(int(previous["pid"]), previous.get("start_ticks"))
+            if self.job.alive():
+                log.warning("adopting the job an earlier agent left running (pid %s)", self.job.pid)
+                self.state = "running"
+                return self._supervise()
+        probes = str(assignment.job.get("probes") or "none")
+        if probes != "none":
+            self.state = "probing"
+            status, result = self._probe(probes, assignment.job.get("expected_gpus"))
+            self.queue.put("probe_result", {"status": status, "result": result})
+            if status == "fail":
+                self.state = "probe_failed"
+                return self._await_stop()
+        if self._pending_stop():
+            return self._stopped()
+        return self._start_job(assignment)
+
+    def _probe(self, kind: str, expected: Any) -> tuple[str, dict[str, Any]]:
+        log.info("running the %s probe", kind)
+        try:
+            return self.probe(kind, int(expected) if expected else None)
+        except Exception as exc:  # a probe that crashes has failed, it must not end the agent
+            log.exception("the probe crashed")
+            return "fail", {"error": f"{type(exc).__name__}: {exc}"}
+
+    def _pending_stop(self) -> bool:
+        """Drain the inbox before starting the job: a stop or a signal that came meanwhile."""
+        while (item := self._next(0)) is not None:
+            kind, value = item
+            if kind == "command" and value.get("kind") == "stop":
+                self.stop_reason = str(value.get("reason") or "stop")
+            elif kind == "signal":
+                self.stop_reason = f"signal {value}"
+        return self.stop_reason is not None
+
+    def _await_stop(self) -> int:
+        log.warning("probe failed: waiting for the daemon's stop command")
+        while True:
+            item = self._next(1.0)
+            if item is None:
+                continue
+            kind, value = item
+            if kind == "command" and value.get("kind") == "stop":
+                self.stop_reason = str(value.get("reason") or "stop")
+                return self._stopped()
+            if kind == "signal":
+                return 128 + int(value)
+
+    def _stopped(self) -> int:
+        self.queue.put("stopped", {"reason": self.stop_reason})
+        self.state = "stopped"
+        return 0
+
+    def _start_job(self, assignment: Assignment) -> int:
+        job = assignment.job
+        env = job_env(os.environ, assignment.protocol_env())
+        checkpoint = env["GPUOPT_CHECKPOINT_DIR"]
+        if checkpoint and "://" not in checkpoint:
+            Path(checkpoint).mkdir(parents=True, exist_ok=True)
+        workdir = Path(job["workdir"]) if job.get("workdir") else self.config.agent_dir
+        log_path = self.config.agent_dir / "job.log"
+
+        def started(pid: int, phase: str) -> None:
+            self._save_run({"phase": "started", "pid": pid, "start_ticks": proc_start_ticks(pid)})
+            self.queue.put("job_started", {"pid": pid, "log": str(log_path)})
+            self.state = "running"
+
+        self.state = "setup" if job.get("setup") else "starting"
+        self.job = JobRunner(
+            run=job["run"],
+            setup=job.get("setup"),
+            env=env,
+            log_path=log_path,
+            cwd=workdir,
+            on_started=started,
+        ).start()
+        return self._supervise()
+
+    def _supervise(self) -> int:
+        """Until the job ends: obey stop, forward signals, stop it alone if the daemon is gone."""
+        job = self.job
+        assert job is not None
+        while not job.done():
+            item = self._next(0.2)
+            if item is not None:
+                kind, value = item
+                if kind == "command" and value.get("kind") == "stop":
+                    self._stop_job(str(value.get("reason") or "stop"), value.get("grace_s"))
+                elif kind == "signal":
+                    log.info("forwarding signal %s to the job", value)
+                    job.signal(int(value))
+            self._maybe_self_stop()
+        end = job.wait()
+        assert end is not None
+        self.state = "exited"
+        data = end.to_data()
+        if isinstance(job, AdoptedJob):
+            data["adopted"] = True
+        self.queue.put("job_exited", data)
+        self._save_run({"phase": "exited", "exit": data, "code": self._code(end)})
+        if self.stop_reason is not None:
+            return self._stopped()
+        return self._code(end)
+
+    def _code(self, end: JobExit) -> int:
+        if self.stop_reason is not None:
+            return 0
+        if end.exit_code is not None:
+            return end.exit_code
+        return 128 + (end.signal or 0)
+
+    def _stop_job(self, reason: str, grace: Any) -> None:
+        if self.stop_reason is not None or self.job is None:
+            return
+        self.stop_reason = reason
+        grace_s = float(grace) if grace is not None else self.config.stop_grace_s
+        log.warning("stopping the job (%s): SIGTERM, SIGKILL after %.0f s", reason, grace_s)
+        self.state = "stopping"
+        self.job.stop(grace_s)
+
+    def _maybe_self_stop(self) -> None:
+        if self._notice_at is None or self.stop_reason is not None:
+            return
+        if time.monotonic() - self._notice_at < self.config.self_stop_s:
+            return
+        unsent = any(e.id == self._notice_event for e in self.queue.pending(len(self.queue)))
+        if unsent:  # the daemon never took the notice: the instance is ending regardless
+            self._stop_job("interruption notice; daemon unreachable", None)
+
+    # --- the attempt's record on this instance's disk ------------------------------------
+
+    def _run_path(self) -> Path:
+        return self.config.agent_dir / "run.json"
+
+    def _previous_run(self) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self._run_path().read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if not isinstance(data, dict) or data.get("attempt_key") != self.config.attempt_key:
+            return None
+        return data
+
+    def _save_run(self, values: dict[str, Any]) -> None:
+        path = self._run_path()
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps({"attempt_key": self.config.attempt_key, **values}))
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.warning("could not record the job's state in %s: %s", path, exc)

@@ -1,0 +1,130 @@
+"""The agent's settings (from the environment the bootstrap script sets) and the
+registration answer (what to run), both checked where they enter."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from optimizer.agent.imds import AWS_POLL_S, DEFAULT_METADATA_URL
+
+CLOUDS = ("aws", "gcp", "local")
+PROBE_KINDS = ("quick", "deep", "none")
+
+
+class AgentConfigError(ValueError):
+    """The environment lacks a setting or holds one the agent cannot use."""
+
+
+def default_agent_dir() -> Path:
+    return Path.home() / ".local" / "state" / "gpuopt-agent"
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """What `gpuopt agent run` reads from its environment (see `from_env`)."""
+
+    daemon_url: str
+    token: str = field(repr=False)
+    attempt_key: str
+    cloud: str = "aws"
+    metadata_url: str = DEFAULT_METADATA_URL
+    agent_dir: Path = field(default_factory=default_agent_dir)
+    instance_id: str | None = None
+    metadata_flavor: str = "aws"  # which shape the local cloud's endpoint is read in
+    poll_s: float = AWS_POLL_S
+    stop_grace_s: float = 30.0  # a stop command without grace_s gets this long
+    flush_s: float = 120.0  # how long the final events are retried before giving up
+    self_stop_s: float = 10.0  # after an ending notice the daemon did not take
+    probe_cpu_n: int | None = None
+    probe_timeout_s: float | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> AgentConfig:
+        env = os.environ if env is None else env
+
+        def get(name: str) -> str | None:
+            value = env.get(name, "").strip()
+            return value or None
+
+        missing = [
+            n
+            for n in ("GPUOPT_DAEMON_URL", "GPUOPT_AGENT_TOKEN", "GPUOPT_ATTEMPT_KEY")
+            if get(n) is None
+        ]
+        if missing:
+            raise AgentConfigError(f"missing environment variable(s): {', '.join(missing)}")
+        cloud = (get("GPUOPT_CLOUD") or "aws").lower()
+        if cloud not in CLOUDS:
+            raise AgentConfigError(f"GPUOPT_CLOUD={cloud!r}: expected one of {', '.join(CLOUDS)}")
+        flavor = (get("GPUOPT_METADATA_FLAVOR") or ("gcp" if cloud == "gcp" else "aws")).lower()
+        if flavor not in ("aws", "gcp"):
+            raise AgentConfigError(f"GPUOPT_METADATA_FLAVOR={flavor!r}: expected aws or gcp")
+
+        def number(name: str, default: float | None) -> float | None:
+            raw = get(name)
+            if raw is None:
+                return default
+            try:
+                value = float(raw)
+            except ValueError:
+                raise AgentConfigError(f"{name}={raw!r} is not a number") from None
+            if value <= 0:
+                raise AgentConfigError(f"{name} must be > 0")
+            return value
+
+        agent_dir = get("GPUOPT_AGENT_DIR")
+        cpu_n = number("GPUOPT_PROBE_CPU_N", None)
+        return cls(
+            daemon_url=get("GPUOPT_DAEMON_URL") or "",
+            token=get("GPUOPT_AGENT_TOKEN") or "",
+            attempt_key=get("GPUOPT_ATTEMPT_KEY") or "",
+            cloud=cloud,
+            metadata_url=get("GPUOPT_METADATA_URL") or DEFAULT_METADATA_URL,
+            agent_dir=Path(agent_dir) if agent_dir else default_agent_dir(),
+            instance_id=get("GPUOPT_INSTANCE_ID"),
+            metadata_flavor=flavor,
+            poll_s=number("GPUOPT_AGENT_POLL_S", AWS_POLL_S) or AWS_POLL_S,
+            stop_grace_s=number("GPUOPT_AGENT_STOP_GRACE_S", 30.0) or 30.0,
+            flush_s=number("GPUOPT_AGENT_FLUSH_S", 120.0) or 120.0,
+            self_stop_s=number("GPUOPT_AGENT_SELF_STOP_S", 10.0) or 10.0,
+            probe_cpu_n=int(cpu_n) if cpu_n else None,
+            probe_timeout_s=number("GPUOPT_PROBE_TIMEOUT_S", None),
+        )
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """The registration answer: what to run and how often to check in."""
+
+    job: dict[str, Any]
+    attempt: int
+    restarts: int
+    heartbeat_s: float
+
+    @classmethod
+    def parse(cls, answer: Mapping[str, Any]) -> Assignment:
+        job = answer.get("job")
+        if not isinstance(job, dict) or not isinstance(job.get("run"), str):
+            raise ValueError("registration answer has no job with a `run` command")
+        if job.get("probes", "none") not in PROBE_KINDS:
+            raise ValueError(f"unknown probes value {job.get('probes')!r}")
+        return cls(
+            job=job,
+            attempt=int(answer.get("attempt") or 1),
+            restarts=int(answer.get("restarts") or 0),
+            heartbeat_s=max(float(answer.get("heartbeat_s") or 10.0), 0.05),
+        )
+
+    def protocol_env(self) -> dict[str, str]:
+        env = {str(k): str(v) for k, v in (self.job.get("env") or {}).items()}
+        env.update(
+            GPUOPT_CHECKPOINT_DIR=str(self.job.get("checkpoint_dir") or ""),
+            GPUOPT_ATTEMPT=str(self.attempt),
+            GPUOPT_RESTARTS=str(self.restarts),
+            GPUOPT_JOB=str(self.job.get("name") or ""),
+        )
+        return env

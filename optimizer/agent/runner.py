@@ -1,0 +1,270 @@
+"""The job as a child process: `setup`, then `run`, each through `/bin/sh -c`.
+
+Each command runs in a session (and process group) of its own, with stdout and stderr
+appended to the job's log file, so a signal meant for the agent's terminal never reaches it
+by accident and the agent dying leaves it running. Signals go to the whole process group,
+because a shell does not pass them on to the command it waits for. The shell itself gets a
+trap, so it waits for that command and exits with its status (143 after a SIGTERM) instead
+of dying first; a SIGTERM that lands between two commands exits 143 rather than 0, so a
+stopped job is never mistaken for a finished one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO
+
+from providers.local.procs import proc_start_ticks
+
+log = logging.getLogger(__name__)
+
+# Shell traps: on TERM/INT/HUP wait for the foreground command, then exit with its status;
+# a status of 0 (the signal arrived between commands) becomes 128 + the signal.
+_TRAPS = "".join(
+    f'trap \'st=$?; [ "$st" -eq 0 ] && st={code}; exit "$st"\' {name}\n'
+    for name, code in (("TERM", 143), ("INT", 130), ("HUP", 129))
+)
+LINGER_S = 5.0  # after the command ends, what it left in its group gets this long after SIGTERM
+SECRET_ENV = ("GPUOPT_AGENT_TOKEN",)  # never handed to the job
+
+
+@dataclass(frozen=True, slots=True)
+class JobExit:
+    """How the job ended. `exit_code` None: the shell died of `signal`."""
+
+    phase: str  # setup | run
+    exit_code: int | None
+    signal: int | None
+    stopped: bool  # ended after stop() was called
+
+    @property
+    def succeeded(self) -> bool:
+        return self.exit_code == 0 and not self.stopped
+
+    def to_data(self) -> dict[str, object]:
+        return {
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "phase": self.phase,
+            "stopped": self.stopped,
+        }
+
+
+def job_env(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+    """The agent's environment minus its secrets, plus `extra` (which wins)."""
+    env = {k: v for k, v in base.items() if k not in SECRET_ENV}
+    env.setdefault("PYTHONUNBUFFERED", "1")  # so the log shows progress as it happens
+    env.update(extra)
+    return env
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of the group still runs. Zombies do not count: an orphan that has
+    exited waits for init to reap it, which some container inits do only now and then."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        fields = raw[raw.rfind(")") + 2 :].split()  # state, ppid, pgrp, ...
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def _signal_group(pgid: int, signum: int) -> bool:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+class JobRunner:
+    """Runs setup then run on a thread; `wait()` gives the JobExit."""
+
+    def __init__(
+        self,
+        *,
+        run: str,
+        setup: str | None = None,
+        env: Mapping[str, str],
+        log_path: Path,
+        cwd: Path | None = None,
+        on_started: Callable[[int, str], object] = lambda pid, phase: None,
+        linger_s: float = LINGER_S,
+    ) -> None:
+        self.commands = [(p, c) for p, c in (("setup", setup), ("run", run)) if c and c.strip()]
+        self.env = dict(env)
+        self.log_path = log_path
+        self.cwd = cwd
+        self.on_started = on_started
+        self.linger_s = linger_s
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.phase = "setup"
+        self.exit: JobExit | None = None
+        self._stopping = False
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="job-runner", daemon=True)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def start(self) -> JobRunner:
+        self._thread.start()
+        return self
+
+    def wait(self, timeout: float | None = None) -> JobExit | None:
+        self._done.wait(timeout)
+        return self.exit
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def signal(self, signum: int) -> bool:
+        """Send `signum` to the running command's process group; False if none runs."""
+        with self._lock:
+            proc = self.proc
+            if proc is None or proc.poll() is not None:
+                return False
+            return _signal_group(proc.pid, signum)
+
+    def stop(self, grace_s: float) -> None:
+        """SIGTERM now, SIGKILL after `grace_s` if still running; no further phase starts."""
+        with self._lock:
+            first = not self._stopping
+            self._stopping = True
+        if not first:
+            return
+        self.signal(signal.SIGTERM)
+        threading.Thread(target=self._kill_after, args=(grace_s,), daemon=True).start()
+
+    def _kill_after(self, grace_s: float) -> None:
+        if self._done.wait(grace_s):
+            return
+        with self._lock:
+            proc = self.proc
+        if proc is not None:
+            log.warning("job still running %.0f s after SIGTERM: SIGKILL", grace_s)
+            _signal_group(proc.pid, signal.SIGKILL)
+
+    # --- the thread ------------------------------------------------------------------
+
+    def _note(self, log_file: IO[bytes], text: str) -> None:
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        with contextlib.suppress(OSError):
+            log_file.write(f"[gpuopt agent {stamp}] {text}\n".encode())
+            log_file.flush()
+
+    def _main(self) -> None:
+        result = JobExit(phase="setup", exit_code=None, signal=None, stopped=False)
+        try:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.log_path.open("ab") as log_file:
+                for phase, command in self.commands:
+                    result = self._run_one(phase, command, log_file)
+                    if result.exit_code != 0 or result.stopped:
+                        break
+        except OSError as exc:
+            log.error("could not start the job: %s", exc)
+            result = JobExit(self.phase, 127, None, self._stopping)
+        finally:
+            self.exit = result
+            self._done.set()
+
+    def _run_one(self, phase: str, command: str, log_file: IO[bytes]) -> JobExit:
+        with self._lock:
+            if self._stopping:
+                return JobExit(phase, None, None, True)
+            self.phase = phase
+            self._note(log_file, f"{phase}: starting")
+            self.proc = subprocess.Popen(
+                ["/bin/sh", "-c", _TRAPS + command],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=self.cwd,
+                start_new_session=True,
+            )
+            proc = self.proc
+        if phase == "run":
+            self.on_started(proc.pid, phase)
+        code = proc.wait()
+        self._sweep(proc.pid)
+        exit_code, signum = (code, None) if code >= 0 else (None, -code)
+        self._note(log_file, f"{phase}: exited with {exit_code if signum is None else -signum}")
+        return JobExit(phase, exit_code, signum, self._stopping)
+
+    def _sweep(self, pgid: int) -> None:
+        """What the command left running in its group gets SIGTERM, then SIGKILL."""
+        if not _group_alive(pgid):
+            return
+        _signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + self.linger_s
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _signal_group(pgid, signal.SIGKILL)
+
+
+class AdoptedJob:
+    """A job an earlier agent started and left running: watched by pid, exit status unknown.
+
+    Only its own process group is signalled, and only while its leader is the process that
+    was recorded (same start time), so a reused pid is never hit.
+    """
+
+    def __init__(self, pid: int, start_ticks: int | None, *, poll_s: float = 0.5) -> None:
+        self.pid = pid
+        self.start_ticks = start_ticks
+        self.poll_s = poll_s
+        self.exit: JobExit | None = None
+        self._stopping = False
+        self._done = threading.Event()
+        threading.Thread(target=self._watch, name="adopted-job", daemon=True).start()
+
+    def alive(self) -> bool:
+        ticks = proc_start_ticks(self.pid)
+        return ticks is not None and (self.start_ticks is None or ticks == self.start_ticks)
+
+    def _watch(self) -> None:
+        while self.alive():
+            time.sleep(self.poll_s)
+        self.exit = JobExit("run", None, None, self._stopping)
+        self._done.set()
+
+    def wait(self, timeout: float | None = None) -> JobExit | None:
+        self._done.wait(timeout)
+        return self.exit
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def signal(self, signum: int) -> bool:
+        return self.alive() and _signal_group(self.pid, signum)
+
+    def stop(self, grace_s: float) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        self.signal(signal.SIGTERM)
+
+        def kill_later() -> None:
+            if not self._done.wait(grace_s):
+                self.signal(signal.SIGKILL)
+
+        threading.Thread(target=kill_later, daemon=True).start()

@@ -1,0 +1,123 @@
+"""/agent/v1: what agents on managed instances report (docs/agent-protocol.md).
+
+Agents authenticate with their attempt's per-instance token (only its SHA-256 is stored).
+Handlers record facts and wake the reconcile loop; every decision is made there. Commands
+ride on the answers: `stop` once the daemon has asked the attempt to stop or it has ended.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, HTTPException
+from pydantic import BaseModel, ConfigDict, Field
+
+from optimizer.api.state import ApiState, StateDep
+from optimizer.store_jobs import AttemptRecord
+
+router = APIRouter(prefix="/agent/v1", tags=["agent"])
+
+HEARTBEAT_S = 10
+STOP_GRACE_S = 30
+MAX_EVENTS_PER_CALL = 500
+
+
+class Register(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    attempt_key: str = Field(min_length=1, max_length=200)
+    instance_id: str | None = None
+    provider: str | None = None
+    hostname: str | None = None
+    agent_version: str | None = None
+
+
+class AgentEventIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: str = Field(min_length=1, max_length=100)
+    kind: str = Field(min_length=1, max_length=50)
+    at: str | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class Events(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    attempt_key: str = Field(min_length=1, max_length=200)
+    events: list[AgentEventIn] = Field(default_factory=list, max_length=MAX_EVENTS_PER_CALL)
+
+
+def token_sha256(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _authorized(state: ApiState, key: str, authorization: str | None) -> AttemptRecord:
+    """The attempt whose token this is; 401 for a missing or wrong token (same answer)."""
+    scheme, _, token = (authorization or "").partition(" ")
+    attempt = state.store.attempt(key)
+    presented = token_sha256(token.strip()) if scheme.lower() == "bearer" and token else ""
+    if attempt is None or not hmac.compare_digest(presented, attempt.token_sha256 or "-"):
+        raise HTTPException(
+            401, detail="invalid agent token", headers={"WWW-Authenticate": "Bearer"}
+        )
+    return attempt
+
+
+def _commands(attempt: AttemptRecord) -> list[dict[str, Any]]:
+    if attempt.stop_sent_at is not None or attempt.ended:
+        reason = attempt.end_reason or "stop requested"
+        return [{"kind": "stop", "reason": reason, "grace_s": STOP_GRACE_S}]
+    return []
+
+
+@router.post("/register")
+def register(
+    body: Register,
+    state: StateDep,
+    authorization: Annotated[str | None, Header()] = None,
+) -> dict[str, Any]:
+    attempt = _authorized(state, body.attempt_key, authorization)
+    job = state.store.get_job_by_id(attempt.job_id)
+    if job is None:
+        raise HTTPException(404, detail="the attempt's job is gone")
+    if attempt.registered_at is None:
+        values: dict[str, Any] = {"registered_at": state.clock()}
+        if body.instance_id and not attempt.instance_id:
+            values["instance_id"] = body.instance_id
+        state.store.update_attempt(attempt.key, **values)
+        state.wakeup.set()
+    spec = job.spec
+    return {
+        "job": {
+            "name": job.name,
+            "run": spec["run"],
+            "setup": spec.get("setup"),
+            "workdir": spec.get("workdir"),
+            "env": spec.get("env") or {},
+            "checkpoint_dir": spec["checkpoint_dir"],
+            "probes": spec.get("probes", "quick"),
+            "expected_gpus": spec.get("expected_gpus"),
+        },
+        "attempt": attempt.number,
+        "restarts": job.restarts,
+        "heartbeat_s": HEARTBEAT_S,
+        "commands": _commands(attempt),
+    }
+
+
+@router.post("/events")
+def events(
+    body: Events,
+    state: StateDep,
+    authorization: Annotated[str | None, Header()] = None,
+) -> dict[str, Any]:
+    attempt = _authorized(state, body.attempt_key, authorization)
+    payload = [e.model_dump() for e in body.events]
+    acked = state.store.record_agent_events(attempt.key, payload, state.clock())
+    if any(e.kind != "heartbeat" for e in body.events):
+        state.wakeup.set()
+    after = state.store.attempt(attempt.key) or attempt
+    return {"ack": acked, "commands": _commands(after)}

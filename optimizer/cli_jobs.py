@@ -1,0 +1,146 @@
+"""`gpuopt jobs …`: submit, list, show, cancel and follow managed jobs through the daemon's API.
+
+The API address is `--api` or `GPUOPT_API_URL` (default http://127.0.0.1:8470); the token is
+`GPUOPT_API_TOKEN` or the file the daemon writes, `<data dir>/api-token`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer(
+    help="Submit and follow managed jobs (through the daemon's API).", no_args_is_help=True
+)
+
+ApiOption = Annotated[
+    str | None, typer.Option("--api", help="Daemon API URL (default $GPUOPT_API_URL).")
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print the API's JSON.")]
+
+
+def _fail(message: str, code: int = 2) -> None:
+    print(f"gpuopt: error: {message}", file=sys.stderr)
+    raise typer.Exit(code)
+
+
+def _token() -> str:
+    from optimizer import settings
+
+    token = os.environ.get("GPUOPT_API_TOKEN", "").strip()
+    if token:
+        return token
+    path = settings.data_dir() / "api-token"
+    try:
+        return path.read_text().strip()
+    except OSError:
+        _fail(f"no API token: set GPUOPT_API_TOKEN or start the daemon (it writes {path})")
+    raise AssertionError("unreachable")
+
+
+def _call(method: str, path: str, api: str | None, **kwargs: Any) -> Any:
+    import httpx
+
+    base = (api or os.environ.get("GPUOPT_API_URL") or "http://127.0.0.1:8470").rstrip("/")
+    try:
+        response = httpx.request(
+            method,
+            base + path,
+            headers={"Authorization": f"Bearer {_token()}"},
+            timeout=30,
+            **kwargs,
+        )
+    except httpx.HTTPError as exc:
+        _fail(f"cannot reach the daemon at {base}: {exc.__class__.__name__} (is it running?)")
+    if response.status_code >= 400:
+        try:
+            detail = response.json().get("detail", response.text)
+        except ValueError:
+            detail = response.text
+        if isinstance(detail, list):
+            detail = "; ".join(
+                f"{'.'.join(map(str, d.get('loc', [])[1:]))}: {d.get('msg')}" for d in detail
+            )
+        _fail(f"{response.status_code}: {detail}", 1)
+    return response.json()
+
+
+def _print_job(job: dict[str, Any]) -> None:
+    print(f"{job['name']}: {job['state']} (policy {job['policy']}, restarts {job['restarts']})")
+    if job.get("reason"):
+        print(f"  {job['reason']}")
+
+
+@app.command("submit")
+def submit(
+    file: Annotated[Path, typer.Argument(help="Job spec YAML.", show_default=False)],
+    api: ApiOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Check a job spec and hand it to the daemon."""
+    from optimizer.jobs.spec import JobSpecError, load_job_spec
+
+    try:
+        spec = load_job_spec(file)
+    except JobSpecError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        raise typer.Exit(2) from None
+    job = _call("POST", "/jobs", api, json=spec.model_dump(mode="json", by_alias=True))
+    if as_json:
+        print(json.dumps(job, indent=2))
+    else:
+        _print_job(job)
+
+
+@app.command("list")
+def list_jobs(api: ApiOption = None, as_json: JsonOption = False) -> None:
+    """Jobs, newest first."""
+    jobs = _call("GET", "/jobs", api)["jobs"]
+    if as_json:
+        print(json.dumps(jobs, indent=2))
+        return
+    for job in jobs:
+        print(
+            f"{job['name']:<24} {job['state']:<13} restarts {job['restarts']:<3} "
+            f"{job.get('reason') or ''}"
+        )
+
+
+@app.command("show")
+def show(name: str, api: ApiOption = None, as_json: JsonOption = False) -> None:
+    """One job: its state and why."""
+    job = _call("GET", f"/jobs/{name}", api)
+    if as_json:
+        print(json.dumps(job, indent=2))
+    else:
+        _print_job(job)
+
+
+@app.command("cancel")
+def cancel(name: str, api: ApiOption = None) -> None:
+    """Cancel a job; its instance is terminated."""
+    _print_job(_call("POST", f"/jobs/{name}/cancel", api))
+
+
+@app.command("events")
+def events(
+    name: str,
+    api: ApiOption = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 100,
+    as_json: JsonOption = False,
+) -> None:
+    """A job's events, oldest first."""
+    found = _call("GET", "/events", api, params={"job": name, "limit": limit})
+    rows = found.get("events", found) if isinstance(found, dict) else found
+    rows = sorted(rows, key=lambda e: e["id"])
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    for event in rows:
+        print(f"{event['at']}  {event['severity']:<8} {event['kind']:<18} {event['message']}")

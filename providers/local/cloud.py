@@ -1,0 +1,386 @@
+"""The local cloud: gpuopt's embedded default provider, instances as local processes.
+
+`launch` runs the attempt's bootstrap script with `/bin/sh -c` in a session of its own, with
+`GPUOPT_METADATA_URL` pointing at the instance's own prefix of the metadata endpoint and
+`GPUOPT_CLOUD=local`. Interruptions come from `interrupt()` (also `gpuopt local interrupt`,
+from any process) or from a seeded random rate: the notice shows on the metadata endpoint at
+once, and the instance is powered off `grace_s` later (30 s by default, GCP's spot window).
+
+The cloud that launched the instances runs a ticker thread next to the metadata server: it
+enforces power-off deadlines, notices ended processes and draws random interruptions. The
+ticker polls the state directory (every `tick_s`), which is how requests written by other
+processes (an interruption from the CLI) take effect; the metadata server reads the same
+files on every request, so a notice never waits for a tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+from optimizer.model import Offer
+from providers.base import (
+    CapacityError,
+    EndReason,
+    InstanceRef,
+    InstanceState,
+    InstanceStatus,
+    LaunchSpec,
+    ProviderError,
+)
+from providers.local.faults import add_fault, take_fault
+from providers.local.metadata import MetadataServer, iso
+from providers.local.prices import SpotWalk, local_offers, zones_of
+from providers.local.procs import MARK_ENV, alive, power_off, proc_start_ticks, signal_group
+from providers.local.state import InstanceRecord, Interruption, StateDir
+
+log = logging.getLogger(__name__)
+
+LAUNCHER_WAIT_S = 2.0  # how long another process waits for the launcher to record an end
+
+
+class LocalCloud:
+    """A Provider whose instances are processes on this machine (see the module docstring)."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        state_dir: Path | str,
+        *,
+        seed: int = 0,
+        clock: Callable[[], float] | None = None,
+        interruption_rate_per_hour: float = 0.0,
+        spot_discount: tuple[float, float] = (0.3, 0.7),
+        grace_s: float = 30.0,
+        terminate_grace_s: float = 10.0,
+        tick_s: float = 0.2,
+        snapshot: Sequence[Offer] | None = None,
+    ) -> None:
+        self.state = StateDir(Path(state_dir))
+        self.clock = clock or time.time
+        self.rate_per_hour = interruption_rate_per_hour
+        self.walk = SpotWalk(seed, spot_discount)
+        self.grace_s = grace_s
+        self.terminate_grace_s = terminate_grace_s
+        self.tick_s = tick_s
+        self._snapshot = list(snapshot) if snapshot is not None else None
+        self._rng = random.Random(f"interruptions|{seed}")
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._lock = threading.RLock()
+        self._server: MetadataServer | None = None
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+        self._last_tick: float | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> LocalCloud:
+        """Start the metadata endpoint and the ticker (idempotent; launch/describe call it).
+
+        The endpoint takes the port recorded by an earlier run when it is free, so instances
+        that outlived a daemon restart keep reaching their metadata.
+        """
+        with self._lock:
+            if self._server is not None:
+                return self
+            self.state.ensure()
+            port = int(self.state.settings().get("metadata_port") or 0)
+            self._server = MetadataServer(self.state, clock=self.clock, port=port).start()
+            self.state.save_settings(
+                {"metadata_port": self._server.port, "grace_s": self.grace_s, "pid": os.getpid()}
+            )
+            self._stop.clear()
+            self._ticker = threading.Thread(target=self._tick_loop, name="local-cloud", daemon=True)
+            self._ticker.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the endpoint and ticker; instances keep running (as across a daemon restart)."""
+        with self._lock:
+            self._stop.set()
+            if self._ticker is not None:
+                self._ticker.join()
+                self._ticker = None
+            if self._server is not None:
+                self._server.close()
+                self._server = None
+
+    def __enter__(self) -> LocalCloud:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def metadata(self) -> MetadataServer:
+        self.start()
+        assert self._server is not None
+        return self._server
+
+    def metadata_url(self, instance_id: str) -> str:
+        return self.metadata.instance_url(instance_id)
+
+    # --- Provider ----------------------------------------------------------------------
+
+    def fetch_offers(self, regions: Sequence[str] | None = None) -> list[Offer]:
+        if self._snapshot is None:
+            from providers.snapshot import load_snapshot
+
+            self._snapshot = load_snapshot()
+        return local_offers(self._snapshot, self.walk, self.clock(), regions)
+
+    def launch(self, offer: Offer, spec: LaunchSpec, idempotency_key: str) -> InstanceRef:
+        if offer.provider != self.name:
+            raise ProviderError(
+                f"not a local offer: {offer.provider}", provider=self.name, code="InvalidOffer"
+            )
+        url = self.metadata.url
+        with self._lock, self.state.locked():
+            existing = self.state.by_key(idempotency_key)
+            if existing is not None:
+                return self._ref(existing)
+            take_fault(self.state, offer)
+            record = InstanceRecord(
+                id=self.state.next_id(),
+                key=idempotency_key,
+                region=offer.region,
+                zone=offer.zone or zones_of(offer.region)[0],
+                instance_type=offer.instance_type,
+                market=offer.market.value,
+                usd_per_hour=offer.usd_per_hour,
+                launched_at=self.clock(),
+                job=spec.job,
+                attempt=spec.attempt,
+            )
+            self.state.save(record)  # the key is taken before anything starts
+            self._spawn(record, spec.bootstrap, f"{url}/{record.id}")
+            return self._ref(record)
+
+    def describe(self, refs: Iterable[InstanceRef]) -> list[InstanceStatus]:
+        self.start()
+        out = []
+        for ref in refs:
+            record = self._refresh(ref.instance_id)
+            if record is None:
+                out.append(
+                    InstanceStatus(ref, InstanceState.TERMINATED, EndReason.USER, "not found")
+                )
+            else:
+                out.append(self._status(ref, record))
+        return out
+
+    def terminate(self, ref: InstanceRef) -> None:
+        """SIGTERM to the instance's process group now, power-off `terminate_grace_s` later."""
+        self.start()
+        with self._lock, self.state.locked():
+            record = self.state.load(ref.instance_id)
+            if record is None or record.ended:
+                return
+            if record.stop_at is None:
+                record.stop_at = self.clock() + self.terminate_grace_s
+                record.state = InstanceState.STOPPING.value
+                self.state.save(record)
+            if alive(record):
+                signal_group(record.pid, signal.SIGTERM)
+        self._refresh(ref.instance_id)
+
+    # --- the local cloud's own controls ----------------------------------------------
+
+    def interrupt(
+        self, instance_id: str, *, grace_s: float | None = None, action: str = "terminate"
+    ) -> InstanceRecord:
+        """Post a spot interruption notice now; power the instance off `grace_s` later."""
+        if grace_s is None:
+            grace_s = self.grace_s if self._server else self.state.settings().get("grace_s")
+            grace_s = self.grace_s if grace_s is None else float(grace_s)
+        with self._lock, self.state.locked():
+            record = self.state.load(instance_id)
+            if record is None:
+                raise KeyError(f"no local instance {instance_id!r}")
+            if record.ended:
+                raise ValueError(f"{instance_id} has already ended ({record.detail})")
+            if record.interruption is None:
+                now = self.clock()
+                record.interruption = Interruption(now, now + grace_s, action)
+                self.state.save(record)
+            return record
+
+    def fail_next(
+        self,
+        match: str | tuple[str | None, ...] = "*",
+        error: type[ProviderError] | str = CapacityError,
+        *,
+        times: int = 1,
+    ) -> None:
+        """Make the next `times` launches on a matching offer fail with `error`.
+
+        `match` is an instance type, a region, a zone, `*`, or a whole offer pool
+        (provider, region, zone, type, market). Kept in the state directory, so another
+        process can inject it.
+        """
+        add_fault(self.state, match, error, times)
+
+    def instances(self) -> list[InstanceRecord]:
+        """Every instance record, ended ones included, each brought up to date."""
+        out = []
+        for record in self.state.all():
+            fresh = self._refresh(record.id)
+            out.append(fresh or record)
+        return out
+
+    def kill_all(self) -> None:
+        """Power off every instance at once (test teardown, `gpuopt local` clean-up)."""
+        for record in self.state.all():
+            if not record.ended:
+                power_off(record)
+                proc = self._procs.get(record.id)
+                if proc is not None:
+                    proc.wait()
+                self._refresh(record.id)
+
+    # --- internals ---------------------------------------------------------------------
+
+    def _ref(self, record: InstanceRecord) -> InstanceRef:
+        return InstanceRef(self.name, record.region, record.zone, record.id)
+
+    def _spawn(self, record: InstanceRecord, bootstrap: str, metadata_url: str) -> None:
+        disk = self.state.disk(record.id)
+        disk.mkdir(parents=True, exist_ok=True)
+        # A fresh machine: nothing of the daemon's own gpuopt settings leaks into it.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUOPT_")}
+        # The machine image has gpuopt's own Python first on its PATH (`python`, `gpuopt`).
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        env.update(
+            GPUOPT_METADATA_URL=metadata_url,
+            GPUOPT_CLOUD="local",
+            GPUOPT_AGENT_DIR=str(disk / "agent"),
+            **{MARK_ENV: record.id},
+        )
+        try:
+            with (disk / "console.log").open("ab") as console:
+                proc = subprocess.Popen(
+                    ["/bin/sh", "-c", bootstrap],
+                    stdin=subprocess.DEVNULL,
+                    stdout=console,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=disk,
+                    start_new_session=True,
+                )
+        except OSError as exc:
+            self._end(record, EndReason.FAILED, f"could not start: {exc}")
+            raise ProviderError(str(exc), provider=self.name, code="LaunchFailed") from exc
+        self._procs[record.id] = proc
+        record.pid, record.start_ticks = proc.pid, proc_start_ticks(proc.pid)
+        record.extra["launcher"] = [os.getpid(), proc_start_ticks(os.getpid())]
+        record.state = InstanceState.RUNNING.value
+        self.state.save(record)
+
+    def _end(self, record: InstanceRecord, reason: EndReason, detail: str) -> None:
+        record.state = InstanceState.TERMINATED.value
+        record.end_reason, record.detail, record.ended_at = reason.value, detail, self.clock()
+        self.state.save(record)
+
+    def _refresh(self, instance_id: str) -> InstanceRecord | None:
+        """Bring one record up to date: enforce its deadlines, notice its end."""
+        with self._lock, self.state.locked():
+            record = self.state.load(instance_id)
+            if record is None or record.ended:
+                return record
+            now = self.clock()
+            proc = self._procs.get(record.id)
+            running = proc.poll() is None if proc is not None else alive(record)
+            due = [
+                t
+                for t in (record.stop_at, record.interruption and record.interruption.kill_at)
+                if t
+            ]
+            if running and due and now >= min(due):
+                power_off(record)
+                if proc is not None:
+                    proc.wait()
+                running = False
+            if running:
+                return record
+            if proc is None and self._launcher_elsewhere(record):
+                # The process that launched it holds its exit status and records the end
+                # within a tick; step in only if it does not.
+                seen = record.extra.setdefault("gone_seen_at", time.time())
+                if time.time() - seen < LAUNCHER_WAIT_S:
+                    self.state.save(record)
+                    return record
+            power_off(record)  # the machine is gone: so is anything it left running
+            exit_code = proc.returncode if proc is not None else None
+            record.exit_code = exit_code
+            reason, detail = self._why(record, exit_code)
+            self._end(record, reason, detail)
+            self._procs.pop(record.id, None)
+            return record
+
+    @staticmethod
+    def _launcher_elsewhere(record: InstanceRecord) -> bool:
+        launcher = record.extra.get("launcher")
+        if not launcher or launcher[0] == os.getpid():
+            return False
+        return proc_start_ticks(launcher[0]) == launcher[1]
+
+    def _why(self, record: InstanceRecord, exit_code: int | None) -> tuple[EndReason, str]:
+        if record.interruption is not None:
+            notice = record.interruption
+            return EndReason.PREEMPTED, f"spot {notice.action} at {iso(notice.kill_at)}"
+        if record.stop_at is not None:
+            return EndReason.USER, "terminated by user"
+        if record.pid is None:
+            return EndReason.FAILED, "the instance process never started"
+        if exit_code == 0:
+            return EndReason.USER, "the instance shut itself down (exit status 0)"
+        if exit_code is None:
+            return EndReason.FAILED, "the instance process ended (exit status unknown here)"
+        if exit_code < 0:
+            return EndReason.FAILED, f"the instance process was killed by signal {-exit_code}"
+        return EndReason.FAILED, f"the instance process exited with status {exit_code}"
+
+    def _status(self, ref: InstanceRef, record: InstanceRecord) -> InstanceStatus:
+        state = InstanceState(record.state)
+        if state is InstanceState.TERMINATED:
+            reason = EndReason(record.end_reason) if record.end_reason else None
+            return InstanceStatus(ref, state, reason, record.detail)
+        if record.interruption is not None:  # AWS shows marked-for-termination meanwhile
+            notice = record.interruption
+            detail = f"marked-for-termination: spot {notice.action} at {iso(notice.kill_at)}"
+            return InstanceStatus(ref, state, EndReason.PREEMPTED, detail)
+        if state is InstanceState.STOPPING:
+            return InstanceStatus(ref, state, EndReason.USER, "terminating")
+        return InstanceStatus(ref, state)
+
+    def _tick_loop(self) -> None:
+        while not self._stop.wait(self.tick_s):
+            try:
+                self._tick()
+            except Exception:  # the ticker must outlive one bad record
+                log.exception("local cloud tick failed")
+
+    def _tick(self) -> None:
+        now = self.clock()
+        elapsed = 0.0 if self._last_tick is None else max(now - self._last_tick, 0.0)
+        self._last_tick = now
+        chance = 1 - math.exp(-self.rate_per_hour * elapsed / 3600) if self.rate_per_hour else 0
+        for record in self.state.all():
+            if record.ended:
+                continue
+            fresh = self._refresh(record.id)
+            if fresh is None or fresh.ended or fresh.market != "spot" or fresh.interruption:
+                continue
+            if chance and self._rng.random() < chance:
+                log.info("local cloud: random interruption of %s", fresh.id)
+                self.interrupt(fresh.id)

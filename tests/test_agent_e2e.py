@@ -1,0 +1,246 @@
+"""The agent end to end, as real processes: the local cloud launches an instance whose
+bootstrap script starts `gpuopt agent run`, which talks to a fake daemon."""
+
+from __future__ import annotations
+
+import secrets
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_agent_harness import FakeDaemon, counter_job, read_json, wait_until
+
+from optimizer.agent import bootstrap_script
+from optimizer.model import Market
+from providers.base import EndReason, InstanceState, LaunchSpec
+from providers.local import LocalCloud
+
+FAST = {
+    "GPUOPT_AGENT_POLL_S": "0.2",  # the protocol's 2 s, shortened for tests
+    "GPUOPT_AGENT_FLUSH_S": "20",
+}
+
+
+@pytest.fixture
+def daemon() -> Iterator[FakeDaemon]:
+    fake = FakeDaemon().start()
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture
+def cloud(tmp_path: Path) -> Iterator[LocalCloud]:
+    local = LocalCloud(tmp_path / "cloud", grace_s=30, tick_s=0.05)
+    local.start()
+    yield local
+    local.kill_all()
+    local.close()
+
+
+def spot_offer(cloud: LocalCloud):
+    return next(
+        o
+        for o in cloud.fetch_offers(["eu-west-1"])
+        if o.market is Market.SPOT and o.instance_type == "g5.xlarge"
+    )
+
+
+def launch(
+    cloud: LocalCloud,
+    daemon: FakeDaemon,
+    job: dict[str, Any],
+    key: str = "train/1",
+    env: dict[str, str] | None = None,
+    **answer: Any,
+):
+    token = secrets.token_urlsafe(32)
+    daemon.add_attempt(key, token, job, **answer)
+    script = bootstrap_script(
+        daemon_url=daemon.url,
+        token=token,
+        attempt_key=key,
+        cloud="local",
+        install=None,
+        python=sys.executable,
+        env={**FAST, **(env or {})},
+    )
+    return cloud.launch(
+        spot_offer(cloud), LaunchSpec(job="train", attempt=1, bootstrap=script), key
+    )
+
+
+def status(cloud: LocalCloud, ref):
+    return cloud.describe([ref])[0]
+
+
+def console(cloud: LocalCloud, ref) -> str:
+    return (cloud.state.disk(ref.instance_id) / "console.log").read_text()
+
+
+def test_interruption_notice_leads_to_stop_checkpoint_and_acked_events(
+    cloud: LocalCloud, daemon: FakeDaemon, tmp_path: Path
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    job = {
+        "name": "train",
+        "run": counter_job(tmp_path),
+        "env": {"TOTAL": "100000", "GREETING": "hello"},
+        "checkpoint_dir": str(ckpt),
+        "probes": "none",
+    }
+
+    # The daemon's side of an interruption: tell the agent to stop the job.
+    def react(key: str, event: dict[str, Any]) -> None:
+        if event["kind"] == "interruption_notice" and event["data"]["source"] == "aws-imds-spot":
+            daemon.command(key, {"kind": "stop", "reason": "interrupted", "grace_s": 10})
+
+    daemon.react = react
+    ref = launch(cloud, daemon, job, attempt=3, restarts=2)
+    wait_until(lambda: "job_started" in daemon.kinds(), what="job_started")
+    wait_until(lambda: (ckpt / "state.json").exists(), what="a first checkpoint")
+    registration = daemon.registrations[0]
+    assert registration["instance_id"] == ref.instance_id
+    assert registration["provider"] == "local"
+
+    cloud.interrupt(ref.instance_id)
+    wait_until(lambda: "interruption_notice" in daemon.kinds(), timeout=5, what="the notice")
+    wait_until(lambda: "stopped" in daemon.kinds(), timeout=15, what="stopped")
+    exited = daemon.of_kind("job_exited")[0]["data"]
+    assert exited["exit_code"] == 143 and exited["stopped"] is True
+    # The instance's process (the agent) ends on its own, long before the 30 s power-off,
+    # and the cloud reports the end as a preemption.
+    end = wait_until(
+        lambda: (s := status(cloud, ref)).state is InstanceState.TERMINATED and s,
+        timeout=15,
+        what="the instance to end",
+    )
+    assert end.end_reason is EndReason.PREEMPTED
+
+    kinds = daemon.kinds()
+    assert kinds.index("job_started") < kinds.index("interruption_notice") < kinds.index("stopped")
+    notices = daemon.of_kind("interruption_notice")
+    assert {n["data"]["source"] for n in notices} == {"aws-imds-spot", "aws-imds-rebalance"}
+    assert len(notices) == 2  # polled many times, reported once each
+    spot = next(n for n in notices if n["data"]["source"] == "aws-imds-spot")
+    assert spot["data"]["action"] == "terminate" and len(spot["data"]["payload_sha256"]) == 64
+    # Nothing is left unacknowledged on the instance's disk.
+    saved = read_json(cloud.state.disk(ref.instance_id) / "agent" / "events.json")
+    assert saved["events"] == []
+    log = (cloud.state.disk(ref.instance_id) / "agent" / "job.log").read_text()
+    assert "start 0 3 2 no-token hello" in log  # protocol env, job env, and no token
+    step = read_json(ckpt / "state.json")["step"]
+    assert f"checkpointed {step}" in log
+
+
+def test_job_runs_to_the_end_and_events_survive_a_daemon_outage(
+    cloud: LocalCloud, daemon: FakeDaemon, tmp_path: Path
+) -> None:
+    daemon.fail_register = 2  # the daemon is not up yet
+    daemon.fail_events = 3  # and then drops a few batches
+    job = {
+        "name": "train",
+        "run": counter_job(tmp_path),
+        "setup": "echo setting-up",
+        "env": {"TOTAL": "10", "STEP_S": "0.01"},
+        "checkpoint_dir": str(tmp_path / "ckpt"),
+        "probes": "none",
+    }
+    ref = launch(cloud, daemon, job)
+    end = wait_until(
+        lambda: (s := status(cloud, ref)).state is InstanceState.TERMINATED and s,
+        timeout=30,
+        what="the instance to end",
+    )
+    assert end.end_reason is EndReason.USER, console(cloud, ref)  # exit 0: shut itself down
+    kinds = [k for k in daemon.kinds() if k != "heartbeat"]
+    assert kinds == ["job_started", "job_exited"]
+    assert daemon.of_kind("job_exited")[0]["data"]["exit_code"] == 0
+    log = (cloud.state.disk(ref.instance_id) / "agent" / "job.log").read_text()
+    assert "setting-up" in log and "done 10" in log
+
+
+def test_failed_probe_is_reported_and_the_job_never_starts(
+    cloud: LocalCloud, daemon: FakeDaemon, tmp_path: Path
+) -> None:
+    def react(key: str, event: dict[str, Any]) -> None:
+        if event["kind"] == "probe_result" and event["data"]["status"] == "fail":
+            daemon.command(key, {"kind": "stop", "reason": "probe failed"})
+
+    daemon.react = react
+    job = {
+        "name": "train",
+        "run": "echo should-not-run",
+        "checkpoint_dir": str(tmp_path / "ckpt"),
+        "probes": "quick",
+        "expected_gpus": 64,  # no machine has that many: the probe fails fast and for sure
+    }
+    ref = launch(cloud, daemon, job, env={"GPUOPT_PROBE_CPU_N": "64"})
+    wait_until(lambda: "stopped" in daemon.kinds(), timeout=40, what="stopped")
+    probe = daemon.of_kind("probe_result")[0]["data"]
+    assert probe["status"] == "fail"
+    assert probe["result"]["schema"] == "gpuopt.probe"
+    count = next(c for c in probe["result"]["checks"] if c["name"] == "gpu.count")
+    assert count["status"] == "fail"
+    assert "job_started" not in daemon.kinds()
+    wait_until(
+        lambda: status(cloud, ref).state is InstanceState.TERMINATED, timeout=15, what="the end"
+    )
+
+
+def test_the_agent_reads_gcp_shaped_metadata_too(
+    cloud: LocalCloud, daemon: FakeDaemon, tmp_path: Path
+) -> None:
+    def react(key: str, event: dict[str, Any]) -> None:
+        if event["kind"] == "interruption_notice":
+            daemon.command(key, {"kind": "stop", "reason": "interrupted", "grace_s": 10})
+
+    daemon.react = react
+    job = {
+        "name": "train",
+        "run": counter_job(tmp_path),
+        "env": {"TOTAL": "100000"},
+        "checkpoint_dir": str(tmp_path / "ckpt"),
+        "probes": "none",
+    }
+    ref = launch(cloud, daemon, job, env={"GPUOPT_METADATA_FLAVOR": "gcp"})
+    wait_until(lambda: "job_started" in daemon.kinds(), what="job_started")
+    cloud.interrupt(ref.instance_id)
+    wait_until(lambda: "stopped" in daemon.kinds(), timeout=15, what="stopped")
+    notices = daemon.of_kind("interruption_notice")
+    assert [(n["data"]["source"], n["data"]["action"]) for n in notices] == [
+        ("gcp-metadata-preempted", "preempted")
+    ]
+    assert daemon.registrations[0]["instance_id"] == ref.instance_id  # from instance/name
+    assert daemon.of_kind("job_exited")[0]["data"]["exit_code"] == 143
+
+
+def test_terminating_the_instance_reaches_the_job_through_the_agent(
+    cloud: LocalCloud, daemon: FakeDaemon, tmp_path: Path
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    job = {
+        "name": "train",
+        "run": counter_job(tmp_path),
+        "env": {"TOTAL": "100000"},
+        "checkpoint_dir": str(ckpt),
+        "probes": "none",
+    }
+    ref = launch(cloud, daemon, job)
+    wait_until(lambda: "job_started" in daemon.kinds(), what="job_started")
+    wait_until(lambda: "heartbeat" in daemon.kinds(), what="a heartbeat")
+    heartbeat = daemon.of_kind("heartbeat")[0]["data"]
+    assert heartbeat["state"] == "running" and heartbeat["job_pid"]
+    cloud.terminate(ref)  # SIGTERM to the agent, which forwards it to the job
+    end = wait_until(
+        lambda: (s := status(cloud, ref)).state is InstanceState.TERMINATED and s,
+        timeout=15,
+        what="the instance to end",
+    )
+    assert end.end_reason is EndReason.USER
+    exited = daemon.of_kind("job_exited")[0]["data"]
+    assert exited["exit_code"] == 143 and exited["stopped"] is False
+    assert "stopped" not in daemon.kinds()  # no stop command was given
+    log = (cloud.state.disk(ref.instance_id) / "agent" / "job.log").read_text()
+    assert f"checkpointed {read_json(ckpt / 'state.json')['step']}" in log

@@ -1,0 +1,183 @@
+"""Shared pieces for the agent and local-cloud tests: a fake daemon that speaks the agent
+protocol (FastAPI under uvicorn on an ephemeral port), a job script that counts steps and
+checkpoints, and waiting on conditions with a deadline. Other test_agent_*/test_local_*
+modules import from here.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Header, Request
+from fastapi.responses import JSONResponse
+
+T = TypeVar("T")
+
+# A job that counts to TOTAL, saving its step every 5 steps and on SIGTERM (then exit 143).
+COUNTER_JOB = """
+import json, os, signal, sys, time
+ckpt_dir = os.environ["GPUOPT_CHECKPOINT_DIR"]
+path = os.path.join(ckpt_dir, "state.json")
+total = int(os.environ.get("TOTAL", "40"))
+pause = float(os.environ.get("STEP_S", "0.02"))
+step = json.load(open(path))["step"] if os.path.exists(path) else 0
+stopping = False
+
+def on_term(signum, frame):
+    global stopping
+    stopping = True
+
+def save(n):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"step": n}, f)
+    os.replace(tmp, path)
+
+signal.signal(signal.SIGTERM, on_term)
+print("start", step, os.environ["GPUOPT_ATTEMPT"], os.environ["GPUOPT_RESTARTS"],
+      os.environ.get("GPUOPT_AGENT_TOKEN", "no-token"), os.environ.get("GREETING"), flush=True)
+while step < total:
+    time.sleep(pause)
+    step += 1
+    if stopping or step % 5 == 0:
+        save(step)
+    if stopping:
+        print("checkpointed", step, flush=True)
+        sys.exit(143)
+print("done", step, flush=True)
+"""
+
+
+def wait_until(
+    condition: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = ""
+) -> T:
+    """Poll `condition` until it returns something truthy; fail after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
+        time.sleep(interval)
+
+
+def counter_job(tmp_path: Path) -> str:
+    """The `run` command of the counting job (its script written under tmp_path)."""
+    script = tmp_path / "counter.py"
+    script.write_text(COUNTER_JOB)
+    return f"{sys.executable} {script}"
+
+
+class FakeDaemon:
+    """The daemon side of docs/agent-protocol.md, recording everything, steerable by tests."""
+
+    def __init__(self) -> None:
+        self.attempts: dict[str, dict[str, Any]] = {}  # key -> {"token", "answer"}
+        self.registrations: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []  # every distinct event, in arrival order
+        self.posts = 0
+        self.commands: dict[str, list[dict[str, Any]]] = {}
+        self.fail_register = 0  # answer 503 to this many registrations
+        self.fail_events = 0  # answer 503 to this many event posts
+        self.down = False  # answer 503 to everything
+        self.react: Callable[[str, dict[str, Any]], None] | None = None
+        self._lock = threading.Lock()
+        self._server: Any = None
+        self.url = ""
+
+    # --- steering ----------------------------------------------------------------------
+
+    def add_attempt(self, key: str, token: str, job: dict[str, Any], **answer: Any) -> None:
+        body = {"job": job, "attempt": 1, "restarts": 0, "heartbeat_s": 0.5, **answer}
+        self.attempts[key] = {"token": token, "answer": body}
+
+    def command(self, key: str, command: dict[str, Any]) -> None:
+        with self._lock:
+            self.commands.setdefault(key, []).append(command)
+
+    def kinds(self, key: str | None = None) -> list[str]:
+        with self._lock:
+            return [e["kind"] for e in self.events if key is None or e["attempt_key"] == key]
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [e for e in self.events if e["kind"] == kind]
+
+    # --- the app -----------------------------------------------------------------------
+
+    def app(self) -> Any:
+        app = FastAPI()
+
+        def authorized(key: str, authorization: str | None) -> bool:
+            found = self.attempts.get(key)
+            return found is not None and authorization == f"Bearer {found['token']}"
+
+        @app.post("/agent/v1/register")
+        async def register(request: Request, authorization: str | None = Header(None)) -> Any:
+            body = await request.json()
+            with self._lock:
+                if self.down or self.fail_register > 0:
+                    self.fail_register = max(self.fail_register - 1, 0)
+                    return JSONResponse({"error": "unavailable"}, status_code=503)
+            if not authorized(body.get("attempt_key", ""), authorization):
+                return JSONResponse({"error": "unauthorized"}, status_code=401)
+            with self._lock:
+                self.registrations.append(body)
+            return self.attempts[body["attempt_key"]]["answer"]
+
+        @app.post("/agent/v1/events")
+        async def events(request: Request, authorization: str | None = Header(None)) -> Any:
+            body = await request.json()
+            key = body.get("attempt_key", "")
+            with self._lock:
+                self.posts += 1
+                if self.down or self.fail_events > 0:
+                    self.fail_events = max(self.fail_events - 1, 0)
+                    return JSONResponse({"error": "unavailable"}, status_code=503)
+            if not authorized(key, authorization):
+                return JSONResponse({"error": "unauthorized"}, status_code=401)
+            fresh = []
+            with self._lock:
+                seen = {e["id"] for e in self.events}
+                for event in body["events"]:
+                    if event["id"] not in seen:
+                        seen.add(event["id"])
+                        stored = {**event, "attempt_key": key}
+                        self.events.append(stored)
+                        fresh.append(stored)
+            for event in fresh:
+                if self.react is not None:
+                    self.react(key, event)
+            with self._lock:
+                commands = self.commands.pop(key, [])
+            return {"ack": [e["id"] for e in body["events"]], "commands": commands}
+
+        return app
+
+    def start(self) -> FakeDaemon:
+        import uvicorn
+
+        config = uvicorn.Config(
+            self.app(), host="127.0.0.1", port=0, log_level="warning", lifespan="off"
+        )
+        self._server = uvicorn.Server(config)
+        threading.Thread(target=self._server.run, name="fake-daemon", daemon=True).start()
+        wait_until(lambda: self._server.started, what="the fake daemon to start")
+        port = self._server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text())

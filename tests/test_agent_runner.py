@@ -1,0 +1,148 @@
+"""The job as a child process: its group, its environment, its log, signals and stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+from test_agent_harness import wait_until
+
+from optimizer.agent.runner import JobRunner, job_env
+
+# Saves nothing, but exits 143 by itself on SIGTERM after a short cleanup, like a real job.
+GRACEFUL = (
+    "import signal, sys, time\n"
+    "def bye(s, f):\n"
+    "    print('cleaning up', flush=True); time.sleep(0.1); sys.exit(143)\n"
+    "signal.signal(signal.SIGTERM, bye)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+STUBBORN = (
+    "import signal, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def script(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return f"{sys.executable} {path}"
+
+
+def log_has(log: Path, text: str) -> bool:
+    return log.exists() and text in log.read_text()
+
+
+def test_the_job_gets_the_protocol_env_but_never_the_agent_token(tmp_path: Path) -> None:
+    base = {"PATH": os.environ["PATH"], "GPUOPT_AGENT_TOKEN": "s3cret", "KEEP": "1"}
+    env = job_env(base, {"GPUOPT_ATTEMPT": "2", "KEEP": "2"})
+    assert "GPUOPT_AGENT_TOKEN" not in env
+    assert env["GPUOPT_ATTEMPT"] == "2" and env["KEEP"] == "2"
+    log = tmp_path / "job.log"
+    runner = JobRunner(run="env | sort", env=env, log_path=log, cwd=tmp_path).start()
+    end = runner.wait(10)
+    assert end is not None and end.exit_code == 0 and end.succeeded
+    text = log.read_text()
+    assert "GPUOPT_ATTEMPT=2" in text and "s3cret" not in text and "run: starting" in text
+
+
+def test_the_job_runs_in_its_own_process_group(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    started: list[int] = []
+    runner = JobRunner(
+        run="sleep 30",
+        env=dict(os.environ),
+        log_path=log,
+        on_started=lambda pid, phase: started.append(pid),
+    ).start()
+    wait_until(lambda: started, what="job start")
+    assert os.getpgid(started[0]) == started[0] != os.getpgid(0)
+    runner.stop(5)
+    end = runner.wait(10)
+    assert end is not None and end.stopped and end.exit_code == 143
+
+
+def test_a_forwarded_sigterm_reaches_the_command_and_its_own_status_is_kept(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "job.log"
+    runner = JobRunner(
+        run=f"cd {tmp_path} && {script(tmp_path, 'g.py', GRACEFUL)}",
+        env=dict(os.environ),
+        log_path=log,
+    ).start()
+    wait_until(lambda: log_has(log, "ready"), what="the job to be ready")
+    assert runner.signal(signal.SIGTERM)
+    end = runner.wait(10)
+    assert end is not None
+    # The shell waited for python's cleanup and passed its status on.
+    assert (end.exit_code, end.signal, end.stopped) == (143, None, False)
+    assert log_has(log, "cleaning up")
+
+
+def test_stop_kills_a_job_that_ignores_sigterm_after_the_grace(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    runner = JobRunner(
+        run=script(tmp_path, "s.py", STUBBORN), env=dict(os.environ), log_path=log
+    ).start()
+    wait_until(lambda: log_has(log, "ready"), what="the job to be ready")
+    runner.stop(0.3)
+    end = runner.wait(10)
+    assert end is not None and end.stopped
+    assert end.signal == signal.SIGKILL and end.exit_code is None
+
+
+def test_a_failing_setup_stops_before_run(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    runner = JobRunner(
+        setup="echo installing; exit 3",
+        run="echo should-not-run",
+        env=dict(os.environ),
+        log_path=log,
+    ).start()
+    end = runner.wait(10)
+    assert end is not None and (end.phase, end.exit_code) == ("setup", 3)
+    assert "installing" in log.read_text() and "should-not-run" not in log.read_text()
+
+
+def test_stop_during_setup_means_run_never_starts(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    runner = JobRunner(
+        setup="echo installing; sleep 30",
+        run="echo should-not-run",
+        env=dict(os.environ),
+        log_path=log,
+    ).start()
+    wait_until(lambda: log_has(log, "installing"), what="setup")
+    runner.stop(5)
+    end = runner.wait(10)
+    assert end is not None and end.phase == "setup" and end.stopped
+    assert "should-not-run" not in log.read_text()
+
+
+def test_what_the_job_leaves_behind_in_its_group_is_cleaned_up(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    pidfile = tmp_path / "bg.pid"
+    runner = JobRunner(
+        run=f"sleep 60 & echo $! > {pidfile}; echo main-done",
+        env=dict(os.environ),
+        log_path=log,
+        linger_s=2,
+    ).start()
+    end = runner.wait(10)
+    assert end is not None and end.exit_code == 0
+    leftover = int(pidfile.read_text())
+    wait_until(lambda: not Path(f"/proc/{leftover}").exists() or _zombie(leftover), what="sweep")
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rfind(")") + 2] == "Z"

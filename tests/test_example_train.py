@@ -1,0 +1,123 @@
+"""The example training job survives two SIGTERMs and ends at exactly the planned step count."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train_with_checkpoints.py"
+TOTAL = 60
+ARGS = [sys.executable, str(SCRIPT)]
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+
+
+class Run:
+    """The example as a child process, its output collected line by line on a thread."""
+
+    def __init__(self, ckpt: Path, attempt: int) -> None:
+        env = {
+            **os.environ,
+            "GPUOPT_CHECKPOINT_DIR": str(ckpt),
+            "GPUOPT_ATTEMPT": str(attempt),
+            "GPUOPT_RESTARTS": str(attempt - 1),
+            "LOG_EVERY": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.proc = subprocess.Popen(
+            [*ARGS, "--steps", str(TOTAL), "--checkpoint-every", "10", "--step-sleep", "0.02"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        self.lines: list[str] = []
+        self.step = 0
+        self._seen = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._seen:
+                self.lines.append(line.rstrip("\n"))
+                found = re.match(r"step (\d+)/", line)
+                if found:
+                    self.step = int(found.group(1))
+                self._seen.notify_all()
+
+    def wait_for_step(self, step: int, timeout: float = 30) -> None:
+        with self._seen:
+            ok = self._seen.wait_for(lambda: self.step >= step, timeout)
+        assert ok, "\n".join(self.lines)
+
+    def finish(self, timeout: float = 60) -> int:
+        return self.proc.wait(timeout)
+
+    def steps_printed(self) -> list[int]:
+        return [int(m.group(1)) for line in self.lines if (m := re.match(r"step (\d+)/", line))]
+
+
+def test_two_interruptions_resume_from_checkpoints_and_end_at_the_planned_total(
+    tmp_path: Path,
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    printed: list[int] = []
+    stopped_at = []
+    for attempt, interrupt_after in ((1, 15), (2, 35)):
+        run = Run(ckpt, attempt)
+        run.wait_for_step(interrupt_after)
+        run.proc.send_signal(signal.SIGTERM)
+        assert run.finish() == 143
+        out = "\n".join(run.lines)
+        stopped = int(re.search(r"stopped at step (\d+)/", out).group(1))  # type: ignore[union-attr]
+        assert stopped >= interrupt_after
+        stopped_at.append(stopped)
+        printed += run.steps_printed()
+        if attempt == 2:
+            assert f"resumed from step {stopped_at[0]}" in out
+
+    last = Run(ckpt, 3)
+    assert last.finish() == 0, "\n".join(last.lines)
+    out = "\n".join(last.lines)
+    assert f"resumed from step {stopped_at[1]}" in out
+    assert f"finished: {TOTAL}/{TOTAL} steps over 3 run(s)" in out
+    printed += last.steps_printed()
+    # Every step ran exactly once: a SIGTERM checkpoint loses no work.
+    assert printed == list(range(1, TOTAL + 1))
+
+    files = sorted(ckpt.glob("ckpt-*.pt"))
+    assert len(files) <= 2 and not list(ckpt.glob(".*.tmp"))  # old ones pruned, no debris
+    assert files[-1].name == f"ckpt-{TOTAL:08d}.pt"
+    done = json.loads((ckpt / "done.json").read_text())
+    assert done["steps"] == TOTAL
+    runs = done["runs"]
+    assert [r["attempt"] for r in runs] == ["1", "2", "3"]
+    assert [(r["from_step"], r["to_step"]) for r in runs] == [
+        (0, stopped_at[0]),
+        (stopped_at[0], stopped_at[1]),
+        (stopped_at[1], TOTAL),
+    ]
+
+
+def test_the_example_job_spec_and_its_policy_are_well_formed() -> None:
+    import yaml
+
+    from policies.loader import load_policy
+
+    examples = SCRIPT.parent
+    policy = load_policy(examples / "local-train-policy.yaml")
+    job = yaml.safe_load((examples / "train-job.yaml").read_text())
+    assert job["policy"] == policy.name and policy.placement.providers == ["local"]
+    fields = {"name", "policy", "run", "setup", "checkpoint_dir", "env", "probes", "max_restarts"}
+    assert fields <= set(job) and job["probes"] in ("quick", "deep", "none")
+    assert "examples/train_with_checkpoints.py" in job["run"]

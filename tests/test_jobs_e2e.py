@@ -1,0 +1,188 @@
+"""Managed jobs end to end on the local cloud: a real daemon, real agent processes, real jobs.
+
+The daemon runs in-process on an ephemeral port; every instance is a real process started by
+the local cloud from the bootstrap script, running the real agent, which runs the example
+training script. Interruptions go through the local metadata endpoint, as on AWS.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pytest_httpserver import HTTPServer
+from test_daemon_harness import api, make_config, running, wait_until, write_policy
+
+from optimizer.alerts.webhook import verify_signature
+from optimizer.daemon.service import Daemon
+from providers.local import LocalCloud
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow
+
+POLICY = """\
+apiVersion: gpuopt/v1
+kind: Policy
+name: local-eu
+workload: {gpus: 1, gpu_memory_gib: 12}
+markets: [spot, on_demand]
+placement: {providers: [local], compliance: eu}
+recovery: {max_restarts: 5, pool_cooldown_minutes: 10, on_demand_after_interruptions: 5}
+"""
+SECRET = "hook-secret-for-the-e2e-test"
+
+
+def job_body(name: str, ckpt: Path, steps: int, **extra: Any) -> dict[str, Any]:
+    body = {
+        "name": name,
+        "policy": "local-eu",
+        "workdir": str(ROOT),
+        "run": (
+            f"{sys.executable} examples/train_with_checkpoints.py --steps {steps} "
+            "--checkpoint-every 5 --step-sleep 0.02 --log-every 100"
+        ),
+        "checkpoint_dir": str(ckpt),
+        "probes": "none",
+    }
+    body.update(extra)
+    return body
+
+
+@pytest.fixture
+def cloud(tmp_path: Path) -> Iterator[LocalCloud]:
+    local = LocalCloud(tmp_path / "local-cloud", grace_s=1.5, terminate_grace_s=2.0, tick_s=0.05)
+    yield local
+    local.kill_all()
+    local.close()
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, cloud: LocalCloud, httpserver: HTTPServer) -> Iterator[Daemon]:
+    httpserver.expect_request("/hook").respond_with_data("ok")
+    write_policy(tmp_path / "policies", "local-eu.yaml", POLICY)
+    config = make_config(
+        tmp_path,
+        policy_dir=tmp_path / "policies",
+        loops={"reconcile_s": 0.25},
+        alerts={
+            "channels": {
+                "hook": {"type": "webhook", "url": httpserver.url_for("/hook"), "secret": SECRET}
+            },
+            "routes": [{"kinds": ["job.*"], "channels": ["hook"]}],
+        },
+    )
+    with running(config, sources={"local": cloud}) as d:
+        for poll in d.polls:  # offers in the store before the first job
+            poll.run_once()
+        yield d
+
+
+def state_of(daemon: Daemon, name: str) -> dict[str, Any]:
+    with api(daemon) as client:
+        return client.get(f"/jobs/{name}").json()
+
+
+def running_instance(cloud: LocalCloud, job: str, attempt: int) -> str | None:
+    for record in cloud.instances():
+        if record.state == "running" and record.key.endswith(f"-{attempt}"):
+            return record.id
+    return None
+
+
+def running_instance_id(cloud: LocalCloud, instance_id: str) -> bool:
+    return any(r.id == instance_id and r.state == "running" for r in cloud.instances())
+
+
+def latest_step(ckpt: Path) -> int:
+    steps = [int(p.stem.split("-")[1]) for p in ckpt.glob("ckpt-*.pt")]
+    return max(steps, default=0)
+
+
+def hook_alerts(httpserver: HTTPServer) -> list[dict[str, Any]]:
+    out = []
+    for request, _ in httpserver.log:
+        body = request.get_data()
+        assert verify_signature(
+            SECRET,
+            request.headers["X-Gpuopt-Timestamp"],
+            body,
+            request.headers["X-Gpuopt-Signature"],
+            now=float(request.headers["X-Gpuopt-Timestamp"]),
+        )
+        out.append(json.loads(body))
+    return out
+
+
+def test_interrupted_twice_the_job_finishes_with_exactly_the_planned_steps(
+    tmp_path: Path, daemon: Daemon, cloud: LocalCloud, httpserver: HTTPServer
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    with api(daemon) as client:
+        assert client.post("/jobs", json=job_body("train", ckpt, steps=150)).status_code == 201
+    reached = 0
+    for attempt in (1, 2):
+        instance = wait_until(
+            lambda a=attempt: running_instance(cloud, "train", a), 30, f"attempt {attempt} running"
+        )
+        # let this attempt make progress past a checkpoint before the cloud takes it back
+        wanted = reached + 30
+        wait_until(lambda n=wanted: latest_step(ckpt) >= n, 30, f"a checkpoint at step {wanted}")
+        cloud.interrupt(instance)
+        wait_until(lambda i=instance: not running_instance_id(cloud, i), 30, "the power-off")
+        reached = latest_step(ckpt)  # what the interrupted attempt saved on its way out
+    wait_until(lambda: state_of(daemon, "train")["state"] == "succeeded", 60, "the job to finish")
+
+    done = json.loads((ckpt / "done.json").read_text())
+    assert done["steps"] == 150
+    runs = done["runs"]
+    assert len(runs) == 3
+    assert [r["restarts"] for r in runs] == ["0", "1", "2"]
+    assert runs[0]["from_step"] == 0
+    for before, after in itertools.pairwise(runs):
+        assert after["from_step"] == before["to_step"] > 0  # resumed from its checkpoint
+    job = state_of(daemon, "train")
+    assert job["restarts"] == 2
+
+    alerts = wait_until(
+        lambda: [a for a in hook_alerts(httpserver) if a.get("kind") == "job.interrupted"] or None,
+        10,
+        "interruption alerts",
+    )
+    assert len(alerts) == 2
+
+
+def test_capacity_errors_move_the_launch_to_the_next_offer(
+    tmp_path: Path, daemon: Daemon, cloud: LocalCloud
+) -> None:
+    cloud.fail_next("*", "capacity", times=1)  # the first launch, wherever it goes
+    with api(daemon) as client:
+        body = job_body("cap", tmp_path / "ckpt-cap", steps=10)
+        assert client.post("/jobs", json=body).status_code == 201
+    wait_until(lambda: state_of(daemon, "cap")["state"] == "succeeded", 60, "the job to finish")
+    attempts = daemon.store.attempts(state_of(daemon, "cap")["id"])
+    assert attempts[0].end_reason == "capacity" and attempts[0].instance_id is None
+    assert attempts[-1].exit_code == 0
+    assert attempts[-1].pool != attempts[0].pool
+
+
+def test_a_budget_no_offer_meets_keeps_the_job_pending_with_the_reason(
+    tmp_path: Path, daemon: Daemon
+) -> None:
+    write_policy(tmp_path / "policies", "local-eu.yaml", POLICY + "budget: {monthly_usd: 1}\n")
+    wait_until(lambda: daemon.registry.get("local-eu").policy.budget.monthly_usd == 1, 10, "reload")
+    with api(daemon) as client:
+        body = job_body("broke", tmp_path / "ckpt-broke", steps=10)
+        assert client.post("/jobs", json=body).status_code == 201
+    job = wait_until(
+        lambda: (j := state_of(daemon, "broke"))["reason"] and "budget" in j["reason"] and j,
+        10,
+        "the pending reason",
+    )
+    assert job["state"] == "pending"
+    assert daemon.store.attempts(job["id"]) == []

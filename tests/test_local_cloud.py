@@ -1,0 +1,273 @@
+"""The local cloud as a Provider: instances are real processes; launches are idempotent;
+interruptions, terminations and exits end them with the right reason; faults are injected."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from test_agent_harness import wait_until
+
+from optimizer.model import Market, Offer
+from providers.base import (
+    CapacityError,
+    EndReason,
+    InstanceState,
+    LaunchSpec,
+    Provider,
+    QuotaError,
+)
+from providers.local import LocalCloud
+from providers.local.procs import marked_pids
+
+
+@pytest.fixture
+def cloud(tmp_path: Path) -> Iterator[LocalCloud]:
+    local = LocalCloud(tmp_path / "cloud", tick_s=0.05, grace_s=30, terminate_grace_s=5)
+    local.start()
+    yield local
+    local.kill_all()
+    local.close()
+
+
+def offer(cloud: LocalCloud, instance_type: str = "g5.xlarge", market=Market.SPOT) -> Offer:
+    return next(
+        o
+        for o in cloud.fetch_offers(["eu-west-1"])
+        if o.instance_type == instance_type and o.market is market
+    )
+
+
+def spec(bootstrap: str = "sleep 60") -> LaunchSpec:
+    return LaunchSpec(job="j", attempt=1, bootstrap=bootstrap)
+
+
+def ended(cloud: LocalCloud, ref):
+    return wait_until(
+        lambda: (s := cloud.describe([ref])[0]).state is InstanceState.TERMINATED and s,
+        what=f"{ref.instance_id} to end",
+    )
+
+
+def test_the_local_cloud_is_a_provider(cloud: LocalCloud) -> None:
+    assert isinstance(cloud, Provider) and cloud.name == "local"
+
+
+def test_a_launch_runs_the_bootstrap_as_a_process_with_its_metadata_url(
+    cloud: LocalCloud,
+) -> None:
+    script = 'echo "$GPUOPT_CLOUD $GPUOPT_METADATA_URL"; sleep 60'
+    ref = cloud.launch(offer(cloud), spec(script), "j/1")
+    assert (ref.provider, ref.region, ref.zone) == ("local", "eu-west-1", "eu-west-1-a")
+    status = cloud.describe([ref])[0]
+    assert status.state is InstanceState.RUNNING and status.end_reason is None
+    console = cloud.state.disk(ref.instance_id) / "console.log"
+    line = wait_until(lambda: console.read_text().strip(), what="the console output")
+    assert line == f"local {cloud.metadata_url(ref.instance_id)}"
+    record = cloud.state.load(ref.instance_id)
+    assert record is not None and record.pid is not None
+    assert os.getpgid(record.pid) == record.pid  # a session of its own
+
+
+def test_launching_twice_with_one_key_gives_one_instance(cloud: LocalCloud) -> None:
+    refs = []
+    threads = [
+        threading.Thread(target=lambda: refs.append(cloud.launch(offer(cloud), spec(), "j/1")))
+        for _ in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len({r.instance_id for r in refs}) == 1
+    assert len(cloud.state.all()) == 1
+    leaders = [p for p in marked_pids(refs[0].instance_id) if os.getpgid(p) == p]
+    assert len(leaders) == 1  # one instance process (its shell may have a child)
+    other = cloud.launch(offer(cloud), spec(), "j/2")
+    assert other.instance_id != refs[0].instance_id
+
+
+def test_an_injected_capacity_error_fails_the_next_matching_launch_only(cloud: LocalCloud) -> None:
+    cloud.fail_next("g5.xlarge", CapacityError)
+    cloud.fail_next("eu-west-1", "quota")
+    with pytest.raises(CapacityError) as caught:
+        cloud.launch(offer(cloud), spec(), "j/1")
+    assert caught.value.code == "InsufficientInstanceCapacity"
+    assert caught.value.zone == "eu-west-1-a" and caught.value.provider == "local"
+    with pytest.raises(QuotaError):
+        cloud.launch(offer(cloud, "g4dn.xlarge"), spec(), "j/1")
+    ref = cloud.launch(offer(cloud), spec(), "j/1")  # the key was not used up by the failures
+    assert cloud.describe([ref])[0].state is InstanceState.RUNNING
+    assert cloud.state.faults() == []
+
+
+def test_a_pool_can_be_failed_exactly(cloud: LocalCloud) -> None:
+    spot = offer(cloud)
+    cloud.fail_next(spot.pool, "capacity", times=2)
+    on_demand = offer(cloud, market=Market.ON_DEMAND)
+    cloud.launch(on_demand, spec(), "od/1")  # another pool: unaffected
+    for key in ("j/1", "j/2"):
+        with pytest.raises(CapacityError):
+            cloud.launch(spot, spec(), key)
+    cloud.launch(spot, spec(), "j/3")
+
+
+def test_an_interruption_posts_the_notice_at_once_and_powers_off_after_the_grace(
+    cloud: LocalCloud,
+) -> None:
+    # The instance starts a child in a session of its own, as the agent does with the job.
+    script = "setsid sleep 60 & sleep 60"
+    ref = cloud.launch(offer(cloud), spec(script), "j/1")
+    wait_until(lambda: len(marked_pids(ref.instance_id)) >= 2, what="both processes")
+    cloud.interrupt(ref.instance_id, grace_s=0.5)
+    url = cloud.metadata_url(ref.instance_id)
+    token = httpx.put(
+        f"{url}/latest/api/token", headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"}
+    ).text
+    notice = httpx.get(
+        f"{url}/latest/meta-data/spot/instance-action",
+        headers={"X-aws-ec2-metadata-token": token},
+    )
+    assert notice.status_code == 200 and notice.json()["action"] == "terminate"
+    marked = cloud.describe([ref])[0]  # AWS's marked-for-termination, meanwhile
+    assert (marked.state, marked.end_reason) == (InstanceState.RUNNING, EndReason.PREEMPTED)
+    assert marked.detail.startswith("marked-for-termination")
+    status = ended(cloud, ref)
+    assert status.end_reason is EndReason.PREEMPTED
+    wait_until(lambda: marked_pids(ref.instance_id) == [], what="every process to be gone")
+
+
+def test_terminate_sends_sigterm_then_ends_the_instance_as_user(cloud: LocalCloud) -> None:
+    script = "trap 'echo got-term; exit 0' TERM; sleep 60 & wait"
+    ref = cloud.launch(offer(cloud), spec(script), "j/1")
+    cloud.terminate(ref)
+    status = ended(cloud, ref)
+    assert status.end_reason is EndReason.USER and status.detail == "terminated by user"
+    console = (cloud.state.disk(ref.instance_id) / "console.log").read_text()
+    assert "got-term" in console
+    cloud.terminate(ref)  # terminating again is harmless
+
+
+def test_exit_statuses_tell_a_shutdown_from_a_failure(cloud: LocalCloud) -> None:
+    done = cloud.launch(offer(cloud), spec("exit 0"), "j/1")
+    failed = cloud.launch(offer(cloud), spec("exit 3"), "j/2")
+    assert ended(cloud, done).end_reason is EndReason.USER
+    status = ended(cloud, failed)
+    assert status.end_reason is EndReason.FAILED and "status 3" in status.detail
+    unknown = cloud.describe([dataclasses.replace(done, instance_id="i-local-0099")])[0]
+    assert unknown.state is InstanceState.TERMINATED
+
+
+def test_a_seeded_random_rate_interrupts_spot_instances_only(tmp_path: Path) -> None:
+    now = [1_800_000_000.0]
+    local = LocalCloud(
+        tmp_path / "cloud",
+        clock=lambda: now[0],
+        interruption_rate_per_hour=50.0,
+        tick_s=0.02,
+        grace_s=30,
+    )
+    local.start()
+    try:
+        spot = local.launch(offer(local), spec(), "spot/1")
+        on_demand = local.launch(offer(local, market=Market.ON_DEMAND), spec(), "od/1")
+        wait_until(lambda: local._last_tick is not None, what="a first tick")
+        now[0] += 3600  # an hour at 50 per hour: certain
+        wait_until(
+            lambda: local.describe([spot])[0].end_reason is EndReason.PREEMPTED,
+            what="a random interruption",
+        )
+        now[0] += 31  # past the grace: powered off
+        assert ended(local, spot).end_reason is EndReason.PREEMPTED
+        assert local.describe([on_demand])[0].state is InstanceState.RUNNING
+    finally:
+        local.kill_all()
+        local.close()
+
+
+def test_a_new_cloud_on_the_same_state_takes_over_the_instances_and_port(tmp_path: Path) -> None:
+    first = LocalCloud(tmp_path / "cloud", tick_s=0.05)
+    ref = first.launch(offer(first), spec(), "j/1")
+    port = first.metadata.port
+    first.close()  # the daemon stops; the instance runs on
+    second = LocalCloud(tmp_path / "cloud", tick_s=0.05)
+    try:
+        assert second.describe([ref])[0].state is InstanceState.RUNNING
+        assert second.metadata.port == port  # the instance's metadata URL still works
+        assert second.launch(offer(second), spec(), "j/1") == ref
+        second.interrupt(ref.instance_id, grace_s=0.2)
+        status = ended(second, ref)
+        # Launched by another process: the exit status is unknown, the reason is not.
+        assert status.end_reason is EndReason.PREEMPTED
+    finally:
+        second.kill_all()
+        second.close()
+
+
+def gpuopt(*args: str, data_dir: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "GPUOPT_DATA_DIR": str(data_dir), "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "optimizer.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_gpuopt_local_commands_reach_the_running_cloud(tmp_path: Path) -> None:
+    local = LocalCloud(tmp_path / "local-cloud", tick_s=0.05, grace_s=0.5)
+    try:
+        ref = local.launch(offer(local), spec(), "train/1")
+        listed = gpuopt("local", "list", data_dir=tmp_path)
+        assert listed.returncode == 0, listed.stderr
+        assert ref.instance_id in listed.stdout and "sim" in listed.stdout
+
+        done = gpuopt("local", "interrupt", ref.instance_id, data_dir=tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert "power-off at" in done.stdout
+        # The running cloud sees it: the notice at once, the power-off after its 0.5 s grace.
+        assert local.describe([ref])[0].end_reason is EndReason.PREEMPTED
+        assert ended(local, ref).end_reason is EndReason.PREEMPTED
+
+        failing = gpuopt("local", "fail-next", "g5.xlarge", "--times", "1", data_dir=tmp_path)
+        assert failing.returncode == 0, failing.stderr
+        with pytest.raises(CapacityError):
+            local.launch(offer(local), spec(), "train/2")
+
+        missing = gpuopt("local", "interrupt", "i-local-0042", data_dir=tmp_path)
+        assert missing.returncode == 2 and "no local instance" in missing.stderr
+        again = gpuopt("local", "interrupt", ref.instance_id, data_dir=tmp_path)
+        assert again.returncode == 2 and "already ended" in again.stderr
+    finally:
+        local.kill_all()
+        local.close()
+
+
+def test_another_process_leaves_the_end_to_the_launcher_that_knows_the_status(
+    tmp_path: Path,
+) -> None:
+    from providers.local.procs import proc_start_ticks
+
+    local = LocalCloud(tmp_path / "local-cloud", tick_s=3600)  # no ticks: refreshes on demand
+    try:
+        ref = local.launch(offer(local), spec("exit 3"), "j/1")
+        record = local.state.load(ref.instance_id)
+        assert record is not None and record.pid is not None
+        wait_until(lambda: proc_start_ticks(record.pid) is None, what="the process to exit")
+        listed = gpuopt("local", "list", "--all", "--json", data_dir=tmp_path)
+        assert listed.returncode == 0, listed.stderr
+        assert '"state": "running"' in listed.stdout  # not finalised with an unknown status
+        status = local.describe([ref])[0]
+        assert status.end_reason is EndReason.FAILED and "status 3" in status.detail
+    finally:
+        local.kill_all()
+        local.close()
