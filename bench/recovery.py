@@ -106,8 +106,13 @@ def main() -> None:
                     started = wait_until(
                         lambda k=nxt.key: daemon.store.attempt(k).job_started_at, 60, "running"
                     ).timestamp()
+                    nxt = daemon.store.attempt(nxt.key)  # now with its instance id
+                    wait_until(
+                        lambda i=nxt.instance_id: _resumed_from(base, i) is not None, 60, "resume"
+                    )
+                    wait_until(lambda i=record.id: not _running_id(cloud, i), 60, "power-off")
                     done_steps = _steps_in_log(base, record.id)
-                    resumed = _resumed_from(base, nxt)
+                    resumed = _resumed_from(base, nxt.instance_id)
                     rows.append(
                         {
                             "interruption": n,
@@ -172,8 +177,14 @@ def _steps_in_log(base: Path, instance_id: str) -> int | None:
     return max(steps) if steps else None
 
 
-def _resumed_from(base: Path, attempt: Any) -> int | None:
-    text = _log_text(base, attempt.instance_id or "-")
+def _running_id(cloud: LocalCloud, instance_id: str) -> bool:
+    return any(r.id == instance_id and r.state == "running" for r in cloud.instances())
+
+
+def _resumed_from(base: Path, instance_id: str | None) -> int | None:
+    if not instance_id:
+        return None
+    text = _log_text(base, instance_id)
     found = [int(m.group(1)) for line in text.splitlines() if (m := _RESUMED.match(line))]
     return found[0] if found else None
 

@@ -19,7 +19,7 @@ from optimizer.store_jobs import AttemptRecord
 
 router = APIRouter(prefix="/agent/v1", tags=["agent"])
 
-HEARTBEAT_S = 10
+HEARTBEAT_S = 2  # commands (stop) ride on answers: keep them prompt
 STOP_GRACE_S = 30
 MAX_EVENTS_PER_CALL = 500
 
