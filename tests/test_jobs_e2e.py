@@ -186,3 +186,23 @@ def test_a_budget_no_offer_meets_keeps_the_job_pending_with_the_reason(
     )
     assert job["state"] == "pending"
     assert daemon.store.attempts(job["id"]) == []
+
+
+def test_a_failed_probe_relaunches_on_another_offer(
+    tmp_path: Path, daemon: Daemon, cloud: LocalCloud
+) -> None:
+    # the local machine has no GPU: a probe that expects one fails, on every offer
+    body = job_body(
+        "sick", tmp_path / "ckpt-sick", steps=10, probes="quick", expected_gpus=1, max_restarts=1
+    )
+    with api(daemon) as client:
+        assert client.post("/jobs", json=body).status_code == 201
+    job = wait_until(
+        lambda: (j := state_of(daemon, "sick"))["state"] == "failed" and j, 120, "the give-up"
+    )
+    attempts = daemon.store.attempts(job["id"])
+    assert [a.end_reason for a in attempts] == ["probe_failed", "probe_failed"]
+    assert [a.probe_status for a in attempts] == ["fail", "fail"]
+    assert attempts[0].pool != attempts[1].pool  # the sick pool was cooled down and avoided
+    assert "restart limit 1 reached" in job["reason"]
+    assert all(a.exit_code is None for a in attempts)  # the job itself never ran

@@ -47,6 +47,9 @@ class JobSpec(BaseModel):
     checkpoint_dir: str = Field(min_length=1, description="A path or bucket URI for the job.")
     env: dict[str, str] = Field(default_factory=dict)
     probes: Literal["quick", "deep", "none"] = "quick"
+    expected_gpus: int | None = Field(
+        None, ge=0, le=64, description="GPUs the probe must find (default: the offer's)."
+    )
     max_restarts: int | None = Field(None, ge=0, le=1000)
 
     @field_validator("run", "checkpoint_dir")

@@ -106,11 +106,13 @@ class LocalCloud:
 
     def close(self) -> None:
         """Stop the endpoint and ticker; instances keep running (as across a daemon restart)."""
+        # Join the ticker without holding the lock: a tick in progress needs it to finish.
+        self._stop.set()
+        ticker = self._ticker
+        if ticker is not None and ticker is not threading.current_thread():
+            ticker.join()
         with self._lock:
-            self._stop.set()
-            if self._ticker is not None:
-                self._ticker.join()
-                self._ticker = None
+            self._ticker = None
             if self._server is not None:
                 self._server.close()
                 self._server = None
