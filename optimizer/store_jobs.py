@@ -119,6 +119,17 @@ class JobsMixin(StoreBase):
         with self.engine.connect() as conn:
             return [_attempt(r) for r in conn.execute(query).all()]
 
+    def policy_attempts(self, policy: str, since: datetime) -> list[AttemptRecord]:
+        """Attempts of the policy's jobs that ran at some point after `since`."""
+        query = (
+            select(_ATTEMPT)
+            .join(JOB, JOB.c.id == _ATTEMPT.c.job_id)
+            .where(JOB.c.policy == policy, _ATTEMPT.c.instance_id.is_not(None))
+            .where((_ATTEMPT.c.ended_at.is_(None)) | (_ATTEMPT.c.ended_at > since))
+        )
+        with self.engine.connect() as conn:
+            return [_attempt(r) for r in conn.execute(query).all()]
+
     def open_attempts(self) -> list[AttemptRecord]:
         """Attempts whose instance may still run (not known gone), any job state."""
         query = select(_ATTEMPT).where(_ATTEMPT.c.instance_gone.is_(False))

@@ -206,3 +206,51 @@ def test_a_failed_probe_relaunches_on_another_offer(
     assert attempts[0].pool != attempts[1].pool  # the sick pool was cooled down and avoided
     assert "restart limit 1 reached" in job["reason"]
     assert all(a.exit_code is None for a in attempts)  # the job itself never ran
+
+
+def test_projected_monthly_spend_stops_a_launch_past_the_budget(
+    tmp_path: Path, daemon: Daemon
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from optimizer.model import Interconnect, Market, Offer
+
+    # $500 already spent this month under the policy: an earlier job ran 10 h at $50/h
+    now = datetime.now(UTC)
+    earlier = daemon.store.add_job("earlier", "local-eu", {"run": "x", "checkpoint_dir": "/x"})
+    offer = Offer(
+        provider="local",
+        region="eu-west-1",
+        zone="eu-west-1-a",
+        instance_type="p4d.24xlarge",
+        gpu_model="A100-40GB",
+        gpu_count=8,
+        gpu_memory_gib=40.0,
+        vcpus=96,
+        ram_gib=1152.0,
+        interconnect=Interconnect.NVLINK,
+        market=Market.SPOT,
+        usd_per_hour=50.0,
+        observed_at=now,
+        source="test",
+    )
+    daemon.store.create_attempt(earlier, 1, "earlier-1", offer, "x", now - timedelta(hours=10))
+    daemon.store.update_attempt(
+        "earlier-1", instance_id="i-gone", ended_at=now, instance_gone=True, state="ended"
+    )
+    daemon.store.cancel_job("earlier")
+    # a cap every offer passes on its own (price x 730 h), but not on top of what was spent
+    write_policy(tmp_path / "policies", "local-eu.yaml", POLICY + "budget: {monthly_usd: 501}\n")
+    wait_until(
+        lambda: daemon.registry.get("local-eu").policy.budget.monthly_usd == 501, 10, "reload"
+    )
+    with api(daemon) as client:
+        body = job_body("late", tmp_path / "ckpt-late", steps=10)
+        assert client.post("/jobs", json=body).status_code == 201
+    job = wait_until(
+        lambda: (j := state_of(daemon, "late"))["reason"] and "budget:" in j["reason"] and j,
+        10,
+        "the budget reason",
+    )
+    assert job["state"] == "pending" and "$500.00 spent this month" in job["reason"]
+    assert daemon.store.attempts(job["id"]) == []

@@ -21,6 +21,7 @@ from datetime import timedelta
 from typing import Any
 
 from optimizer.daemon.loops.reconcile import ReconcileContext
+from optimizer.jobs import budget
 from optimizer.jobs.machine import (
     LIVE,
     Alert,
@@ -256,9 +257,45 @@ class JobReconciler:
             return False, f"no offer meets policy {job.policy}" + (
                 f": rejected by {top}" if top else ""
             )
+        candidates = list(ranking.candidates)
+        cap = policy.budget.monthly_usd
+        if cap is not None:
+            start, _ = budget.month_bounds(ctx.now)
+            spent = budget.spent_this_month(
+                (
+                    budget.Spend(a.started_at, a.ended_at, a.usd_per_hour)
+                    for a in ctx.store.policy_attempts(job.policy, start)
+                ),
+                ctx.now,
+            )
+            candidates = [
+                c
+                for c in candidates
+                if budget.projected(spent, c.offer.usd_per_hour, ctx.now) <= cap
+            ]
+            if not candidates:
+                cheapest = min(c.offer.usd_per_hour for c in ranking.candidates)
+                need = budget.projected(spent, cheapest, ctx.now)
+                return False, (
+                    f"budget: ${spent:,.2f} spent this month under policy {job.policy}; the "
+                    f"cheapest launch projects ${need:,.2f} > ${cap:,.2f}"
+                )
+            first = budget.projected(spent, candidates[0].offer.usd_per_hour, ctx.now)
+            if first > budget.ALERT_FRACTION * cap:
+                self._emit(
+                    ctx,
+                    job,
+                    Alert(
+                        "budget.warning",
+                        "warning",
+                        f"policy {job.policy}: projected ${first:,.2f} this month is over "
+                        f"{budget.ALERT_FRACTION:.0%} of ${cap:,.2f}",
+                    ),
+                    dedupe=f"budget:{job.policy}:{ctx.now:%Y-%m}",
+                )
         skip_scopes: set[tuple[str, str]] = set()
         number = len(ctx.store.attempts(job.id)) + 1
-        for candidate in ranking.candidates[:MAX_OFFERS_TRIED]:
+        for candidate in candidates[:MAX_OFFERS_TRIED]:
             offer = candidate.offer
             if (offer.provider, offer.region) in skip_scopes:
                 continue
