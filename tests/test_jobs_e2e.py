@@ -254,3 +254,21 @@ def test_projected_monthly_spend_stops_a_launch_past_the_budget(
     )
     assert job["state"] == "pending" and "$500.00 spent this month" in job["reason"]
     assert daemon.store.attempts(job["id"]) == []
+
+
+def test_an_auth_error_disables_the_provider_with_an_alert(
+    tmp_path: Path, daemon: Daemon, cloud: LocalCloud
+) -> None:
+    cloud.fail_next("*", "auth", times=1)
+    with api(daemon) as client:
+        assert client.post("/jobs", json=job_body("denied", tmp_path / "c", 10)).status_code == 201
+    job = wait_until(
+        lambda: (j := state_of(daemon, "denied"))["state"] == "pending" and j["reason"] and j,
+        10,
+        "the pending reason",
+    )
+    assert "failed to launch" in job["reason"]
+    kinds = [e.kind for e in daemon.store.events(job_id=job["id"])]
+    assert "provider.auth" in kinds
+    attempts = daemon.store.attempts(job["id"])
+    assert [a.end_reason for a in attempts] == ["auth"]  # one try, then local sat out

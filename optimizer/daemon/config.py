@@ -55,6 +55,9 @@ class ProviderConfig(_Section):
     )
     project: str | None = Field(None, description="GCP only: the project (GPUOPT_GCP_PROJECT).")
     placement_scores: bool = Field(False, description="AWS only: fetch spot placement scores.")
+    interruption_queue_url: str | None = Field(
+        None, description="AWS only: the SQS queue EventBridge sends EC2 interruption events to."
+    )
 
 
 class ApiConfig(_Section):

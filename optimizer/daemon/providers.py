@@ -57,6 +57,7 @@ def aws_source(config: ProviderConfig, store: Store, clock: Clock) -> OfferSourc
         cache=store,
         clock=clock,
         placement_scores=config.placement_scores,
+        queue_url=config.interruption_queue_url,
     )
 
 

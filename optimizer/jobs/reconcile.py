@@ -17,7 +17,7 @@ import secrets
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from optimizer.daemon.loops.reconcile import ReconcileContext
@@ -57,6 +57,7 @@ from providers.base import (
 log = logging.getLogger(__name__)
 
 QUOTA_COOLDOWN = timedelta(hours=1)
+AUTH_DISABLE = timedelta(hours=1)  # a provider that refused our credentials sits out this long
 STOP_GRACE = timedelta(seconds=45)
 MAX_OFFERS_TRIED = 25  # per launch, so a run of capacity errors ends in a clear pending reason
 
@@ -83,9 +84,11 @@ class JobReconciler:
         self.install = {"local": None, **(install or {})}
         self.agent_env = dict(agent_env or {})
         self.register_timeout = register_timeout
+        self.disabled: dict[str, datetime] = {}  # provider -> until, after an AuthError
 
     def __call__(self, ctx: ReconcileContext) -> None:
         open_attempts = ctx.store.open_attempts()
+        self._queue_events(ctx, open_attempts)
         self._describe(ctx, open_attempts)
         for job in ctx.jobs:
             if JobState(job.state) in LIVE:
@@ -93,6 +96,32 @@ class JobReconciler:
         self._clean_up(ctx)
 
     # -- observing ---------------------------------------------------------------------------
+
+    def _queue_events(self, ctx: ReconcileContext, attempts: list[AttemptRecord]) -> None:
+        """Interruption events from a provider's event queue (AWS EventBridge → SQS), read
+        without waiting; a notice for one of our instances is recorded like the agent's."""
+        by_instance = {a.instance_id: a for a in attempts if a.instance_id and not a.ended}
+        for name in ctx.providers:
+            source = self._provider(ctx, name)
+            poll = getattr(source, "poll_interruptions", None)
+            if poll is None or not getattr(source, "queue_url", None):
+                continue
+
+            def record(events: list[Any]) -> None:
+                for event in events:
+                    attempt = by_instance.get(event.instance_id)
+                    if attempt is None:
+                        continue
+                    if event.kind in ("spot_interruption", "rebalance"):
+                        if attempt.notice_at is None:
+                            ctx.store.update_attempt(attempt.key, notice_at=ctx.now)
+                    elif event.detail in ("shutting-down", "terminated", "stopped"):
+                        ctx.store.update_attempt(attempt.key, instance_gone=True)
+
+            try:
+                poll(wait_seconds=0, record=record)
+            except ProviderError as exc:
+                log.warning("reading %s's interruption queue failed: %s", name, exc)
 
     def _describe(self, ctx: ReconcileContext, attempts: list[AttemptRecord]) -> None:
         """Mark attempts whose instance the provider reports ended (and why)."""
@@ -120,6 +149,9 @@ class JobReconciler:
                     )
 
     def _provider(self, ctx: ReconcileContext, name: str) -> Any:
+        until = self.disabled.get(name)
+        if until is not None and ctx.now < until:
+            return None
         handle = ctx.providers.get(name)
         if handle is None:
             return None
@@ -387,11 +419,17 @@ class JobReconciler:
         except ThrottledError:
             return "throttled"
         except AuthError as exc:
+            self.disabled[attempt.provider] = ctx.now + AUTH_DISABLE
             self._end(ctx, attempt, "auth")
             self._emit(
                 ctx,
                 job,
-                Alert("provider.auth", "error", f"{attempt.provider} refused the launch: {exc}"),
+                Alert(
+                    "provider.auth",
+                    "error",
+                    f"{attempt.provider} refused the launch: {exc}; no launches on "
+                    f"{attempt.provider} for {AUTH_DISABLE.total_seconds() / 3600:g} h",
+                ),
                 dedupe=f"auth:{attempt.provider}",
             )
             return "auth"

@@ -1,0 +1,79 @@
+"""The job reconciler's observation paths that the local cloud does not exercise."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from optimizer.jobs.reconcile import JobReconciler
+from optimizer.model import Interconnect, Market, Offer
+from optimizer.store import Store
+
+NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
+
+
+@dataclass
+class Event:
+    instance_id: str
+    kind: str
+    detail: str = ""
+
+
+class QueueSource:
+    """An AWS-like source with an interruption queue holding the given events."""
+
+    name = "aws"
+    queue_url = "https://sqs.us-east-1.amazonaws.com/123456789012/gpuopt-events"
+
+    def __init__(self, events: list[Event]) -> None:
+        self.events = events
+        self.waits: list[int] = []
+
+    def launch(self, *args: Any) -> None: ...
+
+    def poll_interruptions(self, *, wait_seconds: int, record: Any) -> list[Event]:
+        self.waits.append(wait_seconds)
+        record(self.events)
+        return self.events
+
+
+def test_queue_notices_are_recorded_on_the_matching_attempts(tmp_path: Path) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    store.create_all()
+    job = store.add_job("q", "p", {"run": "x", "checkpoint_dir": "/c"})
+    offer = Offer(
+        provider="aws",
+        region="us-east-1",
+        zone="use1-az1",
+        instance_type="g5.xlarge",
+        gpu_model="A10G",
+        gpu_count=1,
+        gpu_memory_gib=22.35,
+        vcpus=4,
+        ram_gib=16.0,
+        interconnect=Interconnect.NONE,
+        market=Market.SPOT,
+        usd_per_hour=0.4,
+        observed_at=NOW,
+    )
+    for n, instance in ((1, "i-spot"), (2, "i-gone")):
+        store.create_attempt(job, n, f"{job}-{n}", offer, "h", NOW)
+        store.update_attempt(f"{job}-{n}", instance_id=instance)
+    source = QueueSource(
+        [
+            Event("i-spot", "spot_interruption", "terminate"),
+            Event("i-gone", "state_change", "terminated"),
+            Event("i-someone-elses", "spot_interruption", "terminate"),
+        ]
+    )
+    handle = SimpleNamespace(source=lambda: source)
+    ctx = SimpleNamespace(store=store, providers={"aws": handle}, now=NOW)
+    JobReconciler(lambda: "http://127.0.0.1:1")._queue_events(ctx, store.open_attempts())  # type: ignore[arg-type]
+    assert source.waits == [0]  # never blocks a reconcile pass
+    spot, gone = store.attempt(f"{job}-1"), store.attempt(f"{job}-2")
+    assert spot is not None and spot.notice_at == NOW and not spot.instance_gone
+    assert gone is not None and gone.instance_gone and gone.notice_at is None
+    store.close()
