@@ -124,14 +124,14 @@ def test_interrupted_twice_the_job_finishes_with_exactly_the_planned_steps(
 ) -> None:
     ckpt = tmp_path / "ckpt"
     with api(daemon) as client:
-        assert client.post("/jobs", json=job_body("train", ckpt, steps=150)).status_code == 201
+        assert client.post("/jobs", json=job_body("train", ckpt, steps=300)).status_code == 201
     reached = 0
     for attempt in (1, 2):
         instance = wait_until(
             lambda a=attempt: running_instance(cloud, "train", a), 30, f"attempt {attempt} running"
         )
         # let this attempt make progress past a checkpoint before the cloud takes it back
-        wanted = reached + 30
+        wanted = reached + 20
         wait_until(lambda n=wanted: latest_step(ckpt) >= n, 30, f"a checkpoint at step {wanted}")
         cloud.interrupt(instance)
         wait_until(lambda i=instance: not running_instance_id(cloud, i), 30, "the power-off")
@@ -139,7 +139,7 @@ def test_interrupted_twice_the_job_finishes_with_exactly_the_planned_steps(
     wait_until(lambda: state_of(daemon, "train")["state"] == "succeeded", 60, "the job to finish")
 
     done = json.loads((ckpt / "done.json").read_text())
-    assert done["steps"] == 150
+    assert done["steps"] == 300
     runs = done["runs"]
     assert len(runs) == 3
     assert [r["restarts"] for r in runs] == ["0", "1", "2"]
