@@ -85,14 +85,18 @@ class JobReconciler:
         self.agent_env = dict(agent_env or {})
         self.register_timeout = register_timeout
         self.disabled: dict[str, datetime] = {}  # provider -> until, after an AuthError
+        # Events raised while acting on a job, recorded with its transition (one transaction).
+        self._buffer: list[NewEvent] = []
 
     def __call__(self, ctx: ReconcileContext) -> None:
         open_attempts = ctx.store.open_attempts()
         self._queue_events(ctx, open_attempts)
         self._describe(ctx, open_attempts)
+        self._buffer.clear()
         for job in ctx.jobs:
             if JobState(job.state) in LIVE:
                 self._job(ctx, job)
+                self._flush(ctx)  # events of a job whose pass made no transition
         self._clean_up(ctx)
 
     # -- observing ---------------------------------------------------------------------------
@@ -191,6 +195,7 @@ class JobReconciler:
             # A launch that did not finish (throttled, or the daemon died mid-call): retry it
             # with the same key, so the provider hands back the instance if it exists.
             self._launch_attempt(ctx, job, current, loaded.policy)
+            self._flush(ctx)
             return
         view = JobView(
             id=job.id,
@@ -238,14 +243,17 @@ class JobReconciler:
                 reason = why if decision.state is JobState.PENDING else f"{reason}; {why}"
             else:
                 state, reason = JobState.PENDING, why
-                events.append(
-                    self._draft(
-                        ctx,
-                        job,
-                        Alert("job.pending", "warning", f"job {job.name}: {why}"),
-                        dedupe=f"job:{job.id}:pending:{why}",
+                if why != job.reason:  # once per reason, not every pass
+                    events.append(
+                        self._draft(
+                            ctx,
+                            job,
+                            Alert("job.pending", "warning", f"job {job.name}: {why}"),
+                            dedupe=f"job:{job.id}:pending:{why}",
+                        )
                     )
-                )
+        events = [*self._buffer, *events]
+        self._buffer.clear()
         if (
             state.value != job.state
             or reason != job.reason
@@ -532,8 +540,13 @@ class JobReconciler:
     def _emit(
         self, ctx: ReconcileContext, job: JobRecord, alert: Alert, dedupe: str | None = None
     ) -> None:
-        event = self._draft(ctx, job, alert, dedupe)
-        ctx.store.record_events([replace(event, job_id=job.id)], ctx.now)
+        """Queue an event for the job's transition (or the next flush)."""
+        self._buffer.append(replace(self._draft(ctx, job, alert, dedupe), job_id=job.id))
+
+    def _flush(self, ctx: ReconcileContext) -> None:
+        if self._buffer:
+            events, self._buffer = self._buffer, []
+            ctx.store.record_events(events, ctx.now)
 
 
 def _pool(offer: Offer) -> tuple[str, str, str | None, str, str]:
