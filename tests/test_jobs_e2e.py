@@ -16,7 +16,14 @@ from typing import Any
 
 import pytest
 from pytest_httpserver import HTTPServer
-from test_daemon_harness import api, make_config, running, wait_until, write_policy
+from test_daemon_harness import (
+    api,
+    make_config,
+    make_offer,
+    running,
+    wait_until,
+    write_policy,
+)
 
 from optimizer.alerts.webhook import verify_signature
 from optimizer.daemon.service import Daemon
@@ -213,26 +220,15 @@ def test_projected_monthly_spend_stops_a_launch_past_the_budget(
 ) -> None:
     from datetime import UTC, datetime, timedelta
 
-    from optimizer.model import Interconnect, Market, Offer
-
     # $500 already spent this month under the policy: an earlier job ran 10 h at $50/h
     now = datetime.now(UTC)
     earlier = daemon.store.add_job("earlier", "local-eu", {"run": "x", "checkpoint_dir": "/x"})
-    offer = Offer(
+    offer = make_offer(
         provider="local",
         region="eu-west-1",
         zone="eu-west-1-a",
-        instance_type="p4d.24xlarge",
-        gpu_model="A100-40GB",
-        gpu_count=8,
-        gpu_memory_gib=40.0,
-        vcpus=96,
-        ram_gib=1152.0,
-        interconnect=Interconnect.NVLINK,
-        market=Market.SPOT,
         usd_per_hour=50.0,
         observed_at=now,
-        source="test",
     )
     daemon.store.create_attempt(earlier, 1, "earlier-1", offer, "x", now - timedelta(hours=10))
     daemon.store.update_attempt(

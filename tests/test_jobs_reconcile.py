@@ -8,8 +8,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from test_daemon_harness import make_offer
+
 from optimizer.jobs.reconcile import JobReconciler
-from optimizer.model import Interconnect, Market, Offer
 from optimizer.store import Store
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
@@ -44,21 +45,7 @@ def test_queue_notices_are_recorded_on_the_matching_attempts(tmp_path: Path) -> 
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     store.create_all()
     job = store.add_job("q", "p", {"run": "x", "checkpoint_dir": "/c"})
-    offer = Offer(
-        provider="aws",
-        region="us-east-1",
-        zone="use1-az1",
-        instance_type="g5.xlarge",
-        gpu_model="A10G",
-        gpu_count=1,
-        gpu_memory_gib=22.35,
-        vcpus=4,
-        ram_gib=16.0,
-        interconnect=Interconnect.NONE,
-        market=Market.SPOT,
-        usd_per_hour=0.4,
-        observed_at=NOW,
-    )
+    offer = make_offer(observed_at=NOW)
     for n, instance in ((1, "i-spot"), (2, "i-gone")):
         store.create_attempt(job, n, f"{job}-{n}", offer, "h", NOW)
         store.update_attempt(f"{job}-{n}", instance_id=instance)
