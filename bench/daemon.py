@@ -142,6 +142,54 @@ def help_time(runs: int) -> dict[str, Any]:
     }
 
 
+def _running_jobs(store: Any) -> Any:
+    """Every stored job running on a registered attempt (the steady state), and a registry
+    with their policies loaded. No provider is configured, so describe is skipped."""
+    from optimizer.daemon.policies import LoadedPolicy, PolicyRegistry
+    from optimizer.model import Interconnect, Market, Offer
+    from policies.loader import parse_policy
+
+    now = datetime.now(UTC)
+    offer = Offer(
+        provider="local",
+        region="eu-west-1",
+        zone="eu-west-1-a",
+        instance_type="g5.xlarge",
+        gpu_model="A10G",
+        gpu_count=1,
+        gpu_memory_gib=22.35,
+        vcpus=4,
+        ram_gib=16.0,
+        interconnect=Interconnect.NONE,
+        market=Market.SPOT,
+        usd_per_hour=0.4,
+        observed_at=now,
+    )
+    for job in store.list_jobs():
+        key = f"{job.id}-1"
+        store.create_attempt(job.id, 1, key, offer, "h", now)
+        store.update_attempt(
+            key,
+            instance_id=f"i-{job.id}",
+            registered_at=now,
+            job_started_at=now,
+            probe_status="pass",
+            state="launched",
+        )
+        store.transition_job(job.id, state="running", reason="attempt 1: running", at=now)
+    registry = PolicyRegistry()
+    text = "apiVersion: gpuopt/v1\nkind: Policy\nname: {}\n"
+    registry.swap(
+        {
+            f"policy-{i}": LoadedPolicy(
+                f"policy-{i}", parse_policy(text.format(f"policy-{i}")), "bench", "0", now
+            )
+            for i in range(10)
+        }
+    )
+    return registry
+
+
 def reconcile_pass(passes: int, database_url: str | None) -> list[dict[str, Any]]:
     from optimizer.alerts import Emitter, Router
     from optimizer.daemon.loops.reconcile import ReconcileContext, ReconcileLoop
@@ -153,6 +201,8 @@ def reconcile_pass(passes: int, database_url: str | None) -> list[dict[str, Any]
     engines.append(("sqlite", f"sqlite:///{folder / 'bench.db'}", None))
     if database_url:
         engines.append(("postgresql", database_url, f"bench_{uuid.uuid4().hex[:12]}"))
+
+    from optimizer.jobs.reconcile import JobReconciler
 
     def trivial(ctx: ReconcileContext) -> None:
         states = Counter(j.state for j in ctx.jobs)
@@ -177,13 +227,15 @@ def reconcile_pass(passes: int, database_url: str | None) -> list[dict[str, Any]
                         store.add_job(f"job-{i:04d}", f"policy-{i % 10}", spec)
                     submit_s = time.perf_counter() - t0
                     emitter = Emitter(store, Router([], []))
+                    registry = _running_jobs(store)
                     for label, reconcilers in (
                         ("no reconciler", []),
                         ("trivial reconciler", [trivial]),
+                        ("job reconciler, jobs running", [JobReconciler(lambda: "http://x")]),
                     ):
                         loop = ReconcileLoop(
                             store,
-                            PolicyRegistry(),
+                            registry if "job" in label else PolicyRegistry(),
                             emitter,
                             lambda: datetime.now(UTC),
                             reconcilers=list(reconcilers),
