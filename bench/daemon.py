@@ -145,26 +145,14 @@ def help_time(runs: int) -> dict[str, Any]:
 def _running_jobs(store: Any) -> Any:
     """Every stored job running on a registered attempt (the steady state), and a registry
     with their policies loaded. No provider is configured, so describe is skipped."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from test_daemon_harness import make_offer  # the tests' offer factory
+
     from optimizer.daemon.policies import LoadedPolicy, PolicyRegistry
-    from optimizer.model import Interconnect, Market, Offer
     from policies.loader import parse_policy
 
     now = datetime.now(UTC)
-    offer = Offer(
-        provider="local",
-        region="eu-west-1",
-        zone="eu-west-1-a",
-        instance_type="g5.xlarge",
-        gpu_model="A10G",
-        gpu_count=1,
-        gpu_memory_gib=22.35,
-        vcpus=4,
-        ram_gib=16.0,
-        interconnect=Interconnect.NONE,
-        market=Market.SPOT,
-        usd_per_hour=0.4,
-        observed_at=now,
-    )
+    offer = make_offer(provider="local", region="eu-west-1", zone="eu-west-1-a", observed_at=now)
     for job in store.list_jobs():
         key = f"{job.id}-1"
         store.create_attempt(job.id, 1, key, offer, "h", now)
