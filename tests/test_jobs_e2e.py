@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 from pytest_httpserver import HTTPServer
-from test_daemon_harness import (
+from test_daemon_harness import (  # daemon_env: no GPUOPT_* setting leaks in (autouse)
     api,
+    daemon_env,
     make_config,
     make_offer,
     running,
@@ -32,6 +33,7 @@ from providers.local import LocalCloud
 ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.slow
+__all__ = ["daemon_env"]
 
 POLICY = """\
 apiVersion: gpuopt/v1
