@@ -134,7 +134,7 @@ def help_time(runs: int) -> dict[str, Any]:
         subprocess.run([exe, "--help"], capture_output=True, check=True)
         times.append(time.perf_counter() - t0)
     return {
-        "command": f"{exe} --help",
+        "command": "gpuopt --help",
         "runs": runs,
         "median_seconds": round(statistics.median(times), 3),
         "min_seconds": round(min(times), 3),
