@@ -6,17 +6,15 @@ part of the bundled snapshot stands in, so gpuopt keeps working without credenti
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
 from optimizer.model import Offer
-from providers.base import OfferSource, ProviderError
+from providers.base import OfferSource, ProviderDisabled, ProviderError
 from providers.snapshot import SnapshotSource
 
 LIVE_PROVIDERS = ("aws", "gcp")
-GCP_PROJECT_ENV = "GPUOPT_GCP_PROJECT"
 
 
 @dataclass
@@ -41,21 +39,21 @@ def expand_regions(provider: str, globs: Sequence[str]) -> list[str] | None:
 
 
 def _live(provider: str) -> tuple[OfferSource | None, str | None]:
-    """A live source for the provider, or (None, why it cannot run here)."""
-    if provider == "aws":
-        from providers.aws import AwsProvider, aws_disabled_reason
+    """A live source for the provider, or (None, why it cannot run here).
 
-        reason = aws_disabled_reason()
-        return (None, reason) if reason else (AwsProvider(), None)
-    if provider == "gcp":
-        from providers.gcp import GcpProvider, gcp_disabled_reason
+    Built as the daemon builds it (same settings and endpoints), without a spec cache.
+    """
+    from optimizer.clock import utc_now
+    from optimizer.daemon.config import ProviderConfig
+    from optimizer.daemon.providers import aws_source, gcp_source
 
-        project = os.environ.get(GCP_PROJECT_ENV, "").strip() or None
-        reason = gcp_disabled_reason(project)
-        if reason or project is None:
-            return None, reason or f"no GCP project: set {GCP_PROJECT_ENV}"
-        return GcpProvider(project), None
-    return None, f"no live adapter for {provider!r}"
+    builders = {"aws": aws_source, "gcp": gcp_source}
+    if provider not in builders:
+        return None, f"no live adapter for {provider!r}"
+    try:
+        return builders[provider](ProviderConfig(), None, utc_now), None
+    except ProviderDisabled as exc:
+        return None, str(exc)
 
 
 def gather(providers: Sequence[str], region_globs: Sequence[str]) -> Gathered:

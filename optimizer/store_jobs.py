@@ -6,6 +6,7 @@ the same idempotency key and the provider returns the same instance.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -59,6 +60,11 @@ class AttemptRecord:
     @property
     def ended(self) -> bool:
         return self.ended_at is not None
+
+
+def token_sha256(token: str) -> str:
+    """What the store keeps of an agent's per-instance token."""
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def _attempt(row: Any) -> AttemptRecord:

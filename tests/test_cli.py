@@ -178,3 +178,31 @@ def test_offers_with_a_bad_policy_exits_2_with_located_errors(
 def test_explain_without_a_policy_is_refused(catalog: Path) -> None:
     done = gpuopt("offers", "--catalog", str(catalog), "--explain")
     assert done.returncode == 2 and "--explain needs --policy" in done.stderr
+
+
+def test_a_named_cloud_without_credentials_is_one_note_and_its_snapshot_rows() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUOPT_GCP", "GOOGLE_"))}
+    env["GOOGLE_APPLICATION_CREDENTIALS"] = "/nonexistent/credentials.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "optimizer.cli",
+            "offers",
+            "--provider",
+            "gcp",
+            "--json",
+            "--limit",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.startswith("gpuopt: gcp: disabled (") and done.stderr.count("\n") == 1
+    rows = json.loads(done.stdout)
+    assert rows and {r["provider"] for r in rows} == {"gcp"}
+    assert {r["source"].split(" ")[0] for r in rows} == {"GCP"}  # the snapshot's citation

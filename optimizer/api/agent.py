@@ -7,7 +7,6 @@ ride on the answers: `stop` once the daemon has asked the attempt to stop or it 
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from typing import Annotated, Any
 
@@ -15,7 +14,7 @@ from fastapi import APIRouter, Header, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from optimizer.api.state import ApiState, StateDep
-from optimizer.store_jobs import AttemptRecord
+from optimizer.store_jobs import AttemptRecord, token_sha256
 
 router = APIRouter(prefix="/agent/v1", tags=["agent"])
 
@@ -48,10 +47,6 @@ class Events(BaseModel):
 
     attempt_key: str = Field(min_length=1, max_length=200)
     events: list[AgentEventIn] = Field(default_factory=list, max_length=MAX_EVENTS_PER_CALL)
-
-
-def token_sha256(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def _authorized(state: ApiState, key: str, authorization: str | None) -> AttemptRecord:

@@ -46,7 +46,7 @@ def local_source(data_dir: Path, clock: Clock) -> OfferSource:
     return LocalCloud(data_dir / LOCAL_STATE_DIR, clock=lambda: clock().timestamp())
 
 
-def aws_source(config: ProviderConfig, store: Store, clock: Clock) -> OfferSource:
+def aws_source(config: ProviderConfig, store: Store | None, clock: Clock) -> OfferSource:
     from providers.aws import AwsProvider, aws_disabled_reason
 
     reason = aws_disabled_reason()
@@ -61,7 +61,7 @@ def aws_source(config: ProviderConfig, store: Store, clock: Clock) -> OfferSourc
     )
 
 
-def gcp_source(config: ProviderConfig, store: Store, clock: Clock) -> OfferSource:
+def gcp_source(config: ProviderConfig, store: Store | None, clock: Clock) -> OfferSource:
     from providers.gcp import GcpSettings, make_gcp_provider
 
     settings = GcpSettings.from_env(project=config.project, regions=tuple(config.regions) or None)

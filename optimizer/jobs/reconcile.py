@@ -11,7 +11,6 @@ with the same idempotency key; auth → the provider skipped with an alert.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import secrets
 import sys
@@ -39,7 +38,7 @@ from optimizer.jobs.machine import (
     leftover,
 )
 from optimizer.model import Market, Offer
-from optimizer.store_jobs import AttemptRecord
+from optimizer.store_jobs import AttemptRecord, token_sha256
 from optimizer.store_tables import JobRecord, NewEvent
 from policies.engine import evaluate
 from providers.base import (
@@ -60,10 +59,6 @@ QUOTA_COOLDOWN = timedelta(hours=1)
 AUTH_DISABLE = timedelta(hours=1)  # a provider that refused our credentials sits out this long
 STOP_GRACE = timedelta(seconds=45)
 MAX_OFFERS_TRIED = 25  # per launch, so a run of capacity errors ends in a clear pending reason
-
-
-def _sha256(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 class JobReconciler:
@@ -344,7 +339,9 @@ class JobReconciler:
                 continue
             key = f"{job.id}-{number}"
             token = secrets.token_urlsafe(32)
-            attempt = ctx.store.create_attempt(job.id, number, key, offer, _sha256(token), ctx.now)
+            attempt = ctx.store.create_attempt(
+                job.id, number, key, offer, token_sha256(token), ctx.now
+            )
             outcome = self._launch_attempt(ctx, job, attempt, policy, token=token, offer=offer)
             where = (
                 f"attempt {number} on {describe_pool(attempt.pool)} at ${offer.usd_per_hour:.4f}/h"
@@ -380,7 +377,7 @@ class JobReconciler:
             return "auth"
         if token is None:  # a retry: the old token is unknown, so issue a new one
             token = secrets.token_urlsafe(32)
-            ctx.store.update_attempt(attempt.key, token_sha256=_sha256(token))
+            ctx.store.update_attempt(attempt.key, token_sha256=token_sha256(token))
         if offer is None:
             try:
                 offer = _offer_of(ctx, attempt)
