@@ -261,6 +261,27 @@ class PollStatus(SQLModel, table=True):
     last_error: str | None = Field(default=None, sa_type=Text)
 
 
+class Replica(SQLModel, table=True):
+    """One running daemon process: what it is, whether it leads, when it last said so.
+
+    Leadership itself is the PostgreSQL advisory lock (or the SQLite file lock); this table
+    only reports it, so `gpuopt status` and the API can say who leads. Rows whose heartbeat
+    is older than a few intervals belong to replicas that are gone and are pruned.
+    """
+
+    __tablename__ = "replica"
+
+    id: str = Field(primary_key=True)  # host:pid:random, fixed for the process's life
+    host: str
+    pid: int
+    version: str
+    role: str  # "leader" or "follower"
+    api_url: str | None = Field(default=None, sa_type=Text)
+    started_at: datetime = Field(sa_type=UTCDateTime)
+    leader_since: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    heartbeat_at: datetime = Field(sa_type=UTCDateTime, index=True)
+
+
 @dataclass(frozen=True, slots=True)
 class JobRecord:
     """A job as stored; `spec` is the decoded JSON."""
