@@ -25,6 +25,7 @@ def _register_subcommands() -> None:
     from optimizer.cli_agent import app as agent_app
     from optimizer.cli_config import app as config_app
     from optimizer.cli_daemon import daemon
+    from optimizer.cli_db import app as db_app
     from optimizer.cli_jobs import app as jobs_app
     from optimizer.cli_local import app as local_app
     from optimizer.cli_policy import app as policy_app
@@ -33,6 +34,7 @@ def _register_subcommands() -> None:
     app.add_typer(policy_app, name="policy")
     app.command("probe")(probe)
     app.command("daemon")(daemon)
+    app.add_typer(db_app, name="db")
     app.add_typer(jobs_app, name="jobs")
     app.add_typer(config_app, name="config")
     app.add_typer(agent_app, name="agent")

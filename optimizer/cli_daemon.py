@@ -80,7 +80,7 @@ def daemon(
 
     try:
         code = service.run(announce)
-    except BindError as exc:
+    except (BindError, DaemonError) as exc:
         _fail(str(exc))
         return
     raise typer.Exit(code)

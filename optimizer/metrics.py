@@ -163,6 +163,17 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.leader = Gauge(
+            "gpuopt_leader",
+            "1 while this replica leads (runs the poll, reconcile and deliver loops), else 0.",
+            registry=r,
+        )
+        self.leader_changes = Counter(
+            "gpuopt_leader_changes",
+            "Times this replica became (to=leader) or stopped being (to=follower) the leader.",
+            ["to"],
+            registry=r,
+        )
         self.reconcile_jobs = Gauge(
             "gpuopt_reconcile_live_jobs", "Live jobs the last reconcile pass saw.", registry=r
         )

@@ -31,7 +31,6 @@ from sqlalchemy import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.pool import StaticPool
-from sqlmodel import SQLModel
 
 from optimizer import settings
 from optimizer.model import OFFER_FIELDS, Market, Offer
@@ -50,6 +49,7 @@ from optimizer.store_base import (
 from optimizer.store_daemon import DaemonMixin
 from optimizer.store_jobs import JobsMixin
 from optimizer.store_outbox import OutboxMixin
+from optimizer.store_replicas import ReplicaMixin
 from optimizer.store_tables import (
     POOL_COLUMNS,
     Event,
@@ -161,7 +161,7 @@ def _make_engine(url: str, schema: str | None) -> Engine:
     return create_engine(url, connect_args=connect_args, pool_pre_ping=True)
 
 
-class Store(OutboxMixin, DaemonMixin, JobsMixin):
+class Store(OutboxMixin, DaemonMixin, JobsMixin, ReplicaMixin):
     """The daemon's durable state. `Store()` uses `settings.database_url()`.
 
     `schema` (PostgreSQL only) puts every table in that existing schema via `search_path`;
@@ -176,6 +176,7 @@ class Store(OutboxMixin, DaemonMixin, JobsMixin):
         clock: Callable[[], datetime] | None = None,
     ) -> None:
         self.url = settings.database_url() if url is None else settings.normalize_database_url(url)
+        self.schema = schema
         self.engine = _make_engine(self.url, schema)
         self._clock = clock or utc_now
         self._upsert = _upsert_latest(self.engine.dialect.name)
@@ -183,8 +184,23 @@ class Store(OutboxMixin, DaemonMixin, JobsMixin):
     # -- lifecycle -------------------------------------------------------------------------
 
     def create_all(self) -> None:
-        """Create any missing tables and indexes (existing ones are left as they are)."""
-        SQLModel.metadata.create_all(self.engine)
+        """Create an empty database's schema at the newest revision, stamped so (a database
+        already there gains any missing table; any other raises SchemaError). The daemon uses
+        `optimizer.migrate.ensure_ready`; this is the fast path for tests and tools."""
+        from optimizer.migrate import create_all
+
+        create_all(self.engine)
+
+    def dedicated_connection(self, **params: Any) -> Any:
+        """A new DBAPI connection outside the pool, with the store's settings (search_path)
+        plus `params` (libpq keywords for PostgreSQL). The caller owns and closes it: the
+        leader election keeps its session-level lock on one such connection."""
+        dialect = self.engine.dialect
+        cargs, cparams = dialect.create_connect_args(self.engine.url)
+        if self.schema is not None:
+            cparams["options"] = f"-csearch_path={self.schema}"
+        cparams.update(params)
+        return dialect.connect(*cargs, **cparams)
 
     def close(self) -> None:
         """Close every pooled connection."""

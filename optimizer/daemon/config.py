@@ -79,6 +79,25 @@ class LoopsConfig(_Section):
     misfire_grace_s: float = Field(60, gt=0)
 
 
+class LeaderConfig(_Section):
+    """Leader election among replicas on one PostgreSQL database (docs/deploy.md)."""
+
+    check_s: float = Field(
+        2, gt=0, le=5, description="How often followers try for the lock and the leader checks it."
+    )
+    lease_s: float = Field(
+        10, gt=0, le=10, description="A leader that cannot confirm its lock this long stops acting."
+    )
+
+    @field_validator("lease_s")
+    @classmethod
+    def _longer_than_check(cls, value: float, info: Any) -> float:
+        check = info.data.get("check_s")
+        if check is not None and value <= 2 * check:
+            raise ValueError(f"must be more than twice leader.check_s ({check:g})")
+        return value
+
+
 class PricesConfig(_Section):
     drop_fraction: float = Field(
         0.20, gt=0, lt=1, description="Alert when a policy's best offer gets this much cheaper."
@@ -105,6 +124,7 @@ class ConfigSchema(BaseModel):
     providers: dict[str, ProviderConfig] = Field(default_factory=_default_providers)
     api: ApiConfig = Field(default_factory=ApiConfig)
     loops: LoopsConfig = Field(default_factory=LoopsConfig)
+    leader: LeaderConfig = Field(default_factory=LeaderConfig)
     prices: PricesConfig = Field(default_factory=PricesConfig)
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)
     log: LogConfig = Field(default_factory=LogConfig)

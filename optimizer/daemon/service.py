@@ -31,6 +31,8 @@ from optimizer.api import ApiState, create_app
 from optimizer.api import agent as agent_api
 from optimizer.clock import Clock, utc_now
 from optimizer.daemon.config import DaemonConfig, ProviderConfig
+from optimizer.daemon.errors import DaemonError
+from optimizer.daemon.leader import PostgresElection, SqliteLock, make_leadership
 from optimizer.daemon.logsetup import quiet_libraries
 from optimizer.daemon.loops.deliver import DeliverLoop
 from optimizer.daemon.loops.poll import PollLoop
@@ -43,6 +45,7 @@ from optimizer.daemon.scheduler import LoopScheduler
 from optimizer.daemon.server import ApiServer, is_loopback
 from optimizer.jobs.reconcile import JobReconciler
 from optimizer.metrics import Metrics
+from optimizer.migrate import ensure_ready
 from optimizer.model import Market
 from optimizer.store import Store
 from providers.base import OfferSource
@@ -50,10 +53,6 @@ from providers.base import OfferSource
 log = logging.getLogger(__name__)
 
 TOKEN_FILE = "api-token"
-
-
-class DaemonError(RuntimeError):
-    """The daemon cannot start as configured; the message is one line for the user."""
 
 
 def resolve_token(config: DaemonConfig) -> tuple[SecretStr, Path | None]:
@@ -87,6 +86,24 @@ def build_notifiers(
             assert channel.secret is not None  # the config validator requires it
             out[name] = WebhookNotifier(name, channel.url, channel.secret, client, clock=clock)
     return out
+
+
+class ClusterWakeup(threading.Event):
+    """The API's wake-up: runs a reconcile pass here when this replica leads, else asks the
+    leader for one (PostgreSQL NOTIFY), so an agent's interruption notice acts at once
+    whichever replica received it."""
+
+    def __init__(self, local: threading.Event, leadership: SqliteLock | PostgresElection) -> None:
+        super().__init__()
+        self.local = local
+        self.leadership = leadership
+
+    def set(self) -> None:
+        super().set()
+        if self.leadership.is_leader:
+            self.local.set()
+        else:
+            self.leadership.nudge()
 
 
 class Daemon:
@@ -147,7 +164,17 @@ class Daemon:
             clock,
             providers=self.handles,
             metrics=self.metrics,
+            leading=lambda: self.leadership.is_leader,
         )
+        self.leadership = make_leadership(
+            self.store,
+            check_s=config.leader.check_s,
+            lease_s=config.leader.lease_s,
+            on_wakeup=self.reconcile.wakeup.set,
+            api_url=self._api_url,
+            clock=clock,
+        )
+        self.leadership.listeners.append(self._leadership_changed)
         self._own_http = http_client is None
         self.http = http_client or httpx.Client(
             timeout=config.alerts.retry.timeout_s,
@@ -171,6 +198,7 @@ class Daemon:
             clock,
             metrics=self.metrics,
             on_change=self.reconcile.wakeup.set,
+            records=lambda: self.leadership.is_leader,
         )
         self.scheduler = LoopScheduler(
             metrics=self.metrics, misfire_grace_s=config.loops.misfire_grace_s, clock=clock
@@ -183,7 +211,7 @@ class Daemon:
             metrics=self.metrics,
             clock=clock,
             token=self.token,
-            wakeup=self.reconcile.wakeup,
+            wakeup=ClusterWakeup(self.reconcile.wakeup, self.leadership),
             ready=self.readiness,
             started_at=clock(),
         )
@@ -192,6 +220,8 @@ class Daemon:
             self.app, config.api.host, config.api.port, access_log=config.api.access_log
         )
         self._polled: set[str] = set()
+        self._leader_loops: list[str] = []
+        self._was_ready = False
         self._stop = threading.Event()
         self._started = False
 
@@ -209,24 +239,39 @@ class Daemon:
     def url(self) -> str:
         return self.server.url
 
+    def _api_url(self) -> str | None:
+        if self.config.api.public_url:
+            return self.config.api.public_url
+        return self.server.url if self.server.port else None  # known once bound
+
     def start(self) -> None:
-        """Open the store, load policies, bind the API, start the loops and the server."""
+        """Open the store, bind the API, join the election, load policies, start the loops
+        and the server. On failure whatever was claimed is given back."""
+        try:
+            self._start()
+        except BaseException:
+            self.leadership.stop()
+            raise
+
+    def _start(self) -> None:
         self.config.effective_data_dir.mkdir(parents=True, exist_ok=True)
         self.config.effective_policy_dir.mkdir(parents=True, exist_ok=True)
-        self.store.create_all()
+        self.leadership.claim()  # SQLite: a second daemon stops here, before touching the store
+        ensure_ready(self.store.engine)  # empty: created at head; else at head or refused
+        self.server.bind()
+        self.leadership.start()
         self.watcher.run_once()  # policies are in force before anything reads them
         self.metrics.watch(self.store, self.registry.status_counts)
-        self.server.bind()
         if self.deliver.api_url is None:
             self.deliver.api_url = self.server.url
         loops = self.config.loops
         for poll in self.polls:
             cfg = poll.handle.config
             every = cfg.spot_interval_s if poll.market is Market.SPOT else cfg.on_demand_interval_s
-            self.scheduler.add(poll.name, self._polling(poll), every)
+            self._lead(poll.name, self._polling(poll), every)
         self.scheduler.add("watch", self.watcher.run_once, loops.watch_s, run_now=False)
-        self.scheduler.add("reconcile", self.reconcile.tick, loops.reconcile_s)
-        self.scheduler.add("deliver", self.deliver.run_once, loops.deliver_s)
+        self._lead("reconcile", self.reconcile.tick, loops.reconcile_s)
+        self._lead("deliver", self.deliver.run_once, loops.deliver_s)
         self.reconcile.attach(lambda: self.scheduler.run_now("reconcile"))
         self.reconcile.reconcilers.append(
             JobReconciler(lambda: self.config.api.public_url or self.server.url)
@@ -235,12 +280,39 @@ class Daemon:
         self.server.start()
         self._started = True
         log.info(
-            "gpuopt %s serving %s; providers: %s; policies from %s",
+            "gpuopt %s serving %s; providers: %s; policies from %s; %s (replica %s)",
             __version__,
             self.url,
             ", ".join(self.handles) or "none",
             self.config.effective_policy_dir,
+            self.leadership.role,
+            self.leadership.replica,
         )
+
+    def _lead(self, name: str, func: Callable[[], object], every_s: float) -> None:
+        """Schedule a loop that only the leader runs (followers skip their ticks)."""
+
+        def run() -> None:
+            if self.leadership.is_leader:
+                func()
+
+        self._leader_loops.append(name)
+        self.scheduler.add(name, run, every_s)
+
+    def _leadership_changed(self, leading: bool) -> None:
+        self.metrics.leader.set(1 if leading else 0)
+        self.metrics.leader_changes.labels("leader" if leading else "follower").inc()
+        if not leading:
+            return
+        if isinstance(self.leadership, PostgresElection):
+            self.emitter.emit(
+                "daemon.leader",
+                f"replica {self.leadership.replica} now leads: it polls, reconciles jobs "
+                "and sends alerts",
+                data={"replica": self.leadership.replica},
+            )
+        for name in self._leader_loops:  # a takeover acts now, not at the next tick
+            self.scheduler.run_now(name)
 
     def _polling(self, poll: PollLoop) -> Callable[[], None]:
         def run() -> None:
@@ -255,6 +327,7 @@ class Daemon:
         """Let each loop finish its current iteration, stop serving, close everything."""
         log.info("stopping: waiting for the loops' current iterations")
         self.scheduler.shutdown(wait=True)
+        self.leadership.stop()  # after the loops: a follower takes over within leader.check_s
         self.server.stop()
         for handle in self.handles.values():
             handle.close()
@@ -307,8 +380,18 @@ class Daemon:
         except Exception as exc:
             checks["store"] = f"unavailable: {type(exc).__name__}"
         checks["scheduler"] = "running" if self.scheduler.running else "stopped"
+        leading = self.leadership.is_leader
+        checks["role"] = "leader" if leading else "follower"
+        checks["replica"] = self.leadership.replica
         waiting = sorted(p.name for p in self.polls if p.name not in self._polled)
-        checks["first_polls"] = "done" if not waiting else {"waiting": waiting}
+        if leading:
+            checks["first_polls"] = "done" if not waiting else {"waiting": waiting}
         checks["policies"] = len(self.registry.snapshot())
-        ready = checks["store"] == "ok" and self.scheduler.running and not waiting
+        # A follower serves the API from the shared store; a daemon that starts as the leader
+        # waits for its first polls. Once ready, a replica stays ready when it takes over:
+        # the store already holds the previous leader's offers.
+        ready = checks["store"] == "ok" and self.scheduler.running
+        if ready and not self._was_ready and leading and waiting:
+            ready = False
+        self._was_ready = self._was_ready or ready
         return ready, checks

@@ -189,9 +189,13 @@ class JobReconciler:
         if current is not None and current.instance_id is None and current.state == "launching":
             # A launch that did not finish (throttled, or the daemon died mid-call): retry it
             # with the same key, so the provider hands back the instance if it exists.
-            self._launch_attempt(ctx, job, current, loaded.policy)
+            outcome = self._launch_attempt(ctx, job, current, loaded.policy)
             self._flush(ctx)
-            return
+            if outcome != "launched":
+                return
+            # Launched: move the job on in this pass rather than at the next tick.
+            attempts = ctx.store.attempts(job.id)
+            current = next((a for a in reversed(attempts) if not a.ended), None)
         view = JobView(
             id=job.id,
             name=job.name,
@@ -337,6 +341,8 @@ class JobReconciler:
             if self._provider(ctx, offer.provider) is None:
                 skip_scopes.add((offer.provider, offer.region))
                 continue
+            if not ctx.leading():
+                return False, "this replica stopped leading; the new leader launches"
             key = f"{job.id}-{number}"
             token = secrets.token_urlsafe(32)
             attempt = ctx.store.create_attempt(
@@ -391,6 +397,10 @@ class JobReconciler:
             max_usd_per_hour=None,
         )
         pool = attempt.pool
+        if not ctx.leading():
+            # Lost the lease mid-pass: leave the attempt 'launching' for the new leader, which
+            # retries it with the same idempotency key.
+            return "throttled"
         try:
             ref = source.launch(offer, spec, attempt.key)
         except CapacityError as exc:

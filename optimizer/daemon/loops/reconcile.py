@@ -45,6 +45,8 @@ class ReconcileContext:
     providers: Mapping[str, ProviderHandle]
     emitter: Emitter
     clock: Clock
+    # Whether this replica still leads; checked before acting on a cloud (a launch).
+    leading: Callable[[], bool] = lambda: True
 
 
 class Reconciler(Protocol):
@@ -89,8 +91,10 @@ class ReconcileLoop:
         providers: Mapping[str, ProviderHandle] | None = None,
         metrics: Metrics | None = None,
         reconcilers: list[Reconciler] | None = None,
+        leading: Callable[[], bool] | None = None,
     ) -> None:
         self.store = store
+        self.leading = leading or (lambda: True)
         self.registry = registry
         self.emitter = emitter
         self.clock = clock
@@ -146,6 +150,7 @@ class ReconcileLoop:
             providers=self.providers,
             emitter=self.emitter,
             clock=self.clock,
+            leading=self.leading,
         )
         report = PassReport(jobs=len(ctx.jobs))
         for reconciler in list(self.reconcilers):

@@ -85,6 +85,7 @@ class PolicyWatcher:
         metrics: Metrics | None = None,
         on_change: Callable[[], None] | None = None,
         environ: Mapping[str, str] | None = None,
+        records: Callable[[], bool] | None = None,
     ) -> None:
         self.directory = directory
         self.registry = registry
@@ -94,6 +95,9 @@ class PolicyWatcher:
         self.metrics = metrics
         self.on_change = on_change
         self.environ = environ
+        # Whether this process writes what it sees (versions, events, alerts): with several
+        # replicas every one loads the policies, but only the leader records them.
+        self.records = records or (lambda: True)
         self._seen: dict[str, _Seen] = {}
         self._pending: dict[str, Stat] = {}
         self._started = False
@@ -353,7 +357,7 @@ class PolicyWatcher:
                 self._remove(entry, work, why="its file is gone and no live job uses it")
 
     def _commit(self, work: _Pass) -> None:
-        if work.versions or work.events:
+        if (work.versions or work.events) and self.records():
             self.store.record_policy_changes(work.versions, work.events)
         if self.metrics is not None:
             for outcome in work.outcomes:

@@ -1,0 +1,175 @@
+"""`gpuopt db current|upgrade|downgrade|history`: the store's schema revision.
+
+The database is the one the daemon would use (`--config`, `$GPUOPT_CONFIG`,
+`GPUOPT_DATABASE_URL`, else SQLite in the data directory). URLs are printed with the
+password as ***. Alembic and SQLAlchemy are imported inside the commands.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, NoReturn
+
+import typer
+
+if TYPE_CHECKING:
+    from optimizer.migrate import Migrated, SchemaStatus
+
+app = typer.Typer(
+    help="Show or migrate the store's schema revision (run upgrade once per new gpuopt).",
+    no_args_is_help=True,
+)
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help="Daemon config (default: $GPUOPT_CONFIG, else gpuopt.yaml in the data directory).",
+        dir_okay=False,
+    ),
+]
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"gpuopt: error: {message}", file=sys.stderr)
+    raise typer.Exit(2)
+
+
+def _database_url(config: Path | None) -> str:
+    """The URL the daemon would use with this config; problems exit 2 like the daemon's."""
+    from optimizer.daemon.config import ConfigError, load_config
+    from optimizer.settings import ConfigError as SettingError
+
+    try:
+        return load_config(config).effective_database_url
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"gpuopt: error: {problem}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    except SettingError as exc:
+        _fail(str(exc))
+
+
+def _sqlite_file_missing(url: str) -> bool:
+    """True for a SQLite file that does not exist yet: reading it must not create it."""
+    from sqlalchemy.engine import make_url
+
+    from optimizer.settings import is_sqlite_url
+
+    database = make_url(url).database or ""
+    if not is_sqlite_url(url) or database in ("", ":memory:") or database.startswith("file:"):
+        return False
+    return not Path(database).expanduser().exists()
+
+
+def _status_lines(where: str, found: SchemaStatus) -> list[str]:
+    return [
+        f"database  {where}",
+        f"revision  {found.revision or 'none'}",
+        f"head      {found.head}",
+        f"status    {found.state.value}: {found.describe()}",
+    ]
+
+
+@app.command("current")
+def current(
+    config: ConfigOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Print the database's revision, this gpuopt's head, and what that means."""
+    from optimizer import migrate
+    from optimizer.store import Store
+
+    url = _database_url(config)
+    where = migrate.display_url(url)
+    if _sqlite_file_missing(url):
+        found = migrate.SchemaStatus(migrate.State.EMPTY, None, migrate.head())
+    else:
+        try:
+            with Store(url) as store:
+                found = migrate.status(store.engine)
+        except migrate.UnreachableError as exc:
+            _fail(str(exc))
+    if as_json:
+        out = {
+            "database": where,
+            "revision": found.revision,
+            "head": found.head,
+            "state": found.state.value,
+            "message": found.describe(),
+        }
+        json.dump(out, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
+    print("\n".join(_status_lines(where, found)))
+
+
+@app.command("upgrade")
+def upgrade(config: ConfigOption = None) -> None:
+    """Migrate the database to this gpuopt's head (safe to run from several places at once)."""
+    from optimizer import migrate
+    from optimizer.store import Store
+
+    url = _database_url(config)
+    try:
+        with Store(url) as store:
+            done = migrate.upgrade(store.engine)
+    except (migrate.SchemaError, migrate.UnreachableError) as exc:
+        _fail(str(exc))
+    print(f"gpuopt: {migrate.display_url(url)}: {_upgraded(done)}")
+
+
+def _upgraded(done: Migrated) -> str:
+    from optimizer.migrate import State
+
+    found = done.found
+    if found.state is State.CURRENT:
+        return f"already at {done.revision}; nothing to do"
+    if found.state is State.EMPTY:
+        return f"created at {done.revision}"
+    if done.adopted is not None:
+        start = f"recognised tables made before migrations as {done.adopted}"
+        if done.adopted == done.revision:
+            return f"{start}; now at {done.revision}"
+        return f"{start}; upgraded to {done.revision}"
+    return f"upgraded from {found.revision} to {done.revision}"
+
+
+@app.command("downgrade")
+def downgrade(
+    revision: Annotated[
+        str, typer.Argument(help="The revision to go back to (see gpuopt db history).")
+    ],
+    config: ConfigOption = None,
+) -> None:
+    """Migrate the database back to REVISION, for running an older gpuopt on it again."""
+    from optimizer import migrate
+    from optimizer.store import Store
+
+    if revision == "base":
+        _fail("downgrading to base would drop every table; gpuopt db downgrade does not do that")
+    url = _database_url(config)
+    try:
+        with Store(url) as store:
+            done = migrate.downgrade(store.engine, revision)
+    except (migrate.SchemaError, migrate.UnreachableError) as exc:
+        _fail(str(exc))
+    where = migrate.display_url(url)
+    if done.found.revision == done.revision:
+        print(f"gpuopt: {where}: already at {done.revision}; nothing to do")
+    else:
+        print(f"gpuopt: {where}: downgraded from {done.found.revision} to {done.revision}")
+
+
+@app.command("history")
+def history() -> None:
+    """List the revisions this gpuopt knows, oldest first (no database needed)."""
+    from optimizer import migrate
+
+    newest = migrate.head()
+    for rev in migrate.history():
+        mark = "  (head)" if rev.id == newest else ""
+        print(f"{rev.id}  {rev.summary}{mark}")

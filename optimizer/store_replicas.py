@@ -1,0 +1,73 @@
+"""The replica table: each daemon process reports itself and its role on a heartbeat.
+
+Leadership is decided elsewhere (optimizer/daemon/leader.py); these rows only make it
+visible to `/readyz`, `gpuopt status` style tools and people reading the database.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, select
+
+from optimizer.store_base import StoreBase, dialect_insert, table
+from optimizer.store_tables import Replica
+
+_REPLICA = table(Replica)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRecord:
+    id: str
+    host: str
+    pid: int
+    version: str
+    role: str
+    api_url: str | None
+    started_at: datetime
+    leader_since: datetime | None
+    heartbeat_at: datetime
+
+
+class ReplicaMixin(StoreBase):
+    """Heartbeats and the list of replicas."""
+
+    def heartbeat_replica(self, record: ReplicaRecord) -> None:
+        """Insert or refresh this replica's row."""
+        values: dict[str, Any] = {
+            name: getattr(record, name) for name in ReplicaRecord.__dataclass_fields__
+        }
+        stmt = dialect_insert(self.engine.dialect.name, _REPLICA).values(values)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["id"],
+            set_={k: stmt.excluded[k] for k in values if k != "id"},
+        )
+        with self.engine.begin() as conn:
+            conn.execute(stmt)
+
+    def replicas(self, *, since: datetime | None = None) -> list[ReplicaRecord]:
+        """Replicas whose last heartbeat is at or after `since` (all when None), leader first."""
+        query = select(_REPLICA).order_by(_REPLICA.c.role != "leader", _REPLICA.c.started_at)
+        if since is not None:
+            query = query.where(_REPLICA.c.heartbeat_at >= since)
+        with self.engine.connect() as conn:
+            return [
+                ReplicaRecord(**{k: row._mapping[k] for k in ReplicaRecord.__dataclass_fields__})
+                for row in conn.execute(query)
+            ]
+
+    def remove_replicas(
+        self, *, ids: tuple[str, ...] = (), heartbeat_before: datetime | None = None
+    ) -> int:
+        """Delete the named rows and those whose heartbeat stopped before the given time."""
+        removed = 0
+        with self.engine.begin() as conn:
+            if ids:
+                removed += conn.execute(delete(_REPLICA).where(_REPLICA.c.id.in_(ids))).rowcount
+            if heartbeat_before is not None:
+                removed += conn.execute(
+                    delete(_REPLICA).where(_REPLICA.c.heartbeat_at < heartbeat_before)
+                ).rowcount
+        return removed

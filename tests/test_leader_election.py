@@ -1,0 +1,533 @@
+"""Leader election: PostgreSQL advisory lock among replicas, the SQLite single-instance lock.
+
+The in-process tests drive `PostgresElection` and `SqliteLock` directly against the local
+PostgreSQL server. The process tests run real `gpuopt daemon` processes on one PostgreSQL
+schema and one local cloud, kill the leader with SIGKILL, and check that the other replica
+takes over within 15 s and that no job is launched twice. A small loopback balancer stands
+in for the Kubernetes Service in front of the replicas: the agents on the local cloud's
+instances report through it to whichever replica is alive.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import text
+from test_daemon_harness import daemon_env, wait_until
+
+from optimizer.daemon.errors import DaemonError
+from optimizer.daemon.leader import PostgresElection, SqliteLock, sqlite_lock_path
+from optimizer.store import Store
+from providers.local.faults import add_fault
+from providers.local.procs import power_off
+from providers.local.state import StateDir
+
+ROOT = Path(__file__).resolve().parents[1]
+TAKEOVER_LIMIT_S = 15.0
+__all__ = ["daemon_env"]
+
+POLICY = """\
+apiVersion: gpuopt/v1
+kind: Policy
+name: local-eu
+workload: {gpus: 1, gpu_memory_gib: 12}
+markets: [spot, on_demand]
+placement: {providers: [local], compliance: eu}
+"""
+
+
+# -- in-process: the PostgreSQL election ---------------------------------------------------
+
+
+@pytest.fixture
+def pg_store(postgres_schema: tuple[str, str]) -> Iterator[Store]:
+    url, schema = postgres_schema
+    with Store(url, schema=schema) as db:
+        db.create_all()
+        yield db
+
+
+def election(store: Store, **kwargs: Any) -> PostgresElection:
+    kwargs.setdefault("check_s", 0.1)
+    kwargs.setdefault("lease_s", 1.0)
+    return PostgresElection(store, **kwargs)
+
+
+@pytest.mark.postgres
+def test_exactly_one_of_two_replicas_leads_and_the_other_takes_over(pg_store: Store) -> None:
+    first, second = election(pg_store), election(pg_store)
+    first.start()
+    second.start()
+    try:
+        assert first.is_leader and not second.is_leader
+        roles = {r.id: r.role for r in pg_store.replicas()}
+        assert roles == {first.replica: "leader", second.replica: "follower"}
+        first.stop()
+        wait_until(lambda: second.is_leader, timeout=5, what="the follower to take over")
+        assert not first.is_leader
+        assert [r.id for r in pg_store.replicas()] == [second.replica]  # the stopped one left
+    finally:
+        first.stop()
+        second.stop()
+
+
+@pytest.mark.postgres
+def test_a_clean_stop_hands_over_at_once_not_at_the_next_round(pg_store: Store) -> None:
+    leader = election(pg_store, check_s=30, lease_s=61)
+    follower = election(pg_store, check_s=30, lease_s=61)
+    leader.start()
+    follower.start()
+    try:
+        assert leader.is_leader and not follower.is_leader
+        time.sleep(0.2)  # the follower is in its 30 s wait, listening
+        leader.stop()
+        # Far sooner than a 30 s round: the release NOTIFY ended the follower's wait.
+        wait_until(lambda: follower.is_leader, timeout=5, what="the handover")
+    finally:
+        leader.stop()
+        follower.stop()
+
+
+@pytest.mark.postgres
+def test_schemas_elect_separately(postgres_schema: tuple[str, str], pg_store: Store) -> None:
+    url, _ = postgres_schema
+    other = f"{pg_store.schema}_b"
+    with pg_store.engine.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{other}"'))
+    try:
+        with Store(url, schema=other) as second_store:
+            second_store.create_all()
+            a, b = election(pg_store), election(second_store)
+            a.start()
+            b.start()
+            try:
+                assert a.is_leader and b.is_leader
+            finally:
+                a.stop()
+                b.stop()
+    finally:
+        with pg_store.engine.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{other}" CASCADE'))
+
+
+@pytest.mark.postgres
+def test_a_leader_whose_session_is_killed_steps_down_then_one_replica_leads(
+    pg_store: Store,
+) -> None:
+    first, second = election(pg_store), election(pg_store)
+    changes: list[bool] = []
+    first.start()
+    first.listeners.append(changes.append)
+    second.start()
+    try:
+        assert first.is_leader
+        with pg_store.engine.begin() as conn:
+            killed = conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = :name"
+                ),
+                {"name": f"gpuopt leader election {first.replica}"[:63]},
+            ).all()
+        assert killed == [(True,)]
+        wait_until(lambda: False in changes, timeout=5, what="the leader to step down")
+        # Whoever wins the next round (the old leader reconnects and competes), one leads.
+        wait_until(lambda: first.is_leader != second.is_leader, timeout=5, what="a new leader")
+        time.sleep(0.5)  # several rounds later, still exactly one
+        assert first.is_leader != second.is_leader
+    finally:
+        first.stop()
+        second.stop()
+
+
+@pytest.mark.postgres
+def test_a_leader_that_cannot_confirm_its_lock_stops_acting_after_the_lease(
+    pg_store: Store,
+) -> None:
+    now = [1000.0]
+    leader = election(pg_store, check_s=60, lease_s=120, monotonic=lambda: now[0])
+    leader.start()
+    try:
+        assert leader.is_leader
+        now[0] += 119  # no confirmation for almost a lease: still leading
+        assert leader.is_leader
+        now[0] += 2  # past the lease: acts no more, whatever the connection says
+        assert not leader.is_leader
+    finally:
+        leader.stop()
+
+
+@pytest.mark.postgres
+def test_a_follower_wakes_the_leader_through_notify(pg_store: Store) -> None:
+    woken = threading.Event()
+    leader = election(pg_store, on_wakeup=woken.set)
+    follower = election(pg_store)
+    leader.start()
+    follower.start()
+    try:
+        assert leader.is_leader and not follower.is_leader
+        time.sleep(0.2)  # let the leader reach its LISTEN wait
+        follower.nudge()
+        assert woken.wait(5), "the leader was not woken"
+    finally:
+        leader.stop()
+        follower.stop()
+
+
+def test_lease_must_outlast_the_check(tmp_path: Path) -> None:
+    with (
+        Store(f"sqlite:///{tmp_path / 'x.db'}") as db,
+        pytest.raises(ValueError, match="lease_s must be longer"),
+    ):
+        PostgresElection(db, check_s=5, lease_s=5)
+
+
+# -- in-process: the SQLite lock -----------------------------------------------------------
+
+
+def test_a_second_sqlite_daemon_is_refused_and_may_start_after_the_first(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'gpuopt.db'}"
+    with Store(url) as db:
+        db.create_all()
+        path = sqlite_lock_path(url)
+        assert path == tmp_path / "gpuopt.db.lock"
+        first, second = SqliteLock(db, path), SqliteLock(db, path)
+        first.start()
+        try:
+            assert first.is_leader
+            with pytest.raises(DaemonError) as refused:
+                second.claim()
+            message = str(refused.value)
+            assert f"(pid {os.getpid()} on {socket.gethostname()}" in message
+            assert f"already using the SQLite database {tmp_path / 'gpuopt.db'}" in message
+            assert "use PostgreSQL" in message
+            assert not second.is_leader
+        finally:
+            first.stop()
+        second.start()
+        assert second.is_leader
+        second.stop()
+
+
+def test_in_memory_sqlite_needs_no_lock() -> None:
+    assert sqlite_lock_path("sqlite://") is None
+    assert sqlite_lock_path("sqlite:///:memory:") is None
+
+
+# -- real processes ------------------------------------------------------------------------
+
+
+class Balancer:
+    """A loopback TCP balancer: each connection goes to the first backend that accepts it,
+    as a Service sends traffic only to live pods."""
+
+    def __init__(self) -> None:
+        self.backends: list[tuple[str, int]] = []
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._stop = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._stop:
+            try:
+                client, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        for backend in list(self.backends):
+            try:
+                upstream = socket.create_connection(backend, timeout=1)
+            except OSError:
+                continue
+            upstream.settimeout(None)
+            threading.Thread(target=_pipe, args=(upstream, client), daemon=True).start()
+            _pipe(client, upstream)
+            return
+        client.close()
+
+    def close(self) -> None:
+        self._stop = True
+        self._sock.close()
+
+
+def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (src, dst):
+            with suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+
+class Replica:
+    """`gpuopt daemon` as a process, with its API URL read from its first line."""
+
+    def __init__(self, data_dir: Path, database_url: str, env: dict[str, str]) -> None:
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUOPT_")}
+        clean.update(GPUOPT_DATA_DIR=str(data_dir), GPUOPT_DATABASE_URL=database_url, **env)
+        self.log = data_dir.parent / f"replica-{len(list(data_dir.parent.glob('replica-*')))}.log"
+        with self.log.open("w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "optimizer.cli", "daemon", "--port", "0"],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                env=clean,
+            )
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        first = wait_until(lambda: self.lines or self.proc.poll() is not None, timeout=60)
+        if not isinstance(first, list):
+            raise AssertionError(f"daemon exited: {self.log.read_text()}")
+        self.url = first[0].split()[3]
+        self.port = int(self.url.rsplit(":", 1)[1])
+        self.token = (data_dir / "api-token").read_text().strip()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def role(self) -> str | None:
+        try:
+            return httpx.get(f"{self.url}/readyz", timeout=2).json()["checks"]["role"]
+        except httpx.HTTPError:
+            return None
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=10
+        )
+
+    def reconcile_passes(self) -> float:
+        text_ = httpx.get(f"{self.url}/metrics", timeout=5).text
+        for line in text_.splitlines():
+            if line.startswith('gpuopt_loop_runs_total{loop="reconcile",outcome="ok"}'):
+                return float(line.split()[-1])
+        return 0.0
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, postgres_schema: tuple[str, str]) -> Iterator[dict[str, Any]]:
+    """A shared data directory (token, policies, local cloud), a schema, a balancer."""
+    url, schema = postgres_schema
+    sep = "&" if "?" in url else "?"
+    database_url = f"{url}{sep}options=-csearch_path%3D{schema}"
+    data = tmp_path / "data"
+    (data / "policies").mkdir(parents=True)
+    (data / "policies" / "local-eu.yaml").write_text(POLICY)
+    balancer = Balancer()
+    replicas: list[Replica] = []
+    out = {
+        "data": data,
+        "url": database_url,
+        "schema": schema,
+        "balancer": balancer,
+        "replicas": replicas,
+        "store": Store(url, schema=schema),
+    }
+    try:
+        yield out
+    finally:
+        for replica in replicas:
+            replica.stop()
+        for record in StateDir(data / "local-cloud").all():
+            if not record.ended:
+                power_off(record)
+        balancer.close()
+        out["store"].close()
+
+
+def add_replica(cluster: dict[str, Any], **env: str) -> Replica:
+    env = {
+        "GPUOPT_API__PUBLIC_URL": cluster["balancer"].url,
+        "GPUOPT_LOOPS__RECONCILE_S": "0.5",
+        "GPUOPT_PROVIDERS__LOCAL__SPOT_INTERVAL_S": "3600",
+        **env,
+    }
+    replica = Replica(cluster["data"], cluster["url"], env)
+    cluster["replicas"].append(replica)
+    cluster["balancer"].backends.append(("127.0.0.1", replica.port))
+    return replica
+
+
+def submit(replica: Replica, name: str, ckpt: Path) -> int:
+    body = {
+        "name": name,
+        "policy": "local-eu",
+        "workdir": str(ROOT),
+        "run": (
+            f"{sys.executable} examples/train_with_checkpoints.py --steps 100000 "
+            "--checkpoint-every 50 --step-sleep 0.02 --log-every 1000"
+        ),
+        "checkpoint_dir": str(ckpt),
+        "probes": "none",
+    }
+    with replica.client() as client:
+        response = client.post("/jobs", json=body)
+    assert response.status_code == 201, response.text
+    return int(response.json()["id"])
+
+
+def job_state(replica: Replica, name: str) -> str:
+    with replica.client() as client:
+        return str(client.get(f"/jobs/{name}").json()["state"])
+
+
+def launches(cluster: dict[str, Any], job_id: int) -> list[str]:
+    """Instances the local cloud started for the job (its records, ended ones included)."""
+    return sorted(
+        r.key
+        for r in StateDir(cluster["data"] / "local-cloud").all()
+        if r.key.startswith(f"{job_id}-")
+    )
+
+
+def wait_running(cluster: dict[str, Any], replica: Replica, name: str, job_id: int) -> None:
+    """Wait for the job to run; on a timeout, fail with what the job and the cloud show."""
+    try:
+        wait_until(lambda: job_state(replica, name) == "running", timeout=60, what="the job")
+    except AssertionError:
+        with replica.client() as client:
+            job = client.get(f"/jobs/{name}").json()
+            events = [e["message"] for e in client.get("/events").json()["events"]]
+        attempts = cluster["store"].attempts(job_id)
+        raise AssertionError(
+            f"job {name} is {job['state']} ({job['reason']}); attempts {attempts}; "
+            f"launches {launches(cluster, job_id)}; events {events}; log:\n"
+            f"{replica.log.read_text()[-4000:]}"
+        ) from None
+
+
+def leaders(replicas: list[Replica]) -> list[Replica]:
+    return [r for r in replicas if r.role() == "leader"]
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_two_daemons_one_leader_sigkill_takeover_no_double_launch(
+    cluster: dict[str, Any], tmp_path: Path
+) -> None:
+    a = add_replica(cluster)
+    wait_until(lambda: a.role() == "leader", timeout=30, what="the first daemon to lead")
+    b = add_replica(cluster)
+    wait_until(lambda: b.role() == "follower", timeout=30, what="the second daemon to follow")
+    assert leaders([a, b]) == [a]
+    rows = {r.id: r.role for r in cluster["store"].replicas()}
+    assert sorted(rows.values()) == ["follower", "leader"]
+
+    job_id = submit(b, "ha-job", tmp_path / "ckpt")  # through the follower
+    wait_running(cluster, b, "ha-job", job_id)
+    assert launches(cluster, job_id) == [f"{job_id}-1"]
+
+    a.proc.kill()  # SIGKILL: no clean-up, the lock goes with the session
+    killed_at = time.monotonic()
+    wait_until(lambda: b.role() == "leader", timeout=TAKEOVER_LIMIT_S, what="the takeover")
+    took = time.monotonic() - killed_at
+    assert took < TAKEOVER_LIMIT_S
+
+    # The new leader reconciles the running job several times and launches nothing.
+    seen = b.reconcile_passes()
+    wait_until(lambda: b.reconcile_passes() >= seen + 4, timeout=30, what="reconcile passes")
+    assert job_state(b, "ha-job") == "running"
+    assert launches(cluster, job_id) == [f"{job_id}-1"]
+    assert [at.number for at in cluster["store"].attempts(job_id)] == [1]
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_a_launch_in_flight_when_the_leader_dies_is_not_repeated(
+    cluster: dict[str, Any], tmp_path: Path
+) -> None:
+    # Slow ticks: only wake-ups (a submit, a takeover) run passes, so the timing is ours.
+    slow = {"GPUOPT_LOOPS__RECONCILE_S": "600"}
+    a = add_replica(cluster, **slow)
+    wait_until(lambda: a.role() == "leader", timeout=30, what="the first daemon to lead")
+    b = add_replica(cluster, **slow)
+    wait_until(lambda: b.role() == "follower", timeout=30, what="the second daemon to follow")
+    # The first launch call is throttled: the attempt is recorded, its key taken, no instance.
+    cloud_state = StateDir(cluster["data"] / "local-cloud")
+    add_fault(cloud_state, "*", "throttled", 1)
+
+    job_id = submit(b, "inflight", tmp_path / "ckpt")  # the follower NOTIFYs the leader
+    attempt = wait_until(
+        lambda: next(iter(cluster["store"].attempts(job_id)), None),
+        timeout=20,
+        what="the leader to record the attempt (woken through NOTIFY)",
+    )
+    wait_until(
+        lambda: not any(f["remaining"] for f in cloud_state.faults()),
+        timeout=20,
+        what="the leader's launch call (throttled)",
+    )
+    attempt = cluster["store"].attempts(job_id)[0]
+    assert attempt.state == "launching" and attempt.instance_id is None
+    a.proc.kill()
+    killed_at = time.monotonic()
+    wait_until(lambda: b.role() == "leader", timeout=TAKEOVER_LIMIT_S, what="the takeover")
+    assert time.monotonic() - killed_at < TAKEOVER_LIMIT_S
+    wait_running(cluster, b, "inflight", job_id)
+    # The new leader retried the same attempt with the same key: one instance, one attempt.
+    assert launches(cluster, job_id) == [f"{job_id}-1"]
+    assert [at.key for at in cluster["store"].attempts(job_id)] == [attempt.key]
+
+
+def test_a_second_sqlite_daemon_process_exits_with_a_clear_message(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUOPT_")}
+    env["GPUOPT_DATA_DIR"] = str(tmp_path / "data")
+    command = [sys.executable, "-m", "optimizer.cli", "daemon", "--port", "0"]
+    first = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert first.stdout is not None
+        url = first.stdout.readline().split()[3]
+        second = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+        assert second.returncode == 2
+        assert second.stdout == ""
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1, second.stderr
+        assert lines[0].startswith(f"gpuopt: error: another gpuopt daemon (pid {first.pid} on ")
+        assert f"is already using the SQLite database {tmp_path / 'data' / 'gpuopt.db'}" in lines[0]
+        assert httpx.get(f"{url}/healthz", timeout=5).json()["status"] == "ok"  # unharmed
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=30) == 0
+        # Once the first has gone, the lock is free again.
+        third = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        assert third.stdout is not None
+        assert third.stdout.readline().startswith("gpuopt: API at ")
+        third.send_signal(signal.SIGTERM)
+        assert third.wait(timeout=30) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()

@@ -1,0 +1,495 @@
+"""Schema migrations on SQLite and PostgreSQL: head matches the table definitions, downgrades
+work, databases made before migrations are recognised, the daemon refuses what it must not
+touch, `gpuopt db` drives it all, and concurrent upgrades take turns."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import Engine, inspect, text
+from sqlmodel import SQLModel
+from typer.testing import CliRunner
+
+from optimizer import migrate
+from optimizer.cli import app
+from optimizer.migrate import SchemaError, State
+from optimizer.store import Store
+
+T0 = datetime(2026, 1, 15, 12, 0, tzinfo=UTC)
+KEEP_ENV = {"GPUOPT_TEST_DATABASE_URL", "GPUOPT_SHARED_DIR"}
+OLD_TABLES = [t for name, t in SQLModel.metadata.tables.items() if name != "replica"]
+
+
+@dataclass
+class Database:
+    """One empty test database: `url` alone reaches it (a PostgreSQL schema rides in the
+    URL's libpq options, so the CLI and a daemon process find it too)."""
+
+    url: str
+    schema: str | None
+
+    def open(self) -> Store:
+        return Store(self.url)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No GPUOPT_* setting from the shell reaches the CLI under test."""
+    for name in list(os.environ):
+        if name.startswith("GPUOPT_") and name not in KEEP_ENV:
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("GPUOPT_DATA_DIR", str(tmp_path / "data"))
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Database:
+    if request.param == "sqlite":
+        return Database(f"sqlite:///{tmp_path / 'gpuopt.db'}", None)
+    url, schema = request.getfixturevalue("postgres_schema")
+    sep = "&" if "?" in url else "?"
+    return Database(f"{url}{sep}options={quote(f'-csearch_path={schema}')}", schema)
+
+
+@pytest.fixture
+def store(database: Database) -> Iterator[Store]:
+    """An empty database's store (no tables: the migrations make them)."""
+    with database.open() as db:
+        yield db
+
+
+def schema_diff(engine: Engine) -> list[Any]:
+    """What autogenerate would change to reach the table definitions ([] = nothing)."""
+
+    def ours(name: str | None, kind: str, _parent: Any) -> bool:
+        return not (kind == "table" and name == migrate.VERSION_TABLE)
+
+    with engine.connect() as conn:
+        context = MigrationContext.configure(
+            conn,
+            opts={"compare_type": True, "compare_server_default": True, "include_name": ours},
+        )
+        return list(compare_metadata(context, SQLModel.metadata))
+
+
+def catalog(engine: Engine) -> dict[str, Any]:
+    """Every table's columns, keys, indexes and constraint names, as the engine reports them."""
+    with engine.connect() as conn:
+        found = inspect(conn)
+        out: dict[str, Any] = {}
+        for name in sorted(found.get_table_names()):
+            if name == migrate.VERSION_TABLE:
+                continue
+            out[name] = {
+                "columns": [
+                    (c["name"], str(c["type"]), c["nullable"], c.get("default"))
+                    for c in found.get_columns(name)
+                ],
+                "pk": found.get_pk_constraint(name),
+                "fks": sorted(
+                    (fk["name"] or "", tuple(fk["constrained_columns"]), fk["referred_table"])
+                    for fk in found.get_foreign_keys(name)
+                ),
+                "indexes": sorted(
+                    (i["name"] or "", tuple(i["column_names"]), i["unique"])
+                    for i in found.get_indexes(name)
+                ),
+                "uniques": sorted(
+                    (u["name"] or "", tuple(u["column_names"]))
+                    for u in found.get_unique_constraints(name)
+                ),
+            }
+        return out
+
+
+def versions(engine: Engine) -> list[str] | None:
+    """The alembic_version rows, or None when there is no such table."""
+    with engine.connect() as conn:
+        if not inspect(conn).has_table(migrate.VERSION_TABLE):
+            return None
+        return [r[0] for r in conn.execute(text("SELECT version_num FROM alembic_version"))]
+
+
+def tables(engine: Engine) -> set[str]:
+    with engine.connect() as conn:
+        return set(inspect(conn).get_table_names())
+
+
+def seed(db: Store) -> int:
+    """A job and one of its events, through the store as any gpuopt would write them."""
+    job = db.add_job("train", "small", {"run": "python train.py"}, at=T0)
+    db.add_event("job_submitted", "submitted", job_id=job, at=T0)
+    return job
+
+
+def make_like_72238f0(db: Store) -> None:
+    """What gpuopt made before migrations: create_all over its tables, no revision."""
+    SQLModel.metadata.create_all(db.engine, tables=OLD_TABLES)
+
+
+def cli(*args: str, url: str) -> Any:
+    return CliRunner().invoke(app, ["db", *args], env={"GPUOPT_DATABASE_URL": url})
+
+
+# -- head against the table definitions --------------------------------------------------------
+
+
+def test_head_and_history_are_the_two_hand_written_revisions() -> None:
+    assert migrate.head() == "0002"
+    assert [r.id for r in migrate.history()] == ["0001", "0002"]
+
+
+def test_migrations_to_head_make_exactly_the_table_definitions(store: Store) -> None:
+    assert migrate.status(store.engine).state is State.EMPTY
+    done = migrate.upgrade(store.engine)
+    assert (done.found.state, done.revision) == (State.EMPTY, "0002")
+    assert schema_diff(store.engine) == []
+    assert versions(store.engine) == ["0002"]
+    assert migrate.status(store.engine).state is State.CURRENT
+
+
+def test_create_all_makes_what_the_migrations_make(store: Store) -> None:
+    migrate.upgrade(store.engine)
+    migrated = catalog(store.engine)
+    migrate.downgrade(store.engine, "base")
+    assert tables(store.engine) <= {migrate.VERSION_TABLE}
+    store.create_all()  # the fast path tests use: table definitions, stamped at head
+    assert catalog(store.engine) == migrated
+    assert versions(store.engine) == ["0002"]
+    assert migrate.current(store.engine) == "0002"
+
+
+def test_downgrade_to_base_and_upgrade_again(store: Store) -> None:
+    migrate.upgrade(store.engine)
+    back = migrate.downgrade(store.engine, "0001")
+    assert (back.found.revision, back.revision) == ("0002", "0001")
+    assert "replica" not in tables(store.engine)
+    assert {d[1].name for d in schema_diff(store.engine) if d[0] == "add_table"} == {"replica"}
+    assert migrate.status(store.engine).state is State.OLDER
+
+    migrate.downgrade(store.engine, "base")
+    assert tables(store.engine) <= {migrate.VERSION_TABLE}
+    assert migrate.status(store.engine).state is State.EMPTY
+
+    migrate.upgrade(store.engine)
+    assert schema_diff(store.engine) == []
+    assert migrate.current(store.engine) == "0002"
+
+
+def test_a_failed_migration_leaves_nothing_behind(store: Store) -> None:
+    with store.engine.begin() as conn:  # a stranger's index takes the name 0002 needs
+        conn.execute(text("CREATE TABLE squatter (x INTEGER)"))
+        conn.execute(text("CREATE INDEX ix_replica_heartbeat_at ON squatter (x)"))
+    with pytest.raises(SchemaError, match="the migration to 0002 failed and was rolled back"):
+        migrate.upgrade(store.engine)
+    assert tables(store.engine) - {migrate.VERSION_TABLE} == {"squatter"}
+    assert not versions(store.engine)
+    assert migrate.status(store.engine).state is State.EMPTY
+
+
+# -- databases made before migrations --------------------------------------------------------
+
+
+def test_an_unversioned_database_is_refused_then_upgraded_with_its_rows(store: Store) -> None:
+    make_like_72238f0(store)
+    job = seed(store)
+    before = catalog(store.engine)
+
+    found = migrate.status(store.engine)
+    assert (found.state, found.revision) == (State.UNVERSIONED, None)
+    with pytest.raises(SchemaError) as refused:
+        migrate.ensure_ready(store.engine)
+    assert str(refused.value) == (
+        "the database has no schema revision (an earlier gpuopt made its tables), this gpuopt "
+        "needs 0002: run gpuopt db upgrade"
+    )
+    assert catalog(store.engine) == before and versions(store.engine) is None
+
+    done = migrate.upgrade(store.engine)
+    assert (done.found.state, done.adopted, done.revision) == (State.UNVERSIONED, "0001", "0002")
+    assert migrate.ensure_ready(store.engine).state is State.CURRENT
+    assert schema_diff(store.engine) == []
+    assert store.get_job("train").id == job  # type: ignore[union-attr]
+    assert [e.kind for e in store.events(job_id=job)] == ["job_submitted"]
+
+
+def test_an_unversioned_database_with_the_replica_table_is_recognised_as_0002(
+    store: Store,
+) -> None:
+    SQLModel.metadata.create_all(store.engine)  # what a3190c4 made
+    seed(store)
+    done = migrate.upgrade(store.engine)
+    assert (done.adopted, done.revision) == ("0002", "0002")
+    assert versions(store.engine) == ["0002"]
+    assert store.get_job("train") is not None
+
+
+def test_unversioned_tables_unlike_the_baseline_are_refused_untouched(store: Store) -> None:
+    SQLModel.metadata.create_all(
+        store.engine, tables=[t for t in OLD_TABLES if t.name != "poll_status"]
+    )
+    with store.engine.begin() as conn:
+        conn.execute(text("ALTER TABLE job ADD COLUMN owner VARCHAR"))
+    before = catalog(store.engine)
+    with pytest.raises(SchemaError) as refused:
+        migrate.upgrade(store.engine)
+    message = str(refused.value)
+    assert "no table poll_status" in message and "job has unexpected owner" in message
+    assert "\n" not in message
+    assert catalog(store.engine) == before and versions(store.engine) is None
+
+
+# -- older and newer revisions -----------------------------------------------------------------
+
+
+def test_a_database_at_0001_is_refused_until_gpuopt_db_upgrade(database: Database) -> None:
+    with database.open() as db:
+        migrate.upgrade(db.engine)
+        migrate.downgrade(db.engine, "0001")
+        job = seed(db)
+        with pytest.raises(SchemaError) as refused:
+            migrate.ensure_ready(db.engine)
+        assert str(refused.value) == (
+            "the database is at revision 0001, this gpuopt needs 0002: run gpuopt db upgrade"
+        )
+        assert "replica" not in tables(db.engine)
+
+    done = cli("upgrade", url=database.url)
+    assert done.exit_code == 0, done.output
+    assert done.stdout.endswith(": upgraded from 0001 to 0002\n")
+
+    with database.open() as db:
+        assert migrate.ensure_ready(db.engine).revision == "0002"
+        assert db.get_job("train").id == job  # type: ignore[union-attr]
+        assert schema_diff(db.engine) == []
+
+
+def stamp_unknown(db: Store, revision: str = "0099") -> None:
+    db.create_all()
+    seed(db)
+    with db.engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = :r"), {"r": revision})
+
+
+def test_a_newer_database_is_refused_and_left_alone(store: Store) -> None:
+    stamp_unknown(store)
+    before = (catalog(store.engine), versions(store.engine))
+    newer = (
+        "the database was migrated by a newer gpuopt: revision 0099 is unknown to this version "
+        "(head 0002); upgrade gpuopt"
+    )
+    for attempt in (migrate.ensure_ready, migrate.upgrade, Store.create_all):
+        target = store if attempt is Store.create_all else store.engine
+        with pytest.raises(SchemaError) as refused:
+            attempt(target)  # type: ignore[operator]
+        assert str(refused.value) == newer
+    assert (catalog(store.engine), versions(store.engine)) == before
+    assert migrate.status(store.engine).state is State.NEWER
+
+
+def test_create_all_refuses_an_older_database(store: Store) -> None:
+    migrate.upgrade(store.engine)
+    migrate.downgrade(store.engine, "0001")
+    with pytest.raises(SchemaError, match="run gpuopt db upgrade"):
+        store.create_all()
+    assert "replica" not in tables(store.engine)
+
+
+def test_the_daemon_refuses_a_newer_database_in_one_line(
+    database: Database, tmp_path: Path
+) -> None:
+    with database.open() as db:
+        stamp_unknown(db)
+        before = (catalog(db.engine), versions(db.engine))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUOPT_")}
+    env["GPUOPT_DATA_DIR"] = str(tmp_path / "data")
+    env["GPUOPT_DATABASE_URL"] = database.url
+    done = subprocess.run(
+        [sys.executable, "-m", "optimizer.cli", "daemon", "--port", "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("gpuopt: error:")]
+    assert errors == [
+        "gpuopt: error: the database was migrated by a newer gpuopt: revision 0099 is unknown "
+        "to this version (head 0002); upgrade gpuopt"
+    ]
+    assert "Traceback" not in done.stderr
+    assert "gpuopt: API at" not in done.stdout
+    with database.open() as db:
+        assert (catalog(db.engine), versions(db.engine)) == before
+
+
+def test_the_daemon_creates_an_empty_database_through_the_migrations(store: Store) -> None:
+    assert migrate.ensure_ready(store.engine).state is State.CURRENT
+    assert versions(store.engine) == ["0002"]
+    assert schema_diff(store.engine) == []
+    assert migrate.ensure_ready(store.engine).revision == "0002"  # and again: nothing to do
+
+
+# -- the command line --------------------------------------------------------------------------
+
+
+def test_db_current_says_revision_head_and_status(database: Database) -> None:
+    empty = cli("current", url=database.url)
+    assert empty.exit_code == 0, empty.output
+    assert "revision  none\nhead      0002\nstatus    empty:" in empty.stdout
+
+    created = cli("upgrade", url=database.url)
+    assert created.stdout.endswith(": created at 0002\n")
+    again = cli("upgrade", url=database.url)
+    assert again.stdout.endswith(": already at 0002; nothing to do\n")
+
+    shown = cli("current", "--json", url=database.url)
+    assert json.loads(shown.stdout) == {
+        "database": migrate.display_url(database.url),
+        "revision": "0002",
+        "head": "0002",
+        "state": "current",
+        "message": "the database is at 0002, the newest revision this gpuopt knows",
+    }
+
+    down = cli("downgrade", "0001", url=database.url)
+    assert down.stdout.endswith(": downgraded from 0002 to 0001\n")
+    older = cli("current", url=database.url)
+    assert "status    older: the database is at revision 0001" in older.stdout
+
+
+def test_db_current_does_not_create_a_missing_sqlite_file(tmp_path: Path) -> None:
+    path = tmp_path / "nowhere" / "gpuopt.db"
+    shown = cli("current", url=f"sqlite:///{path}")
+    assert shown.exit_code == 0, shown.output
+    assert "status    empty:" in shown.stdout
+    assert not path.parent.exists()
+
+
+def test_db_commands_read_the_daemon_config_file(tmp_path: Path) -> None:
+    config = tmp_path / "gpuopt.yaml"
+    config.write_text(f"database_url: sqlite:///{tmp_path / 'from-config.db'}\n")
+    done = CliRunner().invoke(app, ["db", "upgrade", "--config", str(config)])
+    assert done.exit_code == 0, done.output
+    assert (tmp_path / "from-config.db").is_file()
+
+
+def test_db_history_lists_the_revisions_with_the_head_marked() -> None:
+    shown = CliRunner().invoke(app, ["db", "history"])
+    assert shown.exit_code == 0
+    lines = shown.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["0001", "0002"]
+    assert lines[-1].endswith("(head)") and not lines[0].endswith("(head)")
+
+
+def test_db_downgrade_refuses_base_and_unknown_revisions(database: Database) -> None:
+    cli("upgrade", url=database.url)
+    base = cli("downgrade", "base", url=database.url)
+    assert base.exit_code == 2
+    assert base.stderr.startswith("gpuopt: error: downgrading to base would drop every table")
+    unknown = cli("downgrade", "0042", url=database.url)
+    assert unknown.exit_code == 2
+    assert unknown.stderr == (
+        "gpuopt: error: unknown revision '0042'; this gpuopt knows 0001, 0002\n"
+    )
+    assert cli("current", "--json", url=database.url).stdout.count('"0002"') == 2
+
+
+def test_an_unreachable_database_is_one_line_without_its_password() -> None:
+    url = "postgresql://gpuopt:hunter2@127.0.0.1:1/gpuopt"
+    for command in ("current", "upgrade"):
+        done = cli(command, url=url)
+        assert done.exit_code == 2
+        assert done.stderr.startswith(
+            "gpuopt: error: cannot reach the database "
+            "postgresql+psycopg://gpuopt:***@127.0.0.1:1/gpuopt: "
+        )
+        assert done.stderr.count("\n") == 1
+        assert "hunter2" not in done.output
+
+
+@pytest.mark.postgres
+def test_db_current_never_prints_the_password(postgres_schema: tuple[str, str]) -> None:
+    url, schema = postgres_schema
+    user, _, rest = url.partition("@")
+    with_password = f"{user}:hunter2@{rest}?options={quote(f'-csearch_path={schema}')}"
+    for command in (["current"], ["current", "--json"], ["upgrade"]):
+        done = cli(*command, url=with_password)
+        assert done.exit_code == 0, done.output
+        assert "hunter2" not in done.output and ":***@" in done.stdout
+
+
+# -- concurrency -------------------------------------------------------------------------------
+
+
+def open_once(database: Database) -> None:
+    """Connect once, so a new SQLite file is already in WAL mode: two first connections
+    switching it at the same moment can see "database is locked", a race of the file's
+    creation rather than of the migration under test."""
+    with database.open() as db:
+        assert migrate.status(db.engine).state is State.EMPTY
+
+
+def test_concurrent_upgrades_take_turns(database: Database) -> None:
+    """Two replicas running `gpuopt db upgrade` at once: both succeed, one migrates."""
+    open_once(database)
+    stores = [database.open() for _ in range(2)]
+    barrier = threading.Barrier(len(stores))
+    results: list[Any] = []
+
+    def run(db: Store) -> Callable[[], None]:
+        def go() -> None:
+            barrier.wait()
+            try:
+                results.append(migrate.upgrade(db.engine))
+            except Exception as exc:
+                results.append(exc)
+
+        return go
+
+    threads = [threading.Thread(target=run(db)) for db in stores]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    try:
+        assert not [r for r in results if isinstance(r, Exception)], results
+        assert sorted(r.found.state.value for r in results) == ["current", "empty"]
+        assert versions(stores[0].engine) == ["0002"]
+        assert schema_diff(stores[0].engine) == []
+    finally:
+        for db in stores:
+            db.close()
+
+
+def test_two_gpuopt_db_upgrade_processes_at_once(database: Database, tmp_path: Path) -> None:
+    open_once(database)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUOPT_")}
+    env["GPUOPT_DATA_DIR"] = str(tmp_path / "data")
+    env["GPUOPT_DATABASE_URL"] = database.url
+    command = [sys.executable, "-m", "optimizer.cli", "db", "upgrade"]
+    procs = [
+        subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        for _ in range(2)
+    ]
+    outs = [proc.communicate(timeout=60) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], outs
+    said = sorted(out.rsplit(": ", 1)[-1] for out, _err in outs)
+    assert said == ["already at 0002; nothing to do\n", "created at 0002\n"]
+    with database.open() as db:
+        assert versions(db.engine) == ["0002"]
