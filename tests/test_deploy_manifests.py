@@ -1,18 +1,23 @@
-"""Static checks of the deployment files in deploy/ (issue 9).
+"""Static checks of the deployment files in deploy/ and docs/deploy.md.
 
 Every YAML and JSON file is parsed; Helm templates (Go templates, not YAML) are checked
-textually. `docker compose config`, `helm template`/`helm lint` and `systemd-analyze verify`
-run only where those tools exist; otherwise those tests skip with the reason.
+without helm: template syntax (tests/gotemplate_lint.py), values against the templates'
+`.Values` references, and what the templates say. `docker compose config` (or
+`docker-compose config`), `helm lint`/`helm template` and `systemd-analyze verify` run where
+those tools exist; otherwise those tests skip with the reason.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
+import gotemplate_lint
 import pytest
 import yaml
 
@@ -23,7 +28,7 @@ TEMPLATES = CHART / "templates"
 DASHBOARD = DEPLOY / "grafana" / "gpuopt-dashboard.json"
 METRICS_SOURCE = ROOT / "optimizer" / "metrics.py"
 
-# Enough for compose's ${VAR:?…} interpolation when `docker compose config` runs.
+# Enough for compose's ${VAR:?…} interpolation when `compose config` runs.
 COMPOSE_ENV = {"POSTGRES_PASSWORD": "test-password", "GPUOPT_API_TOKEN": "t" * 32}
 
 
@@ -153,7 +158,7 @@ def _compose() -> dict:
 def test_compose_services() -> None:
     compose = _compose()
     services = compose["services"]
-    assert set(services) >= {"gpuopt", "postgres"}
+    assert set(services) >= {"gpuopt", "postgres", "migrate"}
     for name in ("gpuopt", "postgres"):
         assert "test" in services[name]["healthcheck"], name
     pg = services["postgres"]
@@ -174,30 +179,102 @@ def test_compose_services() -> None:
     assert app["build"]["dockerfile"] == "deploy/Dockerfile"
 
 
+def test_compose_daemon_starts_after_a_one_shot_migration() -> None:
+    services = _compose()["services"]
+    migrate, app = services["migrate"], services["gpuopt"]
+    assert app["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    assert migrate["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert [*migrate["entrypoint"], *migrate["command"]] == ["gpuopt", "db", "upgrade"]
+    assert migrate["restart"] == "no", "a one-shot must not be restarted"
+    # The same image and the same database as the daemon.
+    assert migrate["image"] == app["image"] and migrate["build"] == app["build"]
+    url = app["environment"]["GPUOPT_DATABASE_URL"]
+    assert migrate["environment"]["GPUOPT_DATABASE_URL"] == url
+    assert migrate["env_file"] == app["env_file"]
+    data = migrate["environment"]["GPUOPT_DATA_DIR"]
+    assert any(m.endswith(f":{data}") for m in migrate["volumes"]), "no anonymous volume"
+
+
+def test_compose_scales_to_several_replicas() -> None:
+    """`--scale gpuopt=2` needs no fixed container name and a host port per replica."""
+    compose = _compose()
+    app = compose["services"]["gpuopt"]
+    assert "container_name" not in app
+    (port,) = app["ports"]
+    assert port.endswith(":8470") and "${GPUOPT_PORTS:-8470}" in port
+    text = (DEPLOY / "compose.yaml").read_text()
+    assert "--scale gpuopt=2" in text and "GPUOPT_PORTS=8470-8471" in text
+
+
+def test_compose_stays_within_what_compose_1_29_accepts() -> None:
+    """Debian 12's docker-compose (1.29) validates the file in CI; Compose v2 reads it too."""
+    compose = _compose()
+    assert "name" not in compose, "docker-compose 1.29 rejects a top-level name"
+    assert "version" not in compose, "Compose v2 warns about the obsolete version key"
+    for name, service in compose["services"].items():
+        env_files = service.get("env_file", [])
+        assert all(isinstance(f, str) for f in env_files), f"{name}: env_file as plain paths"
+
+
 def test_compose_has_no_literal_secrets() -> None:
-    env = _compose()["services"]["postgres"]["environment"]
-    assert env["POSTGRES_PASSWORD"].startswith("${")
+    services = _compose()["services"]
+    assert services["postgres"]["environment"]["POSTGRES_PASSWORD"].startswith("${")
+    for name in ("gpuopt", "migrate"):
+        url = services[name]["environment"]["GPUOPT_DATABASE_URL"]
+        assert ":${POSTGRES_PASSWORD" in url, name
 
 
-def _docker_compose_available() -> bool:
-    if shutil.which("docker") is None:
-        return False
-    probe = subprocess.run(["docker", "compose", "version"], capture_output=True, check=False)
-    return probe.returncode == 0
+@functools.cache
+def _compose_command() -> tuple[str, ...] | None:
+    """Compose v2 (`docker compose`) where installed, else a `docker-compose` binary."""
+    if shutil.which("docker"):
+        probe = subprocess.run(["docker", "compose", "version"], capture_output=True, check=False)
+        if probe.returncode == 0:
+            return ("docker", "compose")
+    if shutil.which("docker-compose"):
+        return ("docker-compose",)
+    return None
 
 
-@pytest.mark.skipif(
-    not _docker_compose_available(), reason="`docker compose` is not installed here"
-)
-def test_docker_compose_config(tmp_path: Path) -> None:
-    result = subprocess.run(
-        ["docker", "compose", "-f", str(DEPLOY / "compose.yaml"), "config", "--quiet"],
+def _compose_config(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """`compose config` of deploy/compose.yaml, with an empty .env in a scratch project
+    directory: the environment here is all it interpolates, and no .env is created in deploy/."""
+    command = _compose_command()
+    if command is None:
+        pytest.skip("neither `docker compose` nor `docker-compose` is installed here")
+    project = tmp_path / "project"
+    project.mkdir(exist_ok=True)
+    (project / ".env").write_text("")
+    compose_file = str(DEPLOY / "compose.yaml")
+    return subprocess.run(
+        [*command, "-f", compose_file, "--project-directory", str(project), "config", *args],
         capture_output=True,
         text=True,
-        env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(tmp_path), **COMPOSE_ENV},
+        env={"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), **COMPOSE_ENV, **env},
         check=False,
     )
+
+
+def test_docker_compose_config(tmp_path: Path) -> None:
+    result = _compose_config(tmp_path, "--quiet")
     assert result.returncode == 0, result.stderr
+
+
+def test_docker_compose_resolves_the_migration_and_replica_ports(tmp_path: Path) -> None:
+    result = _compose_config(tmp_path, GPUOPT_PORTS="8470-8471")
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    depends = services["gpuopt"]["depends_on"]
+    assert depends["migrate"]["condition"] == "service_completed_successfully"
+    assert services["migrate"]["command"] == ["db", "upgrade"]
+    # v1 prints "127.0.0.1:8470-8471:8470/tcp", v2 a mapping with published: 8470-8471.
+    assert "8470-8471" in json.dumps(services["gpuopt"]["ports"])
+
+
+def test_docker_compose_refuses_a_missing_secret(tmp_path: Path) -> None:
+    result = _compose_config(tmp_path, "--quiet", POSTGRES_PASSWORD="")
+    assert result.returncode != 0
+    assert "POSTGRES_PASSWORD" in result.stderr
 
 
 # ---- systemd ----
@@ -224,6 +301,23 @@ def test_systemd_unit() -> None:
     assert unit["Install"]["WantedBy"] == ["multi-user.target"]
 
 
+def test_systemd_unit_migrates_before_the_daemon_starts() -> None:
+    svc = _unit_options(DEPLOY / "systemd" / "gpuopt.service")["Service"]
+    (pre,) = svc["ExecStartPre"]
+    assert pre.endswith("gpuopt db upgrade")
+    assert pre.split()[0] == svc["ExecStart"][0].split()[0], "the same gpuopt install"
+    # Both read the config through the environment, so both open the same database.
+    assert "GPUOPT_CONFIG=/etc/gpuopt/gpuopt.yaml" in svc["Environment"]
+    assert "--config" not in svc["ExecStart"][0]
+    assert svc["TimeoutStartSec"], "a long migration needs more than the default 90 s"
+
+
+def test_systemd_unit_explains_the_single_instance_sqlite_lock() -> None:
+    text = (DEPLOY / "systemd" / "gpuopt.service").read_text()
+    assert "One instance per database with SQLite" in text
+    assert "PostgreSQL" in text and "leader" in text
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze here")
 def test_systemd_analyze_verify() -> None:
     result = subprocess.run(
@@ -241,11 +335,55 @@ def test_systemd_analyze_verify() -> None:
     assert not problems, problems
 
 
-# ---- Helm ----
+# ---- Helm: values ----
 
 
 def _values() -> dict:
     return yaml.safe_load((CHART / "values.yaml").read_text())
+
+
+def _template(name: str) -> str:
+    return (TEMPLATES / name).read_text()
+
+
+def _all_templates() -> str:
+    return "".join(p.read_text() for p in sorted(TEMPLATES.iterdir()))
+
+
+def _lookup(values: dict, path: str) -> bool:
+    node: object = values
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _documented_value_paths() -> list[str]:
+    """Dotted paths of the keys in values.yaml whose comment starts with `# --`."""
+    key_line = re.compile(r"^(\s*)([A-Za-z][\w-]*):(\s|$)")
+    stack: list[tuple[int, str]] = []
+    comment: list[str] = []
+    paths = []
+    for line in (CHART / "values.yaml").read_text().splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            comment.append(stripped)
+            continue
+        match = key_line.match(line)
+        if match:
+            indent = len(match.group(1))
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            stack.append((indent, match.group(2)))
+            if comment and comment[0].startswith("# --"):
+                paths.append(".".join(key for _, key in stack))
+        comment = []
+    return paths
+
+
+def _value_refs() -> set[str]:
+    return set(re.findall(r"\.Values\.([A-Za-z][\w]*(?:\.[A-Za-z]\w*)*)", _all_templates()))
 
 
 def test_chart_metadata() -> None:
@@ -262,9 +400,12 @@ def test_values_defaults() -> None:
     assert values["apiToken"]["existingSecret"]
     assert values["database"]["existingSecret"] == ""
     assert values["podSecurityContext"]["runAsNonRoot"] is True
+    assert values["migrations"]["enabled"] is True
+    assert values["podDisruptionBudget"]["maxUnavailable"] == 1
     text = (CHART / "values.yaml").read_text()
     replica_comment = text.split("replicaCount:")[0].rsplit("\n\n", 1)[-1]
-    assert "PostgreSQL" in replica_comment and "leader election" in replica_comment
+    assert "PostgreSQL" in replica_comment and "leader" in replica_comment
+    assert "SQLite" in replica_comment
 
 
 def test_values_documented() -> None:
@@ -287,74 +428,269 @@ def test_values_documented() -> None:
     assert not undocumented, undocumented
 
 
-def _value_refs() -> set[str]:
-    refs = set()
-    for path in TEMPLATES.iterdir():
-        refs.update(re.findall(r"\.Values\.([A-Za-z][\w.]*)", path.read_text()))
-    return refs
-
-
 def test_template_value_references_exist() -> None:
     values = _values()
     refs = _value_refs()
-    assert refs
-    missing = []
-    for ref in sorted(refs):
-        node = values
-        for part in ref.split("."):
-            if not isinstance(node, dict) or part not in node:
-                missing.append(ref)
-                break
-            node = node[part]
-    assert not missing, missing
+    assert {"replicaCount", "database.existingSecret", "migrations.enabled"} <= refs
+    missing = sorted(ref for ref in refs if not _lookup(values, ref))
+    assert not missing, f"templates read values that values.yaml lacks: {missing}"
+
+
+def test_every_documented_value_is_used() -> None:
+    """A value the templates never read would be documented but do nothing."""
+    refs = _value_refs()
+    paths = _documented_value_paths()
+    assert "podDisruptionBudget.maxUnavailable" in paths
+    unused = [
+        path
+        for path in paths
+        if not any(
+            ref == path or path.startswith(ref + ".") or ref.startswith(path + ".") for ref in refs
+        )
+    ]
+    assert not unused, f"values no template reads: {unused}"
+
+
+# ---- Helm: template syntax ----
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in TEMPLATES.iterdir()))
+def test_template_syntax(name: str) -> None:
+    assert gotemplate_lint.problems(name, _template(name)) == []
+
+
+def test_included_templates_are_defined() -> None:
+    defined = gotemplate_lint.defined_templates(_template("_helpers.tpl"))
+    included = gotemplate_lint.included_templates(_all_templates())
+    assert {"gpuopt.storeEnv", "gpuopt.postgres"} <= included
+    assert included <= defined, f"included but never defined: {included - defined}"
+
+
+@pytest.mark.parametrize(
+    ("broken", "expected"),
+    [
+        ("{{- if .Values.a }}\nx: 1\n", "if is never closed"),
+        ("x: 1\n{{- end }}\n", "end without an open block"),
+        ("{{ else }}\n", "else outside"),
+        ("{{ .Values.a | nindnet 4 }}\n", "unknown function 'nindnet'"),
+        ("{{-.Values.a }}\n", "must be followed by a space"),
+        ('{{ default (printf "%s" .Values.a }}\n', "'(' without ')'"),
+        ("{{ .Values.a }\n", "do not pair up"),
+    ],
+)
+def test_template_lint_catches(broken: str, expected: str) -> None:
+    found = gotemplate_lint.problems("t.yaml", broken)
+    assert any(expected in problem for problem in found), found
+
+
+# ---- Helm: what the chart renders ----
+
+
+def _helper(name: str) -> str:
+    """The body of `{{- define "name" }}` in _helpers.tpl, up to the next definition."""
+    text = _template("_helpers.tpl")
+    return text.split(f'define "{name}"', 1)[1].split("{{- define", 1)[0].split("{{/*", 1)[0]
+
+
+def _block(text: str, start: str) -> str:
+    """A YAML block of a template: the line that starts with `start` (indentation aside) and
+    the lines after it that are indented deeper."""
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.strip().startswith(start))
+    indent = len(lines[first]) - len(lines[first].lstrip())
+    out = [lines[first]]
+    for line in lines[first + 1 :]:
+        if line.strip() and len(line) - len(line.lstrip()) <= indent:
+            break
+        out.append(line)
+    return "\n".join(out)
+
+
+def test_chart_allows_several_replicas_only_with_postgresql() -> None:
+    deployment = _template("deployment.yaml")
+    guard = deployment.split("apiVersion:")[0]
+    assert 'if and (gt (int .Values.replicaCount) 1) (not (include "gpuopt.postgres" .))' in guard
+    assert "fail" in guard and "database.existingSecret" in guard and "SQLite" in guard
+    assert "if .Values.database.existingSecret" in _helper("gpuopt.postgres")
+    assert "replicas: {{ .Values.replicaCount }}" in deployment
+
+
+def test_chart_rolls_postgresql_replicas_and_recreates_a_sqlite_pod() -> None:
+    deployment = _template("deployment.yaml")
+    strategy = deployment.split('{{- if include "gpuopt.postgres" . }}', 1)[1]
+    rolling, recreate = strategy.split("  selector:", 1)[0].split("{{- else }}")
+    assert "type: RollingUpdate" in rolling and "maxUnavailable: 0" in rolling
+    assert "type: Recreate" in recreate
+
+
+def test_chart_has_a_disruption_budget_with_several_replicas() -> None:
+    pdb = _template("pdb.yaml")
+    assert pdb.startswith("{{- if gt (int .Values.replicaCount) 1 }}")
+    assert pdb.rstrip().endswith("{{- end }}")
+    plain = [line for line in pdb.splitlines() if not re.fullmatch(r"\s*{{.*}}", line)]
+    manifest = yaml.safe_load(re.sub(r"{{.*?}}", "x", "\n".join(plain)))
+    assert manifest["apiVersion"] == "policy/v1" and manifest["kind"] == "PodDisruptionBudget"
+    assert "maxUnavailable: {{ .Values.podDisruptionBudget.maxUnavailable }}" in pdb
+    assert 'include "gpuopt.selectorLabels"' in _block(pdb, "selector:")
+
+
+def test_chart_migrates_in_an_init_container_with_the_daemons_database() -> None:
+    deployment = _template("deployment.yaml")
+    init = _block(deployment, "initContainers:")
+    containers = _block(deployment, "containers:")
+    assert 'command: ["gpuopt", "db", "upgrade"]' in init
+    assert "Helm hook" in deployment.split("initContainers:")[0], "say why not a hook Job"
+    assert deployment.count('include "gpuopt.image" .') == 2, "the daemon's image"
+    for part in (init, containers):
+        assert 'include "gpuopt.storeEnv" .' in part
+        assert 'include "gpuopt.storeMounts" .' in part
+        assert ".Values.extraEnv" in part and ".Values.extraEnvFrom" in part
+    store_env = _helper("gpuopt.storeEnv")
+    for needle in ("GPUOPT_DATABASE_URL", "secretKeyRef", "GPUOPT_DATA_DIR", "GPUOPT_CONFIG"):
+        assert needle in store_env, needle
+    assert "mountPath: /var/lib/gpuopt" in _helper("gpuopt.storeMounts")
+    assert "{{- if .Values.migrations.enabled }}" in deployment
+
+
+def test_chart_probes() -> None:
+    deployment = _template("deployment.yaml")
+    assert "path: /healthz" in _block(deployment, "livenessProbe:")
+    assert "path: /healthz" in _block(deployment, "startupProbe:")
+    assert "path: /readyz" in _block(deployment, "readinessProbe:")
+
+
+def test_chart_service_routes_to_every_replica() -> None:
+    service = _template("service.yaml")
+    selector = _block(service, "selector:")
+    assert [line.strip() for line in selector.splitlines()[1:]] == [
+        '{{- include "gpuopt.selectorLabels" . | nindent 4 }}'
+    ], "no role label: followers serve the API too"
+    assert "kind: Service" in service and ".Values.service.port" in service
+
+
+def test_chart_public_url_defaults_to_the_service() -> None:
+    helper = _helper("gpuopt.publicUrl")
+    assert '"http://%s.%s.svc:%v"' in helper and ".Values.publicUrl" in helper
+    env = _block(_template("deployment.yaml"), "- name: GPUOPT_API__PUBLIC_URL")
+    assert 'include "gpuopt.publicUrl" .' in env
+
+
+def test_chart_keeps_a_volume_only_for_sqlite() -> None:
+    assert '(not (include "gpuopt.postgres" .))' in _template("pvc.yaml").splitlines()[1]
+    data = _block(_template("deployment.yaml"), "- name: data")
+    assert 'if and .Values.persistence.enabled (not (include "gpuopt.postgres" .))' in data
 
 
 def test_templates_textually() -> None:
-    deployment = (TEMPLATES / "deployment.yaml").read_text()
+    deployment = _template("deployment.yaml")
     for needle in [
         "kind: Deployment",
-        "replicas: {{ .Values.replicaCount }}",
         "GPUOPT_API__TOKEN",
-        "GPUOPT_DATABASE_URL",
-        "GPUOPT_DATA_DIR",
         "GPUOPT_POLICY_DIR",
         "secretKeyRef",
-        "path: /healthz",
-        "path: /readyz",
         "readOnly: true",
         '"0.0.0.0"',
     ]:
         assert needle in deployment, needle
     # Secrets are only ever referenced, never rendered from values.
-    assert "kind: Secret" not in "".join(p.read_text() for p in TEMPLATES.iterdir())
-    service = (TEMPLATES / "service.yaml").read_text()
-    assert "kind: Service" in service and ".Values.service.port" in service
-    policies = (TEMPLATES / "configmap-policies.yaml").read_text()
+    assert "kind: Secret" not in _all_templates()
+    policies = _template("configmap-policies.yaml")
     assert "kind: ConfigMap" in policies and ".Values.policies.files" in policies
-    monitor = (TEMPLATES / "servicemonitor.yaml").read_text()
+    monitor = _template("servicemonitor.yaml")
     assert monitor.startswith("{{- if .Values.metrics.serviceMonitor.enabled }}")
     assert "kind: ServiceMonitor" in monitor and "path: /metrics" in monitor
-    for path in TEMPLATES.iterdir():
-        text = path.read_text()
-        assert text.count("{{") == text.count("}}"), path.name
-        opened = len(re.findall(r"{{-?\s*(?:if|range|with|define)\b", text))
-        closed = len(re.findall(r"{{-?\s*end\s*-?}}", text))
-        assert opened == closed, f"{path.name}: {opened} blocks opened, {closed} closed"
 
 
-@pytest.mark.skipif(shutil.which("helm") is None, reason="helm is not installed here")
-def test_helm_lint_and_template() -> None:
-    for args in (
-        ["helm", "lint", str(CHART)],
-        ["helm", "template", "t", str(CHART), "--set", "metrics.serviceMonitor.enabled=true"],
-    ):
-        result = subprocess.run(args, capture_output=True, text=True, check=False)
-        assert result.returncode == 0, result.stderr
-    rendered = subprocess.run(
-        ["helm", "template", "t", str(CHART)], capture_output=True, text=True, check=True
-    ).stdout
-    kinds = {d["kind"] for d in yaml.safe_load_all(rendered) if d}
-    assert {"Deployment", "Service", "ConfigMap"} <= kinds
+# ---- Helm: rendered by helm itself, where installed ----
+
+
+def _helm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["helm", *args], capture_output=True, text=True, check=False)
+
+
+def _rendered(*sets: str) -> list[dict]:
+    args = [arg for s in sets for arg in ("--set", s)]
+    result = _helm("template", "t", str(CHART), *args)
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+needs_helm = pytest.mark.skipif(
+    shutil.which("helm") is None,
+    reason="helm is not installed here (no Debian 12 or official PyPI package)",
+)
+
+
+@needs_helm
+def test_helm_lint() -> None:
+    result = _helm("lint", str(CHART))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs_helm
+def test_helm_template_sqlite() -> None:
+    docs = _rendered("metrics.serviceMonitor.enabled=true")
+    kinds = {d["kind"] for d in docs}
+    assert {"Deployment", "Service", "ConfigMap", "PersistentVolumeClaim"} <= kinds
+    assert "PodDisruptionBudget" not in kinds
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+
+
+@needs_helm
+def test_helm_template_postgresql_replicas() -> None:
+    docs = _rendered("replicaCount=3", "database.existingSecret=gpuopt-db")
+    kinds = {d["kind"] for d in docs}
+    assert "PodDisruptionBudget" in kinds and "PersistentVolumeClaim" not in kinds
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    assert deployment["spec"]["replicas"] == 3
+    pod = deployment["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["command"] == ["gpuopt", "db", "upgrade"]
+    init_env = {e["name"]: e for e in init["env"]}
+    daemon_env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert init_env["GPUOPT_DATABASE_URL"] == daemon_env["GPUOPT_DATABASE_URL"]
+    assert daemon_env["GPUOPT_API__PUBLIC_URL"]["value"] == "http://t-gpuopt.default.svc:8470"
+
+
+@needs_helm
+def test_helm_template_refuses_sqlite_replicas() -> None:
+    result = _helm("template", "t", str(CHART), "--set", "replicaCount=2")
+    assert result.returncode != 0
+    assert "replicaCount > 1 needs PostgreSQL" in result.stderr
+
+
+# ---- docs ----
+
+
+def test_deploy_doc_covers_upgrades_and_high_availability() -> None:
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    headings = re.findall(r"^## (.+)$", text, re.MULTILINE)
+    for heading in ("1. pip + systemd", "2. Docker Compose", "3. Kubernetes", "Upgrades"):
+        assert any(h.startswith(heading) for h in headings), heading
+    assert "High availability" in headings  # docs/daemon.md links to it by name
+    upgrades = text.split("## Upgrades")[1].split("\n## ")[0]
+    assert "gpuopt db upgrade" in upgrades and "**older**" in upgrades and "**newer**" in upgrades
+    ha = text.split("## High availability")[1].split("\n## ")[0]
+    for needle in ("advisory lock", "15 s", "gpuopt_leader", "SQLite is single-instance"):
+        assert needle in ha, needle
+    for needle in ("deploy/aws-iam-policy.json", "deploy/gcp-roles.md"):
+        assert needle in text, needle
+
+
+def test_deploy_doc_names_only_values_the_chart_has() -> None:
+    """Dotted value paths in the Helm section (`persistence.*`, `database.existingSecret`)."""
+    values = _values()
+    helm_section = (ROOT / "docs" / "deploy.md").read_text().split("## 3. Kubernetes")[1]
+    helm_section = re.sub(r"```.*?```", "", helm_section.split("\n## ")[0], flags=re.DOTALL)
+    named = set()
+    for quoted in re.findall(r"`([^`]+)`", helm_section):
+        for path in re.findall(r"\b([a-z][A-Za-z]*(?:\.[A-Za-z*]+)*)", quoted):
+            if path.split(".")[0] in values:
+                named.add(path.removesuffix(".*"))
+    assert {"replicaCount", "migrations.enabled", "podDisruptionBudget.maxUnavailable"} <= named
+    missing = sorted(path for path in named if not _lookup(values, path))
+    assert not missing, f"docs/deploy.md names values the chart lacks: {missing}"
 
 
 # ---- Grafana ----
@@ -419,9 +755,3 @@ def test_dashboard_shape() -> None:
     assert len(ids) == len(set(ids))
     variables = {v["name"] for v in dashboard["templating"]["list"]}
     assert "datasource" in variables
-
-
-def test_the_chart_refuses_several_replicas_until_leader_election() -> None:
-    text = (ROOT / "deploy" / "helm" / "gpuopt" / "templates" / "deployment.yaml").read_text()
-    guard = text.split("apiVersion:")[0]
-    assert "gt (int .Values.replicaCount) 1" in guard and "fail" in guard

@@ -49,3 +49,39 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "gpuopt.policiesConfigMap" -}}
 {{- default (printf "%s-policies" (include "gpuopt.fullname" .)) .Values.policies.existingConfigMap }}
 {{- end }}
+
+{{/* PostgreSQL (a database URL from a Secret) rather than SQLite in the data volume. */}}
+{{- define "gpuopt.postgres" -}}
+{{- if .Values.database.existingSecret }}true{{ end }}
+{{- end }}
+
+{{/* The api.public_url: publicUrl, else the Service's cluster DNS name. */}}
+{{- define "gpuopt.publicUrl" -}}
+{{- default (printf "http://%s.%s.svc:%v" (include "gpuopt.fullname" .) .Release.Namespace .Values.service.port) .Values.publicUrl }}
+{{- end }}
+
+{{/* Where the store is: the same for the daemon and its migration, so both open one database. */}}
+{{- define "gpuopt.storeEnv" -}}
+- name: GPUOPT_DATA_DIR
+  value: /var/lib/gpuopt
+- name: GPUOPT_CONFIG
+  value: /etc/gpuopt/config/gpuopt.yaml
+{{- if .Values.database.existingSecret }}
+- name: GPUOPT_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.database.existingSecret }}
+      key: {{ .Values.database.key }}
+{{- end }}
+{{- end }}
+
+{{/* Mounts the daemon and its migration share: data directory, config, a writable /tmp. */}}
+{{- define "gpuopt.storeMounts" -}}
+- name: data
+  mountPath: /var/lib/gpuopt
+- name: config
+  mountPath: /etc/gpuopt/config
+  readOnly: true
+- name: tmp
+  mountPath: /tmp
+{{- end }}
