@@ -16,12 +16,14 @@ from typing import Any
 from sqlalchemy import Connection, insert, select, update
 
 from optimizer.model import Offer
-from optimizer.store_base import JOB, StoreBase, inserted_id, job_record, table
+from optimizer.store_base import JOB, StoreBase, chunks, inserted_id, job_record, table
 from optimizer.store_tables import AgentEvent, Attempt, JobRecord, NewEvent, PoolCooldown
 
 _ATTEMPT = table(Attempt)
 _AGENT_EVENT = table(AgentEvent)
 _COOLDOWN = table(PoolCooldown)
+# Job ids per IN (...) list: well under SQLite's 32,766 bound parameters.
+ATTEMPT_IDS_PER_QUERY = 5_000
 
 Pool = tuple[str, str, str | None, str, str]
 
@@ -124,6 +126,22 @@ class JobsMixin(StoreBase):
         query = select(_ATTEMPT).where(_ATTEMPT.c.job_id == job_id).order_by(_ATTEMPT.c.number)
         with self.engine.connect() as conn:
             return [_attempt(r) for r in conn.execute(query).all()]
+
+    def attempts_of(self, job_ids: Iterable[int]) -> dict[int, list[AttemptRecord]]:
+        """Every listed job's attempts in number order, in a few queries (a reconcile pass
+        reads all live jobs' attempts at once instead of one query per job)."""
+        out: dict[int, list[AttemptRecord]] = {}
+        with self.engine.connect() as conn:
+            for chunk in chunks(dict.fromkeys(job_ids), ATTEMPT_IDS_PER_QUERY):
+                query = (
+                    select(_ATTEMPT)
+                    .where(_ATTEMPT.c.job_id.in_(chunk))
+                    .order_by(_ATTEMPT.c.job_id, _ATTEMPT.c.number)
+                )
+                for row in conn.execute(query):
+                    record = _attempt(row)
+                    out.setdefault(record.job_id, []).append(record)
+        return out
 
     def policy_attempts(self, policy: str, since: datetime) -> list[AttemptRecord]:
         """Attempts of the policy's jobs that ran at some point after `since`."""

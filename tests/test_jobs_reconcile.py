@@ -64,3 +64,18 @@ def test_queue_notices_are_recorded_on_the_matching_attempts(tmp_path: Path) -> 
     assert spot is not None and spot.notice_at == NOW and not spot.instance_gone
     assert gone is not None and gone.instance_gone and gone.notice_at is None
     store.close()
+
+
+def test_attempts_of_groups_every_listed_job_in_number_order(store: Store) -> None:
+    offer = make_offer(observed_at=NOW)
+    jobs = [store.add_job(f"j{i}", "p", {"run": "x", "checkpoint_dir": "/c"}) for i in range(3)]
+    for job, count in zip(jobs, (3, 0, 1), strict=True):
+        for n in reversed(range(1, count + 1)):  # written out of order
+            store.create_attempt(job, n, f"{job}-{n}", offer, "h", NOW)
+    grouped = store.attempts_of([jobs[0], jobs[1], jobs[2], jobs[0]])
+    assert {job: [a.number for a in rows] for job, rows in grouped.items()} == {
+        jobs[0]: [1, 2, 3],
+        jobs[2]: [1],
+    }
+    assert grouped[jobs[0]] == store.attempts(jobs[0])  # the same records as one job's query
+    assert store.attempts_of([]) == {}

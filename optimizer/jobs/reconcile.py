@@ -88,10 +88,12 @@ class JobReconciler:
         self._queue_events(ctx, open_attempts)
         self._describe(ctx, open_attempts)
         self._buffer.clear()
-        for job in ctx.jobs:
-            if JobState(job.state) in LIVE:
-                self._job(ctx, job)
-                self._flush(ctx)  # events of a job whose pass made no transition
+        live = [job for job in ctx.jobs if JobState(job.state) in LIVE]
+        # Read after describe and the event queue, which may have ended attempts.
+        attempts = ctx.store.attempts_of(job.id for job in live)
+        for job in live:
+            self._job(ctx, job, attempts.get(job.id, []))
+            self._flush(ctx)  # events of a job whose pass made no transition
         self._clean_up(ctx)
 
     # -- observing ---------------------------------------------------------------------------
@@ -162,8 +164,7 @@ class JobReconciler:
 
     # -- one job -------------------------------------------------------------------------------
 
-    def _job(self, ctx: ReconcileContext, job: JobRecord) -> None:
-        attempts = ctx.store.attempts(job.id)
+    def _job(self, ctx: ReconcileContext, job: JobRecord, attempts: list[AttemptRecord]) -> None:
         current = next((a for a in reversed(attempts) if not a.ended), None)
         loaded = ctx.policies.get(job.policy)
         if loaded is None:
