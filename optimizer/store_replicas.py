@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 
 from optimizer.store_base import StoreBase, dialect_insert, table
 from optimizer.store_tables import Replica
@@ -35,7 +35,8 @@ class ReplicaMixin(StoreBase):
     """Heartbeats and the list of replicas."""
 
     def heartbeat_replica(self, record: ReplicaRecord) -> None:
-        """Insert or refresh this replica's row."""
+        """Insert or refresh this replica's row. A leader's row also clears the leader role
+        from every other row: the lock is exclusive, so any other is a leader that died."""
         values: dict[str, Any] = {
             name: getattr(record, name) for name in ReplicaRecord.__dataclass_fields__
         }
@@ -46,6 +47,12 @@ class ReplicaMixin(StoreBase):
         )
         with self.engine.begin() as conn:
             conn.execute(stmt)
+            if record.role == "leader":
+                conn.execute(
+                    update(_REPLICA)
+                    .where(_REPLICA.c.role == "leader", _REPLICA.c.id != record.id)
+                    .values(role="follower", leader_since=None)
+                )
 
     def replicas(self, *, since: datetime | None = None) -> list[ReplicaRecord]:
         """Replicas whose last heartbeat is at or after `since` (all when None), leader first."""

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 from sqlalchemy import text
-from test_daemon_harness import daemon_env, wait_until
+from test_daemon_harness import api, daemon_env, make_config, running, wait_until
 
 from optimizer.daemon.errors import DaemonError
 from optimizer.daemon.leader import PostgresElection, SqliteLock, sqlite_lock_path
@@ -443,6 +443,15 @@ def test_two_daemons_one_leader_sigkill_takeover_no_double_launch(
     assert leaders([a, b]) == [a]
     rows = {r.id: r.role for r in cluster["store"].replicas()}
     assert sorted(rows.values()) == ["follower", "leader"]
+    with b.client() as client:  # any replica lists them all, from the shared store
+        listed = client.get("/replicas").json()
+    leader_id = next(i for i, role in rows.items() if role == "leader")
+    assert listed["leader"] == leader_id and listed["answered_by"] != leader_id
+    assert [(r["role"], r["alive"]) for r in listed["replicas"]] == [
+        ("leader", True),
+        ("follower", True),
+    ]
+    assert listed["replicas"][1]["api_url"] == cluster["balancer"].url
 
     job_id = submit(b, "ha-job", tmp_path / "ckpt")  # through the follower
     wait_running(cluster, b, "ha-job", job_id)
@@ -459,6 +468,8 @@ def test_two_daemons_one_leader_sigkill_takeover_no_double_launch(
     wait_until(lambda: b.reconcile_passes() >= seen + 4, timeout=30, what="reconcile passes")
     assert job_state(b, "ha-job") == "running"
     assert launches(cluster, job_id) == [f"{job_id}-1"]
+    with b.client() as client:
+        assert client.get("/replicas").json()["leader"] == listed["answered_by"]
     assert [at.number for at in cluster["store"].attempts(job_id)] == [1]
 
 
@@ -531,3 +542,13 @@ def test_a_second_sqlite_daemon_process_exits_with_a_clear_message(tmp_path: Pat
     finally:
         if first.poll() is None:
             first.kill()
+
+
+def test_a_lone_sqlite_daemon_lists_itself_as_the_leader(tmp_path: Path) -> None:
+    with running(make_config(tmp_path)) as daemon, api(daemon) as client:
+        listed = client.get("/replicas").json()
+        assert daemon.readiness()[1]["role"] == "leader"
+    assert listed["leader"] == listed["answered_by"] == daemon.leadership.replica
+    assert [(r["role"], r["pid"], r["alive"]) for r in listed["replicas"]] == [
+        ("leader", os.getpid(), True)
+    ]

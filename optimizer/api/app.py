@@ -15,12 +15,18 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI
 
 from optimizer import __version__
-from optimizer.api import events, health, jobs, metrics, offers, policies
+from optimizer.api import events, health, jobs, metrics, offers, policies, replicas
 from optimizer.api.auth import require_token
 from optimizer.api.state import ApiState
 
 OPEN: tuple[APIRouter, ...] = (health.router, metrics.router)
-PROTECTED: tuple[APIRouter, ...] = (offers.router, policies.router, jobs.router, events.router)
+PROTECTED: tuple[APIRouter, ...] = (
+    offers.router,
+    policies.router,
+    jobs.router,
+    events.router,
+    replicas.router,
+)
 
 
 def create_app(

@@ -215,6 +215,7 @@ class Daemon:
             ready=self.readiness,
             started_at=clock(),
         )
+        self.api_state.extras["replica"] = self.leadership.replica
         self.app = create_app(self.api_state, routers=[(agent_api.router, [])])
         self.server = ApiServer(
             self.app, config.api.host, config.api.port, access_log=config.api.access_log
