@@ -267,3 +267,29 @@ def test_a_removed_policy_is_not_revived_by_a_broken_file_at_its_old_path(
     assert settle(w) == ["rejected"]
     assert w.registry.snapshot() == {}
     assert watcher(store, policy_dir, clock).run_once() == []  # nor after a restart
+
+
+def test_a_follower_loads_without_recording_and_records_on_becoming_leader(
+    store: Store, policy_dir: Path, clock: ManualClock
+) -> None:
+    leading = False
+    w = watcher(store, policy_dir, clock)
+    w.records = lambda: leading
+    write_policy(policy_dir, "small.yaml", policy_text("small", memory=16))
+    assert w.run_once() == ["loaded"]
+    assert w.registry.get("small") is not None  # in force on the follower, for its API
+    assert store.latest_policy_versions() == {} and kinds(store) == []  # nothing written
+
+    write_policy(policy_dir, "small.yaml", policy_text("small", memory=40))
+    assert settle(w) == ["loaded"]
+    assert store.latest_policy_versions() == {}
+
+    leading = True  # promoted: the next pass compares every file with the store's records
+    w.resync()
+    assert w.run_once() == ["loaded"]
+    (version,) = store.latest_policy_versions().values()
+    assert version.outcome == "loaded" and "gpu_memory_gib: 40" in (version.text or "")
+    assert kinds(store) == ["policy_loaded"]
+    w.resync()  # nothing changed since: a second resync records nothing more
+    assert w.run_once() == []
+    assert kinds(store) == ["policy_loaded"]

@@ -26,6 +26,7 @@ import httpx
 import pytest
 from sqlalchemy import text
 from test_daemon_harness import api, daemon_env, make_config, running, wait_until
+from test_jobs_e2e import POLICY  # the local-cloud policy of the job tests
 
 from optimizer.daemon.errors import DaemonError
 from optimizer.daemon.leader import PostgresElection, SqliteLock, sqlite_lock_path
@@ -37,15 +38,6 @@ from providers.local.state import StateDir
 ROOT = Path(__file__).resolve().parents[1]
 TAKEOVER_LIMIT_S = 15.0
 __all__ = ["daemon_env"]
-
-POLICY = """\
-apiVersion: gpuopt/v1
-kind: Policy
-name: local-eu
-workload: {gpus: 1, gpu_memory_gib: 12}
-markets: [spot, on_demand]
-placement: {providers: [local], compliance: eu}
-"""
 
 
 # -- in-process: the PostgreSQL election ---------------------------------------------------

@@ -312,7 +312,8 @@ class Daemon:
                 "and sends alerts",
                 data={"replica": self.leadership.replica},
             )
-        for name in self._leader_loops:  # a takeover acts now, not at the next tick
+        self.watcher.resync()  # record policy changes made while no leader was recording
+        for name in [*self._leader_loops, "watch"]:  # a takeover acts now, not at the next tick
             self.scheduler.run_now(name)
 
     def _polling(self, poll: PollLoop) -> Callable[[], None]:

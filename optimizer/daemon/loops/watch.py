@@ -102,6 +102,7 @@ class PolicyWatcher:
         self._pending: dict[str, Stat] = {}
         self._started = False
         self._missing_logged = False
+        self._resync = False
 
     # -- the pass ----------------------------------------------------------------------------
 
@@ -109,6 +110,10 @@ class PolicyWatcher:
         """One scan; returns the outcomes (loaded, rejected, removed, kept) of what changed.
 
         The first call loads every file at once and restores what the store remembers."""
+        if self._resync:
+            self._resync, self._started = False, False
+            self._seen.clear()
+            self._pending.clear()
         initial = not self._started
         files = self._scan()
         if files is None:
@@ -125,6 +130,12 @@ class PolicyWatcher:
         self._started = True
         self._commit(work)
         return work.outcomes
+
+    def resync(self) -> None:
+        """Make the next pass a first one again: compare every file with what the store
+        recorded. A replica that becomes the leader calls it, so changes made while no leader
+        was recording (this replica only loaded them) are recorded now."""
+        self._resync = True
 
     def _scan(self) -> dict[str, Stat] | None:
         try:
