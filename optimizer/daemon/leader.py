@@ -332,7 +332,7 @@ class PostgresElection(_Elector):
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop competing; release the lock (a follower takes over within `check_s`)."""
+        """Stop competing; release the lock and announce it (a follower takes over at once)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
