@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
@@ -16,6 +18,7 @@ import typer
 
 if TYPE_CHECKING:
     from optimizer.migrate import Migrated, SchemaStatus
+    from optimizer.store import Store
 
 app = typer.Typer(
     help="Show or migrate the store's schema revision (run upgrade once per new gpuopt).",
@@ -63,6 +66,32 @@ def _sqlite_file_missing(url: str) -> bool:
     if not is_sqlite_url(url) or database in ("", ":memory:") or database.startswith("file:"):
         return False
     return not Path(database).expanduser().exists()
+
+
+# How long `gpuopt db upgrade` waits for another migration of the same SQLite file.
+MIGRATION_WAIT_S = 120.0
+
+
+@contextmanager
+def _sqlite_exclusive(store: Store, what: str) -> Iterator[None]:
+    """On SQLite, hold the daemon's single-instance lock while migrating: a running daemon
+    makes the migration wait for it to stop (exit 2, naming it), and no daemon starts on a
+    half-migrated file. PostgreSQL needs nothing here (the migration's advisory lock)."""
+    from optimizer.daemon.errors import DaemonError
+    from optimizer.daemon.leader import SqliteLock, sqlite_lock_path
+
+    if store.engine.dialect.name != "sqlite":
+        yield
+        return
+    lock = SqliteLock(store, sqlite_lock_path(store.url), purpose=what)
+    try:
+        lock.claim(wait_for_migration_s=MIGRATION_WAIT_S)
+    except DaemonError as exc:
+        _fail(str(exc))
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _status_lines(where: str, found: SchemaStatus) -> list[str]:
@@ -115,7 +144,7 @@ def upgrade(config: ConfigOption = None) -> None:
 
     url = _database_url(config)
     try:
-        with Store(url) as store:
+        with Store(url) as store, _sqlite_exclusive(store, "db upgrade"):
             done = migrate.upgrade(store.engine)
     except (migrate.SchemaError, migrate.UnreachableError) as exc:
         _fail(str(exc))
@@ -153,7 +182,7 @@ def downgrade(
         _fail("downgrading to base would drop every table; gpuopt db downgrade does not do that")
     url = _database_url(config)
     try:
-        with Store(url) as store:
+        with Store(url) as store, _sqlite_exclusive(store, "db downgrade"):
             done = migrate.downgrade(store.engine, revision)
     except (migrate.SchemaError, migrate.UnreachableError) as exc:
         _fail(str(exc))

@@ -64,7 +64,7 @@ log = logging.getLogger(__name__)
 LOCK_KEY = int.from_bytes(b"gpuoptmg", "big")
 
 # The revisions a database made by create_all before gpuopt had migrations can be at, newest
-# first: 72238f0 made the 0001 tables, a3190c4 added `replica` (0002).
+# first: the first daemons made the 0001 tables; just before migrations, `replica` (0002).
 PRE_MIGRATION_REVISIONS = ("0002", "0001")
 
 

@@ -544,3 +544,46 @@ def test_a_lone_sqlite_daemon_lists_itself_as_the_leader(tmp_path: Path) -> None
     assert [(r["role"], r["pid"], r["alive"]) for r in listed["replicas"]] == [
         ("leader", os.getpid(), True)
     ]
+
+
+def test_a_sqlite_migration_waits_for_the_daemon_and_the_daemon_for_a_migration(
+    tmp_path: Path,
+) -> None:
+    from typer.testing import CliRunner
+
+    from optimizer.cli import app
+
+    url = f"sqlite:///{tmp_path / 'gpuopt.db'}"
+    path = sqlite_lock_path(url)
+    with Store(url) as db:
+        db.create_all()
+        daemon_lock = SqliteLock(db, path)
+        daemon_lock.claim()
+        try:
+            refused = CliRunner().invoke(app, ["db", "upgrade"], env={"GPUOPT_DATABASE_URL": url})
+        finally:
+            daemon_lock.release()
+        assert refused.exit_code == 2
+        assert refused.stderr.strip().splitlines() == [
+            f"gpuopt: error: another gpuopt daemon (pid {os.getpid()} on "
+            f"{socket.gethostname()}, since {_holder_since(path)}) is using the SQLite "
+            f"database {tmp_path / 'gpuopt.db'}; stop it before migrating"
+        ]
+
+        migration = SqliteLock(db, path, purpose="db upgrade")
+        migration.claim()
+        try:
+            with pytest.raises(DaemonError, match=r"^gpuopt db upgrade \(pid \d+ on .*"):
+                SqliteLock(db, path).claim()
+        finally:
+            migration.release()
+        again = SqliteLock(db, path)
+        again.claim()  # free again: a daemon may start
+        again.release()
+
+
+def _holder_since(path: Path | None) -> str:
+    import json
+
+    assert path is not None
+    return str(json.loads(path.read_text())["since"])
