@@ -157,6 +157,19 @@ def test_repeated_interruptions_fall_back_to_on_demand() -> None:
     assert launch_of(d).markets is None
 
 
+def test_a_job_left_pending_by_the_fallback_still_launches_on_demand() -> None:
+    # the on-demand relaunch found no offer, so the job waits with no open attempt
+    twice = (NOW - timedelta(minutes=20), NOW - timedelta(minutes=1))
+    d = decide(job(state=JobState.PENDING, interruptions=twice), None, now=NOW, recovery=REC)
+    assert d.actions == (Launch(markets=(Market.ON_DEMAND,)),) and "on-demand" in d.reason
+    once = twice[1:]
+    d = decide(job(state=JobState.PENDING, interruptions=once), None, now=NOW, recovery=REC)
+    assert d.actions == (Launch(),)
+    later = NOW + timedelta(hours=1, minutes=1)  # both interruptions are out of the window
+    d = decide(job(state=JobState.PENDING, interruptions=twice), None, now=later, recovery=REC)
+    assert d.actions == (Launch(),)
+
+
 def test_cancel_terminates_and_ends() -> None:
     d = decide(job(cancel_requested=True), attempt(), now=NOW, recovery=REC)
     assert d.state is JobState.CANCELLED and Terminate("7-1", "job cancelled") in d.actions
@@ -211,3 +224,15 @@ def test_decisions_are_deterministic_and_consistent(
     if first.launches:
         assert first.restarts == restarts + 1 and first.restarts <= REC.max_restarts
         assert any(isinstance(a, Cooldown) for a in first.actions)
+
+
+def test_the_fallback_reason_names_the_configured_window() -> None:
+    twice = (NOW - timedelta(minutes=20), NOW - timedelta(minutes=1))
+    for window, said in (
+        (timedelta(hours=1), "2 interruptions within an hour"),
+        (timedelta(minutes=30), "2 interruptions within 30 minutes"),
+        (timedelta(hours=6), "2 interruptions within 6 hours"),
+    ):
+        rec = replace(REC, interruption_window=window)
+        d = decide(job(state=JobState.PENDING, interruptions=twice), None, now=NOW, recovery=rec)
+        assert f"{said}: falling back to on-demand" in d.reason

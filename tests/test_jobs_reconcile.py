@@ -79,3 +79,63 @@ def test_attempts_of_groups_every_listed_job_in_number_order(store: Store) -> No
     }
     assert grouped[jobs[0]] == store.attempts(jobs[0])  # the same records as one job's query
     assert store.attempts_of([]) == {}
+
+
+class RecordingSource:
+    """Launches succeed and are remembered; instances land in zone `-a` of the region."""
+
+    def __init__(self) -> None:
+        self.launched: list[tuple[str | None, str]] = []
+
+    def launch(self, offer: Any, spec: Any, key: str) -> Any:
+        from providers.base import InstanceRef
+
+        self.launched.append((offer.zone, offer.market.value))
+        return InstanceRef("aws", offer.region, f"{offer.region}a", f"i-{key}")
+
+
+def test_a_cooled_down_zonal_attempt_also_avoids_its_regional_on_demand_offer(
+    tmp_path: Path,
+) -> None:
+    """On-demand prices are per region (zone None) but an attempt records its instance's
+    zone: a cooldown on the attempt's pool must still keep the launch off that offer."""
+    from optimizer.jobs.machine import Launch
+    from optimizer.model import Market
+    from policies.loader import parse_policy
+
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    store.create_all()
+    cheap = make_offer(zone=None, market=Market.ON_DEMAND, usd_per_hour=1.0, observed_at=NOW)
+    dearer = make_offer(
+        zone=None, market=Market.ON_DEMAND, usd_per_hour=1.5, region="us-west-2", observed_at=NOW
+    )
+    store.record_offers([cheap, dearer])
+    policy = parse_policy(
+        "apiVersion: gpuopt/v1\nkind: Policy\nname: p\n"
+        "workload: {gpus: 1, gpu_memory_gib: 16}\nmarkets: [on_demand]\n"
+    )
+    job_id = store.add_job("j", "p", {"run": "x", "checkpoint_dir": "/c"})
+    job = store.get_job("j")
+    assert job is not None
+    # The last attempt ran on the cheap offer's instance, in zone us-east-1a, and was lost.
+    store.add_cooldown(
+        ("aws", "us-east-1", "us-east-1a", "g5.xlarge", "on_demand"), NOW.replace(hour=13), "lost"
+    )
+    source = RecordingSource()
+    ctx = SimpleNamespace(
+        store=store,
+        now=NOW,
+        providers={"aws": SimpleNamespace(source=lambda: source)},
+        leading=lambda: True,
+    )
+    launched, why = JobReconciler(lambda: "http://127.0.0.1:1")._launch(
+        ctx,  # type: ignore[arg-type]
+        job,
+        Launch(markets=(Market.ON_DEMAND,)),
+        policy,
+    )
+    assert launched, why
+    assert source.launched == [(None, "on_demand")]
+    (attempt,) = store.attempts(job_id)
+    assert attempt.region == "us-west-2"  # not back into the pool that was just cooled down
+    store.close()

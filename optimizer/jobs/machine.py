@@ -195,6 +195,33 @@ def _finished(job: JobView, attempt: AttemptView, code: int) -> Decision:
     )
 
 
+def _span(window: timedelta) -> str:
+    minutes = window.total_seconds() / 60
+    if minutes == 60:
+        return "an hour"
+    return f"{minutes / 60:g} hours" if minutes % 60 == 0 else f"{minutes:g} minutes"
+
+
+def _fallback(
+    job: JobView, now: datetime, recovery: Recovery, *, preempted_now: bool = False
+) -> tuple[tuple[Market, ...] | None, str]:
+    """On-demand only, with the reason, once the job was interrupted often enough lately."""
+    recent = [t for t in job.interruptions if now - t <= recovery.interruption_window]
+    if preempted_now:
+        recent.append(now)
+    if (
+        recovery.on_demand_allowed
+        and recovery.on_demand_after_interruptions
+        and len(recent) >= recovery.on_demand_after_interruptions
+    ):
+        return (
+            (Market.ON_DEMAND,),
+            f"; {len(recent)} interruptions within {_span(recovery.interruption_window)}: "
+            "falling back to on-demand",
+        )
+    return None, ""
+
+
 def decide(
     job: JobView, attempt: AttemptView | None, *, now: datetime, recovery: Recovery
 ) -> Decision:
@@ -214,7 +241,12 @@ def decide(
         )
 
     if attempt is None:
-        return Decision(JobState.PENDING, "waiting for an offer", (Launch(),))
+        # Still within the fallback: a relaunch that found no on-demand offer must not
+        # drift back to spot on the next pass.
+        markets, fallback = _fallback(job, now, recovery)
+        return Decision(
+            JobState.PENDING, f"waiting for an offer{fallback}", (Launch(markets=markets),)
+        )
 
     # A job that exits after an interruption notice was stopped for it: not a job failure.
     if attempt.exit_code is not None and attempt.interruption_notice_at is None:
@@ -255,18 +287,7 @@ def decide(
         elif not attempt.stop_sent:
             ending.append(Stop(attempt.key, relaunch.message))
 
-    markets: tuple[Market, ...] | None = None
-    recent = [t for t in job.interruptions if now - t <= recovery.interruption_window]
-    if relaunch.why == "preempted":
-        recent.append(now)
-    fallback = ""
-    if (
-        recovery.on_demand_allowed
-        and recovery.on_demand_after_interruptions
-        and len(recent) >= recovery.on_demand_after_interruptions
-    ):
-        markets = (Market.ON_DEMAND,)
-        fallback = f"; {len(recent)} interruptions within an hour: falling back to on-demand"
+    markets, fallback = _fallback(job, now, recovery, preempted_now=relaunch.why == "preempted")
     told = f"{relaunch.message}; relaunching (restart {restarts}){fallback}"
     return Decision(
         JobState.PROVISIONING,

@@ -288,6 +288,9 @@ class JobReconciler:
         if launch.markets is not None:
             policy = policy.model_copy(update={"markets": [m.value for m in launch.markets]})
         avoid = set(launch.avoid) | ctx.store.cooled_pools(ctx.now)
+        # An attempt records the zone its instance landed in, but a regional offer (on-demand
+        # prices are per region) has no zone: avoid the offer's own, regional pool too.
+        avoid |= {(p, r, None, t, m) for p, r, _zone, t, m in avoid}
         offers = [o for o in ctx.store.latest_offers() if _pool(o) not in avoid]
         ranking = evaluate(policy, offers, ctx.now)
         if not ranking.candidates:
