@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 from test_daemon_harness import (  # noqa: F401
     FakeSource,
@@ -122,3 +123,45 @@ def test_a_policy_change_wakes_reconcile(tmp_path: Path) -> None:
         write_policy(tmp_path / "policies", "small.yaml", policy_text("small"))
         wait_until(lambda: daemon.registry.get("small"), what="the new policy")
         wait_until(lambda: daemon.reconcile.passes > before, what="the pass it woke")
+
+
+class QueueingSource(FakeSource):
+    """A fake AWS source with an interruption queue: each long poll is counted, one event."""
+
+    queue_url = "https://sqs.us-east-1.amazonaws.com/123456789012/gpuopt-events"
+
+    def __init__(self) -> None:
+        super().__init__(name="aws")
+        self.polls: list[int] = []
+
+    def poll_interruptions(self, *, wait_seconds: int, record: Any) -> list[Any]:
+        self.polls.append(wait_seconds)
+        record([])
+        return []
+
+
+def test_the_leader_long_polls_a_configured_interruption_queue_on_its_own_loop(
+    tmp_path: Path,
+) -> None:
+    from optimizer.daemon.loops.queue import WAIT_S
+
+    source = QueueingSource()
+    config = make_config(
+        tmp_path,
+        providers={
+            "aws": {
+                "interruption_queue_url": source.queue_url,
+                "spot_interval_s": 3600,
+                "on_demand_interval_s": 3600,
+            }
+        },
+    )
+    with running(config, sources={"aws": source}) as daemon:
+        assert "queue:aws" in daemon.scheduler.names
+        wait_until(lambda: len(source.polls) >= 2, what="two long polls")
+        assert set(source.polls) == {WAIT_S}
+
+
+def test_no_queue_loop_without_a_configured_queue(tmp_path: Path) -> None:
+    with running(make_config(tmp_path)) as daemon:
+        assert not [n for n in daemon.scheduler.names if n.startswith("queue:")]

@@ -10,6 +10,7 @@ from typing import Any
 
 from test_daemon_harness import make_offer
 
+from optimizer.daemon.loops.queue import WAIT_S, QueueLoop
 from optimizer.jobs.reconcile import JobReconciler
 from optimizer.store import Store
 
@@ -56,13 +57,27 @@ def test_queue_notices_are_recorded_on_the_matching_attempts(tmp_path: Path) -> 
             Event("i-someone-elses", "spot_interruption", "terminate"),
         ]
     )
-    handle = SimpleNamespace(source=lambda: source)
-    ctx = SimpleNamespace(store=store, providers={"aws": handle}, now=NOW)
-    JobReconciler(lambda: "http://127.0.0.1:1")._queue_events(ctx, store.open_attempts())  # type: ignore[arg-type]
-    assert source.waits == [0]  # never blocks a reconcile pass
+    woken: list[bool] = []
+    handle = SimpleNamespace(name="aws", source=lambda: source)
+    loop = QueueLoop(handle, store, lambda: NOW, wake=lambda: woken.append(True))  # type: ignore[arg-type]
+    assert loop.run_once() == 2
+    assert source.waits == [WAIT_S]  # a long poll, on its own loop
+    assert woken == [True]  # the reconcile loop acts on it now
     spot, gone = store.attempt(f"{job}-1"), store.attempt(f"{job}-2")
     assert spot is not None and spot.notice_at == NOW and not spot.instance_gone
     assert gone is not None and gone.instance_gone and gone.notice_at is None
+    assert loop.run_once() == 0 and woken == [True]  # already recorded: nothing new, no wake
+    store.close()
+
+
+def test_a_provider_without_a_queue_is_not_polled(tmp_path: Path) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    store.create_all()
+    source = QueueSource([])
+    source.queue_url = ""  # type: ignore[misc]
+    handle = SimpleNamespace(name="aws", source=lambda: source)
+    loop = QueueLoop(handle, store, lambda: NOW, wake=lambda: None)  # type: ignore[arg-type]
+    assert loop.run_once() == 0 and source.waits == []
     store.close()
 
 

@@ -1,4 +1,4 @@
-"""Leadership: which daemon process runs the loops that act (poll, reconcile, deliver).
+"""Leadership: which daemon process runs the loops that act (poll, queue, reconcile, deliver).
 
 Every replica serves the API; only the leader polls prices, reconciles jobs and sends
 alerts, so no two processes launch the same job or send the same alert.

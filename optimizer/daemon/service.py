@@ -36,6 +36,7 @@ from optimizer.daemon.leader import PostgresElection, SqliteLock, make_leadershi
 from optimizer.daemon.logsetup import quiet_libraries
 from optimizer.daemon.loops.deliver import DeliverLoop
 from optimizer.daemon.loops.poll import PollLoop
+from optimizer.daemon.loops.queue import QueueLoop, queue_handles
 from optimizer.daemon.loops.reconcile import ReconcileLoop
 from optimizer.daemon.loops.watch import PolicyWatcher
 from optimizer.daemon.policies import PolicyRegistry
@@ -166,6 +167,10 @@ class Daemon:
             metrics=self.metrics,
             leading=lambda: self.leadership.is_leader,
         )
+        self.queues = [
+            QueueLoop(handle, self.store, clock, wake=self.reconcile.wakeup.set)
+            for handle in queue_handles(self.handles)
+        ]
         self.leadership = make_leadership(
             self.store,
             check_s=config.leader.check_s,
@@ -270,6 +275,8 @@ class Daemon:
             cfg = poll.handle.config
             every = cfg.spot_interval_s if poll.market is Market.SPOT else cfg.on_demand_interval_s
             self._lead(poll.name, self._polling(poll), every)
+        for queue in self.queues:  # back to back: each run is one long poll
+            self._lead(queue.name, queue.run_once, 0.5)
         self.scheduler.add("watch", self.watcher.run_once, loops.watch_s, run_now=False)
         self._lead("reconcile", self.reconcile.tick, loops.reconcile_s)
         self._lead("deliver", self.deliver.run_once, loops.deliver_s)

@@ -84,12 +84,12 @@ class JobReconciler:
         self._buffer: list[NewEvent] = []
 
     def __call__(self, ctx: ReconcileContext) -> None:
-        open_attempts = ctx.store.open_attempts()
-        self._queue_events(ctx, open_attempts)
-        self._describe(ctx, open_attempts)
+        # Provider event queues (AWS EventBridge → SQS) are read by their own loop
+        # (optimizer/daemon/loops/queue.py), which records notices and wakes this one.
+        self._describe(ctx, ctx.store.open_attempts())
         self._buffer.clear()
         live = [job for job in ctx.jobs if JobState(job.state) in LIVE]
-        # Read after describe and the event queue, which may have ended attempts.
+        # Read after describe, which may have ended attempts.
         attempts = ctx.store.attempts_of(job.id for job in live)
         for job in live:
             self._job(ctx, job, attempts.get(job.id, []))
@@ -97,32 +97,6 @@ class JobReconciler:
         self._clean_up(ctx)
 
     # -- observing ---------------------------------------------------------------------------
-
-    def _queue_events(self, ctx: ReconcileContext, attempts: list[AttemptRecord]) -> None:
-        """Interruption events from a provider's event queue (AWS EventBridge → SQS), read
-        without waiting; a notice for one of our instances is recorded like the agent's."""
-        by_instance = {a.instance_id: a for a in attempts if a.instance_id and not a.ended}
-        for name in ctx.providers:
-            source = self._provider(ctx, name)
-            poll = getattr(source, "poll_interruptions", None)
-            if poll is None or not getattr(source, "queue_url", None):
-                continue
-
-            def record(events: list[Any]) -> None:
-                for event in events:
-                    attempt = by_instance.get(event.instance_id)
-                    if attempt is None:
-                        continue
-                    if event.kind in ("spot_interruption", "rebalance"):
-                        if attempt.notice_at is None:
-                            ctx.store.update_attempt(attempt.key, notice_at=ctx.now)
-                    elif event.detail in ("shutting-down", "terminated", "stopped"):
-                        ctx.store.update_attempt(attempt.key, instance_gone=True)
-
-            try:
-                poll(wait_seconds=0, record=record)
-            except ProviderError as exc:
-                log.warning("reading %s's interruption queue failed: %s", name, exc)
 
     def _describe(self, ctx: ReconcileContext, attempts: list[AttemptRecord]) -> None:
         """Mark attempts whose instance the provider reports ended (and why)."""
