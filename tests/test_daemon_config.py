@@ -113,3 +113,24 @@ def test_config_show_masks_every_secret(tmp_path: Path, monkeypatch: pytest.Monk
     assert result.exit_code == 0, result.output
     assert "hidden-token-value" not in result.stdout and "abcdef" not in result.stdout
     assert "token: '**********'" in result.stdout
+
+
+def test_the_leader_lease_must_outlast_two_checks_and_stay_under_the_session_timeout(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "leader.yaml"
+    path.write_text("leader:\n  check_s: 3\n  lease_s: 6\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert [str(p) for p in caught.value.problems] == [
+        f"{path}:3:12: leader.lease_s: must be more than twice leader.check_s (3)"
+    ]
+    path.write_text("leader: {lease_s: 11}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert [str(p) for p in caught.value.problems] == [
+        f"{path}:1:19: leader.lease_s: must be <= 10"
+    ]
+    path.write_text("leader: {check_s: 1, lease_s: 4}\n")
+    leader = load_config(path).leader
+    assert (leader.check_s, leader.lease_s) == (1, 4)

@@ -85,8 +85,10 @@ class LeaderConfig(_Section):
     check_s: float = Field(
         2, gt=0, le=5, description="How often followers try for the lock and the leader checks it."
     )
+    # At most 10: the lock's session is dropped after about 12 s without an answer, and a
+    # cut-off leader must have stopped acting by then (optimizer/daemon/leader.py).
     lease_s: float = Field(
-        10, gt=0, le=10, description="A leader that cannot confirm its lock this long stops acting."
+        6, gt=0, le=10, description="A leader that cannot confirm its lock this long stops acting."
     )
 
     @field_validator("lease_s")

@@ -8,7 +8,7 @@ alerts, so no two processes launch the same job or send the same alert.
   database in different schemas elect separately. PostgreSQL frees the lock the moment the
   leader's session ends: a clean stop, a crash or SIGKILL (the kernel closes the socket),
   or, when the leader's host vanishes, the server's TCP keepalives giving up (set on the
-  session to about 11 s). Followers retry every `check_s`, so one takes over within
+  session to about 12 s). Followers retry every `check_s`, so one takes over within
   `check_s` of the release.
 - **Lease**: the leader re-confirms the lock in `pg_locks` every `check_s` and counts as
   leader only while its last confirmation is younger than `lease_s`. A leader cut off from
@@ -56,12 +56,15 @@ HEARTBEAT_S = 5.0  # how often a replica refreshes its row
 STALE_AFTER = timedelta(seconds=60)  # rows silent this long are replicas that are gone
 
 # Server-side TCP settings for the lock's session: a vanished leader host is noticed after
-# about idle + interval * count seconds and its lock freed (the defaults are hours).
+# about idle + interval * count = 12 s of silence (or 12 s of unacknowledged data) and its
+# lock freed (the defaults are hours). That is longer than the default lease (6 s), so a
+# leader cut off from the database has stopped acting before anyone else can win, and short
+# enough that a follower (trying every 2 s) takes over within 15 s.
 _SESSION_SETTINGS = {
-    "tcp_keepalives_idle": "5",
+    "tcp_keepalives_idle": "6",
     "tcp_keepalives_interval": "2",
     "tcp_keepalives_count": "3",
-    "tcp_user_timeout": "10000",
+    "tcp_user_timeout": "12000",
     "statement_timeout": "5000",
 }
 # The client side of the same: keepalives, and connecting gives up rather than hangs.
@@ -320,7 +323,7 @@ class PostgresElection(_Elector):
         store: Store,
         *,
         check_s: float = 2.0,
-        lease_s: float = 10.0,
+        lease_s: float = 6.0,
         on_wakeup: Callable[[], None] = lambda: None,
         monotonic: Callable[[], float] = time.monotonic,
         **kwargs: Any,
@@ -420,9 +423,11 @@ class PostgresElection(_Elector):
         if self._conn is None and not self._connect():
             return
         try:
+            # The lease counts from before the query: the server saw the lock held no earlier.
+            asked = self.monotonic()
             if self._role.leading:
                 if self._holds():
-                    self._confirmed = self.monotonic()
+                    self._confirmed = asked
                 else:
                     self._lost("the advisory lock is no longer held")
                     return
@@ -431,7 +436,7 @@ class PostgresElection(_Elector):
                     "SELECT pg_try_advisory_lock(%s)", (self._key,)
                 ).fetchone()[0]
                 if won:
-                    self._confirmed = self.monotonic()
+                    self._confirmed = asked
                     self._set_leading(True)
         except Exception as exc:
             self._lost(f"the lock connection failed: {first_line(exc)}")
