@@ -83,7 +83,8 @@ def test_a_clean_stop_hands_over_at_once_not_at_the_next_round(pg_store: Store) 
     follower.start()
     try:
         assert leader.is_leader and not follower.is_leader
-        time.sleep(0.2)  # the follower is in its 30 s wait, listening
+        # The follower LISTENs from its first round; a notice that arrives before its wait
+        # begins is kept by the driver and read when the wait starts.
         leader.stop()
         # Far sooner than a 30 s round: the release NOTIFY ended the follower's wait.
         wait_until(lambda: follower.is_leader, timeout=5, what="the handover")
@@ -137,7 +138,8 @@ def test_a_leader_whose_session_is_killed_steps_down_then_one_replica_leads(
         wait_until(lambda: False in changes, timeout=5, what="the leader to step down")
         # Whoever wins the next round (the old leader reconnects and competes), one leads.
         wait_until(lambda: first.is_leader != second.is_leader, timeout=5, what="a new leader")
-        time.sleep(0.5)  # several rounds later, still exactly one
+        # Once both are connected again, both compete every round; the lock allows one.
+        wait_until(lambda: first._conn is not None and second._conn is not None, timeout=5)
         assert first.is_leader != second.is_leader
     finally:
         first.stop()
@@ -170,8 +172,7 @@ def test_a_follower_wakes_the_leader_through_notify(pg_store: Store) -> None:
     follower.start()
     try:
         assert leader.is_leader and not follower.is_leader
-        time.sleep(0.2)  # let the leader reach its LISTEN wait
-        follower.nudge()
+        follower.nudge()  # the leader LISTENs from its first round: no wait needed
         assert woken.wait(5), "the leader was not woken"
     finally:
         leader.stop()
