@@ -58,14 +58,10 @@ def _database_url(config: Path | None) -> str:
 
 def _sqlite_file_missing(url: str) -> bool:
     """True for a SQLite file that does not exist yet: reading it must not create it."""
-    from sqlalchemy.engine import make_url
+    from optimizer.store import sqlite_file
 
-    from optimizer.settings import is_sqlite_url
-
-    database = make_url(url).database or ""
-    if not is_sqlite_url(url) or database in ("", ":memory:") or database.startswith("file:"):
-        return False
-    return not Path(database).expanduser().exists()
+    path = sqlite_file(url)
+    return path is not None and not path.exists()
 
 
 # How long `gpuopt db upgrade` waits for another migration of the same SQLite file.

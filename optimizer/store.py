@@ -136,20 +136,32 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The file a SQLite URL names, absolute; None for other databases, in-memory ones and
+    `file:` URIs (whose path SQLite itself parses)."""
+    parsed = make_url(url)
+    database = parsed.database or ""
+    if parsed.get_backend_name() != "sqlite" or database in ("", ":memory:"):
+        return None
+    if database.startswith("file:"):
+        return None
+    return Path(database).expanduser().absolute()
+
+
 def _make_engine(url: str, schema: str | None) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if schema is not None:
             raise ValueError("schema= applies to PostgreSQL only")
-        database = parsed.database or ""
-        if database in ("", ":memory:"):
+        if (parsed.database or "") in ("", ":memory:"):
             # One shared connection, or every checkout would see its own empty database.
             engine = create_engine(
                 url, poolclass=StaticPool, connect_args={"check_same_thread": False}
             )
         else:
-            if not database.startswith("file:"):
-                Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            path = sqlite_file(url)
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
             engine = create_engine(url)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine

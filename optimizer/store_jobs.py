@@ -123,9 +123,8 @@ class JobsMixin(StoreBase):
         return None if row is None else _attempt(row)
 
     def attempts(self, job_id: int) -> list[AttemptRecord]:
-        query = select(_ATTEMPT).where(_ATTEMPT.c.job_id == job_id).order_by(_ATTEMPT.c.number)
-        with self.engine.connect() as conn:
-            return [_attempt(r) for r in conn.execute(query).all()]
+        """One job's attempts in number order."""
+        return self.attempts_of([job_id]).get(job_id, [])
 
     def attempts_of(self, job_ids: Iterable[int]) -> dict[int, list[AttemptRecord]]:
         """Every listed job's attempts in number order, in a few queries (a reconcile pass

@@ -41,12 +41,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from optimizer import __version__
 from optimizer.clock import Clock, utc_now
 from optimizer.daemon.errors import DaemonError
-from optimizer.store import Store
+from optimizer.store import Store, sqlite_file
 from optimizer.store_replicas import ReplicaRecord
 
 log = logging.getLogger(__name__)
@@ -88,27 +88,6 @@ def replica_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
 
 
-class Leadership(Protocol):
-    """What the daemon needs from an election."""
-
-    replica: str
-
-    @property
-    def is_leader(self) -> bool: ...
-
-    def claim(self) -> None:
-        """Before the store is touched: refuse to run where this daemon may not (SQLite)."""
-        ...
-
-    def start(self) -> None: ...
-
-    def stop(self) -> None: ...
-
-    def nudge(self) -> None:
-        """Ask the leader (wherever it runs) for a reconcile pass now."""
-        ...
-
-
 Listener = Callable[[bool], None]
 
 
@@ -118,8 +97,9 @@ class _Role:
     since: datetime | None = None
 
 
-class _Elector:
-    """What both elections share: the role, its listeners and the replica heartbeat."""
+class Election:
+    """What the daemon needs from an election, and what both kinds share: the role, its
+    listeners (called with True on becoming leader, False on ceasing) and the heartbeat."""
 
     def __init__(
         self,
@@ -139,6 +119,20 @@ class _Elector:
         self._started_at = clock()
         self._beat_at = 0.0
         self._reported = False  # a row of ours exists (to remove when stopping)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def claim(self) -> None:
+        """Before the store is touched: refuse to run where this daemon may not (SQLite)."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def nudge(self) -> None:
+        """Ask the leader, wherever it runs, for a reconcile pass now."""
 
     @property
     def role(self) -> str:
@@ -205,7 +199,7 @@ class _Elector:
             log.warning("could not remove this replica's row: %s", first_line(exc))
 
 
-class SqliteLock(_Elector):
+class SqliteLock(Election):
     """One daemon per SQLite database: an exclusive flock on `<database>.lock`."""
 
     def __init__(
@@ -217,8 +211,6 @@ class SqliteLock(_Elector):
         # migration (`gpuopt db upgrade` takes it too, so no daemon starts mid-migration).
         self.purpose = purpose
         self._fd: int | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def claim(self, *, wait_for_migration_s: float = 0.0) -> None:
         """Take the file lock, or raise DaemonError naming the process that holds it. Called
@@ -281,9 +273,6 @@ class SqliteLock(_Elector):
         while not self._stop.wait(HEARTBEAT_S):
             self._heartbeat()
 
-    def nudge(self) -> None:
-        """Nothing to do: the only daemon is this one, and it wakes itself."""
-
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
@@ -315,7 +304,7 @@ LOCK_KEY_SQL = (
 )
 
 
-class PostgresElection(_Elector):
+class PostgresElection(Election):
     """Replicas compete for a session-level advisory lock (see the module docstring)."""
 
     def __init__(
@@ -339,16 +328,11 @@ class PostgresElection(_Elector):
         self._key: int | None = None
         self._schema: str | None = None
         self._confirmed = 0.0  # monotonic time the lock was last seen held
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._connect_failures = 0
 
     @property
     def is_leader(self) -> bool:
         return self._role.leading and self.monotonic() - self._confirmed < self.lease_s
-
-    def claim(self) -> None:
-        """Nothing to claim: any number of replicas may share a PostgreSQL database."""
 
     def start(self) -> None:
         """Try once now (so a lone replica leads at once), then keep trying on a thread."""
@@ -500,13 +484,8 @@ class PostgresElection(_Elector):
 
 def sqlite_lock_path(database_url: str) -> Path | None:
     """Where the single-instance lock for a SQLite URL lives (None for in-memory)."""
-    from sqlalchemy.engine import make_url
-
-    database = make_url(database_url).database or ""
-    if database in ("", ":memory:") or database.startswith("file:"):
-        return None
-    path = Path(database).expanduser().absolute()
-    return path.with_name(path.name + ".lock")
+    path = sqlite_file(database_url)
+    return None if path is None else path.with_name(path.name + ".lock")
 
 
 def make_leadership(
@@ -517,7 +496,7 @@ def make_leadership(
     on_wakeup: Callable[[], None],
     api_url: Callable[[], str | None],
     clock: Clock = utc_now,
-) -> SqliteLock | PostgresElection:
+) -> Election:
     """The election that fits the store's engine."""
     if store.engine.dialect.name == "sqlite":
         return SqliteLock(store, sqlite_lock_path(store.url), api_url=api_url, clock=clock)
@@ -533,7 +512,7 @@ def make_leadership(
 
 __all__ = [
     "WAKEUP_CHANNEL",
-    "Leadership",
+    "Election",
     "PostgresElection",
     "SqliteLock",
     "make_leadership",

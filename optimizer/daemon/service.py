@@ -32,7 +32,7 @@ from optimizer.api import agent as agent_api
 from optimizer.clock import Clock, utc_now
 from optimizer.daemon.config import DaemonConfig, ProviderConfig
 from optimizer.daemon.errors import DaemonError
-from optimizer.daemon.leader import PostgresElection, SqliteLock, make_leadership
+from optimizer.daemon.leader import Election, PostgresElection, make_leadership
 from optimizer.daemon.logsetup import quiet_libraries
 from optimizer.daemon.loops.deliver import DeliverLoop
 from optimizer.daemon.loops.poll import PollLoop
@@ -94,7 +94,7 @@ class ClusterWakeup(threading.Event):
     leader for one (PostgreSQL NOTIFY), so an agent's interruption notice acts at once
     whichever replica received it."""
 
-    def __init__(self, local: threading.Event, leadership: SqliteLock | PostgresElection) -> None:
+    def __init__(self, local: threading.Event, leadership: Election) -> None:
         super().__init__()
         self.local = local
         self.leadership = leadership
@@ -245,10 +245,9 @@ class Daemon:
     def url(self) -> str:
         return self.server.url
 
-    def _api_url(self) -> str | None:
-        if self.config.api.public_url:
-            return self.config.api.public_url
-        return self.server.url if self.server.port else None  # known once bound
+    def _api_url(self) -> str:
+        """Where agents and alert links reach this API: api.public_url, else the bound URL."""
+        return self.config.api.public_url or self.server.url
 
     def start(self) -> None:
         """Open the store, bind the API, join the election, load policies, start the loops
@@ -269,7 +268,7 @@ class Daemon:
         self.watcher.run_once()  # policies are in force before anything reads them
         self.metrics.watch(self.store, self.registry.status_counts)
         if self.deliver.api_url is None:
-            self.deliver.api_url = self.server.url
+            self.deliver.api_url = self._api_url()
         loops = self.config.loops
         for poll in self.polls:
             cfg = poll.handle.config
@@ -282,7 +281,7 @@ class Daemon:
         self._lead("deliver", self.deliver.run_once, loops.deliver_s)
         self.reconcile.attach(lambda: self.scheduler.run_now("reconcile"))
         self.reconcile.reconcilers.append(
-            JobReconciler(lambda: self.config.api.public_url or self.server.url)
+            JobReconciler(self._api_url)
         )
         self.scheduler.start()
         self.server.start()
@@ -336,7 +335,7 @@ class Daemon:
         """Let each loop finish its current iteration, stop serving, close everything."""
         log.info("stopping: waiting for the loops' current iterations")
         self.scheduler.shutdown(wait=True)
-        self.leadership.stop()  # after the loops: a follower takes over within leader.check_s
+        self.leadership.stop()  # after the loops; the release lets a follower take over at once
         self.server.stop()
         for handle in self.handles.values():
             handle.close()
