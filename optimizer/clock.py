@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
@@ -37,3 +38,24 @@ class ManualClock:
     def set(self, when: datetime) -> None:
         with self._lock:
             self._now = when.astimezone(UTC)
+
+
+class SteadyClock:
+    """A clock that starts at a fixed instant and then moves at the wall clock's pace.
+
+    For end-to-end tests that run real processes (so time must pass) but must not depend on
+    the calendar day they run on: month ends, budgets and schedules see the fixed start.
+    """
+
+    def __init__(self, start: datetime) -> None:
+        if start.tzinfo is None:
+            raise ValueError("SteadyClock needs a timezone-aware start")
+        self._start = start.astimezone(UTC)
+        self._origin = time.monotonic()
+
+    def __call__(self) -> datetime:
+        return self._start + timedelta(seconds=time.monotonic() - self._origin)
+
+    def epoch(self) -> float:
+        """The same instant as epoch seconds, for clocks that count in floats."""
+        return self().timestamp()

@@ -11,6 +11,7 @@ import itertools
 import json
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from test_daemon_harness import (  # daemon_env: no GPUOPT_* setting leaks in (a
 )
 
 from optimizer.alerts.webhook import verify_signature
+from optimizer.clock import Clock, SteadyClock, utc_now
 from optimizer.daemon.service import Daemon
 from providers.local import LocalCloud
 
@@ -64,15 +66,30 @@ def job_body(name: str, ckpt: Path, steps: int, **extra: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-def cloud(tmp_path: Path) -> Iterator[LocalCloud]:
-    local = LocalCloud(tmp_path / "local-cloud", grace_s=1.5, terminate_grace_s=2.0, tick_s=0.05)
+def clock() -> Clock:
+    """The daemon's and the local cloud's clock; a test that depends on the date overrides it
+    with a SteadyClock from a fixed instant (parametrize on `clock`)."""
+    return utc_now
+
+
+@pytest.fixture
+def cloud(tmp_path: Path, clock: Clock) -> Iterator[LocalCloud]:
+    local = LocalCloud(
+        tmp_path / "local-cloud",
+        grace_s=1.5,
+        terminate_grace_s=2.0,
+        tick_s=0.05,
+        clock=lambda: clock().timestamp(),
+    )
     yield local
     local.kill_all()
     local.close()
 
 
 @pytest.fixture
-def daemon(tmp_path: Path, cloud: LocalCloud, httpserver: HTTPServer) -> Iterator[Daemon]:
+def daemon(
+    tmp_path: Path, cloud: LocalCloud, httpserver: HTTPServer, clock: Clock
+) -> Iterator[Daemon]:
     httpserver.expect_request("/hook").respond_with_data("ok")
     write_policy(tmp_path / "policies", "local-eu.yaml", POLICY)
     config = make_config(
@@ -86,7 +103,7 @@ def daemon(tmp_path: Path, cloud: LocalCloud, httpserver: HTTPServer) -> Iterato
             "routes": [{"kinds": ["job.*"], "channels": ["hook"]}],
         },
     )
-    with running(config, sources={"local": cloud}) as d:
+    with running(config, sources={"local": cloud}, clock=clock) as d:
         for poll in d.polls:  # offers in the store before the first job
             poll.run_once()
         yield d
@@ -217,13 +234,14 @@ def test_a_failed_probe_relaunches_on_another_offer(
     assert all(a.exit_code is None for a in attempts)  # the job itself never ran
 
 
+# Mid-month, so that the rest of the month at any offer's price takes the projection past the
+# cap whatever day the suite runs on (on the last evening of a month it would not).
+@pytest.mark.parametrize("clock", [SteadyClock(datetime(2026, 3, 14, 12, 0, tzinfo=UTC))])
 def test_projected_monthly_spend_stops_a_launch_past_the_budget(
-    tmp_path: Path, daemon: Daemon
+    tmp_path: Path, daemon: Daemon, clock: Clock
 ) -> None:
-    from datetime import UTC, datetime, timedelta
-
     # $500 already spent this month under the policy: an earlier job ran 10 h at $50/h
-    now = datetime.now(UTC)
+    now = clock()
     earlier = daemon.store.add_job("earlier", "local-eu", {"run": "x", "checkpoint_dir": "/x"})
     offer = make_offer(
         provider="local",
