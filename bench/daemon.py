@@ -180,8 +180,9 @@ def _running_jobs(store: Any) -> Any:
 
 def reconcile_pass(passes: int, database_url: str | None) -> list[dict[str, Any]]:
     from optimizer.alerts import Emitter, Router
-    from optimizer.daemon.loops.reconcile import ReconcileContext, ReconcileLoop
+    from optimizer.daemon.loops.reconcile import ReconcileLoop
     from optimizer.daemon.policies import PolicyRegistry
+    from optimizer.jobs.context import ReconcileContext
     from optimizer.store import Store
 
     engines: list[tuple[str, str, str | None]] = []

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from test_agent_harness import FakeDaemon, counter_job, read_json, wait_until
 
-from optimizer.agent import bootstrap_script
+from optimizer.jobs.bootstrap import bootstrap_script
 from optimizer.model import Market
 from providers.base import EndReason, InstanceState, LaunchSpec
 from providers.local import LocalCloud

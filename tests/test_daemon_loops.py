@@ -18,8 +18,8 @@ from test_daemon_harness import (  # noqa: F401
     write_policy,
 )
 
-from optimizer.daemon.loops.reconcile import ReconcileContext
 from optimizer.daemon.scheduler import LoopScheduler
+from optimizer.jobs.context import ReconcileContext
 from optimizer.metrics import Metrics
 
 

@@ -5,14 +5,12 @@ a job asks for them.
 """
 
 from optimizer.agent.agent import Agent
-from optimizer.agent.bootstrap import DEFAULT_INSTALL, bootstrap_script
 from optimizer.agent.config import AgentConfig, AgentConfigError, Assignment
 from optimizer.agent.imds import AwsImds, GcpMetadata, Notice, Watcher, make_watcher
 from optimizer.agent.reporter import DaemonClient, DaemonError, Event, EventQueue, Reporter
 from optimizer.agent.runner import JobExit, JobRunner
 
 __all__ = [
-    "DEFAULT_INSTALL",
     "Agent",
     "AgentConfig",
     "AgentConfigError",
@@ -28,6 +26,5 @@ __all__ = [
     "Notice",
     "Reporter",
     "Watcher",
-    "bootstrap_script",
     "make_watcher",
 ]

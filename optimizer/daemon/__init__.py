@@ -10,15 +10,16 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from optimizer.daemon.config import ConfigError, DaemonConfig, load_config
-    from optimizer.daemon.loops.reconcile import ReconcileContext, Reconciler, Wakeup
+    from optimizer.daemon.loops.reconcile import Wakeup
     from optimizer.daemon.service import Daemon, DaemonError
+    from optimizer.jobs.context import ReconcileContext, Reconciler
 
 _EXPORTS = {
     "ConfigError": "optimizer.daemon.config",
     "DaemonConfig": "optimizer.daemon.config",
     "load_config": "optimizer.daemon.config",
-    "ReconcileContext": "optimizer.daemon.loops.reconcile",
-    "Reconciler": "optimizer.daemon.loops.reconcile",
+    "ReconcileContext": "optimizer.jobs.context",
+    "Reconciler": "optimizer.jobs.context",
     "Wakeup": "optimizer.daemon.loops.reconcile",
     "Daemon": "optimizer.daemon.service",
     "DaemonError": "optimizer.daemon.service",

@@ -280,9 +280,7 @@ class Daemon:
         self._lead("reconcile", self.reconcile.tick, loops.reconcile_s)
         self._lead("deliver", self.deliver.run_once, loops.deliver_s)
         self.reconcile.attach(lambda: self.scheduler.run_now("reconcile"))
-        self.reconcile.reconcilers.append(
-            JobReconciler(self._api_url)
-        )
+        self.reconcile.reconcilers.append(JobReconciler(self._api_url))
         self.scheduler.start()
         self.server.start()
         self._started = True

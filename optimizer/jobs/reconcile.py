@@ -19,8 +19,9 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from optimizer.daemon.loops.reconcile import ReconcileContext
 from optimizer.jobs import budget
+from optimizer.jobs.bootstrap import DEFAULT_INSTALL, bootstrap_script
+from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.machine import (
     LIVE,
     Alert,
@@ -62,7 +63,7 @@ MAX_OFFERS_TRIED = 25  # per launch, so a run of capacity errors ends in a clear
 
 
 class JobReconciler:
-    """A reconciler for `ReconcileLoop.reconcilers` (see optimizer/daemon/loops/reconcile.py)."""
+    """The daemon's reconciler of managed jobs (a `Reconciler`, optimizer/jobs/context.py)."""
 
     name = "jobs"
 
@@ -445,8 +446,6 @@ class JobReconciler:
         return "launched"
 
     def _bootstrap(self, attempt: AttemptRecord, token: str) -> str:
-        from optimizer.agent.bootstrap import DEFAULT_INSTALL, bootstrap_script
-
         local = attempt.provider == "local"
         return bootstrap_script(
             daemon_url=self.daemon_url(),

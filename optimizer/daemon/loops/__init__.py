@@ -2,15 +2,13 @@
 
 from optimizer.daemon.loops.deliver import DeliverLoop
 from optimizer.daemon.loops.poll import PollLoop
-from optimizer.daemon.loops.reconcile import ReconcileContext, ReconcileLoop, Reconciler, Wakeup
+from optimizer.daemon.loops.reconcile import ReconcileLoop, Wakeup
 from optimizer.daemon.loops.watch import PolicyWatcher
 
 __all__ = [
     "DeliverLoop",
     "PolicyWatcher",
     "PollLoop",
-    "ReconcileContext",
     "ReconcileLoop",
-    "Reconciler",
     "Wakeup",
 ]

@@ -1,9 +1,10 @@
 """The reconcile loop: each pass loads the live jobs once and hands them to every reconciler.
 
-The hook is `ReconcileLoop.reconcilers`, a list of callables taking a `ReconcileContext`;
-the managed-jobs step appends the job state machine there. Reconcilers must be idempotent
-(a pass may run twice for one cause) and record what they change in the store themselves.
-One reconciler raising is logged and counted; the others still run.
+The hook is `ReconcileLoop.reconcilers`, a list of callables taking a `ReconcileContext`
+(both defined in optimizer/jobs/context.py); the daemon appends the job reconciler there.
+Reconcilers must be idempotent (a pass may run twice for one cause) and record what they
+change in the store themselves. One reconciler raising is logged and counted; the others
+still run.
 
 Waking: `wakeup.set()` (from an API handler, an agent event, a policy change) runs a pass
 now instead of at the next tick. A wake during a pass makes that pass run once more when it
@@ -17,40 +18,18 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Protocol
 
 from optimizer.alerts.outbox import Emitter
 from optimizer.clock import Clock
-from optimizer.daemon.policies import LoadedPolicy, PolicyRegistry
+from optimizer.daemon.policies import PolicyRegistry
 from optimizer.daemon.providers import ProviderHandle
+from optimizer.jobs.context import ReconcileContext, Reconciler
 from optimizer.metrics import Metrics
 from optimizer.store import Store
-from optimizer.store_tables import JobRecord
 
 log = logging.getLogger(__name__)
 
 MAX_BACK_TO_BACK = 10  # passes one wake-up storm may chain before yielding to the next tick
-
-
-@dataclass(frozen=True, slots=True)
-class ReconcileContext:
-    """What one pass sees: the time, the live jobs, the policies in force, and the handles
-    to act through (store, providers, emitter for events with alerts)."""
-
-    now: datetime
-    jobs: tuple[JobRecord, ...]
-    policies: Mapping[str, LoadedPolicy]
-    store: Store
-    providers: Mapping[str, ProviderHandle]
-    emitter: Emitter
-    clock: Clock
-    # Whether this replica still leads; checked before acting on a cloud (a launch).
-    leading: Callable[[], bool] = lambda: True
-
-
-class Reconciler(Protocol):
-    def __call__(self, ctx: ReconcileContext) -> None: ...
 
 
 @dataclass

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from optimizer.agent import DEFAULT_INSTALL, bootstrap_script
+from optimizer.jobs.bootstrap import DEFAULT_INSTALL, bootstrap_script
 
 TOKEN = "tok-'quoted' $HOME `x`"
 
