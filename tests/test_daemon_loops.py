@@ -18,9 +18,9 @@ from test_daemon_harness import (  # noqa: F401
     write_policy,
 )
 
+from optimizer.daemon.metrics import Metrics
 from optimizer.daemon.scheduler import LoopScheduler
 from optimizer.jobs.context import ReconcileContext
-from optimizer.metrics import Metrics
 
 
 def test_a_loop_that_raises_is_counted_and_runs_again_next_tick() -> None:

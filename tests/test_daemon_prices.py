@@ -20,10 +20,10 @@ from optimizer.clock import ManualClock
 from optimizer.daemon.config import ProviderConfig
 from optimizer.daemon.loops.poll import PollLoop
 from optimizer.daemon.loops.watch import PolicyWatcher
+from optimizer.daemon.metrics import Metrics
 from optimizer.daemon.policies import PolicyRegistry
 from optimizer.daemon.prices import PriceState, PriceWatch, price_signals
 from optimizer.daemon.providers import ProviderHandle
-from optimizer.metrics import Metrics
 from optimizer.model import Market
 from optimizer.store import Store
 from policies.engine import evaluate

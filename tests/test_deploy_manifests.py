@@ -26,7 +26,7 @@ DEPLOY = ROOT / "deploy"
 CHART = DEPLOY / "helm" / "gpuopt"
 TEMPLATES = CHART / "templates"
 DASHBOARD = DEPLOY / "grafana" / "gpuopt-dashboard.json"
-METRICS_SOURCE = ROOT / "optimizer" / "metrics.py"
+METRICS_SOURCE = ROOT / "optimizer" / "daemon" / "metrics.py"
 
 # Enough for compose's ${VAR:?…} interpolation when `compose config` runs.
 COMPOSE_ENV = {"POSTGRES_PASSWORD": "test-password", "GPUOPT_API_TOKEN": "t" * 32}

@@ -182,7 +182,7 @@ def test_the_environment_points_a_plain_provider_at_a_local_emulator(monkeypatch
         assert gcp_disabled_reason() is None
         offers = make_gcp_provider().fetch_offers(["europe-west4"])
         assert offers and {o.region for o in offers} == {"europe-west4"}
-        # What optimizer/sources.py does: GcpProvider(project) alone honours the overrides.
+        # What optimizer/cli/sources.py does: GcpProvider(project) alone honours the overrides.
         assert GcpProvider("gpuopt-test").fetch_offers(["us-central1"])
         assert fake.calls("GET", "/v1/services/6F81-5844-456A/skus")
 

@@ -125,7 +125,7 @@ def test_values_that_could_break_the_script_are_refused(bad: dict) -> None:
 
 def test_the_agent_and_the_local_cloud_load_without_torch() -> None:
     code = (
-        "import sys, optimizer.agent, optimizer.cli_agent, optimizer.cli_local, providers.local\n"
+        "import sys, optimizer.agent, optimizer.cli.agent, optimizer.cli.local, providers.local\n"
         "print([m for m in ('torch', 'pynvml') if m in sys.modules])"
     )
     done = subprocess.run(

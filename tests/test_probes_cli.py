@@ -24,7 +24,7 @@ def gpuopt(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_importing_the_probes_loads_neither_torch_nor_pynvml() -> None:
     code = (
-        "import sys, optimizer.probes, optimizer.cli_probe\n"
+        "import sys, optimizer.probes, optimizer.cli.probe\n"
         "print([m for m in ('torch', 'pynvml') if m in sys.modules])"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 
 from optimizer.api.state import StateDep
-from optimizer.metrics import CONTENT_TYPE
+from optimizer.daemon.metrics import CONTENT_TYPE
 
 router = APIRouter(tags=["metrics"])
 

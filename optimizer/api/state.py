@@ -14,8 +14,8 @@ from pydantic import SecretStr
 
 from optimizer.alerts.outbox import Emitter
 from optimizer.clock import Clock
+from optimizer.daemon.metrics import Metrics
 from optimizer.daemon.policies import PolicyRegistry
-from optimizer.metrics import Metrics
 from optimizer.store import Store
 
 

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from optimizer.clock import Clock, utc_now
-from optimizer.metrics import Metrics
+from optimizer.daemon.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

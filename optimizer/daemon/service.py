@@ -39,13 +39,13 @@ from optimizer.daemon.loops.poll import PollLoop
 from optimizer.daemon.loops.queue import QueueLoop, queue_handles
 from optimizer.daemon.loops.reconcile import ReconcileLoop
 from optimizer.daemon.loops.watch import PolicyWatcher
+from optimizer.daemon.metrics import Metrics
 from optimizer.daemon.policies import PolicyRegistry
 from optimizer.daemon.prices import PriceWatch
 from optimizer.daemon.providers import ProviderHandle, make_handles, provider_secrets
 from optimizer.daemon.scheduler import LoopScheduler
 from optimizer.daemon.server import ApiServer, is_loopback
 from optimizer.jobs.reconcile import JobReconciler
-from optimizer.metrics import Metrics
 from optimizer.migrate import ensure_ready
 from optimizer.model import Market
 from optimizer.store import Store

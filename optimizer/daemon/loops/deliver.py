@@ -22,7 +22,7 @@ from optimizer.alerts.channel import Alert, Notifier
 from optimizer.alerts.config import RetryConfig
 from optimizer.alerts.outbox import backoff, give_up
 from optimizer.clock import Clock
-from optimizer.metrics import Metrics
+from optimizer.daemon.metrics import Metrics
 from optimizer.store import Store
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from datetime import datetime
 from optimizer.alerts.channel import redact
 from optimizer.alerts.outbox import Emitter
 from optimizer.clock import Clock
+from optimizer.daemon.metrics import Metrics
 from optimizer.daemon.providers import ProviderHandle
-from optimizer.metrics import Metrics
 from optimizer.model import Market, Offer
 from optimizer.store import Store
 from optimizer.store_tables import NewEvent, PollStatusRecord

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 
 from optimizer.alerts.outbox import Emitter
 from optimizer.clock import Clock
+from optimizer.daemon.metrics import Metrics
 from optimizer.daemon.policies import PolicyRegistry
 from optimizer.daemon.providers import ProviderHandle
 from optimizer.jobs.context import ReconcileContext, Reconciler
-from optimizer.metrics import Metrics
 from optimizer.store import Store
 
 log = logging.getLogger(__name__)

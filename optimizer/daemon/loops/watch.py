@@ -19,6 +19,7 @@ from pathlib import Path
 
 from optimizer.alerts.outbox import Emitter
 from optimizer.clock import Clock
+from optimizer.daemon.metrics import Metrics
 from optimizer.daemon.policies import (
     ACTIVE,
     FILE_DELETED,
@@ -27,7 +28,6 @@ from optimizer.daemon.policies import (
     PolicyRegistry,
     RejectedFile,
 )
-from optimizer.metrics import Metrics
 from optimizer.store import Store
 from optimizer.store_tables import NewEvent, PolicyVersionRecord
 from policies.loader import MAX_BYTES, PolicyError, parse_policy

@@ -1,4 +1,4 @@
-"""The `gpuopt` command line. Heavy modules are imported inside the commands that use them."""
+"""`gpuopt offers`: list GPU offers, cheapest first, optionally ranked under a policy."""
 
 from __future__ import annotations
 
@@ -9,39 +9,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
-from optimizer import __version__
-
-app = typer.Typer(
-    name="gpuopt",
-    help="Keep GPU work on the cheapest AWS/GCP capacity that your policy allows.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-
-
-def _register_subcommands() -> None:
-    from optimizer.cli_agent import app as agent_app
-    from optimizer.cli_config import app as config_app
-    from optimizer.cli_daemon import daemon
-    from optimizer.cli_db import app as db_app
-    from optimizer.cli_jobs import app as jobs_app
-    from optimizer.cli_local import app as local_app
-    from optimizer.cli_policy import app as policy_app
-    from optimizer.cli_probe import probe
-
-    app.add_typer(policy_app, name="policy")
-    app.command("probe")(probe)
-    app.command("daemon")(daemon)
-    app.add_typer(db_app, name="db")
-    app.add_typer(jobs_app, name="jobs")
-    app.add_typer(config_app, name="config")
-    app.add_typer(agent_app, name="agent")
-    app.add_typer(local_app, name="local")
-
-
-_register_subcommands()
 
 
 class MarketChoice(StrEnum):
@@ -56,13 +23,6 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-@app.command()
-def version() -> None:
-    """Print the gpuopt version."""
-    print(__version__)
-
-
-@app.command()
 def offers(
     gpu: Annotated[
         list[str] | None,
@@ -133,7 +93,7 @@ def offers(
             fail(str(exc))
         source_name = file_source.name
     else:
-        from optimizer.sources import gather
+        from optimizer.cli.sources import gather
 
         gathered = gather(providers, region or ())
         for note in gathered.notes:
@@ -161,7 +121,7 @@ def offers(
         json.dump([o.to_dict() for o in shown], sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
-    from optimizer.render import offers_table
+    from optimizer.cli.render import offers_table
 
     offers_table(shown, total=len(chosen), source=source_name)
 
@@ -190,14 +150,6 @@ def _ranked(
         json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
-    from optimizer.render import ranking_table
+    from optimizer.cli.render import ranking_table
 
     ranking_table(ranking, limit=limit, explain=explain, source=source)
-
-
-def main() -> None:
-    app()
-
-
-if __name__ == "__main__":
-    main()

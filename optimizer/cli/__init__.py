@@ -1,0 +1,36 @@
+"""The `gpuopt` command line: one module per command group, wired together here.
+
+Heavy modules (SQLAlchemy, the cloud SDKs, torch) are imported inside the commands that use
+them, so `gpuopt --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from optimizer.cli import agent, config, daemon, db, jobs, local, offers, policy, probe, version
+
+app = typer.Typer(
+    name="gpuopt",
+    help="Keep GPU work on the cheapest AWS/GCP capacity that your policy allows.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+app.add_typer(policy.app, name="policy")
+app.command("probe")(probe.probe)
+app.command("daemon")(daemon.daemon)
+app.add_typer(db.app, name="db")
+app.add_typer(jobs.app, name="jobs")
+app.add_typer(config.app, name="config")
+app.add_typer(agent.app, name="agent")
+app.add_typer(local.app, name="local")
+app.command("version")(version.version)
+app.command("offers")(offers.offers)
+
+__all__ = ["app", "main"]
+
+
+def main() -> None:
+    app()
