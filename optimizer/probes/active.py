@@ -20,9 +20,10 @@ from dataclasses import asdict
 from functools import partial
 from typing import Any
 
+from optimizer.probes import deep
 from optimizer.probes.schema import AllReducePoint, Correctness, GemmStat
+from optimizer.probes.tensors import GIB, load_torch, random_matrix, sync, torch_dtype
 
-GIB = 1 << 30
 # Bitwise-reproducible cuBLAS needs this set before CUDA starts (cuBLAS docs, reproducibility).
 CUBLAS_WORKSPACE_CONFIG = ":4096:8"
 # gpu-burn's tolerance for fp32 products (wilicc/gpu-burn compare.cu); float32 normally lands
@@ -32,35 +33,13 @@ REFERENCE_ROWS = 256  # rows of the first product checked against a float64 CPU 
 GEMM_DTYPES = ("bf16", "fp16", "tf32", "fp32", "fp64")
 
 
-def _torch() -> Any:
-    import torch
-
-    return torch
-
-
-def _dtype(name: str) -> Any:
-    torch = _torch()
-    return {
-        "bf16": torch.bfloat16,
-        "fp16": torch.float16,
-        "tf32": torch.float32,
-        "fp32": torch.float32,
-        "fp64": torch.float64,
-    }[name]
-
-
 def set_tf32(enabled: bool) -> None:
     """TF32 for float32 CUDA matmuls: explicit, since the default changed across torch versions."""
-    matmul = _torch().backends.cuda.matmul
+    matmul = load_torch().backends.cuda.matmul
     if hasattr(matmul, "fp32_precision"):  # torch >= 2.9; allow_tf32 is on its way out
         matmul.fp32_precision = "tf32" if enabled else "ieee"
     else:
         matmul.allow_tf32 = enabled
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        _torch().cuda.synchronize(device)
 
 
 def time_each(device: str, fn: Callable[[], object], repeats: int, budget_s: float) -> list[float]:
@@ -69,7 +48,7 @@ def time_each(device: str, fn: Callable[[], object], repeats: int, budget_s: flo
     On CUDA each call sits between its own pair of events, recorded back to back and read after
     one synchronize, so the host never stalls the queue. On the CPU calls are synchronous.
     """
-    torch = _torch()
+    torch = load_torch()
     if device.startswith("cuda"):
         pairs = []
         for _ in range(repeats):
@@ -92,14 +71,6 @@ def time_each(device: str, fn: Callable[[], object], repeats: int, budget_s: flo
     return times
 
 
-def _random(device: str, n: int, dtype: Any, seed: int) -> Any:
-    torch = _torch()
-    gen = torch.Generator(device=device).manual_seed(seed)
-    base = torch.float64 if dtype == torch.float64 else torch.float32
-    # Random, never zeros: zeros run faster and hide wrong results (REFERENCE 5.1).
-    return torch.randn(n, n, device=device, dtype=base, generator=gen).to(dtype)
-
-
 def gemm(
     device: str,
     dtype: str,
@@ -111,16 +82,16 @@ def gemm(
     seed: int = 0,
 ) -> GemmStat:
     """Dense n x n x n matmul throughput (TFLOP/s, median) for one dtype; tf32 = fp32 inputs."""
-    torch = _torch()
+    torch = load_torch()
     if device.startswith("cuda"):
         set_tf32(dtype == "tf32")
-    dt = _dtype(dtype)
-    a = _random(device, n, dt, seed)
-    b = _random(device, n, dt, seed + 1)
+    dt = torch_dtype(dtype)
+    a = random_matrix(device, n, dt, seed)
+    b = random_matrix(device, n, dt, seed + 1)
     c = torch.empty(n, n, device=device, dtype=dt)  # preallocated: no allocation is timed
     for _ in range(warmup):
         torch.mm(a, b, out=c)
-    _sync(device)
+    sync(device)
     times = time_each(device, lambda: torch.mm(a, b, out=c), repeats, budget_s)
     flop = 2.0 * n**3
     rates = sorted(flop / t / 1e12 for t in times)
@@ -138,12 +109,12 @@ def gemm(
 
 def copy_bandwidth(device: str, nbytes: int = GIB, *, warmup: int = 3, repeats: int = 20) -> float:
     """Device-to-device copy, GB/s counting bytes read plus bytes written (2 x nbytes)."""
-    torch = _torch()
+    torch = load_torch()
     src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_()
     dst = torch.empty_like(src)
     for _ in range(warmup):
         dst.copy_(src)
-    _sync(device)
+    sync(device)
     times = time_each(device, lambda: dst.copy_(src), repeats, budget_s=5.0)
     return 2 * nbytes / statistics.median(times) / 1e9
 
@@ -152,7 +123,7 @@ def host_bandwidth(
     device: str, nbytes: int = GIB, *, warmup: int = 2, repeats: int = 10
 ) -> tuple[float, float]:
     """(host-to-device, device-to-host) GB/s through pinned host memory, bytes moved once."""
-    torch = _torch()
+    torch = load_torch()
     host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
     out = []
@@ -162,7 +133,7 @@ def host_bandwidth(
     ):
         for _ in range(warmup):
             fn()
-        _sync(device)
+        sync(device)
         times = time_each(device, fn, repeats, budget_s=5.0)
         out.append(nbytes / statistics.median(times) / 1e9)
     return out[0], out[1]
@@ -170,7 +141,7 @@ def host_bandwidth(
 
 def fingerprint(t: Any) -> str:
     """An exact, order-sensitive fingerprint of a tensor's bits (no numpy needed)."""
-    torch = _torch()
+    torch = load_torch()
     words = t.contiguous().view(torch.int32).flatten().to(torch.int64)
     weights = torch.arange(words.numel(), device=t.device, dtype=torch.int64) * 2654435761 + 1
     return f"{int((words * weights).sum()) & (2**64 - 1):016x}"
@@ -179,7 +150,7 @@ def fingerprint(t: Any) -> str:
 def correctness(device: str, n: int, *, repeats: int = 10, seed: int = 7) -> Correctness:
     """gpu-burn style: the same fp32 product `repeats` times, each compared bitwise with the
     first, none non-finite, and the first within tolerance of a float64 CPU reference."""
-    torch = _torch()
+    torch = load_torch()
     if device.startswith("cuda"):
         set_tf32(False)
     # Inputs drawn on the CPU so every GPU multiplies exactly the same matrices.
@@ -190,7 +161,7 @@ def correctness(device: str, n: int, *, repeats: int = 10, seed: int = 7) -> Cor
     outs = [torch.empty(n, n, device=device) for _ in range(repeats)]
     for c in outs:
         torch.mm(a, b, out=c)
-    _sync(device)
+    sync(device)
     first = outs[0]
     mismatches = sum(0 if torch.equal(c, first) else 1 for c in outs[1:])
     nonfinite = sum(int((~torch.isfinite(c)).sum()) for c in outs)
@@ -214,7 +185,7 @@ def correctness(device: str, n: int, *, repeats: int = 10, seed: int = 7) -> Cor
 
 def device_info(device: str) -> dict[str, Any]:
     """Versions and the device's own description (as torch sees it)."""
-    torch = _torch()
+    torch = load_torch()
     info: dict[str, Any] = {
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
@@ -240,7 +211,7 @@ def allreduce(
     Time per operation is each rank's median; the slowest rank's counts (a collective is as
     fast as its slowest member). Returns the report on rank 0, {} elsewhere.
     """
-    torch = _torch()
+    torch = load_torch()
     import torch.distributed as dist
 
     torch.cuda.set_device(rank)
@@ -281,9 +252,7 @@ def _cpu_dtypes_and_gemm(n: int) -> list[dict[str, Any]]:
 
 def run_gpu(args: argparse.Namespace) -> dict[str, Any]:
     """The per-GPU probe (this process sees one GPU, cuda:0)."""
-    from optimizer.probes import deep
-
-    torch = _torch()
+    torch = load_torch()
     dev = "cuda:0"
     torch.cuda.set_device(dev)
     report: dict[str, Any] = {"info": device_info(dev)}
@@ -309,7 +278,7 @@ def run_gpu(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_host(args: argparse.Namespace) -> dict[str, Any]:
     """What torch sees; with no CUDA device, CPU GEMM throughput (the local cloud's figure)."""
-    torch = _torch()
+    torch = load_torch()
     report: dict[str, Any] = {"info": device_info("cpu")}
     report["info"]["cuda_available"] = torch.cuda.is_available()
     report["info"]["cuda_devices"] = torch.cuda.device_count() if torch.cuda.is_available() else 0

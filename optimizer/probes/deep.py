@@ -11,8 +11,8 @@ import time
 from typing import Any
 
 from optimizer.probes.schema import MemTest, Sustained
+from optimizer.probes.tensors import GIB, load_torch, random_matrix, sync, torch_dtype
 
-GIB = 1 << 30
 # nccl-tests sweeps -b 8 -e 8G -f 2 (REFERENCE 5.1); below 1 MiB an all-reduce measures
 # latency, not links, so the sweep starts there and steps by 4 to stay within minutes.
 SWEEP_SIZES = tuple(1 << s for s in range(20, 33, 2))  # 1 MiB .. 4 GiB
@@ -23,25 +23,17 @@ PATTERNS: tuple[int | None, ...] = (0, -1, 0x5555555555555555, -0x55555555555555
 _VERIFY_BLOCK = 1 << 24  # int64 words per index-pattern comparison (128 MiB)
 
 
-def _torch() -> Any:
-    import torch
-
-    return torch
-
-
 def sustained_gemm(device: str, n: int, seconds: float, dtype: str = "bf16") -> Sustained:
     """Back-to-back n^3 GEMMs for `seconds`, timed in ~1 s windows with CUDA events."""
-    from optimizer.probes.active import _dtype, _random, _sync
-
-    torch = _torch()
-    dt = _dtype(dtype)
-    a, b = _random(device, n, dt, 11), _random(device, n, dt, 12)
+    torch = load_torch()
+    dt = torch_dtype(dtype)
+    a, b = random_matrix(device, n, dt, 11), random_matrix(device, n, dt, 12)
     c = torch.empty(n, n, device=device, dtype=dt)
     torch.mm(a, b, out=c)
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     torch.mm(a, b, out=c)
-    _sync(device)
+    sync(device)
     per_call = max(time.perf_counter() - t0, 1e-6)
     batch = max(1, int(min(WINDOW_S, seconds) / per_call))
     flop = 2.0 * n**3 * batch
@@ -79,7 +71,7 @@ def memory_test(
     Every chunk is written before any is verified, so a cell that loses its value while the
     rest of memory is written is caught, not just a cell that cannot store one.
     """
-    torch = _torch()
+    torch = load_torch()
     began = time.perf_counter()
     if device.startswith("cuda"):
         free, _total = torch.cuda.mem_get_info(device)
