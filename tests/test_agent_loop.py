@@ -210,7 +210,7 @@ def test_a_restarted_agent_does_not_run_a_finished_job_again(tmp_path: Path) -> 
 def test_a_restarted_agent_adopts_the_job_its_predecessor_left_running(tmp_path: Path) -> None:
     orphan = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
-        from providers.local.procs import proc_start_ticks
+        from optimizer.common.procs import proc_start_ticks
 
         run = {
             "attempt_key": "train/1",

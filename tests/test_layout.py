@@ -9,7 +9,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ALLOWED = {
-    "providers": {"optimizer.model", "optimizer.hardware", "optimizer.catalog", "providers"},
+    "providers": {
+        "optimizer.model",
+        "optimizer.hardware",
+        "optimizer.catalog",
+        "optimizer.common",
+        "providers",
+    },
     "policies": {"optimizer.model", "optimizer.hardware", "policies"},
 }
 FIRST_PARTY = ("optimizer", "providers", "policies")

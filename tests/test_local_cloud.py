@@ -255,7 +255,7 @@ def test_gpuopt_local_commands_reach_the_running_cloud(tmp_path: Path) -> None:
 def test_another_process_leaves_the_end_to_the_launcher_that_knows_the_status(
     tmp_path: Path,
 ) -> None:
-    from providers.local.procs import proc_start_ticks
+    from optimizer.common.procs import proc_start_ticks
 
     local = LocalCloud(tmp_path / "local-cloud", tick_s=3600)  # no ticks: refreshes on demand
     try:

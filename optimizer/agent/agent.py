@@ -30,7 +30,7 @@ from optimizer.agent.config import AgentConfig, Assignment
 from optimizer.agent.imds import Notice, Watcher, make_watcher, watch
 from optimizer.agent.reporter import Backoff, DaemonClient, DaemonError, EventQueue, Reporter
 from optimizer.agent.runner import AdoptedJob, JobExit, JobRunner, job_env
-from providers.local.procs import proc_start_ticks
+from optimizer.common.procs import proc_start_ticks
 
 log = logging.getLogger(__name__)
 

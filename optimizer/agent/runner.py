@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
-from providers.local.procs import proc_start_ticks
+from optimizer.common.procs import proc_stat, same_process, signal_group
 
 log = logging.getLogger(__name__)
 
@@ -74,22 +74,10 @@ def _group_alive(pgid: int) -> bool:
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        try:
-            raw = Path(f"/proc/{name}/stat").read_text()
-        except OSError:
-            continue
-        fields = raw[raw.rfind(")") + 2 :].split()  # state, ppid, pgrp, ...
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+        fields = proc_stat(int(name))  # state, ppid, pgrp, ...
+        if fields and len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
             return True
     return False
-
-
-def _signal_group(pgid: int, signum: int) -> bool:
-    try:
-        os.killpg(pgid, signum)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
 
 
 class JobRunner:
@@ -141,7 +129,7 @@ class JobRunner:
             proc = self.proc
             if proc is None or proc.poll() is not None:
                 return False
-            return _signal_group(proc.pid, signum)
+            return signal_group(proc.pid, signum)
 
     def stop(self, grace_s: float) -> None:
         """SIGTERM now, SIGKILL after `grace_s` if still running; no further phase starts."""
@@ -160,7 +148,7 @@ class JobRunner:
             proc = self.proc
         if proc is not None:
             log.warning("job still running %.0f s after SIGTERM: SIGKILL", grace_s)
-            _signal_group(proc.pid, signal.SIGKILL)
+            signal_group(proc.pid, signal.SIGKILL)
 
     # --- the thread ------------------------------------------------------------------
 
@@ -214,11 +202,11 @@ class JobRunner:
         """What the command left running in its group gets SIGTERM, then SIGKILL."""
         if not _group_alive(pgid):
             return
-        _signal_group(pgid, signal.SIGTERM)
+        signal_group(pgid, signal.SIGTERM)
         deadline = time.monotonic() + self.linger_s
         while _group_alive(pgid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        _signal_group(pgid, signal.SIGKILL)
+        signal_group(pgid, signal.SIGKILL)
 
 
 class AdoptedJob:
@@ -238,8 +226,7 @@ class AdoptedJob:
         threading.Thread(target=self._watch, name="adopted-job", daemon=True).start()
 
     def alive(self) -> bool:
-        ticks = proc_start_ticks(self.pid)
-        return ticks is not None and (self.start_ticks is None or ticks == self.start_ticks)
+        return same_process(self.pid, self.start_ticks)
 
     def _watch(self) -> None:
         while self.alive():
@@ -255,7 +242,7 @@ class AdoptedJob:
         return self._done.is_set()
 
     def signal(self, signum: int) -> bool:
-        return self.alive() and _signal_group(self.pid, signum)
+        return self.alive() and signal_group(self.pid, signum)
 
     def stop(self, grace_s: float) -> None:
         if self._stopping:

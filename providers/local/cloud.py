@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from optimizer.common.procs import proc_start_ticks, signal_group
 from optimizer.model import Offer
 from providers.base import (
     CapacityError,
@@ -40,7 +41,7 @@ from providers.base import (
 from providers.local.faults import add_fault, take_fault
 from providers.local.metadata import MetadataServer, iso
 from providers.local.prices import SpotWalk, local_offers, zones_of
-from providers.local.procs import MARK_ENV, alive, power_off, proc_start_ticks, signal_group
+from providers.local.procs import MARK_ENV, alive, power_off
 from providers.local.state import InstanceRecord, Interruption, StateDir
 
 log = logging.getLogger(__name__)

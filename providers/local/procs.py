@@ -8,38 +8,19 @@ every process with it, however they were started or re-parented. Linux only (`/p
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 from pathlib import Path
 
+from optimizer.common.procs import proc_start_ticks, same_process, signal_group
 from providers.local.state import InstanceRecord
 
 MARK_ENV = "GPUOPT_LOCAL_INSTANCE"
 
 
-def proc_start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot, or None when it is gone.
-
-    A zombie counts as gone: it has exited and only waits to be reaped.
-    """
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    rest = raw[raw.rfind(")") + 2 :].split()
-    if not rest or rest[0] in ("Z", "X"):
-        return None
-    return int(rest[19])  # field 22 overall
-
-
 def alive(record: InstanceRecord) -> bool:
     """Whether the instance's process (the very one launched, not a reused pid) still runs."""
-    if record.pid is None:
-        return False
-    ticks = proc_start_ticks(record.pid)
-    return ticks is not None and (record.start_ticks is None or ticks == record.start_ticks)
+    return same_process(record.pid, record.start_ticks)
 
 
 def marked_pids(instance_id: str) -> list[int]:
@@ -56,14 +37,6 @@ def marked_pids(instance_id: str) -> list[int]:
         if needle in environ.split(b"\0") and proc_start_ticks(int(name)) is not None:
             found.append(int(name))
     return found
-
-
-def signal_group(pid: int | None, signum: int) -> None:
-    """Signal the process group led by `pid`, if any is left."""
-    if pid is None:
-        return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signum)
 
 
 def power_off(record: InstanceRecord) -> int:

@@ -1,0 +1,50 @@
+"""Process identity on Linux (`/proc`): is a pid still the very process we started, and
+signalling its process group. Shared by the agent (adopting a job after a restart) and the
+local cloud (its instances are processes)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of `/proc/<pid>/stat` after the command name (state, ppid, pgrp, ...), or
+    None when the process is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    return raw[raw.rfind(")") + 2 :].split()
+
+
+def proc_start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot, or None when it is gone.
+
+    A zombie counts as gone: it has exited and only waits to be reaped.
+    """
+    fields = proc_stat(pid)
+    if not fields or fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])  # field 22 overall
+
+
+def same_process(pid: int | None, start_ticks: int | None) -> bool:
+    """Whether `pid` still runs and is the process that started at `start_ticks` (not a
+    later one that reuses the pid); a None `start_ticks` accepts any live process."""
+    if pid is None:
+        return False
+    ticks = proc_start_ticks(pid)
+    return ticks is not None and (start_ticks is None or ticks == start_ticks)
+
+
+def signal_group(pgid: int | None, signum: int) -> bool:
+    """Signal the process group led by `pgid`; False when none is left (or it is not ours)."""
+    if pgid is None:
+        return False
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
