@@ -145,13 +145,15 @@ def test_an_interruption_posts_the_notice_at_once_and_powers_off_after_the_grace
 
 
 def test_terminate_sends_sigterm_then_ends_the_instance_as_user(cloud: LocalCloud) -> None:
-    script = "trap 'echo got-term; exit 0' TERM; sleep 60 & wait"
+    script = "trap 'echo got-term; exit 0' TERM; echo trapped; sleep 60 & wait"
     ref = cloud.launch(offer(cloud), spec(script), "j/1")
+    console = cloud.state.disk(ref.instance_id) / "console.log"
+    # A SIGTERM that lands before the shell has set its trap would kill it silently.
+    wait_until(lambda: "trapped" in console.read_text(), what="the trap to be set")
     cloud.terminate(ref)
     status = ended(cloud, ref)
     assert status.end_reason is EndReason.USER and status.detail == "terminated by user"
-    console = (cloud.state.disk(ref.instance_id) / "console.log").read_text()
-    assert "got-term" in console
+    assert "got-term" in console.read_text()
     cloud.terminate(ref)  # terminating again is harmless
 
 
