@@ -17,8 +17,9 @@ from test_daemon_harness import (  # daemon_env: no GPUOPT_* setting leaks in (a
     wait_until,
     write_policy,
 )
-from test_jobs_e2e import (  # cloud, daemon: fixtures
+from test_jobs_e2e import (  # clock, cloud, daemon: fixtures
     POLICY,
+    clock,
     cloud,
     daemon,
     hook_alerts,
@@ -33,7 +34,7 @@ from optimizer.daemon.service import Daemon
 from providers.local import LocalCloud
 
 pytestmark = pytest.mark.slow
-__all__ = ["cloud", "daemon", "daemon_env"]
+__all__ = ["clock", "cloud", "daemon", "daemon_env"]
 
 CHECKPOINT_EVERY = 5  # job_body's --checkpoint-every
 FALLBACK = "2 interruptions within an hour: falling back to on-demand"
