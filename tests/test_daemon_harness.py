@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
+from optimizer.api.serve import daemon_app
 from optimizer.daemon.config import DaemonConfig
 from optimizer.daemon.service import Daemon
 from optimizer.model import Interconnect, Market, Offer
@@ -129,9 +130,10 @@ def make_config(data_dir: Path, **sections: Any) -> DaemonConfig:
 
 @contextmanager
 def running(config: DaemonConfig, **kwargs: Any) -> Iterator[Daemon]:
-    """A started daemon (offer sources default to one empty fake), stopped afterwards."""
+    """A started daemon serving the API (offer sources default to one empty fake), stopped
+    afterwards."""
     kwargs.setdefault("sources", {"local": FakeSource()})
-    daemon = Daemon(config, **kwargs)
+    daemon = Daemon(config, face=daemon_app, **kwargs)
     daemon.start()
     try:
         yield daemon

@@ -40,6 +40,7 @@ def daemon(
     ] = None,
 ) -> None:
     """Run the daemon: poll prices, reload policies, send alerts, serve the HTTP API."""
+    from optimizer.api.serve import daemon_app
     from optimizer.daemon.config import ConfigError, load_config
     from optimizer.daemon.logsetup import configure
     from optimizer.daemon.providers import provider_secrets
@@ -62,7 +63,7 @@ def daemon(
     configure(log.format, log.level, secrets=secrets, access_log=api.access_log)
 
     try:
-        service = Daemon(cfg)
+        service = Daemon(cfg, face=daemon_app)
     except DaemonError as exc:
         _fail(str(exc))
         return

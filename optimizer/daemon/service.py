@@ -1,7 +1,10 @@
-"""The daemon: the store, the providers, the four loops on the scheduler, the API, signals.
+"""The daemon: the store, the providers, the loops on the scheduler, the HTTP server, signals.
 
-`Daemon(config).run()` is `gpuopt daemon`. Tests and benches use `start()`/`stop()` and may
-inject the clock, the random source of the alert back-off, offer sources and the HTTP client.
+The daemon knows no web framework and no API: it serves whatever ASGI app its `face` builds
+from it (`gpuopt daemon` passes the HTTP API's `optimizer.api.serve.daemon_app`). So the
+dependencies run one way, from the API to the daemon. `Daemon(config, face=...).run()` is
+`gpuopt daemon`. Tests and benches use `start()`/`stop()` and may inject the clock, the random
+source of the alert back-off, offer sources and the HTTP client.
 """
 
 from __future__ import annotations
@@ -27,8 +30,6 @@ from optimizer.alerts.outbox import Emitter
 from optimizer.alerts.routing import Router
 from optimizer.alerts.slack import SlackNotifier
 from optimizer.alerts.webhook import WebhookNotifier
-from optimizer.api import ApiState, create_app
-from optimizer.api import agent as agent_api
 from optimizer.clock import Clock, utc_now
 from optimizer.daemon.config import DaemonConfig, ProviderConfig
 from optimizer.daemon.errors import DaemonError
@@ -54,6 +55,10 @@ from providers.base import OfferSource
 log = logging.getLogger(__name__)
 
 TOKEN_FILE = "api-token"
+
+HttpFace = Callable[["Daemon"], Any]
+"""Builds the ASGI app the daemon serves, once, from the daemon's parts (its store, registry,
+emitter, metrics, clock, token, `wakeup`, `readiness`, leadership)."""
 
 
 def resolve_token(config: DaemonConfig) -> tuple[SecretStr, Path | None]:
@@ -109,13 +114,15 @@ class ClusterWakeup(threading.Event):
 
 class Daemon:
     """One gpuopt daemon. Public parts for later steps: `reconcile.reconcilers` (append a
-    reconciler), `reconcile.wakeup` (set it to run a pass now), `api_state` (what API
-    handlers see), `emitter` (record events with alerts), `handles` (providers)."""
+    reconciler), `reconcile.wakeup` (set it to run a pass now), `wakeup` (the same, from any
+    replica), `emitter` (record events with alerts), `handles` (providers). `face` builds
+    the app it serves (see `HttpFace`)."""
 
     def __init__(
         self,
         config: DaemonConfig,
         *,
+        face: HttpFace,
         clock: Clock = utc_now,
         rng: random.Random | None = None,
         sources: Mapping[str, OfferSource] | None = None,
@@ -209,27 +216,17 @@ class Daemon:
             metrics=self.metrics, misfire_grace_s=config.loops.misfire_grace_s, clock=clock
         )
         self.token, self.token_file = self._token()
-        self.api_state = ApiState(
-            store=self.store,
-            policies=self.registry,
-            emitter=self.emitter,
-            metrics=self.metrics,
-            clock=clock,
-            token=self.token,
-            wakeup=ClusterWakeup(self.reconcile.wakeup, self.leadership),
-            ready=self.readiness,
-            started_at=clock(),
-        )
-        self.api_state.extras["replica"] = self.leadership.replica
-        self.app = create_app(self.api_state, routers=[(agent_api.router, [])])
-        self.server = ApiServer(
-            self.app, config.api.host, config.api.port, access_log=config.api.access_log
-        )
+        self.wakeup = ClusterWakeup(self.reconcile.wakeup, self.leadership)
         self._polled: set[str] = set()
         self._leader_loops: list[str] = []
         self._was_ready = False
         self._stop = threading.Event()
         self._started = False
+        self.started_at = clock()
+        self.app = face(self)  # last: the face may read any part of the daemon
+        self.server = ApiServer(
+            self.app, config.api.host, config.api.port, access_log=config.api.access_log
+        )
 
     def _token(self) -> tuple[SecretStr, Path | None]:
         if not is_loopback(self.config.api.host) and self.config.api.token is None:
