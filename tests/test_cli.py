@@ -206,3 +206,99 @@ def test_a_named_cloud_without_credentials_is_one_note_and_its_snapshot_rows() -
     rows = json.loads(done.stdout)
     assert rows and {r["provider"] for r in rows} == {"gcp"}
     assert {r["source"].split(" ")[0] for r in rows} == {"GCP"}  # the snapshot's citation
+
+
+# -- bad input: every command group refuses it the same way ------------------------------------
+
+BAD_CONFIG = "providers:\n  azure: {}\n"  # line 2, col 3: an unknown provider
+
+
+def bad_input_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
+    """Per command group: a bad invocation and how its one stderr line starts."""
+    (tmp / "bad-config.yaml").write_text(BAD_CONFIG)
+    missing = tmp / "missing.yaml"
+    return {
+        "offers": (
+            ["offers", "--catalog", str(tmp / "none.csv")],
+            f"gpuopt: error: {tmp / 'none.csv'}: no such file",
+        ),
+        "policy": (
+            ["policy", "schema", "--output", str(tmp / "no-dir" / "schema.json")],
+            f"gpuopt: error: --output {tmp / 'no-dir' / 'schema.json'}: No such file or directory",
+        ),
+        "probe": (
+            ["probe", "--quick", "--deep"],
+            "gpuopt: error: --quick and --deep exclude each other",
+        ),
+        "config": (
+            ["config", "check", str(tmp / "bad-config.yaml")],
+            f"{tmp / 'bad-config.yaml'}:2:3: providers: unknown provider 'azure'",
+        ),
+        "daemon": (["daemon", "--config", str(missing)], f"gpuopt: error: {missing}: no such file"),
+        "db": (
+            ["db", "downgrade", "base"],
+            "gpuopt: error: downgrading to base would drop every table; "
+            "gpuopt db downgrade does not do that",
+        ),
+        "jobs": (["jobs", "submit", str(missing)], f"{missing}: no such file"),
+        "local": (
+            ["local", "interrupt", "i-local-9999", "--state-dir", str(tmp / "cloud")],
+            "gpuopt: error: no local instance 'i-local-9999'",
+        ),
+        "agent": (
+            ["agent", "run"],
+            "gpuopt: error: missing environment variable(s): "
+            "GPUOPT_DAEMON_URL, GPUOPT_AGENT_TOKEN, GPUOPT_ATTEMPT_KEY",
+        ),
+    }
+
+
+GROUPS = ["offers", "policy", "probe", "config", "daemon", "db", "jobs", "local", "agent"]
+
+
+@pytest.fixture
+def cli_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for name in list(os.environ):
+        if name.startswith("GPUOPT_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("GPUOPT_DATA_DIR", str(tmp_path / "data"))
+    return tmp_path
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_bad_input_exits_2_with_one_line_naming_the_problem(group: str, cli_env: Path) -> None:
+    from typer.testing import CliRunner
+
+    from optimizer.cli import app
+
+    args, line = bad_input_cases(cli_env)[group]
+    result = CliRunner().invoke(app, args)
+    assert isinstance(result.exception, SystemExit), result.exception  # no traceback
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith(line), result.stderr
+
+
+def test_every_command_group_has_a_bad_input_case() -> None:
+    from optimizer.cli import app
+
+    names = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
+    assert names - {"version"} == set(GROUPS)  # `version` takes no input
+
+
+def test_jobs_a_request_the_daemon_refuses_is_bad_input_a_daemon_failure_is_not(
+    cli_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_httpserver import HTTPServer
+    from typer.testing import CliRunner
+
+    from optimizer.cli import app
+
+    monkeypatch.setenv("GPUOPT_API_TOKEN", "t")
+    with HTTPServer() as server:
+        server.expect_request("/jobs/nope").respond_with_json({"detail": "no job 'nope'"}, 404)
+        server.expect_request("/jobs").respond_with_json({"detail": "store unavailable"}, 503)
+        refused = CliRunner().invoke(app, ["jobs", "show", "nope", "--api", server.url_for("")])
+        failed = CliRunner().invoke(app, ["jobs", "list", "--api", server.url_for("")])
+    assert (refused.exit_code, refused.stderr) == (2, "gpuopt: error: 404: no job 'nope'\n")
+    assert (failed.exit_code, failed.stderr) == (1, "gpuopt: error: 503: store unavailable\n")

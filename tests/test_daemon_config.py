@@ -85,7 +85,7 @@ def test_file_problems_are_located_and_a_bad_variable_is_named(
     assert str(problem).startswith("GPUOPT_LOOPS__WATCH_S: loops.watch_s: must be a valid number")
 
 
-def test_config_check_exits_1_with_located_lines(tmp_path: Path) -> None:
+def test_config_check_exits_2_with_located_lines(tmp_path: Path) -> None:
     good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
     good.write_text("api: {port: 9000}\n")
     bad.write_text("providers:\n  azure: {}\n")
@@ -93,7 +93,7 @@ def test_config_check_exits_1_with_located_lines(tmp_path: Path) -> None:
     ok = runner.invoke(app, ["config", "check", str(good)])
     assert ok.exit_code == 0 and ok.stdout == f"{good}: ok\n"
     failed = runner.invoke(app, ["config", "check", str(bad)])
-    assert failed.exit_code == 1
+    assert failed.exit_code == 2
     assert failed.stderr.startswith(f"{bad}:2:3: providers: unknown provider 'azure'")
 
 
@@ -101,7 +101,7 @@ def test_config_check_refuses_a_public_address_without_a_token(tmp_path: Path) -
     path = tmp_path / "public.yaml"
     path.write_text("api: {host: 0.0.0.0}\n")
     result = CliRunner().invoke(app, ["config", "check", str(path)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert f"{path}: api.token: required to listen on 0.0.0.0" in result.stderr
 
 

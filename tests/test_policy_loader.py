@@ -364,7 +364,7 @@ def test_policy_check_cli_reports_every_file(tmp_path: Path) -> None:
     clash = tmp_path / "clash.yaml"
     clash.write_text(FULL.replace("buffer: 0.20", "buffer: 0.1"))
     done = gpuopt("policy", "check", str(good), str(bad), str(clash), str(tmp_path / "none.yaml"))
-    assert done.returncode == 1
+    assert done.returncode == 2
     assert f"{good}: ok (llm-training-eu" in done.stdout
     assert f"{bad}:4:9: buffer: must be < 1" in done.stderr
     assert f"{bad}:5:34: bid.max_fraction_of_on_demand: must be <= 1" in done.stderr

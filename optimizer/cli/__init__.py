@@ -1,7 +1,7 @@
 """The `gpuopt` command line: one module per command group, wired together here.
 
 Heavy modules (SQLAlchemy, the cloud SDKs, torch) are imported inside the commands that use
-them, so `gpuopt --help` stays fast.
+them, so `gpuopt --help` stays fast. Bad input exits 2 through `optimizer.cli.common.fail`.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ import sys
 
 import typer
 
+from optimizer.cli.common import fail
+
 app = typer.Typer(
     help="The agent that runs on each managed instance.",
     no_args_is_help=True,
@@ -28,8 +30,7 @@ def run() -> None:
     try:
         config = AgentConfig.from_env()
     except AgentConfigError as exc:
-        print(f"gpuopt: error: {exc}", file=sys.stderr)
-        raise typer.Exit(2) from None
+        fail(exc)
     config.agent_dir.mkdir(parents=True, exist_ok=True)
     _configure_logging(config.agent_dir / "agent.log")
     raise typer.Exit(Agent(config).run())

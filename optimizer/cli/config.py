@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from optimizer.cli.common import fail
+
 app = typer.Typer(
     help="Check or show the daemon configuration (YAML file plus GPUOPT_* variables).",
     no_args_is_help=True,
@@ -24,20 +26,16 @@ FileArg = Annotated[
 
 @app.command("check")
 def check(file: FileArg = None) -> None:
-    """Validate the config; every problem is printed as file:line:col: field: message."""
+    """Validate the config; every problem is printed as file:line:col: field: message (exit 2)."""
     from optimizer.daemon.config import ConfigError, config_problems, load_config
 
     try:
         config = load_config(file)
     except ConfigError as exc:
-        for problem in exc.problems:
-            print(str(problem), file=sys.stderr)
-        raise typer.Exit(1) from None
+        fail(*exc.problems, prefixed=False)
     problems = config_problems(config)
-    for line in problems:
-        print(line, file=sys.stderr)
     if problems:
-        raise typer.Exit(1)
+        fail(*problems, prefixed=False)
     print(f"{config.source or 'defaults and environment'}: ok")
 
 
@@ -51,9 +49,7 @@ def show(file: FileArg = None) -> None:
     try:
         config = load_config(file)
     except ConfigError as exc:
-        for problem in exc.problems:
-            print(str(problem), file=sys.stderr)
-        raise typer.Exit(1) from None
+        fail(*exc.problems, prefixed=False)
     data = config.model_dump(mode="json")
     data["effective"] = {
         "data_dir": str(config.effective_data_dir),

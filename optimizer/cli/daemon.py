@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import sys
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from optimizer.cli.common import fail
+
 
 class LogFormat(StrEnum):
     text = "text"
     json = "json"
-
-
-def _fail(message: str, code: int = 2) -> None:
-    print(f"gpuopt: error: {message}", file=sys.stderr)
-    raise typer.Exit(code)
 
 
 def daemon(
@@ -51,9 +47,7 @@ def daemon(
     try:
         cfg = load_config(config)
     except ConfigError as exc:
-        for problem in exc.problems:
-            print(f"gpuopt: error: {problem}", file=sys.stderr)
-        raise typer.Exit(2) from None
+        fail(*exc.problems)
     api = cfg.api.model_copy(
         update={k: v for k, v in (("host", host), ("port", port)) if v is not None}
     )
@@ -65,8 +59,7 @@ def daemon(
     try:
         service = Daemon(cfg, face=daemon_app)
     except DaemonError as exc:
-        _fail(str(exc))
-        return
+        fail(exc)
 
     def announce(url: str) -> None:
         token = f"token in {service.token_file}" if service.token_file else "token from api.token"
@@ -82,6 +75,5 @@ def daemon(
     try:
         code = service.run(announce)
     except (BindError, DaemonError) as exc:
-        _fail(str(exc))
-        return
+        fail(exc)
     raise typer.Exit(code)

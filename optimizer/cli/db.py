@@ -12,9 +12,11 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+from optimizer.cli.common import fail
 
 if TYPE_CHECKING:
     from optimizer.migrate import Migrated, SchemaStatus
@@ -36,11 +38,6 @@ ConfigOption = Annotated[
 ]
 
 
-def _fail(message: str) -> NoReturn:
-    print(f"gpuopt: error: {message}", file=sys.stderr)
-    raise typer.Exit(2)
-
-
 def _database_url(config: Path | None) -> str:
     """The URL the daemon would use with this config; problems exit 2 like the daemon's."""
     from optimizer.daemon.config import ConfigError, load_config
@@ -49,11 +46,9 @@ def _database_url(config: Path | None) -> str:
     try:
         return load_config(config).effective_database_url
     except ConfigError as exc:
-        for problem in exc.problems:
-            print(f"gpuopt: error: {problem}", file=sys.stderr)
-        raise typer.Exit(2) from None
+        fail(*exc.problems)
     except SettingError as exc:
-        _fail(str(exc))
+        fail(exc)
 
 
 def _sqlite_file_missing(url: str) -> bool:
@@ -83,7 +78,7 @@ def _sqlite_exclusive(store: Store, what: str) -> Iterator[None]:
     try:
         lock.claim(wait_for_migration_s=MIGRATION_WAIT_S)
     except DaemonError as exc:
-        _fail(str(exc))
+        fail(exc)
     try:
         yield
     finally:
@@ -117,7 +112,7 @@ def current(
             with Store(url) as store:
                 found = migrate.status(store.engine)
         except migrate.UnreachableError as exc:
-            _fail(str(exc))
+            fail(exc)
     if as_json:
         out = {
             "database": where,
@@ -143,7 +138,7 @@ def upgrade(config: ConfigOption = None) -> None:
         with Store(url) as store, _sqlite_exclusive(store, "db upgrade"):
             done = migrate.upgrade(store.engine)
     except (migrate.SchemaError, migrate.UnreachableError) as exc:
-        _fail(str(exc))
+        fail(exc)
     print(f"gpuopt: {migrate.display_url(url)}: {_upgraded(done)}")
 
 
@@ -175,13 +170,13 @@ def downgrade(
     from optimizer.store import Store
 
     if revision == "base":
-        _fail("downgrading to base would drop every table; gpuopt db downgrade does not do that")
+        fail("downgrading to base would drop every table; gpuopt db downgrade does not do that")
     url = _database_url(config)
     try:
         with Store(url) as store, _sqlite_exclusive(store, "db downgrade"):
             done = migrate.downgrade(store.engine, revision)
     except (migrate.SchemaError, migrate.UnreachableError) as exc:
-        _fail(str(exc))
+        fail(exc)
     where = migrate.display_url(url)
     if done.found.revision == done.revision:
         print(f"gpuopt: {where}: already at {done.revision}; nothing to do")

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
+from optimizer.cli.common import error, fail
 
 app = typer.Typer(
     help="Submit and follow managed jobs (through the daemon's API).", no_args_is_help=True
@@ -22,11 +23,6 @@ ApiOption = Annotated[
     str | None, typer.Option("--api", help="Daemon API URL (default $GPUOPT_API_URL).")
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the API's JSON.")]
-
-
-def _fail(message: str, code: int = 2) -> None:
-    print(f"gpuopt: error: {message}", file=sys.stderr)
-    raise typer.Exit(code)
 
 
 def _token() -> str:
@@ -39,8 +35,7 @@ def _token() -> str:
     try:
         return path.read_text().strip()
     except OSError:
-        _fail(f"no API token: set GPUOPT_API_TOKEN or start the daemon (it writes {path})")
-    raise AssertionError("unreachable")
+        fail(f"no API token: set GPUOPT_API_TOKEN or start the daemon (it writes {path})")
 
 
 def _call(method: str, path: str, api: str | None, **kwargs: Any) -> Any:
@@ -56,7 +51,7 @@ def _call(method: str, path: str, api: str | None, **kwargs: Any) -> Any:
             **kwargs,
         )
     except httpx.HTTPError as exc:
-        _fail(f"cannot reach the daemon at {base}: {exc.__class__.__name__} (is it running?)")
+        fail(f"cannot reach the daemon at {base}: {exc.__class__.__name__} (is it running?)")
     if response.status_code >= 400:
         try:
             detail = response.json().get("detail", response.text)
@@ -66,7 +61,10 @@ def _call(method: str, path: str, api: str | None, **kwargs: Any) -> Any:
             detail = "; ".join(
                 f"{'.'.join(map(str, d.get('loc', [])[1:]))}: {d.get('msg')}" for d in detail
             )
-        _fail(f"{response.status_code}: {detail}", 1)
+        if response.status_code >= 500:  # the daemon failed, not the request
+            error(f"{response.status_code}: {detail}")
+            raise typer.Exit(1)
+        fail(f"{response.status_code}: {detail}")
     return response.json()
 
 
@@ -88,9 +86,7 @@ def submit(
     try:
         spec = load_job_spec(file)
     except JobSpecError as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
-        raise typer.Exit(2) from None
+        fail(*exc.problems, prefixed=False)
     job = _call("POST", "/jobs", api, json=spec.model_dump(mode="json", by_alias=True))
     if as_json:
         print(json.dumps(job, indent=2))

@@ -16,6 +16,8 @@ from typing import Annotated
 
 import typer
 
+from optimizer.cli.common import fail
+
 app = typer.Typer(
     help="The local cloud: list instances, inject interruptions and launch failures.",
     no_args_is_help=True,
@@ -42,11 +44,6 @@ def _cloud(state_dir: Path | None):  # -> LocalCloud, imported lazily
     from providers.local import LocalCloud
 
     return LocalCloud(state_dir or default_state_dir())
-
-
-def _fail(message: str) -> None:
-    print(f"gpuopt: error: {message}", file=sys.stderr)
-    raise typer.Exit(2)
 
 
 def _when(t: float | None) -> str:
@@ -103,13 +100,12 @@ def interrupt(
 ) -> None:
     """Interrupt a spot instance: post the notice now, power it off after the grace period."""
     if action not in ("terminate", "stop", "hibernate"):
-        _fail(f"--action must be terminate, stop or hibernate, not {action!r}")
+        fail(f"--action must be terminate, stop or hibernate, not {action!r}")
     cloud = _cloud(state_dir)
     try:
         record = cloud.interrupt(instance, grace_s=grace, action=action)
     except (KeyError, ValueError) as exc:
-        _fail(str(exc.args[0] if exc.args else exc))
-        return
+        fail(exc.args[0] if exc.args else exc)
     assert record.interruption is not None
     print(
         f"{instance}: interruption notice posted ({record.interruption.action}); "
@@ -135,6 +131,6 @@ def fail_next(
     from providers.local import FAULTS
 
     if error not in FAULTS:
-        _fail(f"--error must be one of {', '.join(FAULTS)}, not {error!r}")
+        fail(f"--error must be one of {', '.join(FAULTS)}, not {error!r}")
     _cloud(state_dir).fail_next(match, error, times=times)
     print(f"the next {times} launch(es) matching {match!r} will fail with a {error} error")

@@ -10,17 +10,13 @@ from typing import Annotated
 
 import typer
 
+from optimizer.cli.common import fail
+
 
 class MarketChoice(StrEnum):
     spot = "spot"
     on_demand = "on_demand"
     on_demand_dash = "on-demand"
-
-
-def fail(message: str, code: int = 2) -> None:
-    """One clear line on stderr, then exit: the CLI never shows a traceback for bad input."""
-    print(f"gpuopt: error: {message}", file=sys.stderr)
-    raise typer.Exit(code)
 
 
 def offers(
@@ -137,9 +133,7 @@ def _ranked(
     try:
         loaded = load_policy(path)
     except PolicyError as exc:
-        for problem in exc.problems:
-            print(f"gpuopt: error: {problem}", file=sys.stderr)
-        raise typer.Exit(2) from None
+        fail(*exc.problems)
     ranking = evaluate(loaded, offers, datetime.now(UTC))
     if as_json:
         out = ranking.to_dict()

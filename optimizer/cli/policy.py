@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from optimizer.cli.common import fail
+
 app = typer.Typer(help="Check policy files and print the policy JSON Schema.", no_args_is_help=True)
 
 
@@ -18,7 +20,7 @@ def check(
 ) -> None:
     """Validate policy files; print every problem as file:line:col: field: message.
 
-    Exit 0 when every file is valid, 1 otherwise.
+    Exit 0 when every file is valid, 2 otherwise.
     """
     from policies.loader import PolicyError, load_policy
 
@@ -44,8 +46,7 @@ def check(
         need = policy.memory_need_gib()
         print(f"{path}: ok ({policy.name}: {policy.workload.gpus} GPU(s), {need:.1f} GiB per GPU)")
     if failed:
-        print(f"{failed} of {len(files)} policy file(s) invalid", file=sys.stderr)
-        raise typer.Exit(1)
+        fail(f"{failed} of {len(files)} policy file(s) invalid", prefixed=False)
 
 
 @app.command("schema")
@@ -61,4 +62,7 @@ def schema(
     if output is None:
         sys.stdout.write(text)
     else:
-        output.write_text(text, encoding="utf-8")
+        try:
+            output.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            fail(f"--output {output}: {exc.strerror}")

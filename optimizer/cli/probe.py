@@ -10,6 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
+from optimizer.cli.common import fail
+
 
 def probe(
     quick: Annotated[
@@ -55,8 +57,9 @@ def probe(
     With no CUDA device it says so and times CPU matmuls instead.
     """
     if quick and deep:
-        print("gpuopt: error: --quick and --deep exclude each other", file=sys.stderr)
-        raise typer.Exit(2)
+        fail("--quick and --deep exclude each other")
+    if output is not None and not output.parent.is_dir():  # before minutes of probing
+        fail(f"--output {output}: no such directory {output.parent}")
     from optimizer.probes import DEEP, QUICK, ProbeOptions, Status, run_probe
 
     earlier = _read_history(history or [])
@@ -70,7 +73,10 @@ def probe(
     result = run_probe(options)
     data = result.to_dict()
     if output is not None:
-        output.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        try:
+            output.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:
+            fail(f"--output {output}: {exc.strerror}")
     if as_json:
         json.dump(data, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -85,8 +91,7 @@ def _read_history(paths: list[Path]) -> list[dict[str, Any]]:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
-            print(f"gpuopt: error: --history {path}: {exc}", file=sys.stderr)
-            raise typer.Exit(2) from None
+            fail(f"--history {path}: {exc}")
         out.extend(data if isinstance(data, list) else [data])
     return out
 
