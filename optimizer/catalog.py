@@ -11,11 +11,11 @@ import csv
 import io
 import math
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from optimizer.common.errors import LocatedError
 from optimizer.model import OFFER_FIELDS, Interconnect, Market, Offer, OfferError
 
 OPTIONAL: dict[str, Any] = {
@@ -27,24 +27,8 @@ OPTIONAL: dict[str, Any] = {
 REQUIRED = frozenset(OFFER_FIELDS) - set(OPTIONAL)
 
 
-@dataclass
-class CatalogError(ValueError):
+class CatalogError(LocatedError):
     """A catalog file that cannot be read, located as precisely as possible."""
-
-    path: str
-    message: str
-    line: int | None = None
-    column: int | None = None
-    field: str | None = None
-
-    def __str__(self) -> str:
-        where = self.path
-        if self.line is not None:
-            where += f":{self.line}"
-            if self.column is not None:
-                where += f":{self.column}"
-        what = f"{self.field}: " if self.field else ""
-        return f"{where}: {what}{self.message}"
 
 
 def _text(raw: str) -> str:
@@ -136,16 +120,16 @@ def iter_offers(stream: TextIO, *, path: str = "<catalog>") -> Iterator[Offer]:
     try:
         header = next(reader, None)
         if header is None:
-            raise CatalogError(path, "empty file: expected a header row", line=skipped + 1)
+            raise CatalogError.at(path, "empty file: expected a header row", line=skipped + 1)
         header = [h.strip() for h in header]
         missing = sorted(REQUIRED - set(header))
         if missing:
-            raise CatalogError(
+            raise CatalogError.at(
                 path, f"header lacks required column(s): {', '.join(missing)}", line=skipped + 1
             )
         unknown = [h for h in header if h not in PARSERS]
         if unknown:
-            raise CatalogError(
+            raise CatalogError.at(
                 path, f"header has unknown column(s): {', '.join(unknown)}", line=skipped + 1
             )
         for row in reader:
@@ -153,17 +137,19 @@ def iter_offers(stream: TextIO, *, path: str = "<catalog>") -> Iterator[Offer]:
             if not row or all(not cell.strip() for cell in row):
                 continue
             if len(row) != len(header):
-                raise CatalogError(
+                raise CatalogError.at(
                     path, f"expected {len(header)} values, found {len(row)}", line=line
                 )
             values: dict[str, Any] = dict(OPTIONAL)
             for column, (name, raw) in enumerate(zip(header, row, strict=True), start=1):
                 if name in REQUIRED and not raw.strip():
-                    raise CatalogError(path, "missing value", line=line, column=column, field=name)
+                    raise CatalogError.at(
+                        path, "missing value", line=line, column=column, field=name
+                    )
                 try:
                     values[name] = PARSERS[name](raw)
                 except ValueError as exc:
-                    raise CatalogError(
+                    raise CatalogError.at(
                         path, str(exc), line=line, column=column, field=name
                     ) from None
             try:
@@ -171,11 +157,13 @@ def iter_offers(stream: TextIO, *, path: str = "<catalog>") -> Iterator[Offer]:
             except OfferError as exc:
                 field = str(exc).split(" ", 1)[0]
                 at = header.index(field) + 1 if field in header else None
-                raise CatalogError(
-                    path, str(exc), line=line, column=at, field=field if at else None
+                raise CatalogError.at(
+                    path, str(exc), line=line, column=at, field=field if at else ""
                 ) from None
     except csv.Error as exc:
-        raise CatalogError(path, f"malformed CSV: {exc}", line=skipped + reader.line_num) from None
+        raise CatalogError.at(
+            path, f"malformed CSV: {exc}", line=skipped + reader.line_num
+        ) from None
 
 
 def read_catalog(path: str | Path) -> list[Offer]:
@@ -185,13 +173,13 @@ def read_catalog(path: str | Path) -> list[Offer]:
         with open(path, encoding="utf-8", newline="") as stream:
             return list(iter_offers(stream, path=name))
     except FileNotFoundError:
-        raise CatalogError(name, "no such file") from None
+        raise CatalogError.at(name, "no such file") from None
     except IsADirectoryError:
-        raise CatalogError(name, "is a directory, not a catalog file") from None
+        raise CatalogError.at(name, "is a directory, not a catalog file") from None
     except PermissionError:
-        raise CatalogError(name, "permission denied") from None
+        raise CatalogError.at(name, "permission denied") from None
     except UnicodeDecodeError as exc:
-        raise CatalogError(name, f"not UTF-8 text (byte {exc.start})") from None
+        raise CatalogError.at(name, f"not UTF-8 text (byte {exc.start})") from None
 
 
 def parse_catalog(text: str, *, path: str = "<catalog>") -> list[Offer]:

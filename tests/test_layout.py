@@ -16,7 +16,7 @@ ALLOWED = {
         "optimizer.common",
         "providers",
     },
-    "policies": {"optimizer.model", "optimizer.hardware", "policies"},
+    "policies": {"optimizer.model", "optimizer.hardware", "optimizer.common", "policies"},
 }
 FIRST_PARTY = ("optimizer", "providers", "policies")
 

@@ -12,7 +12,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies.loader import MAX_BYTES, PolicyError, load_policy, parse_policy
+from optimizer.common.documents import MAX_BYTES
+from policies.loader import PolicyError, load_policy, parse_policy
 from policies.schema import Policy, json_schema
 
 ROOT = Path(__file__).resolve().parents[1]

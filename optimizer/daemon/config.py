@@ -1,7 +1,7 @@
 """The daemon's configuration: a YAML file plus `GPUOPT_*` environment variables.
 
 Precedence, highest first: environment (`GPUOPT_API__PORT=9000`, nested keys joined by `__`),
-the YAML file, the defaults below. The file is read by the policy loader's machinery, so
+the YAML file, the defaults below. The file is read by the shared YAML document loader, so
 `${VAR}` interpolation works and every problem is located as `file:line:col: field: message`;
 a bad environment variable is named instead (`GPUOPT_API__PORT: api.port: …`).
 docs/daemon.md lists every key.
@@ -27,7 +27,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from optimizer import settings
 from optimizer.alerts.config import AlertsConfig
-from policies.loader import DocumentError, Problem, load_document
+from optimizer.common.documents import load_document
+from optimizer.common.errors import LocatedError, Problem
 
 CONFIG_FILE_NAME = "gpuopt.yaml"
 CONFIG_ENV = "GPUOPT_CONFIG"
@@ -36,7 +37,7 @@ DEFAULT_PORT = 8470
 PROVIDER_NAMES = ("local", "aws", "gcp")
 
 
-class ConfigError(DocumentError):
+class ConfigError(LocatedError):
     """A daemon config that cannot be used; `problems` locates each one."""
 
 

@@ -23,14 +23,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from policies.loader import DocumentError, load_document, parse_document
+from optimizer.common.documents import load_document, parse_document
+from optimizer.common.errors import LocatedError
 from policies.schema import NAME_PATTERN
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV = ("GPUOPT_CHECKPOINT_DIR", "GPUOPT_ATTEMPT", "GPUOPT_RESTARTS", "GPUOPT_JOB")
 
 
-class JobSpecError(DocumentError):
+class JobSpecError(LocatedError):
     """A job spec that cannot be used."""
 
 

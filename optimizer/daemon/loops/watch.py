@@ -19,6 +19,7 @@ from pathlib import Path
 
 from optimizer.alerts.outbox import Emitter
 from optimizer.clock import Clock
+from optimizer.common.documents import MAX_BYTES
 from optimizer.daemon.metrics import Metrics
 from optimizer.daemon.policies import (
     ACTIVE,
@@ -30,7 +31,7 @@ from optimizer.daemon.policies import (
 )
 from optimizer.store import Store
 from optimizer.store_tables import NewEvent, PolicyVersionRecord
-from policies.loader import MAX_BYTES, PolicyError, parse_policy
+from policies.loader import PolicyError, parse_policy
 
 log = logging.getLogger(__name__)
 

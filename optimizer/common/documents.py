@@ -1,0 +1,272 @@
+"""The one YAML document loader: a person-edited YAML file to a pydantic model, located errors.
+
+Safe YAML only. The loader keeps the position of every key and value, so a schema error points
+at the line a person has to edit (`file:line:col: field: message`, see `optimizer.common.errors`).
+`${VAR}` and `${VAR:-default}` in values are replaced from the environment (`$${` writes a
+literal `${`). Duplicate keys, syntax errors, a root that is not a mapping, documents that
+expand past a node budget (alias bombs) and files over 1 MiB are errors too.
+
+Policies, the daemon config and job specs are read through it; each passes its own
+`LocatedError` subclass and a word for what the document is (`what="policy"`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from optimizer.common.errors import LocatedError, Problem
+
+MAX_BYTES = 1 << 20  # a page or two of YAML; anything this big is a mistake or an attack
+MAX_NODES = 10_000  # nodes built, aliases counted each time they are used
+_ENV = re.compile(r"\$(\$?)\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+FieldPath = tuple[str | int, ...]
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass(frozen=True, slots=True)
+class _Marks:
+    key: yaml.Mark | None
+    value: yaml.Mark
+
+
+class _Builder:
+    """Turns a composed YAML node tree into plain values, remembering where each came from."""
+
+    def __init__(
+        self, path: str, environ: Mapping[str, str], error: type[LocatedError] = LocatedError
+    ) -> None:
+        self.path = path
+        self.environ = environ
+        self.error = error
+        self.marks: dict[FieldPath, _Marks] = {}
+        self.nodes = 0
+        self._scalars = yaml.SafeLoader("")  # only its resolver and scalar constructors are used
+
+    def fail(self, message: str, mark: yaml.Mark | None, field: FieldPath = ()) -> LocatedError:
+        return self.error([_problem(self.path, message, mark, field)])
+
+    def build(self, node: yaml.Node, at: FieldPath, key_mark: yaml.Mark | None = None) -> Any:
+        self.nodes += 1
+        if self.nodes > MAX_NODES:
+            raise self.fail(
+                f"document expands to more than {MAX_NODES} nodes (an alias bomb?)", node.start_mark
+            )
+        self.marks[at] = _Marks(key_mark, node.start_mark)
+        if isinstance(node, yaml.MappingNode | yaml.SequenceNode) and node.tag not in _SAFE_TAGS:
+            raise self.fail(f"YAML tag {node.tag} is not allowed", node.start_mark, at)
+        if isinstance(node, yaml.MappingNode):
+            out: dict[Any, Any] = {}
+            for key_node, value_node in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    raise self.fail("merge keys (<<) are not supported", key_node.start_mark, at)
+                if not isinstance(key_node, yaml.ScalarNode):
+                    raise self.fail("a key must be a plain value", key_node.start_mark, at)
+                key = self._scalar(key_node, interpolate=False)
+                if not isinstance(key, str | int | float | bool) and key is not None:
+                    raise self.fail("a key must be a plain value", key_node.start_mark, at)
+                step = key if isinstance(key, str | int) else str(key)
+                if key in out:
+                    first = self.marks[(*at, step)].key
+                    seen = f" (first at line {first.line + 1})" if first else ""
+                    raise self.fail(f"duplicate key{seen}", key_node.start_mark, (*at, step))
+                out[key] = self.build(value_node, (*at, step), key_node.start_mark)
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [self.build(item, (*at, i)) for i, item in enumerate(node.value)]
+        assert isinstance(node, yaml.ScalarNode)
+        return self._scalar(node, interpolate=True, at=at)
+
+    def _scalar(self, node: yaml.ScalarNode, *, interpolate: bool, at: FieldPath = ()) -> Any:
+        if node.tag not in _SAFE_TAGS:
+            raise self.fail(f"YAML tag {node.tag} is not allowed", node.start_mark, at)
+        if interpolate and "${" in node.value:
+            text = self._interpolate(node, at)
+            # A plain scalar, or a value that is one whole ${VAR}: the value's own type comes
+            # through (`${CAP}` set to 40 is a number), so numbers work inside flow mappings too.
+            if node.style is None or _ENV.fullmatch(node.value):
+                tag = self._scalars.resolve(yaml.ScalarNode, text, (True, False))
+                node = yaml.ScalarNode(tag, text, node.start_mark, node.end_mark)
+            else:
+                return text
+        try:
+            return self._scalars.construct_object(node, deep=True)
+        except yaml.constructor.ConstructorError as exc:
+            raise self.fail(str(exc.problem), node.start_mark, at) from None
+
+    def _interpolate(self, node: yaml.ScalarNode, at: FieldPath) -> str:
+        def replace(match: re.Match[str]) -> str:
+            escaped, name, default = match.groups()
+            if escaped:
+                return match.group(0)[1:]
+            value = self.environ.get(name)
+            if value is None or (value == "" and default is not None):
+                if default is None:
+                    raise self.fail(
+                        f"environment variable {name} is not set (write ${{{name}:-default}} "
+                        "to give a default)",
+                        node.start_mark,
+                        at,
+                    )
+                return default
+            return value
+
+        return _ENV.sub(replace, node.value)
+
+
+_SAFE_TAGS = {
+    "tag:yaml.org,2002:" + t
+    for t in ("str", "int", "float", "bool", "null", "timestamp", "map", "seq")
+}
+
+
+def _dotted(field: FieldPath) -> str:
+    out = ""
+    for part in field:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _problem(path: str, message: str, mark: yaml.Mark | None, field: FieldPath = ()) -> Problem:
+    if mark is None:
+        return Problem(path, message, field=_dotted(field))
+    return Problem(path, message, mark.line + 1, mark.column + 1, _dotted(field))
+
+
+# Plain words for pydantic's error types; the others keep pydantic's message.
+_MESSAGES = {
+    "extra_forbidden": "unknown field",
+    "missing": "required field is missing",
+    "greater_than": "must be > {gt}",
+    "greater_than_equal": "must be >= {ge}",
+    "less_than": "must be < {lt}",
+    "less_than_equal": "must be <= {le}",
+    "int_type": "must be a whole number",
+    "float_type": "must be a number",
+    "string_type": "must be text",
+    "bool_type": "must be true or false",
+    "list_type": "must be a list",
+    "dict_type": "must be a mapping",
+    "model_type": "must be a mapping",
+    "model_attributes_type": "must be a mapping",
+    "too_short": "must not be empty",
+    "string_pattern_mismatch": (
+        "must be 1-63 lowercase letters, digits and dashes, starting and ending with a letter "
+        "or digit"
+    ),
+}
+
+
+def _plain_number(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _validation_problems(
+    path: str, error: ValidationError, marks: dict[FieldPath, _Marks]
+) -> Iterator[Problem]:
+    for item in error.errors(include_url=False):
+        loc: list[str | int] = list(item["loc"])
+        on_key = item["type"] == "extra_forbidden"
+        if loc and loc[-1] == "[key]":  # a bad key inside a dict field (e.g. min_tflops)
+            loc.pop()
+            on_key = True
+        message = item["msg"]
+        for prefix in ("Value error, ", "Assertion failed, "):
+            message = message.removeprefix(prefix)
+        ctx = {k: _plain_number(v) for k, v in item.get("ctx", {}).items()}
+        message = _MESSAGES.get(item["type"], message).format(**ctx)
+        message = message.replace("Input should be", "must be")
+        field = tuple(loc)
+        # Point at the nearest position the file has: the field, else its closest parent.
+        probe = field
+        while probe and probe not in marks:
+            probe = probe[:-1]
+        found = marks.get(probe)
+        mark = None
+        if found is not None:
+            mark = found.key if (on_key or probe != field) and found.key else found.value
+        yield _problem(path, message, mark, field)
+
+
+def parse_document(
+    text: str | bytes,
+    model: type[M],
+    *,
+    path: str,
+    environ: Mapping[str, str] | None = None,
+    what: str = "document",
+    error: type[LocatedError] = LocatedError,
+) -> M:
+    """Parse one YAML document into `model`; raises `error` listing every problem found."""
+    size = len(text.encode("utf-8") if isinstance(text, str) else text)
+    if size > MAX_BYTES:
+        raise error([Problem(path, f"file is {size} bytes; a {what} may be at most 1 MiB")])
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise error([Problem(path, f"not UTF-8 text (byte {exc.start})")]) from None
+    too_deep = Problem(path, f"YAML nests too deeply to be a {what}")
+    try:
+        documents = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = exc.problem or exc.context or "YAML syntax error"
+        raise error([_problem(path, f"YAML syntax error: {problem}", mark)]) from None
+    except yaml.YAMLError as exc:
+        raise error([Problem(path, f"YAML syntax error: {exc}")]) from None
+    except RecursionError:
+        raise error([too_deep]) from None
+    if not documents or documents[0] is None:
+        raise error([Problem(path, f"empty file: expected a {what} mapping")])
+    if len(documents) > 1:
+        second = documents[1]
+        raise error(
+            [_problem(path, f"one {what} per file; found a second document", second.start_mark)]
+        )
+    root = documents[0]
+    if not isinstance(root, yaml.MappingNode):
+        raise error(
+            [_problem(path, f"the top level must be a mapping of {what} fields", root.start_mark)]
+        )
+    builder = _Builder(path, os.environ if environ is None else environ, error)
+    try:
+        data = builder.build(root, ())
+    except RecursionError:
+        raise error([too_deep]) from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise error(list(_validation_problems(path, exc, builder.marks))) from None
+
+
+def load_document(
+    path: str | Path,
+    model: type[M],
+    *,
+    environ: Mapping[str, str] | None = None,
+    what: str = "document",
+    error: type[LocatedError] = LocatedError,
+) -> M:
+    """Read and parse one YAML file; every failure is `error` naming the file."""
+    name = str(path)
+    try:
+        with open(path, "rb") as stream:
+            raw = stream.read(MAX_BYTES + 1)
+    except FileNotFoundError:
+        raise error([Problem(name, "no such file")]) from None
+    except IsADirectoryError:
+        raise error([Problem(name, f"is a directory, not a {what} file")]) from None
+    except PermissionError:
+        raise error([Problem(name, "permission denied")]) from None
+    if len(raw) > MAX_BYTES:
+        raise error([Problem(name, f"file is over 1 MiB; a {what} may be at most 1 MiB")])
+    return parse_document(raw, model, path=name, environ=environ, what=what, error=error)
