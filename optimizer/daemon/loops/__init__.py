@@ -1,4 +1,7 @@
-"""The daemon's four loops; each has `run_once()` (one iteration) for the scheduler."""
+"""The daemon's five loops (poll, reconcile, deliver, watch, queue).
+
+Each has `run_once()` (one iteration) for the scheduler.
+"""
 
 from optimizer.daemon.loops.deliver import DeliverLoop
 from optimizer.daemon.loops.poll import PollLoop
