@@ -34,7 +34,7 @@ from sqlalchemy import create_engine, func, select, text
 from optimizer import settings
 from optimizer.model import Market, Offer
 from optimizer.store import Store
-from optimizer.store_tables import LatestPrice, PriceHistory
+from optimizer.store.tables import LatestPrice, PriceHistory
 from providers.snapshot import load_snapshot
 
 RESULTS = Path(__file__).resolve().parent / "results" / "store_insert.json"

@@ -9,7 +9,7 @@ import pytest
 from test_daemon_harness import T0, daemon_env  # noqa: F401
 
 from optimizer.store import Store
-from optimizer.store_tables import NewEvent
+from optimizer.store.tables import NewEvent
 
 
 def alert(kind: str = "price_drop", *, key: str | None = None, channels=("ops",)) -> NewEvent:

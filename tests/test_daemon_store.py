@@ -8,8 +8,14 @@ from datetime import timedelta
 import pytest
 from test_daemon_harness import T0, daemon_env, make_offer  # noqa: F401
 
+from optimizer.jobs.machine import TERMINAL, JobState
 from optimizer.store import DuplicateJobError, Store
-from optimizer.store_tables import NewEvent, PolicyVersionRecord, PollStatusRecord
+from optimizer.store.tables import (
+    TERMINAL_JOB_STATES,
+    NewEvent,
+    PolicyVersionRecord,
+    PollStatusRecord,
+)
 
 
 def version(path: str, name: str | None, sha: str, outcome: str, text: str | None = None):
@@ -45,6 +51,17 @@ def test_cancel_moves_only_jobs_that_have_not_ended(store: Store) -> None:
     assert [e.kind for e in store.list_events()] == ["job_cancelled"]
     assert [j.name for j in store.jobs_page(limit=1)] == ["b"]
     assert [j.name for j in store.jobs_page(state="cancelled")] == ["a"]
+
+
+def test_the_store_ends_the_same_job_states_as_the_state_machine(store: Store) -> None:
+    assert {s.value for s in TERMINAL} == TERMINAL_JOB_STATES
+    for state in JobState:
+        job_id = store.add_job(state.value, "small", {}, at=T0)
+        store.transition_job(job_id, state=state, reason="", at=T0)
+    live = {s.value for s in JobState} - TERMINAL_JOB_STATES
+    assert {job.name for job in store.live_jobs()} == live
+    assert {name for name in live if store.cancel_job(name)[1]} == live
+    assert not any(store.cancel_job(name)[1] for name in TERMINAL_JOB_STATES)
 
 
 def test_policy_versions_say_what_is_in_force(store: Store) -> None:

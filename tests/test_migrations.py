@@ -23,10 +23,9 @@ from sqlalchemy import Engine, inspect, text
 from sqlmodel import SQLModel
 from typer.testing import CliRunner
 
-from optimizer import migrate
 from optimizer.cli import app
-from optimizer.migrate import SchemaError, State
-from optimizer.store import Store
+from optimizer.store import Store, migrate
+from optimizer.store.migrate import SchemaError, State
 
 T0 = datetime(2026, 1, 15, 12, 0, tzinfo=UTC)
 KEEP_ENV = {"GPUOPT_TEST_DATABASE_URL", "GPUOPT_SHARED_DIR"}

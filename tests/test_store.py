@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 
 from optimizer.model import OFFER_FIELDS, Interconnect, Market, Offer
 from optimizer.store import DuplicateJobError, Store
-from optimizer.store_tables import LatestPrice, PriceHistory
+from optimizer.store.tables import LatestPrice, PriceHistory
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
 TOKYO = timezone(timedelta(hours=9))

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from optimizer.store_tables import OutboxItem
+from optimizer.store.tables import OutboxItem
 
 # Plain titles for the events the daemon raises; other kinds get their name spelled out.
 TITLES = {

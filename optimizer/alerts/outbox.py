@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from optimizer.alerts.config import RetryConfig
 from optimizer.alerts.routing import Router
-from optimizer.store_tables import NewEvent
+from optimizer.store.tables import NewEvent
 
 
 class EventSink(Protocol):

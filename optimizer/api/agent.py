@@ -14,7 +14,7 @@ from fastapi import APIRouter, Header, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from optimizer.api.state import ApiState, StateDep
-from optimizer.store_jobs import AttemptRecord, token_sha256
+from optimizer.store.jobs import AttemptRecord, token_sha256
 
 router = APIRouter(prefix="/agent/v1", tags=["agent"])
 

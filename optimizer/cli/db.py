@@ -19,8 +19,8 @@ import typer
 from optimizer.cli.common import fail
 
 if TYPE_CHECKING:
-    from optimizer.migrate import Migrated, SchemaStatus
     from optimizer.store import Store
+    from optimizer.store.migrate import Migrated, SchemaStatus
 
 app = typer.Typer(
     help="Show or migrate the store's schema revision (run upgrade once per new gpuopt).",
@@ -100,8 +100,7 @@ def current(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Print the database's revision, this gpuopt's head, and what that means."""
-    from optimizer import migrate
-    from optimizer.store import Store
+    from optimizer.store import Store, migrate
 
     url = _database_url(config)
     where = migrate.display_url(url)
@@ -130,8 +129,7 @@ def current(
 @app.command("upgrade")
 def upgrade(config: ConfigOption = None) -> None:
     """Migrate the database to this gpuopt's head (safe to run from several places at once)."""
-    from optimizer import migrate
-    from optimizer.store import Store
+    from optimizer.store import Store, migrate
 
     url = _database_url(config)
     try:
@@ -143,7 +141,7 @@ def upgrade(config: ConfigOption = None) -> None:
 
 
 def _upgraded(done: Migrated) -> str:
-    from optimizer.migrate import State
+    from optimizer.store.migrate import State
 
     found = done.found
     if found.state is State.CURRENT:
@@ -166,8 +164,7 @@ def downgrade(
     config: ConfigOption = None,
 ) -> None:
     """Migrate the database back to REVISION, for running an older gpuopt on it again."""
-    from optimizer import migrate
-    from optimizer.store import Store
+    from optimizer.store import Store, migrate
 
     if revision == "base":
         fail("downgrading to base would drop every table; gpuopt db downgrade does not do that")
@@ -187,7 +184,7 @@ def downgrade(
 @app.command("history")
 def history() -> None:
     """List the revisions this gpuopt knows, oldest first (no database needed)."""
-    from optimizer import migrate
+    from optimizer.store import migrate
 
     newest = migrate.head()
     for rev in migrate.history():

@@ -47,7 +47,7 @@ from optimizer import __version__
 from optimizer.clock import Clock, utc_now
 from optimizer.daemon.errors import DaemonError
 from optimizer.store import Store, sqlite_file
-from optimizer.store_replicas import ReplicaRecord
+from optimizer.store.replicas import ReplicaRecord
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from optimizer.alerts.outbox import Emitter
 from optimizer.daemon.policies import PolicyRegistry
 from optimizer.model import Market, Offer
 from optimizer.store import Store
-from optimizer.store_tables import NewEvent
+from optimizer.store.tables import NewEvent
 from policies.engine import Ranking, evaluate
 from policies.schema import Policy
 

@@ -47,9 +47,9 @@ from optimizer.daemon.providers import ProviderHandle, make_handles, provider_se
 from optimizer.daemon.scheduler import LoopScheduler
 from optimizer.daemon.server import ApiServer, is_loopback
 from optimizer.jobs.reconcile import JobReconciler
-from optimizer.migrate import ensure_ready
 from optimizer.model import Market
 from optimizer.store import Store
+from optimizer.store.migrate import SchemaError, UnreachableError, ensure_ready
 from providers.base import OfferSource
 
 log = logging.getLogger(__name__)
@@ -259,7 +259,10 @@ class Daemon:
         self.config.effective_data_dir.mkdir(parents=True, exist_ok=True)
         self.config.effective_policy_dir.mkdir(parents=True, exist_ok=True)
         self.leadership.claim()  # SQLite: a second daemon stops here, before touching the store
-        ensure_ready(self.store.engine)  # empty: created at head; else at head or refused
+        try:
+            ensure_ready(self.store.engine)  # empty: created at head; else at head or refused
+        except (SchemaError, UnreachableError) as exc:
+            raise DaemonError(str(exc)) from exc
         self.server.bind()
         self.leadership.start()
         self.watcher.run_once()  # policies are in force before anything reads them

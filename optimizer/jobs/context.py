@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from optimizer.clock import Clock
 from optimizer.store import Store
-from optimizer.store_tables import JobRecord, NewEvent
+from optimizer.store.tables import JobRecord, NewEvent
 from policies.schema import Policy
 from providers.base import OfferSource
 

@@ -39,8 +39,8 @@ from optimizer.jobs.machine import (
     leftover,
 )
 from optimizer.model import Market, Offer
-from optimizer.store_jobs import AttemptRecord, token_sha256
-from optimizer.store_tables import JobRecord, NewEvent
+from optimizer.store.jobs import AttemptRecord, token_sha256
+from optimizer.store.tables import JobRecord, NewEvent
 from policies.engine import evaluate
 from providers.base import (
     AuthError,

@@ -23,7 +23,7 @@ from optimizer.daemon.metrics import Metrics
 from optimizer.daemon.providers import ProviderHandle
 from optimizer.model import Market, Offer
 from optimizer.store import Store
-from optimizer.store_tables import NewEvent, PollStatusRecord
+from optimizer.store.tables import NewEvent, PollStatusRecord
 from providers.base import ProviderDisabled
 
 log = logging.getLogger(__name__)

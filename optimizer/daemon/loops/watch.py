@@ -30,7 +30,7 @@ from optimizer.daemon.policies import (
     RejectedFile,
 )
 from optimizer.store import Store
-from optimizer.store_tables import NewEvent, PolicyVersionRecord
+from optimizer.store.tables import NewEvent, PolicyVersionRecord
 from policies.loader import PolicyError, parse_policy
 
 log = logging.getLogger(__name__)

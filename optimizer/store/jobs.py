@@ -16,8 +16,8 @@ from typing import Any
 from sqlalchemy import Connection, insert, select, update
 
 from optimizer.model import Offer
-from optimizer.store_base import JOB, StoreBase, chunks, inserted_id, job_record, table
-from optimizer.store_tables import AgentEvent, Attempt, JobRecord, NewEvent, PoolCooldown
+from optimizer.store.engine import JOB, StoreBase, chunks, inserted_id, job_record, table
+from optimizer.store.tables import AgentEvent, Attempt, JobRecord, NewEvent, PoolCooldown
 
 _ATTEMPT = table(Attempt)
 _AGENT_EVENT = table(AgentEvent)

@@ -11,8 +11,7 @@ from typing import Any
 
 from sqlalchemy import delete, func, insert, select, update
 
-from optimizer.jobs.machine import LIVE, TERMINAL
-from optimizer.store_base import (
+from optimizer.store.engine import (
     JOB,
     StoreBase,
     aware,
@@ -21,7 +20,8 @@ from optimizer.store_base import (
     job_record,
     table,
 )
-from optimizer.store_tables import (
+from optimizer.store.tables import (
+    TERMINAL_JOB_STATES,
     JobRecord,
     LatestPrice,
     NewEvent,
@@ -36,8 +36,7 @@ _VERSION = table(PolicyVersion)
 _SIGNAL = table(PriceSignal)
 _POLL = table(PollStatus)
 _LATEST = table(LatestPrice)
-_LIVE_STATES = sorted(s.value for s in LIVE)
-_TERMINAL_STATES = sorted(s.value for s in TERMINAL)
+_TERMINAL_STATES = sorted(TERMINAL_JOB_STATES)
 
 
 def _version(row: Any) -> PolicyVersionRecord:
@@ -79,7 +78,7 @@ class DaemonMixin(StoreBase):
 
     def live_jobs(self) -> list[JobRecord]:
         """Jobs not yet succeeded, failed or cancelled, oldest first."""
-        query = select(JOB).where(JOB.c.state.in_(_LIVE_STATES)).order_by(JOB.c.id)
+        query = select(JOB).where(JOB.c.state.not_in(_TERMINAL_STATES)).order_by(JOB.c.id)
         with self.engine.connect() as conn:
             return [job_record(row) for row in conn.execute(query)]
 
@@ -103,7 +102,7 @@ class DaemonMixin(StoreBase):
 
     def policies_in_use(self) -> set[str]:
         """Policy names that live jobs run under."""
-        query = select(JOB.c.policy).where(JOB.c.state.in_(_LIVE_STATES)).distinct()
+        query = select(JOB.c.policy).where(JOB.c.state.not_in(_TERMINAL_STATES)).distinct()
         with self.engine.connect() as conn:
             return set(conn.execute(query).scalars())
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from sqlalchemy import delete, select, update
 
-from optimizer.store_base import StoreBase, dialect_insert, table
-from optimizer.store_tables import Replica
+from optimizer.store.engine import StoreBase, dialect_insert, table
+from optimizer.store.tables import Replica
 
 _REPLICA = table(Replica)
 

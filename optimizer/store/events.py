@@ -7,8 +7,8 @@ from datetime import datetime
 
 from sqlalchemy import func, select, update
 
-from optimizer.store_base import EVENT, JOB, OUTBOX, StoreBase, aware, event_record
-from optimizer.store_tables import EventRecord, NewEvent, OutboxItem
+from optimizer.store.engine import EVENT, JOB, OUTBOX, StoreBase, aware, event_record
+from optimizer.store.tables import EventRecord, NewEvent, OutboxItem
 
 PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
 ALERT_STATES = (PENDING, DELIVERED, FAILED)

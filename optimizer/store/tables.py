@@ -17,6 +17,11 @@ from sqlmodel import Field, SQLModel
 
 POOL_COLUMNS: tuple[str, ...] = ("provider", "region", "zone", "instance_type", "market")
 
+# The job states after which nothing happens to a job: the store keeps them off the live
+# queries and never cancels such a job. The state machine (optimizer.jobs.machine) names the
+# same three; tests/test_daemon_store.py holds the two together.
+TERMINAL_JOB_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+
 
 class UTCDateTime(TypeDecorator[datetime]):
     """Timezone-aware UTC datetimes in and out, on every engine.

@@ -1,6 +1,6 @@
 """Schema revisions: what the database is at, what this gpuopt needs, and moving between them.
 
-The Alembic scripts live in `optimizer/migrations/` and are run by `migrate_scripts.py`. Every
+The Alembic scripts live in `optimizer/store/migrations/` and are run by `migrate_scripts.py`. Every
 function here runs on the caller's engine, so a store's PostgreSQL `search_path` decides
 where `alembic_version` and the tables are. The daemon calls `ensure_ready` at start: an
 empty database is created at head, one at head is used, anything else is refused in one
@@ -22,9 +22,9 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import SQLModel
 
-import optimizer.store_tables  # noqa: F401  (puts every table on SQLModel.metadata)
-from optimizer.daemon.errors import DaemonError
-from optimizer.migrate_scripts import (
+import optimizer.store.tables  # noqa: F401  (puts every table on SQLModel.metadata)
+from optimizer.store.engine import StoreError
+from optimizer.store.migrate_scripts import (
     VERSION_TABLE,
     Revision,
     alembic_config,
@@ -34,7 +34,6 @@ from optimizer.migrate_scripts import (
     run,
     stamp,
 )
-from optimizer.store_base import StoreError
 
 __all__ = [
     "VERSION_TABLE",
@@ -68,13 +67,12 @@ LOCK_KEY = int.from_bytes(b"gpuoptmg", "big")
 PRE_MIGRATION_REVISIONS = ("0002", "0001")
 
 
-class SchemaError(StoreError, DaemonError):
-    """The database's schema is not one this gpuopt runs on or can migrate; one line.
+class SchemaError(StoreError):
+    """The database's schema is not one this gpuopt runs on or can migrate; one line (the
+    daemon refuses to start with it as the reason)."""
 
-    A DaemonError too, so `gpuopt daemon` prints it as `gpuopt: error: …` and exits 2."""
 
-
-class UnreachableError(StoreError, DaemonError):
+class UnreachableError(StoreError):
     """The database did not answer; one line naming it with its password hidden."""
 
 

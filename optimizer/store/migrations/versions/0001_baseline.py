@@ -1,6 +1,6 @@
 """Baseline: the schema gpuopt made with create_all before it had migrations (commit 72238f0).
 
-Every table but `replica`. Written out here rather than read from optimizer.store_tables so
+Every table but `replica`. Written out here rather than read from optimizer.store.tables so
 the revision stays what it was when those tables change: times are plain
 `DateTime(timezone=True)` (UTCDateTime only converts values), strings `String()` (SQLModel's
 AutoString is VARCHAR too), and unnamed constraints keep the names each engine gives them,

@@ -1,8 +1,8 @@
 """What the store's modules share: errors, time checks, row decoding and event writing.
 
-`Store` (optimizer/store.py) is assembled from `StoreBase` and the mixins in
-`store_outbox.py` and `store_daemon.py`; each keeps to one area so no module grows past a
-screenful of methods.
+`Store` (optimizer/store/__init__.py) is assembled from `StoreBase` and the mixins in
+`events.py`, `jobs.py`, `policies.py` and `replicas.py`; each keeps to one area so no module
+grows past a screenful of methods.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from sqlalchemy import Connection, CursorResult, Engine, Insert, Row, Table, ins
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import SQLModel
 
-from optimizer.store_tables import (
+from optimizer.store.tables import (
     AlertOutbox,
     Event,
     EventRecord,

@@ -1,8 +1,9 @@
 """The store: price history, latest prices, jobs and events, on SQLite or PostgreSQL.
 
-Tables live in `optimizer.store_tables`; the alert outbox's methods in `store_outbox.py` and
-the daemon's records (policy versions, price signals, poll status) in `store_daemon.py`,
-mixed into `Store`. Bulk paths use SQLAlchemy Core over plain dicts
+Tables live in `optimizer.store.tables`, migrations in `optimizer.store.migrate`; the events
+and alert outbox methods in `events.py`, the job attempts in `jobs.py`, the daemon's records
+(policy versions, price signals, poll status) in `policies.py` and the replica table in
+`replicas.py`, mixed into `Store`. Bulk paths use SQLAlchemy Core over plain dicts
 (executemany), because building ORM objects costs more than the insert itself; every public
 write is one transaction.
 """
@@ -34,7 +35,7 @@ from sqlalchemy.pool import StaticPool
 
 from optimizer import settings
 from optimizer.model import OFFER_FIELDS, Market, Offer
-from optimizer.store_base import (
+from optimizer.store.engine import (
     DuplicateJobError,
     StoreError,
     aware,
@@ -46,11 +47,11 @@ from optimizer.store_base import (
     table,
     utc_now,
 )
-from optimizer.store_daemon import DaemonMixin
-from optimizer.store_jobs import JobsMixin
-from optimizer.store_outbox import OutboxMixin
-from optimizer.store_replicas import ReplicaMixin
-from optimizer.store_tables import (
+from optimizer.store.events import OutboxMixin
+from optimizer.store.jobs import JobsMixin
+from optimizer.store.policies import DaemonMixin
+from optimizer.store.replicas import ReplicaMixin
+from optimizer.store.tables import (
     POOL_COLUMNS,
     Event,
     EventRecord,
@@ -198,8 +199,8 @@ class Store(OutboxMixin, DaemonMixin, JobsMixin, ReplicaMixin):
     def create_all(self) -> None:
         """Create an empty database's schema at the newest revision, stamped so (a database
         already there gains any missing table; any other raises SchemaError). The daemon uses
-        `optimizer.migrate.ensure_ready`; this is the fast path for tests and tools."""
-        from optimizer.migrate import create_all
+        `optimizer.store.migrate.ensure_ready`; this is the fast path for tests and tools."""
+        from optimizer.store.migrate import create_all
 
         create_all(self.engine)
 

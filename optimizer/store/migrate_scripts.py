@@ -1,7 +1,7 @@
 """The Alembic side of migrations: a config built in code, the scripts, running a command.
 
-The scripts are package data in `optimizer/migrations/` (no alembic.ini), so an installed
-wheel migrates as a checkout does. `optimizer.migrate` is the API; this module only knows
+The scripts are package data in `optimizer/store/migrations/` (no alembic.ini), so an installed
+wheel migrates as a checkout does. `optimizer.store.migrate` is the API; this module only knows
 Alembic, and imports it inside the functions.
 """
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from alembic.script import ScriptDirectory
 
 # Alembic logs its plugin set-up and "Context impl SQLiteImpl." at INFO, noise in the daemon's
-# log; optimizer.migrate logs what was migrated instead.
+# log; optimizer.store.migrate logs what was migrated instead.
 logging.getLogger("alembic").setLevel(logging.WARNING)
 
 SCRIPTS = Path(__file__).with_name("migrations")
@@ -59,7 +59,7 @@ def script() -> ScriptDirectory:
 def head() -> str:
     """The newest revision this gpuopt knows."""
     newest = script().get_current_head()
-    assert newest is not None, "optimizer/migrations/versions holds no revision"
+    assert newest is not None, "optimizer/store/migrations/versions holds no revision"
     return newest
 
 
@@ -71,7 +71,7 @@ def history() -> list[Revision]:
 
 def run(conn: Connection, name: str, target: str) -> None:
     """An Alembic command (upgrade, downgrade) on `conn`, inside the caller's transaction;
-    `optimizer/migrations/env.py` takes the connection from the config."""
+    `optimizer/store/migrations/env.py` takes the connection from the config."""
     from alembic import command
 
     config = alembic_config()

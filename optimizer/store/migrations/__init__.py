@@ -1,4 +1,4 @@
-"""gpuopt's schema migrations (Alembic scripts); `optimizer.migrate` runs them.
+"""gpuopt's schema migrations (Alembic scripts); `optimizer.store.migrate` runs them.
 
 The scripts ship in the wheel as package data: `env.py`, `script.py.mako` and `versions/`.
 A new revision is hand-written (autogenerate against a database at head is a fine first
