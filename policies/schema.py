@@ -36,6 +36,9 @@ def _all_markets() -> list[Market]:
     return ["spot", "on_demand"]
 
 
+# The recovery strategies optimizer/jobs/recovery.py defines (it checks that they match).
+RECOVERY_STRATEGIES = ("failover", "eager-on-demand")
+
 HOURS_PER_MONTH = 730  # 365 x 24 / 12, the convention cloud price calculators use
 
 assert set(Dtype.__args__) == set(DTYPES), "Dtype must list the hardware table's dtypes"  # type: ignore[attr-defined]
@@ -206,9 +209,44 @@ class Budget(_Strict):
 
 
 class Recovery(_Strict):
-    max_restarts: int = Field(20, ge=0)
-    pool_cooldown_minutes: float = Field(10, ge=0)
-    on_demand_after_interruptions: int = Field(3, ge=0)
+    """Where a job goes after an interruption, a failed probe or a failed launch: a named
+    strategy (optimizer/jobs/recovery.py) and its settings."""
+
+    strategy: str = Field(
+        "failover",
+        description="The recovery strategy: failover (the default) or eager-on-demand.",
+        json_schema_extra={"enum": list(RECOVERY_STRATEGIES)},
+    )
+    max_restarts: int = Field(20, ge=0, description="Relaunches before the job fails.")
+    pool_cooldown_minutes: float = Field(
+        10,
+        ge=0,
+        description="Minutes a pool sits out after it failed an attempt or had no capacity.",
+    )
+    on_demand_after_interruptions: int = Field(
+        3,
+        ge=0,
+        description="Interruptions within the window that move a job to on-demand; 0: never.",
+    )
+    on_demand_window_minutes: float = Field(
+        60,
+        gt=0,
+        description="Minutes in which interruptions count; the on-demand fallback lasts as long.",
+    )
+    quota_cooldown_minutes: float = Field(
+        60, ge=0, description="Minutes a pool sits out after a launch hit a quota."
+    )
+    auth_cooldown_minutes: float = Field(
+        60, ge=0, description="Minutes a provider sits out after it refused our credentials."
+    )
+
+    @field_validator("strategy")
+    @classmethod
+    def _known_strategy(cls, value: str) -> str:
+        if value not in RECOVERY_STRATEGIES:
+            known = ", ".join(RECOVERY_STRATEGIES)
+            raise ValueError(f"unknown recovery strategy {value!r}; known strategies: {known}")
+        return value
 
 
 class Policy(_Strict):

@@ -19,17 +19,24 @@ from optimizer.jobs.machine import (
     JobState,
     JobView,
     Launch,
-    Recovery,
     Stop,
     Terminate,
     decide,
     leftover,
 )
+from optimizer.jobs.recovery import Failover, Failure, RecoverySettings
 from optimizer.model import Market
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
 POOL = ("aws", "eu-west-1", "euw1-az1", "p4d.24xlarge", "spot")
-REC = Recovery(max_restarts=3, pool_cooldown=timedelta(minutes=10), on_demand_after_interruptions=2)
+SETTINGS = RecoverySettings(
+    max_restarts=3, pool_cooldown=timedelta(minutes=10), on_demand_after_interruptions=2
+)
+REC = Failover(SETTINGS)
+
+
+def preempted(*at: datetime) -> tuple[tuple[Failure, datetime], ...]:
+    return tuple((Failure.PREEMPTED, t) for t in at)
 
 
 def job(**changes: Any) -> JobView:
@@ -54,7 +61,7 @@ def kinds(decision: Decision) -> list[str]:
 
 
 def test_a_new_job_asks_for_a_launch() -> None:
-    d = decide(job(state=JobState.PENDING), None, now=NOW, recovery=REC)
+    d = decide(job(state=JobState.PENDING), None, now=NOW, strategy=REC)
     assert d.state is JobState.PENDING and d.actions == (Launch(),)
 
 
@@ -68,29 +75,29 @@ def test_a_new_job_asks_for_a_launch() -> None:
     ],
 )
 def test_progress_follows_the_agent(observed: dict[str, Any], state: str) -> None:
-    d = decide(job(state=JobState.PROVISIONING), attempt(**observed), now=NOW, recovery=REC)
+    d = decide(job(state=JobState.PROVISIONING), attempt(**observed), now=NOW, strategy=REC)
     assert d.state == state and d.actions == ()
 
 
 def test_no_probe_jobs_skip_probing() -> None:
     waiting = attempt(probe_status=None, job_started=False)
-    assert decide(job(probes="none"), waiting, now=NOW, recovery=REC).state == "provisioning"
+    assert decide(job(probes="none"), waiting, now=NOW, strategy=REC).state == "provisioning"
 
 
 def test_exit_zero_succeeds_and_frees_the_instance() -> None:
-    d = decide(job(), attempt(exit_code=0), now=NOW, recovery=REC)
+    d = decide(job(), attempt(exit_code=0), now=NOW, strategy=REC)
     assert d.state is JobState.SUCCEEDED and d.end_attempt == "succeeded"
     assert Terminate("7-1", "job finished") in d.actions
 
 
 def test_nonzero_exit_fails_the_job_without_relaunch() -> None:
-    d = decide(job(), attempt(exit_code=2), now=NOW, recovery=REC)
+    d = decide(job(), attempt(exit_code=2), now=NOW, strategy=REC)
     assert d.state is JobState.FAILED and not d.launches
     assert any(isinstance(a, Alert) and a.severity == "error" for a in d.actions)
 
 
 def test_interruption_notice_stops_the_job_cools_the_pool_and_relaunches_elsewhere() -> None:
-    d = decide(job(), attempt(interruption_notice_at=NOW), now=NOW, recovery=REC)
+    d = decide(job(), attempt(interruption_notice_at=NOW), now=NOW, strategy=REC)
     assert d.state is JobState.PROVISIONING
     assert d.restarts == 1 and d.end_attempt == "preempted"
     assert kinds(d) == ["Stop", "Cooldown", "Launch", "Alert"]
@@ -103,20 +110,20 @@ def test_interruption_notice_stops_the_job_cools_the_pool_and_relaunches_elsewhe
 def test_an_exit_after_the_notice_is_still_an_interruption() -> None:
     # the job exits 143 on the SIGTERM the stop sends: that is not a job failure
     observed = attempt(interruption_notice_at=NOW, exit_code=143, stop_sent=True)
-    d = decide(job(), observed, now=NOW, recovery=REC)
+    d = decide(job(), observed, now=NOW, strategy=REC)
     assert d.state is JobState.PROVISIONING and d.launches
     assert not any(isinstance(a, Stop) for a in d.actions)
 
 
 def test_preemption_seen_only_by_describe_relaunches_too() -> None:
-    d = decide(job(), attempt(instance_gone=True, preempted=True), now=NOW, recovery=REC)
+    d = decide(job(), attempt(instance_gone=True, preempted=True), now=NOW, strategy=REC)
     assert d.state is JobState.PROVISIONING and d.launches
     assert not any(isinstance(a, Stop | Terminate) for a in d.actions)  # nothing left to stop
 
 
 def test_failed_probe_terminates_and_relaunches_on_another_pool() -> None:
     sick = attempt(probe_status="fail", job_started=False)
-    d = decide(job(state=JobState.PROBING), sick, now=NOW, recovery=REC)
+    d = decide(job(state=JobState.PROBING), sick, now=NOW, strategy=REC)
     assert d.state is JobState.PROVISIONING and d.end_attempt == "probe_failed"
     assert isinstance(d.actions[0], Terminate)
     assert Launch(avoid=frozenset({POOL})) in d.actions
@@ -129,14 +136,14 @@ def test_an_agent_that_never_checks_in_is_replaced() -> None:
         job_started=False,
         launched_at=NOW - timedelta(minutes=11),
     )
-    d = decide(job(state=JobState.PROVISIONING), silent, now=NOW, recovery=REC)
+    d = decide(job(state=JobState.PROVISIONING), silent, now=NOW, strategy=REC)
     assert d.end_attempt == "not_registered" and d.launches
     young = replace(silent, launched_at=NOW - timedelta(minutes=9))
-    assert not decide(job(state=JobState.PROVISIONING), young, now=NOW, recovery=REC).launches
+    assert not decide(job(state=JobState.PROVISIONING), young, now=NOW, strategy=REC).launches
 
 
 def test_restart_limit_fails_the_job() -> None:
-    d = decide(job(restarts=3), attempt(interruption_notice_at=NOW), now=NOW, recovery=REC)
+    d = decide(job(restarts=3), attempt(interruption_notice_at=NOW), now=NOW, strategy=REC)
     assert d.state is JobState.FAILED and not d.launches and d.restarts == 4
     assert "restart limit 3" in d.reason
 
@@ -147,33 +154,35 @@ def test_repeated_interruptions_fall_back_to_on_demand() -> None:
 
     earlier = (NOW - timedelta(minutes=20),)
     notice = attempt(interruption_notice_at=NOW)
-    d = decide(job(interruptions=earlier, restarts=1), notice, now=NOW, recovery=REC)
+    d = decide(job(failures=preempted(*earlier), restarts=1), notice, now=NOW, strategy=REC)
     assert launch_of(d).markets == (Market.ON_DEMAND,) and "on-demand" in d.reason
     old = (NOW - timedelta(hours=2),)
-    d = decide(job(interruptions=old, restarts=1), notice, now=NOW, recovery=REC)
+    d = decide(job(failures=preempted(*old), restarts=1), notice, now=NOW, strategy=REC)
     assert launch_of(d).markets is None
-    no_on_demand = replace(REC, on_demand_allowed=False)
-    d = decide(job(interruptions=earlier), notice, now=NOW, recovery=no_on_demand)
+    no_on_demand = Failover(replace(SETTINGS, on_demand_allowed=False))
+    d = decide(job(failures=preempted(*earlier)), notice, now=NOW, strategy=no_on_demand)
     assert launch_of(d).markets is None
 
 
 def test_a_job_left_pending_by_the_fallback_still_launches_on_demand() -> None:
     # the on-demand relaunch found no offer, so the job waits with no open attempt
     twice = (NOW - timedelta(minutes=20), NOW - timedelta(minutes=1))
-    d = decide(job(state=JobState.PENDING, interruptions=twice), None, now=NOW, recovery=REC)
+    d = decide(job(state=JobState.PENDING, failures=preempted(*twice)), None, now=NOW, strategy=REC)
     assert d.actions == (Launch(markets=(Market.ON_DEMAND,)),) and "on-demand" in d.reason
     once = twice[1:]
-    d = decide(job(state=JobState.PENDING, interruptions=once), None, now=NOW, recovery=REC)
+    d = decide(job(state=JobState.PENDING, failures=preempted(*once)), None, now=NOW, strategy=REC)
     assert d.actions == (Launch(),)
     later = NOW + timedelta(hours=1, minutes=1)  # both interruptions are out of the window
-    d = decide(job(state=JobState.PENDING, interruptions=twice), None, now=later, recovery=REC)
+    d = decide(
+        job(state=JobState.PENDING, failures=preempted(*twice)), None, now=later, strategy=REC
+    )
     assert d.actions == (Launch(),)
 
 
 def test_cancel_terminates_and_ends() -> None:
-    d = decide(job(cancel_requested=True), attempt(), now=NOW, recovery=REC)
+    d = decide(job(cancel_requested=True), attempt(), now=NOW, strategy=REC)
     assert d.state is JobState.CANCELLED and Terminate("7-1", "job cancelled") in d.actions
-    d = decide(job(state=JobState.PENDING, cancel_requested=True), None, now=NOW, recovery=REC)
+    d = decide(job(state=JobState.PENDING, cancel_requested=True), None, now=NOW, strategy=REC)
     assert d.state is JobState.CANCELLED and kinds(d) == ["Alert"]
 
 
@@ -215,14 +224,14 @@ def test_decisions_are_deterministic_and_consistent(
     observed: AttemptView, state: JobState, restarts: int, cancel: bool
 ) -> None:
     view = job(state=state, restarts=restarts, cancel_requested=cancel)
-    first = decide(view, observed, now=NOW, recovery=REC)
-    assert first == decide(view, observed, now=NOW, recovery=REC)
+    first = decide(view, observed, now=NOW, strategy=REC)
+    assert first == decide(view, observed, now=NOW, strategy=REC)
     if state in TERMINAL:
         assert first.state is state and first.actions == ()
     if first.state in TERMINAL:
         assert not first.launches  # a finished job never launches
     if first.launches:
-        assert first.restarts == restarts + 1 and first.restarts <= REC.max_restarts
+        assert first.restarts == restarts + 1 and first.restarts <= SETTINGS.max_restarts
         assert any(isinstance(a, Cooldown) for a in first.actions)
 
 
@@ -233,6 +242,8 @@ def test_the_fallback_reason_names_the_configured_window() -> None:
         (timedelta(minutes=30), "2 interruptions within 30 minutes"),
         (timedelta(hours=6), "2 interruptions within 6 hours"),
     ):
-        rec = replace(REC, interruption_window=window)
-        d = decide(job(state=JobState.PENDING, interruptions=twice), None, now=NOW, recovery=rec)
+        rec = Failover(replace(SETTINGS, on_demand_window=window))
+        d = decide(
+            job(state=JobState.PENDING, failures=preempted(*twice)), None, now=NOW, strategy=rec
+        )
         assert f"{said}: falling back to on-demand" in d.reason

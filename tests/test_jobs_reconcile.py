@@ -115,6 +115,7 @@ def test_a_cooled_down_zonal_attempt_also_avoids_its_regional_on_demand_offer(
     """On-demand prices are per region (zone None) but an attempt records its instance's
     zone: a cooldown on the attempt's pool must still keep the launch off that offer."""
     from optimizer.jobs.machine import Launch
+    from optimizer.jobs.recovery import Failover
     from optimizer.model import Market
     from policies.loader import parse_policy
 
@@ -143,11 +144,12 @@ def test_a_cooled_down_zonal_attempt_also_avoids_its_regional_on_demand_offer(
         providers={"aws": SimpleNamespace(source=lambda: source)},
         leading=lambda: True,
     )
-    launched, why = JobReconciler(lambda: "http://127.0.0.1:1")._launch(
+    launched, why = JobReconciler(lambda: "http://127.0.0.1:1").launcher.walk(
         ctx,  # type: ignore[arg-type]
         job,
         Launch(markets=(Market.ON_DEMAND,)),
         policy,
+        Failover(),
     )
     assert launched, why
     assert source.launched == [(None, "on_demand")]

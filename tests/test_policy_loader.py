@@ -209,6 +209,17 @@ BAD: list[tuple[str, str, str]] = [
         "recovery: {pool_cooldown_minutes: -5}\n",
         "recovery.pool_cooldown_minutes: must be >= 0",
     ),
+    (
+        "unknown recovery strategy",
+        "recovery:\n  strategy: eager\n",
+        "p.yaml:5:13: recovery.strategy: unknown recovery strategy 'eager'; known strategies: "
+        "failover, eager-on-demand",
+    ),
+    (
+        "zero on-demand window",
+        "recovery: {on_demand_window_minutes: 0}\n",
+        "recovery.on_demand_window_minutes: must be > 0",
+    ),
     ("budget zero", "budget: {monthly_usd: 0}\n", "budget.monthly_usd: must be > 0"),
     ("syntax error", "bid: {max_usd_per_hour: 3\n", "p.yaml:5:1: YAML syntax error"),
     ("tab indentation", "bid:\n\tmax_usd_per_hour: 3\n", "p.yaml:5:1: YAML syntax error"),

@@ -1,10 +1,12 @@
 """The managed-job state machine: pure transitions from what was observed to what to do.
 
-`decide(job, attempt, now=…, recovery=…)` looks at one job and its current attempt, as the
+`decide(job, attempt, now=…, strategy=…)` looks at one job and its current attempt, as the
 reconcile loop folded them from the store, the agent's events and the provider's describe,
-and returns the job's next state with the actions that get it there. It does no I/O; the
-reconcile loop applies the actions (launch, stop, terminate, cooldown, alert) and records
-every transition as an event. The same inputs always give the same answer.
+and returns the job's next state with the actions that get it there. Where a job goes after
+a failed attempt (which pools to avoid and cool down, which markets, or to give up) is the
+recovery strategy's answer (recovery.py). It does no I/O; the reconciler applies the actions
+(launch, stop, terminate, cooldown, alert) and records every transition as an event. The
+same inputs always give the same answer.
 
     pending → provisioning → probing → running → succeeded | failed | cancelled
                   ▲                        │
@@ -17,9 +19,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from optimizer.jobs.recovery import Failover, Failure, GiveUp, Past, Pool, Strategy
 from optimizer.model import Market
 
-Pool = tuple[str, str, str | None, str, str]  # provider, region, zone, instance type, market
+REGISTER_TIMEOUT = timedelta(minutes=10)  # how long a launch's agent may take to check in
 
 
 class JobState(StrEnum):
@@ -38,18 +41,6 @@ LIVE = frozenset(JobState) - TERMINAL
 
 
 @dataclass(frozen=True, slots=True)
-class Recovery:
-    """The policy's recovery settings, plus how long a launch may take to check in."""
-
-    max_restarts: int = 20
-    pool_cooldown: timedelta = timedelta(minutes=10)
-    on_demand_after_interruptions: int = 3
-    on_demand_allowed: bool = True
-    register_timeout: timedelta = timedelta(minutes=10)
-    interruption_window: timedelta = timedelta(hours=1)
-
-
-@dataclass(frozen=True, slots=True)
 class JobView:
     id: int
     name: str
@@ -57,7 +48,7 @@ class JobView:
     restarts: int = 0
     probes: str = "quick"  # quick | deep | none
     cancel_requested: bool = False
-    interruptions: tuple[datetime, ...] = ()  # when earlier attempts were interrupted
+    failures: tuple[Past, ...] = ()  # how and when earlier attempts failed
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +123,7 @@ class Decision:
 
 @dataclass(frozen=True, slots=True)
 class _Relaunch:
-    why: str  # preempted | probe_failed | lost | not_registered
+    why: Failure
     alert_kind: str
     message: str
     stop_job: bool = False  # let the job checkpoint instead of killing the instance
@@ -143,20 +134,27 @@ def describe_pool(pool: Pool) -> str:
     return f"{provider} {region}{'/' + zone if zone else ''} {kind} {market}"
 
 
-def _relaunch_reason(attempt: AttemptView, now: datetime, recovery: Recovery) -> _Relaunch | None:
+def _relaunch_reason(
+    attempt: AttemptView, now: datetime, register_timeout: timedelta
+) -> _Relaunch | None:
     where = describe_pool(attempt.pool)
     if attempt.interruption_notice_at is not None or attempt.preempted:
         return _Relaunch(
-            "preempted", "job.interrupted", f"spot capacity reclaimed on {where}", stop_job=True
+            Failure.PREEMPTED,
+            "job.interrupted",
+            f"spot capacity reclaimed on {where}",
+            stop_job=True,
         )
     if attempt.probe_status == "fail":
-        return _Relaunch("probe_failed", "job.probe_failed", f"GPU probe failed on {where}")
+        return _Relaunch(Failure.PROBE_FAILED, "job.probe_failed", f"GPU probe failed on {where}")
     if attempt.instance_gone and attempt.exit_code is None:
-        return _Relaunch("lost", "job.instance_lost", f"instance on {where} ended unexpectedly")
-    if not attempt.registered and now - attempt.launched_at > recovery.register_timeout:
-        minutes = recovery.register_timeout.total_seconds() / 60
         return _Relaunch(
-            "not_registered",
+            Failure.LOST, "job.instance_lost", f"instance on {where} ended unexpectedly"
+        )
+    if not attempt.registered and now - attempt.launched_at > register_timeout:
+        minutes = register_timeout.total_seconds() / 60
+        return _Relaunch(
+            Failure.NOT_REGISTERED,
             "job.launch_timeout",
             f"agent on {where} did not check in within {minutes:g} minutes",
         )
@@ -195,37 +193,16 @@ def _finished(job: JobView, attempt: AttemptView, code: int) -> Decision:
     )
 
 
-def _span(window: timedelta) -> str:
-    minutes = window.total_seconds() / 60
-    if minutes == 60:
-        return "an hour"
-    return f"{minutes / 60:g} hours" if minutes % 60 == 0 else f"{minutes:g} minutes"
-
-
-def _fallback(
-    job: JobView, now: datetime, recovery: Recovery, *, preempted_now: bool = False
-) -> tuple[tuple[Market, ...] | None, str]:
-    """On-demand only, with the reason, once the job was interrupted often enough lately."""
-    recent = [t for t in job.interruptions if now - t <= recovery.interruption_window]
-    if preempted_now:
-        recent.append(now)
-    if (
-        recovery.on_demand_allowed
-        and recovery.on_demand_after_interruptions
-        and len(recent) >= recovery.on_demand_after_interruptions
-    ):
-        return (
-            (Market.ON_DEMAND,),
-            f"; {len(recent)} interruptions within {_span(recovery.interruption_window)}: "
-            "falling back to on-demand",
-        )
-    return None, ""
-
-
 def decide(
-    job: JobView, attempt: AttemptView | None, *, now: datetime, recovery: Recovery
+    job: JobView,
+    attempt: AttemptView | None,
+    *,
+    now: datetime,
+    strategy: Strategy | None = None,
+    register_timeout: timedelta = REGISTER_TIMEOUT,
 ) -> Decision:
-    """The job's next state and the actions that get it there."""
+    """The job's next state and the actions that get it there (`strategy`: failover)."""
+    strategy = strategy or Failover()
     if job.state in TERMINAL:
         return Decision(job.state)
 
@@ -241,40 +218,38 @@ def decide(
         )
 
     if attempt is None:
-        # Still within the fallback: a relaunch that found no on-demand offer must not
-        # drift back to spot on the next pass.
-        markets, fallback = _fallback(job, now, recovery)
+        look = strategy.while_pending(job.failures, now)
         return Decision(
-            JobState.PENDING, f"waiting for an offer{fallback}", (Launch(markets=markets),)
+            JobState.PENDING,
+            f"waiting for an offer{look.note}",
+            (Launch(avoid=look.avoid, markets=look.markets),),
         )
 
     # A job that exits after an interruption notice was stopped for it: not a job failure.
     if attempt.exit_code is not None and attempt.interruption_notice_at is None:
         return _finished(job, attempt, attempt.exit_code)
 
-    relaunch = _relaunch_reason(attempt, now, recovery)
+    relaunch = _relaunch_reason(attempt, now, register_timeout)
     if relaunch is None:
         state = _progress(job, attempt)
         return Decision(state, f"attempt {attempt.number}: {state.value}")
 
     restarts = job.restarts + 1
-    if restarts > recovery.max_restarts:
+    where = strategy.after_failure(
+        relaunch.why, attempt.pool, restarts=job.restarts, history=job.failures, now=now
+    )
+    if isinstance(where, GiveUp):
         gone: tuple[Action, ...] = ()
         if not attempt.instance_gone:
-            gone = (Terminate(attempt.key, "restart limit reached"),)
+            gone = (Terminate(attempt.key, where.reason),)
         return Decision(
             JobState.FAILED,
-            f"{relaunch.message}; restart limit {recovery.max_restarts} reached",
+            f"{relaunch.message}; {where.reason}",
             (
                 *gone,
-                Alert(
-                    "job.failed",
-                    "error",
-                    f"job {job.name}: {relaunch.message}; gave up after "
-                    f"{recovery.max_restarts} restarts",
-                ),
+                Alert("job.failed", "error", f"job {job.name}: {relaunch.message}; {where.alert}"),
             ),
-            end_attempt=relaunch.why,
+            end_attempt=relaunch.why.value,
             restarts=restarts,
         )
 
@@ -287,18 +262,17 @@ def decide(
         elif not attempt.stop_sent:
             ending.append(Stop(attempt.key, relaunch.message))
 
-    markets, fallback = _fallback(job, now, recovery, preempted_now=relaunch.why == "preempted")
-    told = f"{relaunch.message}; relaunching (restart {restarts}){fallback}"
+    told = f"{relaunch.message}; relaunching (restart {restarts}){where.note}"
     return Decision(
         JobState.PROVISIONING,
         told,
         (
             *ending,
-            Cooldown(attempt.pool, now + recovery.pool_cooldown, relaunch.message),
-            Launch(avoid=frozenset({attempt.pool}), markets=markets),
+            *(Cooldown(pool, until, relaunch.message) for pool, until in where.cooldowns),
+            Launch(avoid=where.avoid, markets=where.markets),
             Alert(relaunch.alert_kind, "warning", f"job {job.name}: {told}"),
         ),
-        end_attempt=relaunch.why,
+        end_attempt=relaunch.why.value,
         restarts=restarts,
     )
 

@@ -1,0 +1,390 @@
+"""Launching an attempt: the walk over the ranked offers, and one launch call with its outcome.
+
+`Launcher.walk` takes the offers the policy ranks (minus pools in cooldown and pools the
+decision avoids), drops those the month's budget cannot pay for, and tries them in order:
+each try writes its attempt row first (so a daemon killed mid-call retries with the same
+idempotency key), then calls the provider. `Launcher.launch` is one call, and says what
+happened as a `LaunchOutcome`; what a capacity, quota or credentials error costs the pool or
+the provider is the recovery strategy's answer (recovery.py).
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from enum import Enum
+from typing import NamedTuple, cast
+
+from optimizer.jobs import budget
+from optimizer.jobs.bootstrap import DEFAULT_INSTALL, bootstrap_script
+from optimizer.jobs.context import ReconcileContext
+from optimizer.jobs.machine import Alert, Launch, describe_pool
+from optimizer.jobs.recovery import LaunchError, Pool, Strategy
+from optimizer.model import Offer
+from optimizer.store.jobs import AttemptRecord, token_sha256
+from optimizer.store.tables import JobRecord
+from policies.engine import evaluate
+from policies.schema import Policy
+from providers.base import (
+    AuthError,
+    CapacityError,
+    LaunchSpec,
+    Provider,
+    ProviderError,
+    QuotaError,
+    ThrottledError,
+)
+
+MAX_OFFERS_TRIED = 25  # per launch, so a run of capacity errors ends in a clear pending reason
+
+# Queue an event about a job, recorded with its transition: (ctx, job, alert, dedupe key).
+Emit = Callable[[ReconcileContext, JobRecord, Alert, str | None], None]
+
+
+class LaunchOutcome(Enum):
+    """What one launch call came to."""
+
+    LAUNCHED = "launched"  # the provider started (or handed back) the instance
+    THROTTLED = "throttled"  # the provider asked us to slow down: same key, next pass
+    NOT_LEADER = "not_leader"  # this replica stopped leading: the new leader retries the key
+    CAPACITY = "capacity"  # no capacity in the pool: the next offer, now
+    QUOTA = "quota"  # the account's quota in the provider/region is used up
+    AUTH = "auth"  # the provider refused our credentials
+    NO_PROVIDER = "no_provider"  # the provider is not configured, not available or sits out
+    OFFER_GONE = "offer_gone"  # a retried attempt's offer is no longer listed
+    ERROR = "error"  # any other provider error
+
+    @property
+    def pending(self) -> bool:
+        """The attempt stays 'launching', to be retried with the same key."""
+        return self in (LaunchOutcome.THROTTLED, LaunchOutcome.NOT_LEADER)
+
+    @property
+    def skips_scope(self) -> bool:
+        """The walk skips the offer's provider/region for the rest of this launch."""
+        return self in (LaunchOutcome.QUOTA, LaunchOutcome.AUTH, LaunchOutcome.NO_PROVIDER)
+
+
+class Walk(NamedTuple):
+    """A walk's result: whether an attempt is under way, and the job's reason."""
+
+    launched: bool
+    why: str
+
+
+class Launcher:
+    """Launches attempts for the job reconciler; remembers providers that sit out."""
+
+    def __init__(
+        self,
+        daemon_url: Callable[[], str],
+        emit: Emit,
+        *,
+        install: Mapping[str, str | None] | None = None,
+        agent_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.daemon_url = daemon_url
+        self.emit = emit
+        # How each cloud's bootstrap gets gpuopt: the local cloud already has it.
+        self.install = {"local": None, **(install or {})}
+        self.agent_env = dict(agent_env or {})
+        self.disabled: dict[str, datetime] = {}  # provider -> until, after an AuthError
+
+    def provider(self, ctx: ReconcileContext, name: str) -> Provider | None:
+        """The provider to act through, or None: not configured, not available here, not
+        able to launch, or sitting out after refusing our credentials."""
+        until = self.disabled.get(name)
+        if until is not None and ctx.now < until:
+            return None
+        handle = ctx.providers.get(name)
+        if handle is None:
+            return None
+        try:
+            source = handle.source()
+        except ProviderError:
+            return None
+        return cast(Provider, source) if hasattr(source, "launch") else None
+
+    # -- the walk ------------------------------------------------------------------------------
+
+    def walk(
+        self,
+        ctx: ReconcileContext,
+        job: JobRecord,
+        launch: Launch,
+        policy: Policy,
+        strategy: Strategy,
+    ) -> Walk:
+        """Launch the next attempt on the best allowed offer."""
+        if launch.markets is not None:
+            policy = policy.model_copy(update={"markets": [m.value for m in launch.markets]})
+        avoid = set(launch.avoid) | ctx.store.cooled_pools(ctx.now)
+        # An attempt records the zone its instance landed in, but a regional offer (on-demand
+        # prices are per region) has no zone: avoid the offer's own, regional pool too.
+        avoid |= {(p, r, None, t, m) for p, r, _zone, t, m in avoid}
+        offers = [o for o in ctx.store.latest_offers() if pool_of(o) not in avoid]
+        ranking = evaluate(policy, offers, ctx.now)
+        if not ranking.candidates:
+            top = ", ".join(
+                f"{rule} ({len(r)})" for rule, r in ranking.rejections_by_rule().items()
+            )
+            return Walk(
+                False,
+                f"no offer meets policy {job.policy}" + (f": rejected by {top}" if top else ""),
+            )
+        candidates = [c.offer for c in ranking.candidates]
+        cap = policy.budget.monthly_usd
+        if cap is not None:
+            start, _ = budget.month_bounds(ctx.now)
+            spent = budget.spent_this_month(
+                (
+                    budget.Spend(a.started_at, a.ended_at, a.usd_per_hour)
+                    for a in ctx.store.policy_attempts(job.policy, start)
+                ),
+                ctx.now,
+            )
+            affordable = [
+                o for o in candidates if budget.projected(spent, o.usd_per_hour, ctx.now) <= cap
+            ]
+            if not affordable:
+                cheapest = min(o.usd_per_hour for o in candidates)
+                need = budget.projected(spent, cheapest, ctx.now)
+                return Walk(
+                    False,
+                    f"budget: ${spent:,.2f} spent this month under policy {job.policy}; the "
+                    f"cheapest launch projects ${need:,.2f} > ${cap:,.2f}",
+                )
+            candidates = affordable
+            first = budget.projected(spent, candidates[0].usd_per_hour, ctx.now)
+            if first > budget.ALERT_FRACTION * cap:
+                self.emit(
+                    ctx,
+                    job,
+                    Alert(
+                        "budget.warning",
+                        "warning",
+                        f"policy {job.policy}: projected ${first:,.2f} this month is over "
+                        f"{budget.ALERT_FRACTION:.0%} of ${cap:,.2f}",
+                    ),
+                    f"budget:{job.policy}:{ctx.now:%Y-%m}",
+                )
+        return self._try(ctx, job, candidates[:MAX_OFFERS_TRIED], strategy)
+
+    def _try(
+        self, ctx: ReconcileContext, job: JobRecord, offers: list[Offer], strategy: Strategy
+    ) -> Walk:
+        skip_scopes: set[tuple[str, str]] = set()
+        number = len(ctx.store.attempts(job.id)) + 1
+        for offer in offers:
+            if (offer.provider, offer.region) in skip_scopes:
+                continue
+            if self.provider(ctx, offer.provider) is None:
+                skip_scopes.add((offer.provider, offer.region))
+                continue
+            if not ctx.leading():
+                return Walk(False, "this replica stopped leading; the new leader launches")
+            key = f"{job.id}-{number}"
+            token = secrets.token_urlsafe(32)
+            attempt = ctx.store.create_attempt(
+                job.id, number, key, offer, token_sha256(token), ctx.now
+            )
+            outcome = self.launch(ctx, job, attempt, strategy, token=token, offer=offer)
+            where = (
+                f"attempt {number} on {describe_pool(attempt.pool)} at ${offer.usd_per_hour:.4f}/h"
+            )
+            if outcome is LaunchOutcome.LAUNCHED:
+                return Walk(True, f"launched {where}")
+            if outcome is LaunchOutcome.THROTTLED:
+                return Walk(True, f"launching {where} (throttled; retrying)")
+            if outcome is LaunchOutcome.NOT_LEADER:
+                return Walk(
+                    True,
+                    f"launching {where} (this replica stopped leading; the new leader retries)",
+                )
+            if outcome.skips_scope:
+                skip_scopes.add((offer.provider, offer.region))
+            number += 1
+        return Walk(False, f"every offer under policy {job.policy} failed to launch (see events)")
+
+    # -- one launch call -----------------------------------------------------------------------
+
+    def launch(
+        self,
+        ctx: ReconcileContext,
+        job: JobRecord,
+        attempt: AttemptRecord,
+        strategy: Strategy,
+        *,
+        token: str | None = None,
+        offer: Offer | None = None,
+    ) -> LaunchOutcome:
+        """Launch `attempt` (a new one, with its token and offer; or one left 'launching',
+        retried with its key and a new token). Ends the attempt unless it launched or stays
+        pending, and records what an error costs."""
+        source = self.provider(ctx, attempt.provider)
+        if source is None:
+            end(ctx, attempt, "provider unavailable")
+            return LaunchOutcome.NO_PROVIDER
+        if token is None:  # a retry: the old token is unknown, so issue a new one
+            token = secrets.token_urlsafe(32)
+            ctx.store.update_attempt(attempt.key, token_sha256=token_sha256(token))
+        if offer is None:
+            offer = offer_of(ctx, attempt)
+            if offer is None:
+                end(ctx, attempt, "offer gone")
+                return LaunchOutcome.OFFER_GONE
+        spec = LaunchSpec(
+            job=job.name,
+            attempt=attempt.number,
+            bootstrap=self._bootstrap(attempt, token),
+            max_usd_per_hour=None,
+        )
+        if not ctx.leading():
+            # Lost the lease mid-pass: leave the attempt 'launching' for the new leader, which
+            # retries it with the same idempotency key.
+            return LaunchOutcome.NOT_LEADER
+        try:
+            ref = source.launch(offer, spec, attempt.key)
+        except CapacityError as exc:
+            self._capacity(ctx, job, attempt, strategy, exc)
+            return LaunchOutcome.CAPACITY
+        except QuotaError as exc:
+            self._quota(ctx, job, attempt, strategy, exc)
+            return LaunchOutcome.QUOTA
+        except ThrottledError:
+            return LaunchOutcome.THROTTLED
+        except AuthError as exc:
+            self._auth(ctx, job, attempt, strategy, exc)
+            return LaunchOutcome.AUTH
+        except ProviderError as exc:
+            end(ctx, attempt, "launch_error")
+            self.emit(
+                ctx,
+                job,
+                Alert(
+                    "job.launch_failed",
+                    "warning",
+                    f"launch on {describe_pool(attempt.pool)} failed: {exc}",
+                ),
+                None,
+            )
+            return LaunchOutcome.ERROR
+        ctx.store.update_attempt(
+            attempt.key,
+            instance_id=ref.instance_id,
+            state="launched",
+            zone=ref.zone or attempt.zone,
+        )
+        return LaunchOutcome.LAUNCHED
+
+    def _capacity(
+        self,
+        ctx: ReconcileContext,
+        job: JobRecord,
+        attempt: AttemptRecord,
+        strategy: Strategy,
+        exc: CapacityError,
+    ) -> None:
+        sit = strategy.after_launch_error(LaunchError.CAPACITY, ctx.now)
+        if sit.pool_until is not None:
+            ctx.store.add_cooldown(attempt.pool, sit.pool_until, f"no capacity: {exc}")
+        end(ctx, attempt, "capacity")
+        self.emit(
+            ctx,
+            job,
+            Alert(
+                "job.launch_failed",
+                "info",
+                f"no capacity on {describe_pool(attempt.pool)}; trying the next offer",
+            ),
+            None,
+        )
+
+    def _quota(
+        self,
+        ctx: ReconcileContext,
+        job: JobRecord,
+        attempt: AttemptRecord,
+        strategy: Strategy,
+        exc: QuotaError,
+    ) -> None:
+        sit = strategy.after_launch_error(LaunchError.QUOTA, ctx.now)
+        end(ctx, attempt, "quota")
+        self.emit(
+            ctx,
+            job,
+            Alert(
+                "provider.quota",
+                "warning",
+                f"quota on {attempt.provider} {attempt.region}: {exc}",
+            ),
+            f"quota:{attempt.provider}:{attempt.region}",
+        )
+        if sit.pool_until is not None:
+            ctx.store.add_cooldown(attempt.pool, sit.pool_until, f"quota: {exc}")
+
+    def _auth(
+        self,
+        ctx: ReconcileContext,
+        job: JobRecord,
+        attempt: AttemptRecord,
+        strategy: Strategy,
+        exc: AuthError,
+    ) -> None:
+        sit = strategy.after_launch_error(LaunchError.AUTH, ctx.now)
+        sits_out = ""
+        if sit.provider_until is not None:
+            self.disabled[attempt.provider] = sit.provider_until
+            hours = (sit.provider_until - ctx.now).total_seconds() / 3600
+            sits_out = f"; no launches on {attempt.provider} for {hours:g} h"
+        end(ctx, attempt, "auth")
+        self.emit(
+            ctx,
+            job,
+            Alert(
+                "provider.auth",
+                "error",
+                f"{attempt.provider} refused the launch: {exc}{sits_out}",
+            ),
+            f"auth:{attempt.provider}",
+        )
+
+    def _bootstrap(self, attempt: AttemptRecord, token: str) -> str:
+        local = attempt.provider == "local"
+        return bootstrap_script(
+            daemon_url=self.daemon_url(),
+            token=token,
+            attempt_key=attempt.key,
+            cloud=attempt.provider,
+            install=self.install.get(attempt.provider, DEFAULT_INSTALL),
+            python=sys.executable if local else None,
+            env=self.agent_env,
+        )
+
+
+def end(ctx: ReconcileContext, attempt: AttemptRecord, why: str) -> None:
+    """End an attempt (its instance counts as gone when it never had one)."""
+    ctx.store.update_attempt(
+        attempt.key,
+        state="ended",
+        ended_at=ctx.now,
+        end_reason=why,
+        instance_gone=attempt.instance_id is None,
+    )
+
+
+def pool_of(offer: Offer) -> Pool:
+    return (offer.provider, offer.region, offer.zone, offer.instance_type, offer.market.value)
+
+
+def offer_of(ctx: ReconcileContext, attempt: AttemptRecord) -> Offer | None:
+    """The offer an attempt was placed on, from the latest prices (None: no longer listed)."""
+    for offer in ctx.store.latest_offers(provider=attempt.provider, region=attempt.region):
+        if pool_of(offer) == attempt.pool:
+            return offer
+    return None
+
+
+__all__ = ["MAX_OFFERS_TRIED", "LaunchOutcome", "Launcher", "Walk"]

@@ -1,0 +1,275 @@
+"""Recovery strategies: where a job goes next after an interruption, a failed probe, a lost
+instance or a failed launch.
+
+A strategy is pure: it answers from its settings, the job's recent failures and the time, and
+does no I/O. The state machine (`machine.decide`) asks it where the next attempt goes after
+an attempt failed (`after_failure`: pools to avoid and cool down, the markets to use, or
+give up) and while a job waits for an offer (`while_pending`); the launch walk
+(`launch.Launcher`) asks it what a capacity, quota or credentials error costs the pool or
+the provider (`after_launch_error`).
+
+A policy names its strategy in `recovery.strategy` (policies/schema.py lists the names, which
+must match `STRATEGIES` here); the other `recovery` keys are its settings. To add one: subclass
+`Strategy` (or `Failover`), add it to `STRATEGIES`, and add its name to `RECOVERY_STRATEGIES`
+in the schema.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import ClassVar
+
+from optimizer.model import Market
+from policies.schema import RECOVERY_STRATEGIES, Policy
+
+Pool = tuple[str, str, str | None, str, str]  # provider, region, zone, instance type, market
+
+
+class Failure(StrEnum):
+    """Why an attempt ended without the job finishing (also its `end_reason`)."""
+
+    PREEMPTED = "preempted"  # the cloud took the instance back (or gave notice)
+    PROBE_FAILED = "probe_failed"  # the GPU probe failed on the instance
+    LOST = "lost"  # the instance ended with no exit from the job
+    NOT_REGISTERED = "not_registered"  # the agent never checked in
+
+
+class LaunchError(StrEnum):
+    """The launch errors a strategy answers (others: retry, or the next offer)."""
+
+    CAPACITY = "capacity"  # the pool has no capacity now
+    QUOTA = "quota"  # the account's quota in the provider/region is used up
+    AUTH = "auth"  # the provider refused our credentials
+
+
+@dataclass(frozen=True, slots=True)
+class RecoverySettings:
+    """A strategy's settings: the policy's `recovery` keys as durations."""
+
+    max_restarts: int = 20
+    pool_cooldown: timedelta = timedelta(minutes=10)  # a pool that failed an attempt sits out
+    on_demand_after_interruptions: int = 3  # this many within the window: on-demand (0: never)
+    on_demand_window: timedelta = timedelta(hours=1)  # counts interruptions; the fallback lasts
+    quota_cooldown: timedelta = timedelta(hours=1)  # a pool whose launch hit a quota sits out
+    auth_cooldown: timedelta = timedelta(hours=1)  # a provider that refused our credentials
+    on_demand_allowed: bool = True  # the policy's markets include on-demand
+
+    @classmethod
+    def of(cls, policy: Policy, *, max_restarts: int | None = None) -> RecoverySettings:
+        """The settings a policy gives (a job spec's `max_restarts` wins over the policy's)."""
+        r = policy.recovery
+        return cls(
+            max_restarts=r.max_restarts if max_restarts is None else max_restarts,
+            pool_cooldown=timedelta(minutes=r.pool_cooldown_minutes),
+            on_demand_after_interruptions=r.on_demand_after_interruptions,
+            on_demand_window=timedelta(minutes=r.on_demand_window_minutes),
+            quota_cooldown=timedelta(minutes=r.quota_cooldown_minutes),
+            auth_cooldown=timedelta(minutes=r.auth_cooldown_minutes),
+            on_demand_allowed="on_demand" in policy.markets,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Relaunch:
+    """Where the next attempt goes."""
+
+    avoid: frozenset[Pool] = frozenset()  # pools the next launch must not use
+    cooldowns: tuple[tuple[Pool, datetime], ...] = ()  # pools that sit out until then
+    markets: tuple[Market, ...] | None = None  # None: the policy's own markets
+    note: str = ""  # added to the job's reason, e.g. "; … falling back to on-demand"
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    """No further attempt: the job fails."""
+
+    reason: str  # added to the job's reason, e.g. "restart limit 20 reached"
+    alert: str  # added to the alert, e.g. "gave up after 20 restarts"
+
+
+@dataclass(frozen=True, slots=True)
+class SitOut:
+    """What a failed launch costs: the pool, or the whole provider, gets no launches until
+    then (None: not at all). The walk skips a quota's provider/region, and a provider that
+    refused our credentials, for the rest of that launch whatever the strategy says."""
+
+    pool_until: datetime | None = None
+    provider_until: datetime | None = None
+
+
+# One failure as the history keeps it: what happened and when.
+Past = tuple[Failure, datetime]
+
+
+def _span(window: timedelta) -> str:
+    """A duration in words: "an hour", "2 hours", "90 minutes"."""
+    minutes = window.total_seconds() / 60
+    if minutes == 60:
+        return "an hour"
+    return f"{minutes / 60:g} hours" if minutes % 60 == 0 else f"{minutes:g} minutes"
+
+
+@dataclass(frozen=True, slots=True)
+class Strategy(ABC):
+    """The questions the state machine and the launch walk ask; `name` is what a policy's
+    `recovery.strategy` says."""
+
+    name: ClassVar[str]
+    settings: RecoverySettings = RecoverySettings()
+
+    @abstractmethod
+    def after_failure(
+        self,
+        failure: Failure,
+        pool: Pool,
+        *,
+        restarts: int,
+        history: Sequence[Past],
+        now: datetime,
+    ) -> Relaunch | GiveUp:
+        """Where the next attempt goes after one on `pool` ended with `failure`; `restarts`
+        counts the relaunches so far, `history` the earlier failures (this one not included)."""
+
+    @abstractmethod
+    def while_pending(self, history: Sequence[Past], now: datetime) -> Relaunch:
+        """Where a job without an attempt looks for one."""
+
+    @abstractmethod
+    def after_launch_error(self, error: LaunchError, now: datetime) -> SitOut:
+        """What a failed launch costs its pool or provider."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failover(Strategy):
+    """The default: a failed attempt's pool sits out for `pool_cooldown` and the next launch
+    avoids it; after `on_demand_after_interruptions` interruptions within `on_demand_window`
+    the job runs on-demand only until the window has passed; the job fails after
+    `max_restarts` relaunches. A pool without capacity sits out for `pool_cooldown` (the walk
+    goes on to the next offer at once), a quota error cools the pool down for `quota_cooldown`
+    and skips its provider/region for this launch, and a provider that refused our
+    credentials sits out for `auth_cooldown`."""
+
+    name: ClassVar[str] = "failover"
+
+    def after_failure(
+        self,
+        failure: Failure,
+        pool: Pool,
+        *,
+        restarts: int,
+        history: Sequence[Past],
+        now: datetime,
+    ) -> Relaunch | GiveUp:
+        s = self.settings
+        if restarts + 1 > s.max_restarts:
+            return GiveUp(
+                f"restart limit {s.max_restarts} reached",
+                f"gave up after {s.max_restarts} restarts",
+            )
+        markets, note = self._fallback([*history, (failure, now)], now)
+        return Relaunch(
+            avoid=frozenset({pool}),
+            cooldowns=((pool, now + s.pool_cooldown),),
+            markets=markets,
+            note=note,
+        )
+
+    def while_pending(self, history: Sequence[Past], now: datetime) -> Relaunch:
+        # A job still within an on-demand fallback must not drift back to spot because the
+        # relaunch found no on-demand offer.
+        markets, note = self._fallback(history, now)
+        return Relaunch(markets=markets, note=note)
+
+    def after_launch_error(self, error: LaunchError, now: datetime) -> SitOut:
+        s = self.settings
+        if error is LaunchError.CAPACITY:
+            return SitOut(pool_until=now + s.pool_cooldown)
+        if error is LaunchError.QUOTA:
+            return SitOut(pool_until=now + s.quota_cooldown)
+        return SitOut(provider_until=now + s.auth_cooldown)
+
+    def counts(self, failure: Failure) -> bool:
+        """Whether a failure counts toward the on-demand fallback: interruptions only."""
+        return failure is Failure.PREEMPTED
+
+    def threshold(self) -> int:
+        """How many counted failures within the window move the job to on-demand (0: never)."""
+        return self.settings.on_demand_after_interruptions
+
+    def note(self, recent: int) -> str:
+        """What the job's reason says when it falls back."""
+        return (
+            f"; {recent} interruptions within {_span(self.settings.on_demand_window)}: "
+            "falling back to on-demand"
+        )
+
+    def _fallback(
+        self, history: Sequence[Past], now: datetime
+    ) -> tuple[tuple[Market, ...] | None, str]:
+        s = self.settings
+        window = s.on_demand_window
+        recent = sum(1 for f, at in history if self.counts(f) and now - at <= window)
+        needed = self.threshold()
+        if not (s.on_demand_allowed and needed and recent >= needed):
+            return None, ""
+        return (Market.ON_DEMAND,), self.note(recent)
+
+
+@dataclass(frozen=True, slots=True)
+class EagerOnDemand(Failover):
+    """`eager-on-demand`: like `failover`, but any failed attempt (an interruption, a failed
+    probe, a lost instance, an agent that never checked in) moves the job to on-demand at
+    once, for `on_demand_window`; `on_demand_after_interruptions` is not used. For work that
+    should not hunt for spot capacity once spot has let it down."""
+
+    name: ClassVar[str] = "eager-on-demand"
+
+    def counts(self, failure: Failure) -> bool:
+        return True
+
+    def threshold(self) -> int:
+        return 1
+
+    def note(self, recent: int) -> str:
+        failed = "a failed attempt" if recent == 1 else f"{recent} failed attempts"
+        window = _span(self.settings.on_demand_window)
+        return f"; {failed} within {window}: on-demand at once (eager-on-demand)"
+
+
+STRATEGIES: dict[str, type[Strategy]] = {
+    Failover.name: Failover,
+    EagerOnDemand.name: EagerOnDemand,
+}
+DEFAULT = Failover.name
+
+assert tuple(STRATEGIES) == RECOVERY_STRATEGIES, (
+    "policies/schema.py RECOVERY_STRATEGIES must list the strategies defined here"
+)
+
+
+def strategy_for(policy: Policy, *, max_restarts: int | None = None) -> Strategy:
+    """The strategy a policy names, with the policy's settings."""
+    kind = STRATEGIES[policy.recovery.strategy]  # the schema admits only known names
+    return kind(RecoverySettings.of(policy, max_restarts=max_restarts))
+
+
+__all__ = [
+    "DEFAULT",
+    "STRATEGIES",
+    "EagerOnDemand",
+    "Failover",
+    "Failure",
+    "GiveUp",
+    "LaunchError",
+    "Past",
+    "Pool",
+    "RecoverySettings",
+    "Relaunch",
+    "SitOut",
+    "Strategy",
+    "strategy_for",
+]

@@ -1,0 +1,190 @@
+"""The launch walk and its typed outcomes: what each launch error costs, and who retries."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from test_daemon_harness import make_offer
+
+from optimizer.jobs.context import ReconcileContext
+from optimizer.jobs.launch import LaunchOutcome
+from optimizer.jobs.machine import Launch
+from optimizer.jobs.reconcile import JobReconciler
+from optimizer.jobs.recovery import Failover, RecoverySettings
+from optimizer.store import Store
+from optimizer.store.tables import JobRecord, NewEvent
+from policies.loader import parse_policy
+from providers.base import AuthError, CapacityError, InstanceRef, QuotaError, ThrottledError
+
+NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
+POLICY = parse_policy(
+    "apiVersion: gpuopt/v1\nkind: Policy\nname: p\nworkload: {gpus: 1, gpu_memory_gib: 16}\n"
+    "recovery: {quota_cooldown_minutes: 30, auth_cooldown_minutes: 90}\n"
+)
+STRATEGY = Failover(
+    RecoverySettings(quota_cooldown=timedelta(minutes=30), auth_cooldown=timedelta(minutes=90))
+)
+# cheapest first: two zones of us-east-1, then us-west-2
+EAST_A = make_offer(zone="use1-az1", usd_per_hour=0.40, observed_at=NOW)
+EAST_B = make_offer(zone="use1-az2", usd_per_hour=0.45, observed_at=NOW)
+WEST = make_offer(region="us-west-2", zone="usw2-az1", usd_per_hour=0.50, observed_at=NOW)
+EAST_A_POOL = ("aws", "us-east-1", "use1-az1", "g5.xlarge", "spot")
+
+
+class FlakySource:
+    """A provider whose launches raise the given errors in turn, then succeed."""
+
+    name = "aws"
+
+    def __init__(self, *errors: Exception) -> None:
+        self.errors = list(errors)
+        self.launched: list[tuple[str | None, str]] = []  # (zone, key) of every call
+
+    def launch(self, offer: Any, spec: Any, key: str) -> InstanceRef:
+        self.launched.append((offer.zone, key))
+        if self.errors:
+            raise self.errors.pop(0)
+        return InstanceRef("aws", offer.region, offer.zone, f"i-{key}")
+
+
+class Drafter:
+    def draft(self, kind: str, message: str, **fields: Any) -> NewEvent:
+        return NewEvent(kind=kind, message=message, severity=fields.get("severity", "info"))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    store.create_all()
+    store.record_offers([EAST_A, EAST_B, WEST])
+    store.add_job("j", "p", {"run": "x", "checkpoint_dir": "/c"})
+    yield store
+    store.close()
+
+
+def context(
+    store: Store,
+    source: FlakySource | None,
+    *,
+    leading: Iterator[bool] | None = None,
+    now: datetime = NOW,
+) -> ReconcileContext:
+    providers: Mapping[str, Any] = {} if source is None else {"aws": _handle(source)}
+    job = store.get_job("j")
+    assert job is not None
+    return ReconcileContext(
+        now=now,
+        jobs=(job,),
+        policies={"p": SimpleNamespace(policy=POLICY)},
+        store=store,
+        providers=providers,
+        emitter=Drafter(),
+        clock=lambda: now,
+        leading=(lambda: next(leading, True)) if leading is not None else (lambda: True),
+    )
+
+
+def _handle(source: FlakySource) -> Any:
+    return SimpleNamespace(source=lambda: source)
+
+
+def job_of(store: Store) -> JobRecord:
+    job = store.get_job("j")
+    assert job is not None
+    return job
+
+
+def walk(reconciler: JobReconciler, ctx: ReconcileContext) -> tuple[bool, str]:
+    return reconciler.launcher.walk(ctx, job_of(ctx.store), Launch(), POLICY, STRATEGY)
+
+
+def test_capacity_cools_the_pool_and_tries_the_next_offer_at_once(store: Store) -> None:
+    source = FlakySource(CapacityError("none left"))
+    launched, why = walk(JobReconciler(lambda: "http://d"), context(store, source))
+    assert launched and why.startswith("launched attempt 2 on aws us-east-1/use1-az2")
+    first, second = store.attempts(job_of(store).id)
+    assert first.end_reason == "capacity" and second.instance_id == "i-1-2"
+    assert store.cooled_pools(NOW + timedelta(minutes=9)) == {first.pool}  # pool_cooldown 10
+    assert store.cooled_pools(NOW + timedelta(minutes=10)) == set()
+
+
+def test_quota_cools_the_pool_for_the_quota_cooldown_and_skips_its_region(store: Store) -> None:
+    source = FlakySource(QuotaError("limit reached"))
+    reconciler = JobReconciler(lambda: "http://d")
+    launched, why = walk(reconciler, context(store, source))
+    assert launched and "us-west-2" in why
+    assert [zone for zone, _key in source.launched] == ["use1-az1", "usw2-az1"]  # az2 skipped
+    assert store.cooled_pools(NOW + timedelta(minutes=29)) == {EAST_A_POOL}
+    assert store.cooled_pools(NOW + timedelta(minutes=30)) == set()
+    assert [e.kind for e in reconciler._buffer] == ["provider.quota"]
+
+
+def test_auth_benches_the_provider_for_the_auth_cooldown(store: Store) -> None:
+    source = FlakySource(AuthError("bad key"))
+    reconciler = JobReconciler(lambda: "http://d")
+    launched, why = walk(reconciler, context(store, source))
+    assert not launched and "failed to launch" in why
+    assert source.launched == [("use1-az1", "1-1")]  # one call, then aws sat out
+    assert reconciler.launcher.disabled == {"aws": NOW + timedelta(minutes=90)}
+    [alert] = reconciler._buffer
+    assert alert.kind == "provider.auth" and alert.message.endswith("no launches on aws for 1.5 h")
+    later = context(store, source, now=NOW + timedelta(minutes=90))
+    assert reconciler.launcher.provider(later, "aws") is source
+
+
+def test_throttling_leaves_the_attempt_launching_for_the_next_pass(store: Store) -> None:
+    source = FlakySource(ThrottledError("slow down"))
+    reconciler = JobReconciler(lambda: "http://d")
+    launched, why = walk(reconciler, context(store, source))
+    assert launched and why.endswith("(throttled; retrying)")
+    [attempt] = store.attempts(job_of(store).id)
+    assert attempt.state == "launching" and attempt.instance_id is None
+    outcome = reconciler.launcher.launch(context(store, source), job_of(store), attempt, STRATEGY)
+    assert outcome is LaunchOutcome.LAUNCHED
+    assert [key for _zone, key in source.launched] == ["1-1", "1-1"]  # the same key
+
+
+def test_losing_the_lead_mid_walk_is_not_reported_as_throttling(store: Store) -> None:
+    """The attempt row is written, then the lease is lost before the call: the attempt stays
+    'launching' for the new leader, and the job's reason says so (it used to say throttled)."""
+    source = FlakySource()
+    reconciler = JobReconciler(lambda: "http://d")
+    reconciler(context(store, source, leading=iter([True, False])))
+    job = job_of(store)
+    assert job.state == "provisioning" and "stopped leading" in job.reason
+    assert "throttled" not in job.reason
+    [attempt] = store.attempts(job.id)
+    assert attempt.state == "launching" and source.launched == []
+    # the new leader's pass retries the same key
+    JobReconciler(lambda: "http://d")(context(store, source))
+    assert source.launched == [("use1-az1", attempt.key)]
+    assert store.attempts(job.id)[0].instance_id == f"i-{attempt.key}"
+
+
+def test_a_retry_whose_provider_is_gone_ends_the_attempt(store: Store) -> None:
+    source = FlakySource(ThrottledError("slow down"))
+    reconciler = JobReconciler(lambda: "http://d")
+    walk(reconciler, context(store, source))
+    [attempt] = store.attempts(job_of(store).id)
+    outcome = reconciler.launcher.launch(context(store, None), job_of(store), attempt, STRATEGY)
+    assert outcome is LaunchOutcome.NO_PROVIDER and outcome.skips_scope
+    ended = store.attempt(attempt.key)
+    assert ended is not None and ended.end_reason == "provider unavailable" and ended.ended
+
+
+def test_a_retry_whose_offer_is_no_longer_listed_ends_the_attempt(store: Store) -> None:
+    source = FlakySource(ThrottledError("slow down"))
+    reconciler = JobReconciler(lambda: "http://d")
+    walk(reconciler, context(store, source))
+    [attempt] = store.attempts(job_of(store).id)
+    unlisted = replace(attempt, zone="use1-az9")  # a pool the store lists no offer for
+    outcome = reconciler.launcher.launch(context(store, source), job_of(store), unlisted, STRATEGY)
+    assert outcome is LaunchOutcome.OFFER_GONE and not outcome.pending
+    ended = store.attempt(attempt.key)
+    assert ended is not None and ended.end_reason == "offer gone"
