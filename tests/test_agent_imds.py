@@ -98,7 +98,8 @@ def test_an_unreachable_endpoint_is_an_error_count_not_an_exception() -> None:
     imds = AwsImds("http://127.0.0.1:9", sleep=slept.append, rng=lambda: 0.5, timeout_s=0.5)
     assert imds.check() == []
     assert imds.errors == 2 and "ConnectError" in (imds.last_error or "")
-    assert slept == [0.25, 0.5, 0.25, 0.5]  # jittered back-off between the three tries
+    # jittered back-off between the three tries: 3/4 of 0.25 s, then of 0.5 s
+    assert slept == [0.1875, 0.375, 0.1875, 0.375]
     assert imds.instance_id() is None
 
 

@@ -13,7 +13,8 @@ import pytest
 from test_agent_harness import counter_job, read_json, wait_until
 
 from optimizer.agent import Agent, AgentConfig, AgentConfigError, Assignment, Notice
-from optimizer.agent.reporter import Backoff, DaemonError
+from optimizer.agent.reporter import DaemonError
+from optimizer.common.retry import Backoff
 
 REQUIRED = {"GPUOPT_DAEMON_URL": "http://d", "GPUOPT_AGENT_TOKEN": "t", "GPUOPT_ATTEMPT_KEY": "j/1"}
 

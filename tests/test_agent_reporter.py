@@ -11,7 +11,8 @@ import httpx
 import pytest
 from test_agent_harness import wait_until
 
-from optimizer.agent.reporter import Backoff, DaemonClient, DaemonError, EventQueue, Reporter
+from optimizer.agent.reporter import DaemonClient, DaemonError, EventQueue, Reporter
+from optimizer.common.retry import Backoff
 
 
 def test_events_get_unique_uuids_and_utc_times() -> None:
@@ -155,12 +156,3 @@ def test_flush_gives_up_after_its_timeout_when_the_daemon_is_down() -> None:
     wait_until(lambda: reporter.failures >= 2, what="retries")
     reporter.stop()
     assert len(queue) == 1
-
-
-def test_backoff_doubles_with_jitter_up_to_its_cap() -> None:
-    low = Backoff(base=1, cap=8, rng=lambda: 0.0)
-    assert [low.next() for _ in range(6)] == [0.5, 1, 2, 4, 4, 4]
-    high = Backoff(base=1, cap=8, rng=lambda: 1.0)
-    assert [high.next() for _ in range(5)] == [1, 2, 4, 8, 8]
-    high.reset()
-    assert high.next() == 1

@@ -28,9 +28,10 @@ from typing import Any
 from optimizer import __version__
 from optimizer.agent.config import AgentConfig, Assignment
 from optimizer.agent.imds import Notice, Watcher, make_watcher, watch
-from optimizer.agent.reporter import Backoff, DaemonClient, DaemonError, EventQueue, Reporter
+from optimizer.agent.reporter import DaemonClient, DaemonError, EventQueue, Reporter
 from optimizer.agent.runner import AdoptedJob, JobExit, JobRunner, job_env
 from optimizer.common.procs import proc_start_ticks
+from optimizer.common.retry import Backoff
 
 log = logging.getLogger(__name__)
 

@@ -2,10 +2,11 @@
 
 The AWS client follows aws-node-termination-handler's (`pkg/ec2metadata/ec2metadata.go`,
 REFERENCE.md §1.7): a session token from `PUT /latest/api/token`, refreshed shortly before
-its TTL runs out and at once on a 401; short timeouts; a few jittered retries on transport
-errors; 404 means "no event"; every notice is reported once, deduplicated by the SHA-256 of
-its payload. The GCP client hangs on `instance/preempted?wait_for_change=true` with the last
-ETag, so no change is missed between two calls (REFERENCE.md §2.5).
+its TTL runs out and at once on a 401; short timeouts; a few retries on transport errors
+(jittered back-off from `optimizer.common.retry`); 404 means "no event"; every notice is
+reported once, deduplicated by the SHA-256 of its payload. The GCP client hangs on
+`instance/preempted?wait_for_change=true` with the last ETag, so no change is missed between
+two calls (REFERENCE.md §2.5).
 
 A watcher's `check()` never raises: a metadata endpoint that is down is a reason to try again,
 not to stop the job. Errors are counted in `errors` and the last one kept in `last_error`.
@@ -26,6 +27,8 @@ from typing import Any, Protocol
 
 import httpx
 
+from optimizer.common.retry import backoff_delay
+
 log = logging.getLogger(__name__)
 
 DEFAULT_METADATA_URL = "http://169.254.169.254"
@@ -35,6 +38,8 @@ TOKEN_TTL_S = 3600  # as NTH asks for
 TOKEN_REFRESH_S = 15  # refresh when this little is left (NTH)
 HTTP_TIMEOUT_S = 2.0  # NTH's client timeout
 AWS_POLL_S = 2.0  # NTH polls every 2 s; AWS recommends at least every 5 s
+RETRY_BASE_S = 0.25  # transport retries: 0.125-0.25 s, then 0.25-0.5 s (optimizer.common.retry)
+RETRY_CAP_S = 2.0
 SPOT_PATH = "latest/meta-data/spot/instance-action"
 REBALANCE_PATH = "latest/meta-data/events/recommendations/rebalance"
 GCP_PREEMPTED_PATH = "computeMetadata/v1/instance/preempted"
@@ -168,7 +173,7 @@ class AwsImds:
         last: Exception | None = None
         for attempt in range(self.tries):
             if attempt:
-                self.sleep(0.25 * 2 ** (attempt - 1) * (0.5 + self.rng()))
+                self.sleep(backoff_delay(attempt, base=RETRY_BASE_S, cap=RETRY_CAP_S, rng=self.rng))
             try:
                 response = self.client.get(f"{self.base}/{path}", headers=self._headers())
                 if response.status_code == 401 and not self._v1:

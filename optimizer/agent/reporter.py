@@ -5,7 +5,8 @@ saved to the agent's directory after every change, so an agent that restarts sen
 last one could not. Heartbeats are coalesced: while one waits unsent, a newer one replaces it,
 so a long daemon outage does not fill the queue with them. `Reporter` sends in order, in
 batches, on a thread; transport errors and 5xx/401/404/408/429 answers are retried with
-jittered exponential back-off, other 4xx answers drop the batch (it would never be taken).
+jittered exponential back-off (`optimizer.common.retry`), other 4xx answers drop the batch (it
+would never be taken).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import threading
 import time
 import uuid
@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from optimizer.common.retry import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -182,24 +184,6 @@ class DaemonClient:
         acked = [str(i) for i in answer.get("ack") or []]
         commands = [c for c in answer.get("commands") or [] if isinstance(c, dict)]
         return acked, commands
-
-
-class Backoff:
-    """Exponential back-off with equal jitter: a delay in [d/2, d], d doubling up to `cap`."""
-
-    def __init__(
-        self, base: float = 0.5, cap: float = 15.0, rng: Callable[[], float] = random.random
-    ) -> None:
-        self.base, self.cap, self.rng = base, cap, rng
-        self.failures = 0
-
-    def next(self) -> float:
-        full = min(self.cap, self.base * 2**self.failures)
-        self.failures += 1
-        return full / 2 + self.rng() * full / 2
-
-    def reset(self) -> None:
-        self.failures = 0
 
 
 class Reporter:

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from optimizer.alerts.config import RetryConfig
 from optimizer.alerts.routing import Router
+from optimizer.common.retry import backoff_delay
 from optimizer.store.tables import NewEvent
 
 
@@ -78,11 +79,11 @@ class Emitter:
 
 
 def backoff(attempts: int, retry: RetryConfig, rng: random.Random) -> timedelta:
-    """The wait after the `attempts`-th failure: base x 2^(attempts-1), capped, times a
-    random factor in [0.5, 1] so receivers that come back are not hit all at once."""
-    exponent = min(max(attempts - 1, 0), 32)
-    delay = min(retry.max_s, retry.base_s * (2**exponent))
-    return timedelta(seconds=delay * rng.uniform(0.5, 1.0))
+    """The wait after the `attempts`-th failure: `optimizer.common.retry.backoff_delay` with
+    the config's base and cap, so in [d/2, d] for d = base x 2^(attempts-1), capped."""
+    return timedelta(
+        seconds=backoff_delay(attempts, base=retry.base_s, cap=retry.max_s, rng=rng.random)
+    )
 
 
 def give_up(attempts: int, created_at: datetime, now: datetime, retry: RetryConfig) -> bool:
