@@ -1,21 +1,24 @@
-"""Where each AWS and GCP region is, and whether a jurisdiction rule allows it.
+"""Where each cloud region is, and whether a jurisdiction rule allows it.
 
 The table lives in `regions.csv` next to this module (one row per region, each with the cloud's
 public regions page as its source) and is read once. EU and EEA membership derive from the
-country, so a region's flags cannot disagree with where it is.
+country, so a region's flags cannot disagree with where it is. The providers a policy may
+name are the table's (plus the local cloud, which borrows their region names): a new
+provider's rows here are all the policies need of it.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
 TABLE_RESOURCE = "regions.csv"
-PROVIDERS = ("aws", "gcp")
+PROVIDER_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")  # as providers/registry.py spells one
 
 # Continents as this project groups regions. The Gulf states and Israel get their own group
 # because that is how both clouds name those regions (me-*), and Europe is a geographic group:
@@ -116,8 +119,12 @@ def parse_table(text: str, *, origin: str = TABLE_RESOURCE) -> list[Region]:
 
 def _region(row: dict[str, str], where: str) -> Region:
     provider, country, continent = row["provider"], row["country"], row["continent"]
-    if provider not in PROVIDERS:
-        raise RegionTableError(f"{where}: provider {provider!r} not in {PROVIDERS}")
+    if not PROVIDER_NAME.match(provider):
+        raise RegionTableError(
+            f"{where}: provider {provider!r} is not a provider name (lowercase letters, digits, -)"
+        )
+    if provider in BORROWED_NAMES:
+        raise RegionTableError(f"{where}: provider {provider} borrows other providers' regions")
     if not (len(country) == 2 and country.isascii() and country.isalpha() and country.isupper()):
         raise RegionTableError(f"{where}: country {country!r} is not an upper-case alpha-2 code")
     if continent not in CONTINENTS:
@@ -146,10 +153,21 @@ def _index() -> dict[tuple[str, str], Region]:
     return {(r.provider, r.name): r for r in parse_table(table_text())}
 
 
+def reload() -> None:
+    """Forget the table read so far; the next lookup reads `table_text()` again."""
+    _index.cache_clear()
+
+
 # The local cloud borrows AWS and GCP region names (its offers copy the snapshot's rows), so
 # its regions sit where the cloud that owns the name puts them. The two clouds' names do not
 # collide (eu-west-1 vs europe-west1); AWS is tried first all the same.
-BORROWED_NAMES = {"local": PROVIDERS}
+BORROWED_NAMES = {"local": ("aws", "gcp")}
+
+
+def providers() -> tuple[str, ...]:
+    """The providers a policy may name: the table's, in table order, then the borrowers."""
+    named = dict.fromkeys(provider for provider, _ in _index())
+    return (*named, *(b for b in BORROWED_NAMES if b not in named))
 
 
 def lookup(provider: str, region: str) -> Region | None:

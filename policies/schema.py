@@ -7,15 +7,17 @@ anything runs. `policy.schema.json` is generated from these models (`gpuopt poli
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import WithJsonSchema
 
 from optimizer import hardware
 from policies import regions, sizing
@@ -25,11 +27,27 @@ NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 DTYPES = hardware.DTYPES
 Dtype = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8"]
 Market = Literal["spot", "on_demand"]
-ProviderName = Literal["aws", "gcp", "local"]
 
 
-def _all_providers() -> list[ProviderName]:
-    return ["aws", "gcp", "local"]
+def _known_provider(name: str) -> str:
+    known = regions.providers()
+    if name not in known:
+        quoted = [repr(p) for p in known]
+        listed = f"{', '.join(quoted[:-1])} or {quoted[-1]}" if len(quoted) > 1 else quoted[0]
+        raise ValueError(f"must be {listed}")
+    return name
+
+
+# A provider a policy may name: one with rows in policies/regions.csv (or the local cloud).
+ProviderName = Annotated[
+    str,
+    AfterValidator(_known_provider),
+    WithJsonSchema({"enum": list(regions.providers()), "type": "string"}),
+]
+
+
+def _all_providers() -> list[str]:
+    return list(regions.providers())
 
 
 def _all_markets() -> list[Market]:

@@ -19,6 +19,8 @@ from policies.regions import (
     check,
     lookup,
     parse_table,
+    providers,
+    reload,
     resolve_preset,
     table_text,
     validate_countries,
@@ -254,7 +256,8 @@ def test_parse_table_rejects_a_repeated_region() -> None:
     [
         ("aws,eu-west-1,Dublin,ie,europe,https://x\n", "country 'ie'"),
         ("aws,eu-west-1,Dublin,IE,eurasia,https://x\n", "continent 'eurasia'"),
-        ("azure,westeurope,Amsterdam,NL,europe,https://x\n", "provider 'azure'"),
+        ("Azure Cloud,westeurope,Amsterdam,NL,europe,https://x\n", "provider 'Azure Cloud'"),
+        ("local,eu-west-1,Dublin,IE,europe,https://x\n", "local borrows"),
         ("aws,eu-west-1,Dublin,IE,europe,\n", "all 6 fields"),
         ("aws,eu-west-1,Dublin,IE,europe,http://x\n", "not an https URL"),
     ],
@@ -263,6 +266,31 @@ def test_parse_table_names_the_bad_line(row: str, fragment: str) -> None:
     with pytest.raises(RegionTableError, match=r"t\.csv:3: ") as caught:
         parse_table("# comment\n" + HEADER + row, origin="t.csv")
     assert fragment in str(caught.value)
+
+
+def test_a_new_providers_rows_are_all_policies_need_of_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Adding a provider means adding its rows to regions.csv: its regions are then known,
+    checked for jurisdiction, and the provider is one a policy may name."""
+    from policies.loader import parse_policy
+
+    text = "apiVersion: gpuopt/v1\nkind: Policy\nname: p\nworkload: {gpus: 1}\n"
+    named = text + "placement: {providers: [acme], compliance: eu}\n"
+    assert providers() == ("aws", "gcp", "local")
+    with pytest.raises(ValueError, match="must be 'aws', 'gcp' or 'local'"):
+        parse_policy(named)
+    rows = "acme,fr-par-1,Paris,FR,europe,https://example.com/acme/regions\n"
+    monkeypatch.setattr("policies.regions.table_text", lambda: HEADER + rows + ROW)
+    reload()
+    try:
+        assert providers() == ("acme", "aws", "local")
+        assert check("acme", "fr-par-1", compliance="eu") is None
+        assert check("acme", "fr-par-2", compliance="eu") is not None  # not in the table
+        assert parse_policy(named).placement.providers == ["acme"]
+        assert "acme" in parse_policy(text).placement.providers  # the default: every provider
+    finally:
+        monkeypatch.undo()
+        reload()
+    assert providers() == ("aws", "gcp", "local")
 
 
 @pytest.mark.catalog
