@@ -6,11 +6,12 @@ nothing above a provider ever parses an error message.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from optimizer.model import Offer
 
@@ -114,6 +115,49 @@ class SpecCache(Protocol):
     def save_cached(self, provider: str, key: str, value: Any, fetched_at: datetime) -> None: ...
 
 
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderSettings:
+    """What a provider is built from (its `build` in providers/registry.py): its part of the
+    daemon config, or the CLI's defaults, plus what the daemon lends it.
+
+    `data_dir` is the daemon's data directory (a provider keeps any state of its own in a
+    folder there; None from the CLI), `cache` where slow-changing facts are kept between
+    polls (None: in memory), `clock` the time offers are stamped with.
+    """
+
+    regions: tuple[str, ...] = ()  # empty: every region the provider knows
+    project: str | None = None
+    placement_scores: bool = False
+    interruption_queue_url: str | None = None
+    data_dir: Path | None = None
+    cache: SpecCache | None = None
+    clock: Callable[[], datetime] = _utc_now
+
+
+InterruptionKind = Literal["spot_interruption", "rebalance", "state_change"]
+
+
+@dataclass(frozen=True, slots=True)
+class InterruptionEvent:
+    """One event about one instance from a provider's interruption queue.
+
+    `detail` is the event's own word: the instance action (`terminate`, `stop`, `hibernate`)
+    for a spot warning, the new state (`shutting-down`, `terminated` …) for a state change,
+    empty for a rebalance recommendation. `at` is when the cloud sent it, which for a spot
+    warning is about two minutes before the action.
+    """
+
+    instance_id: str
+    kind: InterruptionKind
+    at: datetime
+    detail: str = ""
+    region: str = ""
+
+
 @runtime_checkable
 class OfferSource(Protocol):
     """Anything that yields offers: a live cloud, a catalog file, the bundled snapshot."""
@@ -124,10 +168,17 @@ class OfferSource(Protocol):
         """Prices, availability and specs, normalized; all known regions when None."""
         ...
 
+    @property
+    def problems(self) -> Sequence[str]:
+        """What went wrong in the last fetch short of failing it, one line each (a region
+        unreachable, specs served from an old copy); empty when nothing did."""
+        ...
+
 
 @runtime_checkable
-class Provider(OfferSource, Protocol):
-    """A cloud gpuopt can launch on."""
+class Launcher(Protocol):
+    """Launch, describe and terminate: what a provider that declares `launch` implements
+    (providers/registry.py)."""
 
     def launch(self, offer: Offer, spec: LaunchSpec, idempotency_key: str) -> InstanceRef:
         """Start an instance for `offer`; calling twice with one key yields one instance."""
@@ -138,6 +189,31 @@ class Provider(OfferSource, Protocol):
         ...
 
     def terminate(self, ref: InstanceRef) -> None: ...
+
+    def close(self) -> None:
+        """Release what the provider holds (clients, threads, servers); instances keep running."""
+        ...
+
+
+@runtime_checkable
+class Provider(OfferSource, Launcher, Protocol):
+    """A cloud gpuopt can launch on: offers and instances."""
+
+
+@runtime_checkable
+class InterruptionQueue(Protocol):
+    """An event queue of interruptions (AWS: EventBridge → SQS), for providers that declare
+    `interruption_queue` (providers/registry.py)."""
+
+    def poll_interruptions(
+        self,
+        *,
+        wait_seconds: int,
+        record: Callable[[list[InterruptionEvent]], None] | None = None,
+    ) -> list[InterruptionEvent]:
+        """Wait up to `wait_seconds` for events; hand each batch to `record` before it is
+        acknowledged; the events read."""
+        ...
 
 
 class ProviderDisabled(ProviderError):

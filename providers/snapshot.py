@@ -79,6 +79,7 @@ class SnapshotSource:
     """The embedded default's offers: bundled on-demand list prices, no credentials needed."""
 
     name = "snapshot"
+    problems: tuple[str, ...] = ()
 
     def fetch_offers(self, regions: Sequence[str] | None = None) -> list[Offer]:
         return _in_regions(load_snapshot(), regions)
@@ -90,6 +91,7 @@ class CatalogFileSource:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.name = f"catalog:{self.path.name}"
+        self.problems: tuple[str, ...] = ()
 
     def fetch_offers(self, regions: Sequence[str] | None = None) -> list[Offer]:
         return _in_regions(read_catalog(self.path), regions)

@@ -53,6 +53,7 @@ def launch(
     job: dict[str, Any],
     key: str = "train/1",
     env: dict[str, str] | None = None,
+    metadata_kind: str = "aws-imds",
     **answer: Any,
 ):
     token = secrets.token_urlsafe(32)
@@ -62,6 +63,7 @@ def launch(
         token=token,
         attempt_key=key,
         cloud="local",
+        metadata_kind=metadata_kind,
         install=None,
         python=sys.executable,
         env={**FAST, **(env or {})},
@@ -204,7 +206,7 @@ def test_the_agent_reads_gcp_shaped_metadata_too(
         "checkpoint_dir": str(tmp_path / "ckpt"),
         "probes": "none",
     }
-    ref = launch(cloud, daemon, job, env={"GPUOPT_METADATA_FLAVOR": "gcp"})
+    ref = launch(cloud, daemon, job, metadata_kind="gcp-metadata")
     wait_until(lambda: "job_started" in daemon.kinds(), what="job_started")
     cloud.interrupt(ref.instance_id)
     wait_until(lambda: "stopped" in daemon.kinds(), timeout=15, what="stopped")

@@ -11,7 +11,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from optimizer.agent.imds import TOKEN_HEADER, AwsImds, GcpMetadata
+from optimizer.agent.imds import (
+    TOKEN_HEADER,
+    AwsImds,
+    GcpMetadata,
+    UnknownWatcherKind,
+    make_watcher,
+)
 from optimizer.model import Market
 from providers.base import LaunchSpec
 from providers.local import LocalCloud
@@ -177,3 +183,25 @@ def test_gcp_endpoint_requires_the_metadata_flavor_header(cloud: LocalCloud, ins
     answer = httpx.get(url, headers={"Metadata-Flavor": "Google"})
     assert answer.text == "FALSE" and answer.headers["Metadata-Flavor"] == "Google"
     assert answer.headers["ETag"]
+
+
+def test_the_watcher_kind_picks_the_watcher() -> None:
+    aws = make_watcher("aws-imds", "http://127.0.0.1:1", interval_s=0.5)
+    assert isinstance(aws, AwsImds) and aws.interval_s == 0.5
+    assert isinstance(make_watcher("gcp-metadata", "http://127.0.0.1:1"), GcpMetadata)
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("azure-imds", "unknown metadata watcher kind 'azure-imds'"),
+        ("gcp", "unknown metadata watcher kind 'gcp'"),  # a cloud is not a watcher kind
+        ("", "no metadata watcher kind given"),
+    ],
+)
+def test_an_unknown_or_missing_watcher_kind_is_an_error_not_the_aws_watcher(
+    kind: str, message: str
+) -> None:
+    with pytest.raises(UnknownWatcherKind, match=message) as caught:
+        make_watcher(kind, "http://127.0.0.1:1")
+    assert "expected one of aws-imds, gcp-metadata" in str(caught.value)

@@ -16,24 +16,43 @@ from optimizer.agent import Agent, AgentConfig, AgentConfigError, Assignment, No
 from optimizer.agent.reporter import DaemonError
 from optimizer.common.retry import Backoff
 
-REQUIRED = {"GPUOPT_DAEMON_URL": "http://d", "GPUOPT_AGENT_TOKEN": "t", "GPUOPT_ATTEMPT_KEY": "j/1"}
+REQUIRED = {
+    "GPUOPT_DAEMON_URL": "http://d",
+    "GPUOPT_AGENT_TOKEN": "t",
+    "GPUOPT_ATTEMPT_KEY": "j/1",
+    "GPUOPT_METADATA_KIND": "aws-imds",
+}
 
 
 def test_settings_come_from_the_environment_with_sane_defaults(tmp_path: Path) -> None:
     secret = {"GPUOPT_AGENT_TOKEN": "s3cret-token"}
     config = AgentConfig.from_env({**REQUIRED, **secret, "GPUOPT_CLOUD": "local"})
     assert config.metadata_url == "http://169.254.169.254"
-    assert (config.cloud, config.metadata_flavor, config.poll_s) == ("local", "aws", 2.0)
+    assert (config.cloud, config.metadata_kind, config.poll_s) == ("local", "aws-imds", 2.0)
     assert config.token == "s3cret-token" and "s3cret" not in repr(config)
-    gcp = AgentConfig.from_env({**REQUIRED, "GPUOPT_CLOUD": "gcp", "GPUOPT_AGENT_DIR": "/x"})
-    assert gcp.metadata_flavor == "gcp" and gcp.agent_dir == Path("/x")
+    gcp = AgentConfig.from_env(
+        {
+            **REQUIRED,
+            "GPUOPT_CLOUD": "gcp",
+            "GPUOPT_METADATA_KIND": "gcp-metadata",
+            "GPUOPT_AGENT_DIR": "/x",
+        }
+    )
+    assert gcp.metadata_kind == "gcp-metadata" and gcp.agent_dir == Path("/x")
+    # The agent knows no list of providers: a new one's name is as good as any.
+    assert AgentConfig.from_env({**REQUIRED, "GPUOPT_CLOUD": "acme"}).cloud == "acme"
 
 
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({}, "GPUOPT_DAEMON_URL, GPUOPT_AGENT_TOKEN, GPUOPT_ATTEMPT_KEY"),
-        ({**REQUIRED, "GPUOPT_CLOUD": "azure"}, "GPUOPT_CLOUD='azure'"),
+        ({}, "GPUOPT_DAEMON_URL, GPUOPT_AGENT_TOKEN, GPUOPT_ATTEMPT_KEY, GPUOPT_METADATA_KIND"),
+        ({**REQUIRED, "GPUOPT_CLOUD": "Azure Cloud"}, "GPUOPT_CLOUD='azure cloud'"),
+        (
+            {**REQUIRED, "GPUOPT_METADATA_KIND": "azure-imds"},
+            "GPUOPT_METADATA_KIND: unknown metadata watcher kind 'azure-imds'; "
+            "expected one of aws-imds, gcp-metadata",
+        ),
         ({**REQUIRED, "GPUOPT_AGENT_POLL_S": "fast"}, "not a number"),
     ],
 )
@@ -112,6 +131,7 @@ def agent_for(tmp_path: Path, daemon: ScriptedDaemon, **settings: Any) -> tuple[
         daemon_url="http://d",
         token="t",
         attempt_key="train/1",
+        metadata_kind="aws-imds",
         cloud="local",
         agent_dir=tmp_path / "agent",
         **settings,

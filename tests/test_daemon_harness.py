@@ -76,6 +76,7 @@ class FakeSource:
         self.name = name
         self.offers = list(offers)
         self.error: Exception | None = None
+        self.problems: list[str] = []
         self.calls = 0
 
     def fetch_offers(self, regions: Sequence[str] | None = None) -> list[Offer]:

@@ -41,6 +41,7 @@ def test_the_script_starts_the_agent_with_its_environment(tmp_path: Path) -> Non
         token=TOKEN,
         attempt_key="train/3",
         cloud="local",
+        metadata_kind="aws-imds",
         install=None,
         python=str(stub_agent(tmp_path)),
         env={"GPUOPT_PROBE_CPU_N": "64"},
@@ -55,6 +56,7 @@ def test_the_script_starts_the_agent_with_its_environment(tmp_path: Path) -> Non
     assert env["GPUOPT_DAEMON_URL"] == "http://10.0.0.1:8080"
     assert env["GPUOPT_ATTEMPT_KEY"] == "train/3"
     assert env["GPUOPT_CLOUD"] == "local" and env["GPUOPT_PROBE_CPU_N"] == "64"
+    assert env["GPUOPT_METADATA_KIND"] == "aws-imds"
     assert "pip install" not in script
 
 
@@ -64,6 +66,7 @@ def test_the_token_is_not_echoed_even_when_the_shell_traces(tmp_path: Path) -> N
         token="s3cret-token",
         attempt_key="a/1",
         cloud="aws",
+        metadata_kind="aws-imds",
         install=None,
         python=str(stub_agent(tmp_path)),
     )
@@ -79,6 +82,7 @@ def test_the_install_step_runs_first_and_without_the_token(tmp_path: Path) -> No
         token="s3cret-token",
         attempt_key="a/1",
         cloud="gcp",
+        metadata_kind="gcp-metadata",
         install=f"env > {tmp_path}/install-env",
         python=str(stub_agent(tmp_path)),
     )
@@ -93,6 +97,7 @@ def test_a_failing_install_stops_the_script_before_the_agent(tmp_path: Path) -> 
         token="t",
         attempt_key="a/1",
         cloud="aws",
+        metadata_kind="aws-imds",
         install="exit 7",
         python=str(stub_agent(tmp_path)),
     )
@@ -101,7 +106,9 @@ def test_a_failing_install_stops_the_script_before_the_agent(tmp_path: Path) -> 
 
 
 def test_the_default_is_a_pip_install_and_the_console_script() -> None:
-    script = bootstrap_script(daemon_url="http://d", token="t", attempt_key="a/1", cloud="aws")
+    script = bootstrap_script(
+        daemon_url="http://d", token="t", attempt_key="a/1", cloud="aws", metadata_kind="aws-imds"
+    )
     lines = script.splitlines()
     assert lines[0] == "#!/bin/sh" and DEFAULT_INSTALL in lines
     assert lines[-1] == "exec gpuopt agent run"
@@ -113,12 +120,20 @@ def test_the_default_is_a_pip_install_and_the_console_script() -> None:
     [
         {"token": "a\nb"},
         {"daemon_url": ""},
+        {"metadata_kind": ""},
         {"env": {"GPUOPT_AGENT_TOKEN": "x"}},
         {"env": {"bad name": "x"}},
     ],
 )
 def test_values_that_could_break_the_script_are_refused(bad: dict) -> None:
-    args = {"daemon_url": "http://d", "token": "t", "attempt_key": "a/1", "cloud": "aws", **bad}
+    args = {
+        "daemon_url": "http://d",
+        "token": "t",
+        "attempt_key": "a/1",
+        "cloud": "aws",
+        "metadata_kind": "aws-imds",
+        **bad,
+    }
     with pytest.raises(ValueError):
         bootstrap_script(**args)
 

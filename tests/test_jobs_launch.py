@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 from test_daemon_harness import make_offer
 
+from optimizer.daemon.config import ProviderConfig
+from optimizer.daemon.providers import ProviderHandle
 from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.launch import LaunchOutcome
 from optimizer.jobs.machine import Launch
@@ -91,7 +93,7 @@ def context(
 
 
 def _handle(source: FlakySource) -> Any:
-    return SimpleNamespace(source=lambda: source)
+    return ProviderHandle.given("aws", ProviderConfig(), source)  # type: ignore[arg-type]
 
 
 def job_of(store: Store) -> JobRecord:

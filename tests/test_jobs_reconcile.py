@@ -10,11 +10,14 @@ from typing import Any
 
 from test_daemon_harness import make_offer
 
+from optimizer.daemon.config import ProviderConfig
 from optimizer.daemon.loops.queue import WAIT_S, QueueLoop
+from optimizer.daemon.providers import ProviderHandle
 from optimizer.jobs.reconcile import JobReconciler
 from optimizer.store import Store
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
+QUEUE = "https://sqs.us-east-1.amazonaws.com/123456789012/gpuopt-events"
 
 
 @dataclass
@@ -28,13 +31,14 @@ class QueueSource:
     """An AWS-like source with an interruption queue holding the given events."""
 
     name = "aws"
-    queue_url = "https://sqs.us-east-1.amazonaws.com/123456789012/gpuopt-events"
+    problems: tuple[str, ...] = ()
 
     def __init__(self, events: list[Event]) -> None:
         self.events = events
         self.waits: list[int] = []
 
-    def launch(self, *args: Any) -> None: ...
+    def fetch_offers(self, regions: Any = None) -> list[Any]:
+        return []
 
     def poll_interruptions(self, *, wait_seconds: int, record: Any) -> list[Event]:
         self.waits.append(wait_seconds)
@@ -58,8 +62,8 @@ def test_queue_notices_are_recorded_on_the_matching_attempts(tmp_path: Path) -> 
         ]
     )
     woken: list[bool] = []
-    handle = SimpleNamespace(name="aws", source=lambda: source)
-    loop = QueueLoop(handle, store, lambda: NOW, wake=lambda: woken.append(True))  # type: ignore[arg-type]
+    handle = ProviderHandle.given("aws", ProviderConfig(interruption_queue_url=QUEUE), source)
+    loop = QueueLoop(handle, store, lambda: NOW, wake=lambda: woken.append(True))
     assert loop.run_once() == 2
     assert source.waits == [WAIT_S]  # a long poll, on its own loop
     assert woken == [True]  # the reconcile loop acts on it now
@@ -74,9 +78,8 @@ def test_a_provider_without_a_queue_is_not_polled(tmp_path: Path) -> None:
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     store.create_all()
     source = QueueSource([])
-    source.queue_url = ""  # type: ignore[misc]
-    handle = SimpleNamespace(name="aws", source=lambda: source)
-    loop = QueueLoop(handle, store, lambda: NOW, wake=lambda: None)  # type: ignore[arg-type]
+    handle = ProviderHandle.given("aws", ProviderConfig(), source)  # no queue configured
+    loop = QueueLoop(handle, store, lambda: NOW, wake=lambda: None)
     assert loop.run_once() == 0 and source.waits == []
     store.close()
 
@@ -141,7 +144,7 @@ def test_a_cooled_down_zonal_attempt_also_avoids_its_regional_on_demand_offer(
     ctx = SimpleNamespace(
         store=store,
         now=NOW,
-        providers={"aws": SimpleNamespace(source=lambda: source)},
+        providers={"aws": ProviderHandle.given("aws", ProviderConfig(), source)},
         leading=lambda: True,
     )
     launched, why = JobReconciler(lambda: "http://127.0.0.1:1").launcher.walk(

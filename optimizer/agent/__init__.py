@@ -6,11 +6,20 @@ a job asks for them.
 
 from optimizer.agent.agent import Agent
 from optimizer.agent.config import AgentConfig, AgentConfigError, Assignment
-from optimizer.agent.imds import AwsImds, GcpMetadata, Notice, Watcher, make_watcher
+from optimizer.agent.imds import (
+    WATCHERS,
+    AwsImds,
+    GcpMetadata,
+    Notice,
+    UnknownWatcherKind,
+    Watcher,
+    make_watcher,
+)
 from optimizer.agent.reporter import DaemonClient, DaemonError, Event, EventQueue, Reporter
 from optimizer.agent.runner import JobExit, JobRunner
 
 __all__ = [
+    "WATCHERS",
     "Agent",
     "AgentConfig",
     "AgentConfigError",
@@ -25,6 +34,7 @@ __all__ = [
     "JobRunner",
     "Notice",
     "Reporter",
+    "UnknownWatcherKind",
     "Watcher",
     "make_watcher",
 ]

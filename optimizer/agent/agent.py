@@ -77,7 +77,7 @@ class Agent:
         config.agent_dir.mkdir(parents=True, exist_ok=True)
         self.client = client or DaemonClient(config.daemon_url, config.token, config.attempt_key)
         self.watcher = watcher or make_watcher(
-            config.metadata_flavor, config.metadata_url, interval_s=config.poll_s
+            config.metadata_kind, config.metadata_url, interval_s=config.poll_s
         )
         self.probe = probe or default_probe(config)
         self.register_backoff = register_backoff or Backoff(base=1.0, cap=30.0)

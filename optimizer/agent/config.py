@@ -4,14 +4,21 @@ registration answer (what to run), both checked where they enter."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optimizer.agent.imds import AWS_POLL_S, DEFAULT_METADATA_URL
+from optimizer.agent.imds import (
+    AWS_POLL_S,
+    DEFAULT_METADATA_URL,
+    UnknownWatcherKind,
+    check_watcher_kind,
+)
 
-CLOUDS = ("aws", "gcp", "local")
+# A provider's name as the daemon's registry spells it (the agent knows no provider list).
+CLOUD_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 PROBE_KINDS = ("quick", "deep", "none")
 
 
@@ -30,11 +37,11 @@ class AgentConfig:
     daemon_url: str
     token: str = field(repr=False)
     attempt_key: str
+    metadata_kind: str  # which metadata watcher runs (optimizer/agent/imds.py WATCHERS)
     cloud: str = "aws"
     metadata_url: str = DEFAULT_METADATA_URL
     agent_dir: Path = field(default_factory=default_agent_dir)
     instance_id: str | None = None
-    metadata_flavor: str = "aws"  # which shape the local cloud's endpoint is read in
     poll_s: float = AWS_POLL_S
     stop_grace_s: float = 30.0  # a stop command without grace_s gets this long
     flush_s: float = 120.0  # how long the final events are retried before giving up
@@ -52,17 +59,25 @@ class AgentConfig:
 
         missing = [
             n
-            for n in ("GPUOPT_DAEMON_URL", "GPUOPT_AGENT_TOKEN", "GPUOPT_ATTEMPT_KEY")
+            for n in (
+                "GPUOPT_DAEMON_URL",
+                "GPUOPT_AGENT_TOKEN",
+                "GPUOPT_ATTEMPT_KEY",
+                "GPUOPT_METADATA_KIND",
+            )
             if get(n) is None
         ]
         if missing:
             raise AgentConfigError(f"missing environment variable(s): {', '.join(missing)}")
         cloud = (get("GPUOPT_CLOUD") or "aws").lower()
-        if cloud not in CLOUDS:
-            raise AgentConfigError(f"GPUOPT_CLOUD={cloud!r}: expected one of {', '.join(CLOUDS)}")
-        flavor = (get("GPUOPT_METADATA_FLAVOR") or ("gcp" if cloud == "gcp" else "aws")).lower()
-        if flavor not in ("aws", "gcp"):
-            raise AgentConfigError(f"GPUOPT_METADATA_FLAVOR={flavor!r}: expected aws or gcp")
+        if not CLOUD_NAME.match(cloud):
+            raise AgentConfigError(
+                f"GPUOPT_CLOUD={cloud!r}: expected a provider name (lowercase letters, digits, -)"
+            )
+        try:
+            kind = check_watcher_kind((get("GPUOPT_METADATA_KIND") or "").lower())
+        except UnknownWatcherKind as exc:
+            raise AgentConfigError(f"GPUOPT_METADATA_KIND: {exc}") from None
 
         def number(name: str, default: float | None) -> float | None:
             raw = get(name)
@@ -82,11 +97,11 @@ class AgentConfig:
             daemon_url=get("GPUOPT_DAEMON_URL") or "",
             token=get("GPUOPT_AGENT_TOKEN") or "",
             attempt_key=get("GPUOPT_ATTEMPT_KEY") or "",
+            metadata_kind=kind,
             cloud=cloud,
             metadata_url=get("GPUOPT_METADATA_URL") or DEFAULT_METADATA_URL,
             agent_dir=Path(agent_dir) if agent_dir else default_agent_dir(),
             instance_id=get("GPUOPT_INSTANCE_ID"),
-            metadata_flavor=flavor,
             poll_s=number("GPUOPT_AGENT_POLL_S", AWS_POLL_S) or AWS_POLL_S,
             stop_grace_s=number("GPUOPT_AGENT_STOP_GRACE_S", 30.0) or 30.0,
             flush_s=number("GPUOPT_AGENT_FLUSH_S", 120.0) or 120.0,

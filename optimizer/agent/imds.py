@@ -329,11 +329,32 @@ class GcpMetadata:
         log.debug("GCP metadata: %s", self.last_error)
 
 
-def make_watcher(cloud: str, base_url: str, *, interval_s: float = AWS_POLL_S) -> Watcher:
-    """The watcher for `cloud`: aws and local speak IMDSv2, gcp the GCP metadata server."""
-    if cloud == "gcp":
-        return GcpMetadata(base_url)
-    return AwsImds(base_url, interval_s=interval_s)
+# Metadata watcher kinds: the provider registry (providers/registry.py) names one per
+# provider, and the bootstrap hands it to the agent as GPUOPT_METADATA_KIND.
+WATCHERS: dict[str, Callable[[str, float], Watcher]] = {
+    "aws-imds": lambda url, interval_s: AwsImds(url, interval_s=interval_s),  # also local
+    "gcp-metadata": lambda url, interval_s: GcpMetadata(url),
+}
+
+
+class UnknownWatcherKind(ValueError):
+    """A metadata watcher kind this agent has no watcher for, or none at all."""
+
+
+def check_watcher_kind(kind: str | None) -> str:
+    """`kind` when this agent has a watcher of that kind; UnknownWatcherKind otherwise."""
+    expected = f"expected one of {', '.join(WATCHERS)}"
+    if not kind:
+        raise UnknownWatcherKind(f"no metadata watcher kind given; {expected}")
+    if kind not in WATCHERS:
+        raise UnknownWatcherKind(f"unknown metadata watcher kind {kind!r}; {expected}")
+    return kind
+
+
+def make_watcher(kind: str, base_url: str, *, interval_s: float = AWS_POLL_S) -> Watcher:
+    """The watcher of `kind` (`aws-imds`: IMDSv2 on AWS and the local cloud's endpoint;
+    `gcp-metadata`: the GCP metadata server); UnknownWatcherKind for any other."""
+    return WATCHERS[check_watcher_kind(kind)](base_url, interval_s)
 
 
 def watch(

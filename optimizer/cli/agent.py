@@ -22,8 +22,9 @@ def run() -> None:
     """Register with the daemon, probe, run the job and report until it ends.
 
     Configured by the environment the bootstrap script sets: GPUOPT_DAEMON_URL,
-    GPUOPT_AGENT_TOKEN, GPUOPT_ATTEMPT_KEY, GPUOPT_CLOUD (aws|gcp|local),
-    GPUOPT_METADATA_URL and GPUOPT_AGENT_DIR (see docs/agent-protocol.md).
+    GPUOPT_AGENT_TOKEN, GPUOPT_ATTEMPT_KEY, GPUOPT_CLOUD (the provider),
+    GPUOPT_METADATA_KIND (aws-imds|gcp-metadata), GPUOPT_METADATA_URL and GPUOPT_AGENT_DIR
+    (see docs/agent-protocol.md).
     """
     from optimizer.agent import Agent, AgentConfig, AgentConfigError
 

@@ -11,10 +11,14 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
 from optimizer.model import Offer
-from providers.base import OfferSource, ProviderDisabled, ProviderError
+from providers import registry
+from providers.base import OfferSource, ProviderDisabled, ProviderError, ProviderSettings
 from providers.snapshot import SnapshotSource
 
-LIVE_PROVIDERS = ("aws", "gcp")
+
+def live_providers() -> tuple[str, ...]:
+    """The providers `gpuopt offers --provider` asks live (the registry's `live_offers`)."""
+    return tuple(n for n, e in registry.entries().items() if e.capabilities.live_offers)
 
 
 @dataclass
@@ -41,17 +45,14 @@ def expand_regions(provider: str, globs: Sequence[str]) -> list[str] | None:
 def _live(provider: str) -> tuple[OfferSource | None, str | None]:
     """A live source for the provider, or (None, why it cannot run here).
 
-    Built as the daemon builds it (same settings and endpoints), without a spec cache.
+    Built as the daemon builds it (the registry's builder, the same settings and endpoints),
+    without a spec cache.
     """
-    from optimizer.clock import utc_now
-    from optimizer.daemon.config import ProviderConfig
-    from optimizer.daemon.providers import aws_source, gcp_source
-
-    builders = {"aws": aws_source, "gcp": gcp_source}
-    if provider not in builders:
+    entry = registry.find(provider)
+    if entry is None or not entry.capabilities.live_offers:
         return None, f"no live adapter for {provider!r}"
     try:
-        return builders[provider](ProviderConfig(), None, utc_now), None
+        return entry.build(ProviderSettings()), None
     except ProviderDisabled as exc:
         return None, str(exc)
 
@@ -59,7 +60,7 @@ def _live(provider: str) -> tuple[OfferSource | None, str | None]:
 def gather(providers: Sequence[str], region_globs: Sequence[str]) -> Gathered:
     """Offers for `gpuopt offers`: the snapshot by default, live clouds when named."""
     out = Gathered()
-    live = [p for p in providers if p in LIVE_PROVIDERS]
+    live = [p for p in providers if p in live_providers()]
     fallback: set[str] = set()
     for provider in live:
         source, why = _live(provider)
@@ -74,7 +75,7 @@ def gather(providers: Sequence[str], region_globs: Sequence[str]) -> Gathered:
             fallback.add(provider)
             continue
         out.names.append(source.name)
-        out.notes.extend(f"{provider}: {p}" for p in getattr(source, "problems", ()))
+        out.notes.extend(f"{provider}: {p}" for p in source.problems)
     if not live or fallback:
         snapshot = SnapshotSource()
         rows = snapshot.fetch_offers()

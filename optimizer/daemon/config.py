@@ -29,12 +29,12 @@ from optimizer import settings
 from optimizer.alerts.config import AlertsConfig
 from optimizer.common.documents import load_document
 from optimizer.common.errors import LocatedError, Problem
+from providers import registry
 
 CONFIG_FILE_NAME = "gpuopt.yaml"
 CONFIG_ENV = "GPUOPT_CONFIG"
 ENV_PREFIX = "GPUOPT_"
 DEFAULT_PORT = 8470
-PROVIDER_NAMES = ("local", "aws", "gcp")
 
 
 class ConfigError(LocatedError):
@@ -135,9 +135,19 @@ class ConfigSchema(BaseModel):
     @field_validator("providers")
     @classmethod
     def _known_providers(cls, value: dict[str, ProviderConfig]) -> dict[str, ProviderConfig]:
-        for name in value:
-            if name not in PROVIDER_NAMES:
-                raise ValueError(f"unknown provider {name!r}; known: {', '.join(PROVIDER_NAMES)}")
+        """Providers the registry knows, asked only for what each can do."""
+        for name, cfg in value.items():
+            entry = registry.find(name)
+            if entry is None:
+                known = ", ".join(registry.names())
+                raise ValueError(f"unknown provider {name!r}; known: {known}")
+            can = entry.capabilities
+            if cfg.placement_scores and not can.placement_scores:
+                raise ValueError(f"{name}.placement_scores: {name} has no placement scores")
+            if cfg.interruption_queue_url and not can.interruption_queue:
+                raise ValueError(
+                    f"{name}.interruption_queue_url: {name} reads no interruption queue"
+                )
         return value
 
     @field_validator("data_dir", "policy_dir")

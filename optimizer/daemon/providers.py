@@ -1,10 +1,10 @@
-"""The daemon's offer sources, one per configured provider, built on first use.
+"""The daemon's providers, one handle per configured provider, each built on first use.
 
-`local` is the embedded local cloud (`providers.local.LocalCloud`, its state under
-`<data dir>/local-cloud`); where that package cannot be imported, the bundled snapshot
-stands in with its rows as they are. `aws` and `gcp` are the live adapters, with the store
-as their spec cache; one that cannot run here (no credentials, no project) reports why as
-ProviderDisabled on every poll, and is built as soon as it can run.
+What a provider is, can do and is built from comes from the registry
+(providers/registry.py): `local` is the embedded local cloud (its state under
+`<data dir>/local-cloud`), `aws` and `gcp` the live adapters with the store as their spec
+cache. One that cannot run here (no credentials, no project) reports why as ProviderDisabled
+on every poll, and is built as soon as it can run.
 """
 
 from __future__ import annotations
@@ -19,57 +19,49 @@ from pathlib import Path
 from optimizer.clock import Clock
 from optimizer.daemon.config import ProviderConfig
 from optimizer.store import Store
-from providers.base import OfferSource, ProviderDisabled
+from providers import registry
+from providers.base import (
+    InterruptionQueue,
+    OfferSource,
+    Provider,
+    ProviderSettings,
+    SpecCache,
+)
+from providers.registry import Capabilities, ProviderEntry
 
 log = logging.getLogger(__name__)
 
-LOCAL_STATE_DIR = "local-cloud"
-# Credentials providers read from the environment: kept out of error texts and logs.
-SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "GPUOPT_GCP_BILLING_API_KEY")
-
 
 def provider_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
-    """The values of the credential variables that are set."""
+    """The values of the providers' credential variables that are set."""
     env = os.environ if environ is None else environ
-    return [value for name in SECRET_ENV if (value := env.get(name, "").strip())]
+    return [value for name in registry.secret_env() if (value := env.get(name, "").strip())]
 
 
-def local_source(data_dir: Path, clock: Clock) -> OfferSource:
-    """The local cloud, or the bundled snapshot where the local cloud is not installed."""
-    try:
-        from providers.local import LocalCloud
-    except ImportError:
-        from providers.snapshot import SnapshotSource
-
-        log.info("providers.local is not available; the local provider serves the snapshot")
-        return SnapshotSource()
-    return LocalCloud(data_dir / LOCAL_STATE_DIR, clock=lambda: clock().timestamp())
-
-
-def aws_source(config: ProviderConfig, store: Store | None, clock: Clock) -> OfferSource:
-    from providers.aws import AwsProvider, aws_disabled_reason
-
-    reason = aws_disabled_reason()
-    if reason:
-        raise ProviderDisabled(reason, provider="aws")
-    return AwsProvider(
-        config.regions or None,
-        cache=store,
-        clock=clock,
+def provider_settings(
+    config: ProviderConfig,
+    *,
+    data_dir: Path | None = None,
+    cache: SpecCache | None = None,
+    clock: Clock,
+) -> ProviderSettings:
+    """What the registry builds a provider from: its config section and the daemon's parts."""
+    return ProviderSettings(
+        regions=tuple(config.regions),
+        project=config.project,
         placement_scores=config.placement_scores,
-        queue_url=config.interruption_queue_url,
+        interruption_queue_url=config.interruption_queue_url,
+        data_dir=data_dir,
+        cache=cache,
+        clock=clock,
     )
 
 
-def gcp_source(config: ProviderConfig, store: Store | None, clock: Clock) -> OfferSource:
-    from providers.gcp import GcpSettings, make_gcp_provider
-
-    settings = GcpSettings.from_env(project=config.project, regions=tuple(config.regions) or None)
-    return make_gcp_provider(settings, cache=store, clock=clock)
-
-
 class ProviderHandle:
-    """One configured provider: its source, built once it can run."""
+    """One configured provider: its registry entry, and its source, built once it can run.
+
+    The handle closes a source it built; one given to it (tests, benches) is its maker's.
+    """
 
     def __init__(
         self,
@@ -79,8 +71,10 @@ class ProviderHandle:
     ) -> None:
         self.name = name
         self.config = config
+        self.entry: ProviderEntry = registry.get(name)
         self._build = build
         self._source: OfferSource | None = None
+        self._owned = True
         self._lock = threading.Lock()
 
     @classmethod
@@ -88,7 +82,12 @@ class ProviderHandle:
         """A handle around a source made elsewhere (tests, benches)."""
         handle = cls(name, config, lambda: source)
         handle._source = source
+        handle._owned = False
         return handle
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.entry.capabilities
 
     def source(self) -> OfferSource:
         """The source; raises ProviderDisabled while the provider cannot run here."""
@@ -97,31 +96,52 @@ class ProviderHandle:
                 self._source = self._build()
             return self._source
 
+    def launcher(self) -> Provider | None:
+        """The source as a Provider (a Launcher) where the provider launches, else None;
+        raises ProviderDisabled while it cannot run here."""
+        if not self.capabilities.launch:
+            return None
+        return self.entry.launcher(self.source())
+
     @property
-    def built(self) -> OfferSource | None:
-        return self._source
+    def has_interruption_queue(self) -> bool:
+        """The provider reads an interruption queue and this config names one."""
+        return self.capabilities.interruption_queue and bool(self.config.interruption_queue_url)
+
+    def interruption_queue(self) -> InterruptionQueue | None:
+        """The source as an InterruptionQueue where it has one configured, else None; raises
+        ProviderDisabled while it cannot run here."""
+        if not self.has_interruption_queue:
+            return None
+        return self.entry.interruption_queue(self.source())
 
     def close(self) -> None:
         source = self._source
-        close = getattr(source, "close", None)
-        if callable(close):
-            try:
-                close()
-            except Exception:
-                log.exception("closing provider %s failed", self.name)
+        if source is None or not self._owned:
+            return
+        launcher = self.entry.launcher(source)
+        if launcher is None:
+            return
+        try:
+            launcher.close()
+        except Exception:
+            log.exception("closing provider %s failed", self.name)
 
 
 def make_handles(
     providers: dict[str, ProviderConfig], data_dir: Path, store: Store, clock: Clock
 ) -> dict[str, ProviderHandle]:
     """Handles for the enabled providers, in config order."""
-    builders: dict[str, Callable[[ProviderConfig], OfferSource]] = {
-        "local": lambda cfg: local_source(data_dir, clock),
-        "aws": lambda cfg: aws_source(cfg, store, clock),
-        "gcp": lambda cfg: gcp_source(cfg, store, clock),
-    }
     return {
-        name: ProviderHandle(name, cfg, partial(builders[name], cfg))
+        name: ProviderHandle(
+            name,
+            cfg,
+            partial(
+                registry.build,
+                name,
+                provider_settings(cfg, data_dir=data_dir, cache=store, clock=clock),
+            ),
+        )
         for name, cfg in providers.items()
         if cfg.enabled
     }

@@ -30,12 +30,15 @@ def bootstrap_script(
     token: str,
     attempt_key: str,
     cloud: str,
+    metadata_kind: str,
     install: str | None = DEFAULT_INSTALL,
     python: str | None = None,
     env: Mapping[str, str] | None = None,
 ) -> str:
     """The shell script a new instance runs first.
 
+    `cloud` is the provider's name and `metadata_kind` the metadata watcher kind the agent
+    runs there (`aws-imds`, `gcp-metadata`: the provider registry's `watcher`).
     `install` runs before the agent starts (None: gpuopt is already there, as on the local
     cloud). `python` None runs the `gpuopt` console script; an interpreter path runs
     `<python> -m optimizer.cli agent run` instead (the local cloud passes `sys.executable`).
@@ -45,6 +48,7 @@ def bootstrap_script(
         "GPUOPT_DAEMON_URL": _check("daemon_url", daemon_url),
         "GPUOPT_ATTEMPT_KEY": _check("attempt_key", attempt_key),
         "GPUOPT_CLOUD": _check("cloud", cloud),
+        "GPUOPT_METADATA_KIND": _check("metadata_kind", metadata_kind),
     }
     for name, value in (env or {}).items():
         if not _NAME.match(name) or name == "GPUOPT_AGENT_TOKEN":

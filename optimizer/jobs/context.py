@@ -17,7 +17,7 @@ from optimizer.clock import Clock
 from optimizer.store import Store
 from optimizer.store.tables import JobRecord, NewEvent
 from policies.schema import Policy
-from providers.base import OfferSource
+from providers.base import Provider
 
 
 class PolicyInForce(Protocol):
@@ -30,8 +30,9 @@ class PolicyInForce(Protocol):
 class ProviderHandle(Protocol):
     """One configured provider (the daemon's `ProviderHandle`)."""
 
-    def source(self) -> OfferSource:
-        """The provider's source; raises ProviderError while it cannot run here."""
+    def launcher(self) -> Provider | None:
+        """The provider to launch, describe and terminate through; None where the provider
+        registry says it does not launch; raises ProviderError while it cannot run here."""
         ...
 
 

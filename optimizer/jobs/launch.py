@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from enum import Enum
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
 from optimizer.jobs import budget
 from optimizer.jobs.bootstrap import DEFAULT_INSTALL, bootstrap_script
@@ -27,6 +27,7 @@ from optimizer.store.jobs import AttemptRecord, token_sha256
 from optimizer.store.tables import JobRecord
 from policies.engine import evaluate
 from policies.schema import Policy
+from providers import registry
 from providers.base import (
     AuthError,
     CapacityError,
@@ -87,14 +88,16 @@ class Launcher:
     ) -> None:
         self.daemon_url = daemon_url
         self.emit = emit
-        # How each cloud's bootstrap gets gpuopt: the local cloud already has it.
-        self.install = {"local": None, **(install or {})}
+        # How each cloud's bootstrap gets gpuopt, where not the default install; a provider
+        # whose instances run on this host (the registry's `agent_on_host`) already has it.
+        self.install = dict(install or {})
         self.agent_env = dict(agent_env or {})
         self.disabled: dict[str, datetime] = {}  # provider -> until, after an AuthError
 
     def provider(self, ctx: ReconcileContext, name: str) -> Provider | None:
         """The provider to act through, or None: not configured, not available here, not
-        able to launch, or sitting out after refusing our credentials."""
+        able to launch (the provider registry says), or sitting out after refusing our
+        credentials."""
         until = self.disabled.get(name)
         if until is not None and ctx.now < until:
             return None
@@ -102,10 +105,9 @@ class Launcher:
         if handle is None:
             return None
         try:
-            source = handle.source()
+            return handle.launcher()
         except ProviderError:
             return None
-        return cast(Provider, source) if hasattr(source, "launch") else None
 
     # -- the walk ------------------------------------------------------------------------------
 
@@ -352,14 +354,16 @@ class Launcher:
         )
 
     def _bootstrap(self, attempt: AttemptRecord, token: str) -> str:
-        local = attempt.provider == "local"
+        caps = registry.capabilities(attempt.provider)
+        on_host = caps.agent_on_host
         return bootstrap_script(
             daemon_url=self.daemon_url(),
             token=token,
             attempt_key=attempt.key,
             cloud=attempt.provider,
-            install=self.install.get(attempt.provider, DEFAULT_INSTALL),
-            python=sys.executable if local else None,
+            metadata_kind=caps.watcher or "",
+            install=self.install.get(attempt.provider, None if on_host else DEFAULT_INSTALL),
+            python=sys.executable if on_host else None,
             env=self.agent_env,
         )
 

@@ -100,6 +100,9 @@ class AwsProvider(InstanceOps):
         assert self._clients is not None
         return self._clients.get(service, region)
 
+    def close(self) -> None:
+        """Nothing to release: boto3 clients need no closing."""
+
     @property
     def home_region(self) -> str:
         return getattr(self.session, "region_name", None) or DEFAULT_REGION

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
-EventKind = Literal["spot_interruption", "rebalance", "state_change"]
+from providers.base import InterruptionEvent, InterruptionKind
 
-DETAIL_TYPES: dict[str, EventKind] = {
+DETAIL_TYPES: dict[str, InterruptionKind] = {
     "EC2 Spot Instance Interruption Warning": "spot_interruption",
     "EC2 Instance Rebalance Recommendation": "rebalance",
     "EC2 Instance State-change Notification": "state_change",
@@ -28,23 +27,6 @@ MAX_MESSAGES = 10
 WAIT_SECONDS = 20
 VISIBILITY_TIMEOUT = 20
 MAX_BATCHES = 10  # per poll, so a flooded queue cannot hold the caller forever
-
-
-@dataclass(frozen=True, slots=True)
-class InterruptionEvent:
-    """One EC2 event about one instance.
-
-    `detail` is the event's own word: the instance action (`terminate`, `stop`, `hibernate`)
-    for a spot warning, the new state (`shutting-down`, `terminated` …) for a state change,
-    empty for a rebalance recommendation. `at` is when EventBridge sent it, which for a spot
-    warning is about two minutes before the action.
-    """
-
-    instance_id: str
-    kind: EventKind
-    at: datetime
-    detail: str = ""
-    region: str = ""
 
 
 class UnreadableEvent(ValueError):

@@ -53,6 +53,7 @@ class LocalCloud:
     """A Provider whose instances are processes on this machine (see the module docstring)."""
 
     name = "local"
+    problems: tuple[str, ...] = ()  # simulated offers: nothing goes wrong short of failing
 
     def __init__(
         self,
@@ -265,7 +266,7 @@ class LocalCloud:
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         env.update(
             GPUOPT_METADATA_URL=metadata_url,
-            GPUOPT_CLOUD="local",
+            GPUOPT_CLOUD=self.name,
             GPUOPT_AGENT_DIR=str(disk / "agent"),
             **{MARK_ENV: record.id},
         )

@@ -100,7 +100,7 @@ class PollLoop:
             offers = source.fetch_offers(None if region == ALL_REGIONS else [region])
         except Exception as exc:  # a provider's failure is data here, never the loop's
             return RegionResult(region, [], time.perf_counter() - started, exc)
-        for problem in getattr(source, "problems", ()) or ():
+        for problem in source.problems:
             log.warning("%s %s: %s", self.handle.name, region, problem)
         wanted = [o for o in offers if o.market is self.market]
         return RegionResult(region, wanted, time.perf_counter() - started)

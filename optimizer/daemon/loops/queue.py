@@ -11,13 +11,12 @@ leader runs it, so two replicas never split one queue's messages.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 from optimizer.clock import Clock
 from optimizer.daemon.providers import ProviderHandle
 from optimizer.store import Store
-from providers.base import ProviderError
+from providers.base import InterruptionEvent, InterruptionQueue, ProviderError
 
 log = logging.getLogger(__name__)
 
@@ -26,20 +25,16 @@ NOTICE_KINDS = ("spot_interruption", "rebalance")
 GONE_STATES = ("shutting-down", "terminated", "stopped")
 
 
-def queue_source(handle: ProviderHandle) -> Any | None:
-    """The handle's source when it has an interruption queue configured, else None."""
+def queue_source(handle: ProviderHandle) -> InterruptionQueue | None:
+    """The handle's interruption queue when its provider has one and the config names it;
+    None otherwise, and while the provider cannot run here."""
     try:
-        source = handle.source()
+        return handle.interruption_queue()
     except ProviderError:
         return None
-    if getattr(source, "poll_interruptions", None) is None or not getattr(
-        source, "queue_url", None
-    ):
-        return None
-    return source
 
 
-def record_events(store: Store, events: list[Any], clock: Clock) -> int:
+def record_events(store: Store, events: Sequence[InterruptionEvent], clock: Clock) -> int:
     """Fold queue events into our open attempts (by instance id); how many matched. A notice
     is recorded like the agent's (`notice_at`, first one wins); a stop or termination marks
     the instance gone. Events about other instances are ignored."""
@@ -85,7 +80,7 @@ class QueueLoop:
             return 0
         matched = 0
 
-        def record(events: list[Any]) -> None:
+        def record(events: list[InterruptionEvent]) -> None:
             nonlocal matched
             matched += record_events(self.store, events, self.clock)
 
@@ -101,5 +96,6 @@ class QueueLoop:
 
 
 def queue_handles(handles: Mapping[str, ProviderHandle]) -> list[ProviderHandle]:
-    """Handles whose configuration names an interruption queue (AWS only today)."""
-    return [h for h in handles.values() if getattr(h.config, "interruption_queue_url", None)]
+    """Handles whose provider reads an interruption queue (the registry says which: AWS
+    today) and whose configuration names one."""
+    return [h for h in handles.values() if h.has_interruption_queue]
