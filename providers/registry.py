@@ -6,7 +6,7 @@ poll, queue and reconcile loops, `gpuopt offers --provider` and the bootstrap th
 the agent on a new instance ask this registry what a provider can do; none of them probes a
 source's attributes. Adding a provider is a new `providers/<name>/` package, one `register`
 line at the bottom of this module and the provider's rows in `policies/regions.csv`
-(docs/extending.md).
+(docs/architecture.md, "Provider registry").
 
 A declared capability is a promise about the built source's type: `launch` means it is a
 `Launcher` (launch, describe, terminate, close), `interruption_queue` an
