@@ -38,8 +38,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 RESULTS = Path(__file__).resolve().parent / "results" / "aws_poll.json"
 # Regions where moto's offering data lists GPU types (it mirrors real offerings).
 REGIONS = (

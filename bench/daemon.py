@@ -40,6 +40,13 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "daemon.json"
+
+if not __package__:
+    # Run as a file (`python bench/daemon.py`): the tests' helpers it uses are the package
+    # `tests.helpers` of the repository root, so run this file as the module bench.daemon
+    # from there, where `python -m` finds both packages.
+    os.chdir(ROOT)
+    os.execv(sys.executable, [sys.executable, "-m", "bench.daemon", *sys.argv[1:]])
 RSS_TARGET_MB = 150.0
 HELP_TARGET_S = 0.5
 JOBS = 1_000
@@ -145,11 +152,9 @@ def help_time(runs: int) -> dict[str, Any]:
 def _running_jobs(store: Any) -> Any:
     """Every stored job running on a registered attempt (the steady state), and a registry
     with their policies loaded. No provider is configured, so describe is skipped."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from test_daemon_harness import make_offer  # the tests' offer factory
-
     from optimizer.daemon.policies import LoadedPolicy, PolicyRegistry
     from policies.loader import parse_policy
+    from tests.helpers import make_offer  # the tests' offer factory
 
     now = datetime.now(UTC)
     offer = make_offer(provider="local", region="eu-west-1", zone="eu-west-1-a", observed_at=now)

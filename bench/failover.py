@@ -33,13 +33,18 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the replica process harness of the failover tests
+
+if not __package__:
+    # Run as a file (`python bench/failover.py`): the tests' helpers it uses are the package
+    # `tests.helpers` of the repository root, so run this file as the module bench.failover
+    # from there, where `python -m` finds both packages.
+    os.chdir(ROOT)
+    os.execv(sys.executable, [sys.executable, "-m", "bench.failover", *sys.argv[1:]])
 
 from sqlalchemy import create_engine, text  # noqa: E402
-from test_daemon_harness import wait_until  # noqa: E402
-from test_leader_election import Replica  # noqa: E402
 
 from optimizer.settings import normalize_database_url  # noqa: E402
+from tests.helpers import DaemonProcess, wait_until  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "failover.json"
 SLOW_TICKS = {
@@ -48,11 +53,17 @@ SLOW_TICKS = {
 }
 
 
-def reconcile_runs(replica: Replica) -> float:
+def start_replica(data: Path, database_url: str) -> DaemonProcess:
+    """One more `gpuopt daemon` on the shared data directory and database, ticking slowly."""
+    log = data.parent / f"replica-{len(list(data.parent.glob('replica-*')))}.log"
+    return DaemonProcess(data, env={"GPUOPT_DATABASE_URL": database_url, **SLOW_TICKS}, log=log)
+
+
+def reconcile_runs(replica: DaemonProcess) -> float:
     return replica.reconcile_passes()
 
 
-def one_round(replicas: list[Replica], how: signal.Signals) -> dict[str, Any]:
+def one_round(replicas: list[DaemonProcess], how: signal.Signals) -> dict[str, Any]:
     leader = next(r for r in replicas if r.role() == "leader")
     follower = next(r for r in replicas if r is not leader)
     before = reconcile_runs(follower)
@@ -89,15 +100,15 @@ def main() -> None:
     sep = "&" if "?" in args.database_url else "?"
     database_url = f"{args.database_url}{sep}options=-csearch_path%3D{schema}"
     rows: list[dict[str, Any]] = []
-    replicas: list[Replica] = []
+    replicas: list[DaemonProcess] = []
     try:
         with tempfile.TemporaryDirectory(prefix="gpuopt-failover-") as tmp:
             data = Path(tmp) / "data"
             data.mkdir()
-            replicas.append(Replica(data, database_url, SLOW_TICKS))
+            replicas.append(start_replica(data, database_url))
             wait_until(lambda: replicas[0].role() == "leader", timeout=30, what="a leader")
             for how in [signal.SIGKILL] * args.rounds + [signal.SIGTERM] * args.rounds:
-                replicas.append(Replica(data, database_url, SLOW_TICKS))
+                replicas.append(start_replica(data, database_url))
                 wait_until(lambda: replicas[-1].role() == "follower", timeout=30)
                 rows.append(one_round(replicas, how))
                 print(json.dumps(rows[-1]), flush=True)

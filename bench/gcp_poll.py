@@ -25,7 +25,6 @@ import os
 import platform
 import random
 import statistics
-import sys
 import time
 from collections import Counter
 from datetime import UTC, datetime
@@ -33,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from google.auth.credentials import AnonymousCredentials  # noqa: E402
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import re
 import statistics
@@ -31,11 +32,16 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the daemon test harness: config, wait_until
 
-from test_daemon_harness import api, make_config, running, wait_until, write_policy  # noqa: E402
+if not __package__:
+    # Run as a file (`python bench/recovery.py`): the tests' helpers it uses are the package
+    # `tests.helpers` of the repository root, so run this file as the module bench.recovery
+    # from there, where `python -m` finds both packages.
+    os.chdir(ROOT)
+    os.execv(sys.executable, [sys.executable, "-m", "bench.recovery", *sys.argv[1:]])
 
 from providers.local import LocalCloud  # noqa: E402
+from tests.helpers import api, make_config, running, wait_until, write_policy  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "recovery.json"
 POLICY = """\
@@ -136,7 +142,7 @@ def main() -> None:
         "bench": "recovery",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "python": platform.python_version(),
-        "cores": len(__import__("os").sched_getaffinity(0)),
+        "cores": len(os.sched_getaffinity(0)),
         "grace_s": args.grace_s,
         "interruptions": rows,
         "notice_to_launch_s": {"median": statistics.median(launch), "max": max(launch)},

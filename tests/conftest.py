@@ -1,11 +1,19 @@
-"""Shared fixtures: a Store on each engine, and the shared price catalog."""
+"""Shared fixtures: a Store on each engine, the shared price catalog, a clean GPUOPT_*
+environment (daemon_env), and for the AWS tests fake credentials, no network beyond loopback
+and a moto server.
+
+The environment fixtures are not autouse for the whole suite: a module opts in with
+`pytestmark = pytest.mark.usefixtures("daemon_env")` (or "aws_env", "offline").
+"""
 
 from __future__ import annotations
 
 import os
+import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -15,6 +23,8 @@ from optimizer.store import Store
 
 TEST_DATABASE_URL_ENV = "GPUOPT_TEST_DATABASE_URL"
 SHARED_DIR_ENV = "GPUOPT_SHARED_DIR"
+KEEP_ENV = {TEST_DATABASE_URL_ENV, SHARED_DIR_ENV}  # the test suite's own settings
+LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 
 
 def _postgres_url() -> str:
@@ -64,3 +74,58 @@ def shared_catalog_dir() -> Path:
     if not catalog.is_dir():
         pytest.skip(f"shared catalog not found at {catalog} (set {SHARED_DIR_ENV})")
     return catalog
+
+
+# -- the environment -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def daemon_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No GPUOPT_* setting from the developer's shell leaks into a test's config (the
+    environment outranks the values a test passes)."""
+    for name in list(os.environ):
+        if name.startswith("GPUOPT_") and name not in KEEP_ENV:
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Fake AWS credentials only: no profile, no config file, no instance metadata lookups."""
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+
+
+@pytest.fixture
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any connection beyond loopback fails the test (moto and Stubber only)."""
+    real_connect = socket.socket.connect
+
+    def guarded(sock: socket.socket, address: Any) -> Any:
+        host = address[0] if isinstance(address, tuple) else address
+        if isinstance(host, str) and host not in LOOPBACK and not host.startswith("/"):
+            raise AssertionError(f"a test tried to reach {address!r}")
+        return real_connect(sock, address)
+
+    monkeypatch.setattr(socket.socket, "connect", guarded)
+
+
+@pytest.fixture(scope="module")
+def moto_server() -> Iterator[str]:
+    """A moto server on a free loopback port, for the module; yields its URL."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()

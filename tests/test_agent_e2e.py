@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_agent_harness import FakeDaemon, counter_job, read_json, wait_until
 
 from optimizer.jobs.bootstrap import bootstrap_script
 from optimizer.model import Market
 from providers.base import EndReason, InstanceState, LaunchSpec
 from providers.local import LocalCloud
+from tests.helpers import local_cloud, wait_until
+from tests.helpers.agent import FakeDaemon, counter_job, read_json
 
 FAST = {
     "GPUOPT_AGENT_POLL_S": "0.2",  # the protocol's 2 s, shortened for tests
@@ -32,11 +33,8 @@ def daemon() -> Iterator[FakeDaemon]:
 
 @pytest.fixture
 def cloud(tmp_path: Path) -> Iterator[LocalCloud]:
-    local = LocalCloud(tmp_path / "cloud", grace_s=30, tick_s=0.05)
-    local.start()
-    yield local
-    local.kill_all()
-    local.close()
+    with local_cloud(tmp_path / "cloud", grace_s=30, tick_s=0.05) as local:
+        yield local
 
 
 def spot_offer(cloud: LocalCloud):

@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_agent_harness import counter_job, read_json, wait_until
 
 from optimizer.agent import Agent, AgentConfig, AgentConfigError, Assignment, Notice
 from optimizer.agent.reporter import DaemonError
 from optimizer.common.retry import Backoff
+from tests.helpers import wait_until
+from tests.helpers.agent import counter_job, read_json
 
 REQUIRED = {
     "GPUOPT_DAEMON_URL": "http://d",

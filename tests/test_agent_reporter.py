@@ -9,10 +9,10 @@ from typing import Any
 
 import httpx
 import pytest
-from test_agent_harness import wait_until
 
 from optimizer.agent.reporter import DaemonClient, DaemonError, EventQueue, Reporter
 from optimizer.common.retry import Backoff
+from tests.helpers import wait_until
 
 
 def test_events_get_unique_uuids_and_utc_times() -> None:

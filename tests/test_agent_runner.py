@@ -7,9 +7,8 @@ import signal
 import sys
 from pathlib import Path
 
-from test_agent_harness import wait_until
-
 from optimizer.agent.runner import JobRunner, job_env
+from tests.helpers import wait_until
 
 # Saves nothing, but exits 143 by itself on SIGTERM after a short cleanup, like a real job.
 GRACEFUL = (

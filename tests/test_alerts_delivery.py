@@ -13,14 +13,6 @@ import httpx
 import pytest
 from pydantic import SecretStr
 from pytest_httpserver import HTTPServer
-from test_daemon_harness import (  # noqa: F401
-    T0,
-    api,
-    daemon_env,
-    make_config,
-    running,
-    wait_until,
-)
 from werkzeug import Request, Response
 
 from optimizer.alerts import (
@@ -34,6 +26,9 @@ from optimizer.alerts import (
 from optimizer.clock import ManualClock
 from optimizer.daemon.loops.deliver import DeliverLoop
 from optimizer.store import Store
+from tests.helpers import T0, make_config, running, wait_until
+
+pytestmark = pytest.mark.usefixtures("daemon_env")
 
 
 @pytest.fixture

@@ -6,10 +6,12 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from test_daemon_harness import T0, daemon_env  # noqa: F401
 
 from optimizer.store import Store
 from optimizer.store.tables import NewEvent
+from tests.helpers import T0
+
+pytestmark = pytest.mark.usefixtures("daemon_env")
 
 
 def alert(kind: str = "price_drop", *, key: str | None = None, channels=("ops",)) -> NewEvent:

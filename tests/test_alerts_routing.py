@@ -7,11 +7,13 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from test_daemon_harness import T0, daemon_env  # noqa: F401
 
 from optimizer.alerts import Alert, RetryConfig, Route, Router, backoff, give_up, slack_message
 from optimizer.alerts.slack import FIELD_MAX, HEADER_MAX, TEXT_MAX
 from optimizer.daemon.config import ConfigError, load_config
+from tests.helpers import T0
+
+pytestmark = pytest.mark.usefixtures("daemon_env")
 
 
 def test_without_routes_every_event_goes_to_every_channel() -> None:

@@ -6,11 +6,12 @@ import logging
 from pathlib import Path
 
 import pytest
-from test_daemon_harness import (  # noqa: F401
+
+from optimizer.model import Market
+from tests.helpers import (
     TOKEN,
     FakeSource,
     api,
-    daemon_env,
     make_config,
     make_offer,
     policy_text,
@@ -19,7 +20,7 @@ from test_daemon_harness import (  # noqa: F401
     write_policy,
 )
 
-from optimizer.model import Market
+pytestmark = pytest.mark.usefixtures("daemon_env")
 
 SLACK_URL = "http://127.0.0.1:9/services/T000/B000/slack-secret-path-XYZ"
 HOOK_URL = "http://127.0.0.1:9/hooks/webhook-secret-path-ABC"

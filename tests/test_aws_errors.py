@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_aws_harness import StubSession, aws_env, offline  # noqa: F401
 
 from providers.aws import AwsProvider, aws_disabled_reason, translate
 from providers.base import (
@@ -17,6 +16,9 @@ from providers.base import (
     QuotaError,
     ThrottledError,
 )
+from tests.helpers.aws import StubSession
+
+pytestmark = pytest.mark.usefixtures("aws_env", "offline")
 
 ZONE = "use1-az4"
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_aws_harness import NOW, Clock, StubSession, aws_env, gpu_type_info, offline  # noqa: F401
 
-from optimizer.model import Interconnect, Market, Offer
+from optimizer.model import Market
 from providers.aws import AwsProvider
 from providers.aws import launch as L
 from providers.base import (
@@ -20,11 +19,14 @@ from providers.base import (
     PriceTooLowError,
     QuotaError,
 )
+from tests.helpers import make_offer
+from tests.helpers.aws import NOW, Clock, StubSession, gpu_type_info
+
+pytestmark = pytest.mark.usefixtures("aws_env", "offline")
 
 REGION = "us-east-1"
 ZONES = {"us-east-1a": "use1-az6", "us-east-1b": "use1-az1"}
-OFFER = Offer(
-    provider="aws",
+OFFER = make_offer(
     region=REGION,
     zone="use1-az1",
     instance_type="g6.xlarge",
@@ -33,10 +35,10 @@ OFFER = Offer(
     gpu_memory_gib=22.35,
     vcpus=4,
     ram_gib=16,
-    interconnect=Interconnect.NONE,
     market=Market.SPOT,
     usd_per_hour=0.34,
     observed_at=NOW,
+    source="",
 )
 SPEC = LaunchSpec(job="job-7", attempt=1, bootstrap="#!/bin/sh\n", image="ami-0123456789abcdef0")
 TOKEN = "job-7/attempt-1"

@@ -9,13 +9,15 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from test_aws_harness import NOW, Clock, StubSession, aws_env, offline  # noqa: F401
 
 from optimizer.model import Interconnect, Market, Offer
 from providers.aws import AwsProvider, client_token
 from providers.aws import launch as L
 from providers.aws import specs as S
 from providers.base import EndReason, InstanceState, LaunchSpec
+from tests.helpers.aws import NOW, Clock, StubSession
+
+pytestmark = pytest.mark.usefixtures("aws_env", "offline")
 
 REGIONS = ["us-east-1", "eu-west-1"]
 

@@ -8,21 +8,15 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from test_aws_harness import (  # noqa: F401
-    NOW,
-    Clock,
-    StubSession,
-    aws_env,
-    gpu_type_info,
-    offline,
-    price_item,
-)
 
 from optimizer.model import Interconnect, Market
 from providers.aws import AwsProvider
 from providers.aws import offers as O
 from providers.aws import pricing as P
 from providers.base import AuthError
+from tests.helpers.aws import NOW, Clock, StubSession, gpu_type_info, price_item
+
+pytestmark = pytest.mark.usefixtures("aws_env", "offline")
 
 ZONES = {"us-east-1a": "use1-az6", "us-east-1b": "use1-az1", "us-east-1c": "use1-az2"}
 TYPES = [

@@ -8,57 +8,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from test_aws_harness import Clock, aws_env, offline  # noqa: F401
 
 from providers.aws import AwsProvider, InterruptionEvent, parse_event
 from providers.aws.instances import queue_region
 from providers.aws.queue import UnreadableEvent
+from tests.helpers.aws import QUEUE_REGION, Clock, rebalance, spot_warning, state_change
 
-REGION = "eu-west-1"
+pytestmark = pytest.mark.usefixtures("aws_env", "offline")
 
-
-def spot_warning(instance_id: str, action: str = "terminate") -> dict[str, Any]:
-    """EventBridge's EC2 Spot Instance Interruption Warning. The ARN's region slot holds an
-    AZ and the account is empty, as AWS sends it (NTH#762)."""
-    return {
-        "version": "0",
-        "id": "1e5527d7-bb36-4607-3370-4164db56a40e",
-        "detail-type": "EC2 Spot Instance Interruption Warning",
-        "source": "aws.ec2",
-        "account": "123456789012",
-        "time": "2026-11-30T12:00:05Z",
-        "region": REGION,
-        "resources": [f"arn:aws:ec2:{REGION}b:instance/{instance_id}"],
-        "detail": {"instance-id": instance_id, "instance-action": action},
-    }
-
-
-def rebalance(instance_id: str) -> dict[str, Any]:
-    return {
-        "version": "0",
-        "id": "2fe2c7a8-84d6-4f6a-9bdc-5ac5f1e7c1f0",
-        "detail-type": "EC2 Instance Rebalance Recommendation",
-        "source": "aws.ec2",
-        "account": "123456789012",
-        "time": "2026-11-30T11:58:00Z",
-        "region": REGION,
-        "resources": [f"arn:aws:ec2:{REGION}b:instance/{instance_id}"],
-        "detail": {"instance-id": instance_id},
-    }
-
-
-def state_change(instance_id: str, state: str = "shutting-down") -> dict[str, Any]:
-    return {
-        "version": "0",
-        "id": "7bf73129-1428-4cd3-a780-95db273d1602",
-        "detail-type": "EC2 Instance State-change Notification",
-        "source": "aws.ec2",
-        "account": "123456789012",
-        "time": "2026-11-30T12:02:05Z",
-        "region": REGION,
-        "resources": [f"arn:aws:ec2:{REGION}:123456789012:instance/{instance_id}"],
-        "detail": {"instance-id": instance_id, "state": state},
-    }
+REGION = QUEUE_REGION
 
 
 @pytest.fixture

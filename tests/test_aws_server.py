@@ -9,22 +9,17 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from test_aws_harness import (  # noqa: F401
-    Clock,
-    StubSession,
-    aws_env,
-    moto_server,
-    offline,
-)
-from test_aws_queue import rebalance, spot_warning, state_change
 
 from optimizer.model import Market
 from providers.aws import AwsProvider
 from providers.base import EndReason, InstanceState, LaunchSpec
+from tests.helpers.aws import Clock, StubSession, rebalance, spot_warning, state_change
+
+pytestmark = pytest.mark.usefixtures("aws_env", "offline")
 
 
 @pytest.fixture
-def server(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> str:  # noqa: F811
+def server(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """The module's moto server, emptied for this test."""
     monkeypatch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
     request = urllib.request.Request(f"{moto_server}/moto-api/reset", method="POST")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from datetime import UTC, datetime
+from functools import partial
 
 import pytest
 from hypothesis import given
@@ -11,31 +12,30 @@ from hypothesis import strategies as st
 
 from optimizer.catalog import CatalogError, parse_catalog, read_catalog, write_catalog
 from optimizer.model import OFFER_FIELDS, Interconnect, Market, Offer
+from tests.helpers import make_offer
 
 T0 = datetime(2026, 4, 23, 12, 30, tzinfo=UTC)
 
 
-def offer(**changes: object) -> Offer:
-    values: dict[str, object] = dict(
-        provider="aws",
-        region="eu-west-1",
-        zone="euw1-az1",
-        instance_type="p4de.24xlarge",
-        gpu_model="A100-80GB",
-        gpu_count=8,
-        gpu_memory_gib=80.0,
-        vcpus=96,
-        ram_gib=1152.0,
-        interconnect=Interconnect.NVLINK,
-        market=Market.SPOT,
-        usd_per_hour=12.3456,
-        observed_at=T0,
-        placement_score=7.0,
-        interruption_bucket="<5%",
-        source="aws-api",
-    )
-    values.update(changes)
-    return Offer(**values)  # type: ignore[arg-type]
+# An 8 x A100-80GB node on AWS spot in Ireland, every optional field set.
+offer = partial(
+    make_offer,
+    region="eu-west-1",
+    zone="euw1-az1",
+    instance_type="p4de.24xlarge",
+    gpu_model="A100-80GB",
+    gpu_count=8,
+    gpu_memory_gib=80.0,
+    vcpus=96,
+    ram_gib=1152.0,
+    interconnect=Interconnect.NVLINK,
+    market=Market.SPOT,
+    usd_per_hour=12.3456,
+    observed_at=T0,
+    placement_score=7.0,
+    interruption_bucket="<5%",
+    source="aws-api",
+)
 
 
 def dump(offers: list[Offer], comments: tuple[str, ...] = ()) -> str:

@@ -6,11 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_daemon_harness import daemon_env  # noqa: F401
 from typer.testing import CliRunner
 
 from optimizer.cli import app
 from optimizer.daemon.config import DEFAULT_PORT, ConfigError, load_config
+
+pytestmark = pytest.mark.usefixtures("daemon_env")
 
 GOOD = """\
 providers:

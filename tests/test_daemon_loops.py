@@ -7,10 +7,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from test_daemon_harness import (  # noqa: F401
+import pytest
+
+from optimizer.daemon.metrics import Metrics
+from optimizer.daemon.scheduler import LoopScheduler
+from optimizer.jobs.context import ReconcileContext
+from tests.helpers import (
     FakeSource,
-    api,
-    daemon_env,
     make_config,
     policy_text,
     running,
@@ -18,9 +21,7 @@ from test_daemon_harness import (  # noqa: F401
     write_policy,
 )
 
-from optimizer.daemon.metrics import Metrics
-from optimizer.daemon.scheduler import LoopScheduler
-from optimizer.jobs.context import ReconcileContext
+pytestmark = pytest.mark.usefixtures("daemon_env")
 
 
 def test_a_loop_that_raises_is_counted_and_runs_again_next_tick() -> None:

@@ -6,14 +6,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from test_daemon_harness import (  # noqa: F401
-    T0,
-    FakeSource,
-    daemon_env,
-    make_offer,
-    policy_text,
-    write_policy,
-)
 
 from optimizer.alerts import Emitter, Router
 from optimizer.clock import ManualClock
@@ -29,6 +21,9 @@ from optimizer.store import Store
 from policies.engine import evaluate
 from policies.loader import parse_policy
 from providers.base import AuthError, ProviderDisabled
+from tests.helpers import T0, FakeSource, make_offer, policy_text, write_policy
+
+pytestmark = pytest.mark.usefixtures("daemon_env")
 
 
 @pytest.fixture

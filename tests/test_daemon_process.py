@@ -4,30 +4,24 @@ logs when asked, exits 0 on SIGTERM, and refuses unsafe or impossible binds with
 from __future__ import annotations
 
 import json
-import os
 import queue
 import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import httpx
-from test_daemon_harness import daemon_env, wait_until  # noqa: F401
+import pytest
+
+from tests.helpers import run_gpuopt, start_gpuopt, wait_until
+
+pytestmark = pytest.mark.usefixtures("daemon_env")
 
 
 def start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUOPT_")}
-    env["GPUOPT_DATA_DIR"] = str(tmp_path / "data")
-    return subprocess.Popen(
-        [sys.executable, "-m", "optimizer.cli", "daemon", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    return start_gpuopt(tmp_path / "data", "daemon", *args)
 
 
 def lines(stream) -> queue.Queue[str]:
@@ -67,9 +61,7 @@ def test_the_daemon_serves_and_exits_cleanly_on_sigterm(tmp_path: Path) -> None:
 
 
 def run_to_exit(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    proc = start(tmp_path, *args)
-    out, err = proc.communicate(timeout=60)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return run_gpuopt(tmp_path / "data", "daemon", *args)
 
 
 def test_a_public_address_without_a_token_is_refused(tmp_path: Path) -> None:

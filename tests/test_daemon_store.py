@@ -6,7 +6,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from test_daemon_harness import T0, daemon_env, make_offer  # noqa: F401
 
 from optimizer.jobs.machine import TERMINAL, JobState
 from optimizer.store import DuplicateJobError, Store
@@ -16,6 +15,9 @@ from optimizer.store.tables import (
     PolicyVersionRecord,
     PollStatusRecord,
 )
+from tests.helpers import T0, make_offer
+
+pytestmark = pytest.mark.usefixtures("daemon_env")
 
 
 def version(path: str, name: str | None, sha: str, outcome: str, text: str | None = None):

@@ -8,16 +8,6 @@ from pathlib import Path
 
 import pytest
 from pytest_httpserver import HTTPServer
-from test_daemon_harness import (  # noqa: F401
-    T0,
-    api,
-    daemon_env,
-    make_config,
-    policy_text,
-    running,
-    wait_until,
-    write_policy,
-)
 from werkzeug import Request, Response
 
 from optimizer.alerts import Emitter, Router
@@ -25,6 +15,9 @@ from optimizer.clock import ManualClock
 from optimizer.daemon.loops.watch import PolicyWatcher
 from optimizer.daemon.policies import ACTIVE, FILE_DELETED, FILE_INVALID, PolicyRegistry
 from optimizer.store import Store
+from tests.helpers import T0, api, make_config, policy_text, running, wait_until, write_policy
+
+pytestmark = pytest.mark.usefixtures("daemon_env")
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """Static checks of the deployment files in deploy/ and docs/deploy.md.
 
 Every YAML and JSON file is parsed; Helm templates (Go templates, not YAML) are checked
-without helm: template syntax (tests/gotemplate_lint.py), values against the templates'
+without helm: template syntax (tests/helpers/gotemplate_lint.py), values against the templates'
 `.Values` references, and what the templates say. `docker compose config` (or
 `docker-compose config`), `helm lint`/`helm template` and `systemd-analyze verify` run where
 those tools exist; otherwise those tests skip with the reason.
@@ -17,9 +17,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import gotemplate_lint
 import pytest
 import yaml
+
+from tests.helpers import gotemplate_lint
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

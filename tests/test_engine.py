@@ -6,6 +6,7 @@ import json
 import random
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 import pytest
@@ -16,47 +17,43 @@ from optimizer.model import Interconnect, Market, Offer
 from policies import regions
 from policies.engine import RULES, Candidate, EvaluationError, Ranking, Rejection, evaluate
 from policies.schema import Policy
+from tests.helpers import make_offer
 
 T0 = datetime(2026, 4, 23, 12, tzinfo=UTC)
 
 
-def offer(**changes: Any) -> Offer:
-    """An 8 x A100-80GB NVLink node on demand in Frankfurt at $40/h, observed at T0."""
-    values: dict[str, Any] = dict(
-        provider="aws",
-        region="eu-central-1",
-        zone="euc1-az1",
-        instance_type="p4de.24xlarge",
-        gpu_model="A100-80GB",
-        gpu_count=8,
-        gpu_memory_gib=80.0,
-        vcpus=96,
-        ram_gib=1152.0,
-        interconnect=Interconnect.NVLINK,
-        market=Market.ON_DEMAND,
-        usd_per_hour=40.0,
-        observed_at=T0,
-    )
-    values.update(changes)
-    return Offer(**values)
+# An 8 x A100-80GB NVLink node on demand in Frankfurt at $40/h, observed at T0.
+offer = partial(
+    make_offer,
+    region="eu-central-1",
+    zone="euc1-az1",
+    instance_type="p4de.24xlarge",
+    gpu_model="A100-80GB",
+    gpu_count=8,
+    gpu_memory_gib=80.0,
+    vcpus=96,
+    ram_gib=1152.0,
+    interconnect=Interconnect.NVLINK,
+    market=Market.ON_DEMAND,
+    usd_per_hour=40.0,
+    observed_at=T0,
+    source="",
+)
 
-
-def small(**changes: Any) -> Offer:
-    """A single L4 on demand in us-east-1 at $0.80/h."""
-    values: dict[str, Any] = dict(
-        region="us-east-1",
-        zone="use1-az1",
-        instance_type="g6.xlarge",
-        gpu_model="L4",
-        gpu_count=1,
-        gpu_memory_gib=22.35,
-        vcpus=4,
-        ram_gib=16.0,
-        interconnect=Interconnect.NONE,
-        usd_per_hour=0.8,
-    )
-    values.update(changes)
-    return offer(**values)
+# A single L4 on demand in us-east-1 at $0.80/h.
+small = partial(
+    offer,
+    region="us-east-1",
+    zone="use1-az1",
+    instance_type="g6.xlarge",
+    gpu_model="L4",
+    gpu_count=1,
+    gpu_memory_gib=22.35,
+    vcpus=4,
+    ram_gib=16.0,
+    interconnect=Interconnect.NONE,
+    usd_per_hour=0.8,
+)
 
 
 def policy(**sections: Any) -> Policy:

@@ -29,6 +29,7 @@ from providers.base import (
 from providers.gcp import GcpProvider
 from providers.gcp.fake import FakeGcp, error_body
 from providers.gcp.names import request_id
+from tests.helpers import make_offer
 
 DATA = Path(__file__).parent / "data" / "gcp"
 T0 = datetime(2026, 5, 4, 9, 0, tzinfo=UTC)
@@ -40,7 +41,8 @@ KEY = "job-42:3"
 
 
 def offer(kind: str, market: Market = Market.SPOT, zone: str = ZONE, usd: float = 1.0) -> Offer:
-    return Offer(
+    """One T4 of machine type `kind` on GCP in `zone`."""
+    return make_offer(
         provider="gcp",
         region=zone.rsplit("-", 1)[0],
         zone=zone,

@@ -9,60 +9,30 @@ from __future__ import annotations
 
 import itertools
 import json
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pytest_httpserver import HTTPServer
-from test_daemon_harness import (  # daemon_env: no GPUOPT_* setting leaks in (autouse)
-    api,
-    daemon_env,
-    make_config,
-    make_offer,
-    running,
-    wait_until,
-    write_policy,
-)
 
-from optimizer.alerts.webhook import verify_signature
 from optimizer.clock import Clock, SteadyClock, utc_now
 from optimizer.daemon.service import Daemon
 from providers.local import LocalCloud
+from tests.helpers import api, make_offer, wait_until, write_policy
+from tests.helpers.jobs import (
+    POLICY,
+    e2e_cloud,
+    e2e_daemon,
+    hook_alerts,
+    job_body,
+    latest_step,
+    running_instance,
+    running_instance_id,
+    state_of,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
-
-pytestmark = pytest.mark.slow
-__all__ = ["daemon_env"]
-
-POLICY = """\
-apiVersion: gpuopt/v1
-kind: Policy
-name: local-eu
-workload: {gpus: 1, gpu_memory_gib: 12}
-markets: [spot, on_demand]
-placement: {providers: [local], compliance: eu}
-recovery: {max_restarts: 5, pool_cooldown_minutes: 10, on_demand_after_interruptions: 5}
-"""
-SECRET = "hook-secret-for-the-e2e-test"
-
-
-def job_body(name: str, ckpt: Path, steps: int, **extra: Any) -> dict[str, Any]:
-    body = {
-        "name": name,
-        "policy": "local-eu",
-        "workdir": str(ROOT),
-        "run": (
-            f"{sys.executable} examples/train_with_checkpoints.py --steps {steps} "
-            "--checkpoint-every 5 --step-sleep 0.02 --log-every 100"
-        ),
-        "checkpoint_dir": str(ckpt),
-        "probes": "none",
-    }
-    body.update(extra)
-    return body
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("daemon_env")]
 
 
 @pytest.fixture
@@ -74,75 +44,16 @@ def clock() -> Clock:
 
 @pytest.fixture
 def cloud(tmp_path: Path, clock: Clock) -> Iterator[LocalCloud]:
-    local = LocalCloud(
-        tmp_path / "local-cloud",
-        grace_s=1.5,
-        terminate_grace_s=2.0,
-        tick_s=0.05,
-        clock=lambda: clock().timestamp(),
-    )
-    yield local
-    local.kill_all()
-    local.close()
+    with e2e_cloud(tmp_path, clock) as local:
+        yield local
 
 
 @pytest.fixture
 def daemon(
     tmp_path: Path, cloud: LocalCloud, httpserver: HTTPServer, clock: Clock
 ) -> Iterator[Daemon]:
-    httpserver.expect_request("/hook").respond_with_data("ok")
-    write_policy(tmp_path / "policies", "local-eu.yaml", POLICY)
-    config = make_config(
-        tmp_path,
-        policy_dir=tmp_path / "policies",
-        loops={"reconcile_s": 0.25},
-        alerts={
-            "channels": {
-                "hook": {"type": "webhook", "url": httpserver.url_for("/hook"), "secret": SECRET}
-            },
-            "routes": [{"kinds": ["job.*"], "channels": ["hook"]}],
-        },
-    )
-    with running(config, sources={"local": cloud}, clock=clock) as d:
-        for poll in d.polls:  # offers in the store before the first job
-            poll.run_once()
+    with e2e_daemon(tmp_path, cloud, httpserver, clock) as d:
         yield d
-
-
-def state_of(daemon: Daemon, name: str) -> dict[str, Any]:
-    with api(daemon) as client:
-        return client.get(f"/jobs/{name}").json()
-
-
-def running_instance(cloud: LocalCloud, job: str, attempt: int) -> str | None:
-    for record in cloud.instances():
-        if record.state == "running" and record.key.endswith(f"-{attempt}"):
-            return record.id
-    return None
-
-
-def running_instance_id(cloud: LocalCloud, instance_id: str) -> bool:
-    return any(r.id == instance_id and r.state == "running" for r in cloud.instances())
-
-
-def latest_step(ckpt: Path) -> int:
-    steps = [int(p.stem.split("-")[1]) for p in ckpt.glob("ckpt-*.pt")]
-    return max(steps, default=0)
-
-
-def hook_alerts(httpserver: HTTPServer) -> list[dict[str, Any]]:
-    out = []
-    for request, _ in httpserver.log:
-        body = request.get_data()
-        assert verify_signature(
-            SECRET,
-            request.headers["X-Gpuopt-Timestamp"],
-            body,
-            request.headers["X-Gpuopt-Signature"],
-            now=float(request.headers["X-Gpuopt-Timestamp"]),
-        )
-        out.append(json.loads(body))
-    return out
 
 
 def test_interrupted_twice_the_job_finishes_with_exactly_the_planned_steps(

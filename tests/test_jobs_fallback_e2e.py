@@ -1,27 +1,26 @@
 """The on-demand fallback end to end on the local cloud: after `on_demand_after_interruptions`
 interruptions of its spot attempts, a job is relaunched on on-demand capacity and carries on
 from its checkpoint. Real daemon, real agent processes, real training job (see
-test_jobs_e2e.py, whose fixtures and helpers this module reuses).
+tests/helpers/jobs.py, shared with test_jobs_e2e.py).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from pytest_httpserver import HTTPServer
-from test_daemon_harness import (  # daemon_env: no GPUOPT_* setting leaks in (autouse)
-    api,
-    daemon_env,
-    wait_until,
-    write_policy,
-)
-from test_jobs_e2e import (  # clock, cloud, daemon: fixtures
+
+from optimizer.clock import utc_now
+from optimizer.daemon.service import Daemon
+from providers.local import LocalCloud
+from tests.helpers import api, wait_until, write_policy
+from tests.helpers.jobs import (
     POLICY,
-    clock,
-    cloud,
-    daemon,
+    e2e_cloud,
+    e2e_daemon,
     hook_alerts,
     job_body,
     latest_step,
@@ -30,11 +29,20 @@ from test_jobs_e2e import (  # clock, cloud, daemon: fixtures
     state_of,
 )
 
-from optimizer.daemon.service import Daemon
-from providers.local import LocalCloud
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("daemon_env")]
 
-pytestmark = pytest.mark.slow
-__all__ = ["clock", "cloud", "daemon", "daemon_env"]
+
+@pytest.fixture
+def cloud(tmp_path: Path) -> Iterator[LocalCloud]:
+    with e2e_cloud(tmp_path, utc_now) as local:
+        yield local
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, cloud: LocalCloud, httpserver: HTTPServer) -> Iterator[Daemon]:
+    with e2e_daemon(tmp_path, cloud, httpserver, utc_now) as d:
+        yield d
+
 
 CHECKPOINT_EVERY = 5  # job_body's --checkpoint-every
 FALLBACK = "2 interruptions within an hour: falling back to on-demand"

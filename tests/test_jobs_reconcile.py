@@ -8,13 +8,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from test_daemon_harness import make_offer
-
 from optimizer.daemon.config import ProviderConfig
 from optimizer.daemon.loops.queue import WAIT_S, QueueLoop
 from optimizer.daemon.providers import ProviderHandle
 from optimizer.jobs.reconcile import JobReconciler
 from optimizer.store import Store
+from tests.helpers import make_offer
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
 QUEUE = "https://sqs.us-east-1.amazonaws.com/123456789012/gpuopt-events"

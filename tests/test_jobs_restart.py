@@ -5,10 +5,8 @@ the local cloud's instances and their agents."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,9 +14,9 @@ from typing import Any
 
 import httpx
 import pytest
-from test_daemon_harness import wait_until, write_policy
 
 from providers.local import LocalCloud
+from tests.helpers import DaemonProcess, wait_until, write_policy
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,35 +37,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class DaemonProcess:
-    def __init__(self, data: Path, port: int) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUOPT_")}
-        env.update(GPUOPT_DATA_DIR=str(data), GPUOPT_API__TOKEN=TOKEN)
-        self.url = f"http://127.0.0.1:{port}"
-        self.log = (data / f"daemon-{port}-{os.getpid()}.log").open("a")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "optimizer.cli", "daemon", "--port", str(port)],
-            env=env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-        )
-        wait_until(self.healthy, 60, "the daemon to serve")
+def start_daemon(data: Path, port: int) -> DaemonProcess:
+    """`gpuopt daemon` on `data`, on `port` (the same for the daemon after the kill, whose
+    agents report to that address), serving once this returns."""
+    daemon = DaemonProcess(data, "--port", str(port), env={"GPUOPT_API__TOKEN": TOKEN})
+    wait_until(daemon.healthy, 60, "the daemon to serve")
+    return daemon
 
-    def healthy(self) -> bool:
-        try:
-            return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
 
-    def job(self, name: str) -> dict[str, Any]:
-        headers = {"Authorization": f"Bearer {TOKEN}"}
-        return httpx.get(f"{self.url}/jobs/{name}", headers=headers, timeout=5).json()
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        self.proc.send_signal(sig)
-        self.proc.wait(timeout=30)
-        self.log.close()
+def job_of(daemon: DaemonProcess, name: str) -> dict[str, Any]:
+    with daemon.client() as client:
+        return client.get(f"/jobs/{name}").json()
 
 
 @pytest.fixture
@@ -79,7 +59,7 @@ def data(tmp_path: Path) -> Iterator[Path]:
 
 def test_sigkill_mid_recovery_resumes_without_duplicates(data: Path) -> None:
     port = free_port()
-    first = DaemonProcess(data, port)
+    first = start_daemon(data, port)
     ckpt = data / "ckpt"
     body = {
         "name": "survivor",
@@ -92,19 +72,19 @@ def test_sigkill_mid_recovery_resumes_without_duplicates(data: Path) -> None:
     }
     headers = {"Authorization": f"Bearer {TOKEN}"}
     assert httpx.post(f"{first.url}/jobs", json=body, headers=headers).status_code == 201
-    wait_until(lambda: first.job("survivor")["state"] == "running", 60, "the job to run")
+    wait_until(lambda: job_of(first, "survivor")["state"] == "running", 60, "the job to run")
     cloud = LocalCloud(data / "local-cloud")
     running = [r for r in cloud.instances() if r.state == "running"]
     assert len(running) == 1
     cloud.interrupt(running[0].id, grace_s=3)
     # mid-recovery: the daemon has seen the notice and launched (or is launching) a replacement
-    wait_until(lambda: first.job("survivor")["restarts"] == 1, 30, "the relaunch decision")
+    wait_until(lambda: job_of(first, "survivor")["restarts"] == 1, 30, "the relaunch decision")
     first.kill(signal.SIGKILL)
 
-    second = DaemonProcess(data, port)
+    second = start_daemon(data, port)
     try:
         job = wait_until(
-            lambda: (j := second.job("survivor"))["state"] in ("succeeded", "failed") and j,
+            lambda: (j := job_of(second, "survivor"))["state"] in ("succeeded", "failed") and j,
             120,
             "the job to finish",
         )

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -25,8 +24,6 @@ from typing import Any
 import httpx
 import pytest
 from sqlalchemy import text
-from test_daemon_harness import api, daemon_env, make_config, running, wait_until
-from test_jobs_e2e import POLICY  # the local-cloud policy of the job tests
 
 from optimizer.daemon.errors import DaemonError
 from optimizer.daemon.leader import PostgresElection, SqliteLock, sqlite_lock_path
@@ -34,10 +31,20 @@ from optimizer.store import Store
 from providers.local.faults import add_fault
 from providers.local.procs import power_off
 from providers.local.state import StateDir
+from tests.helpers import (
+    DaemonProcess,
+    api,
+    make_config,
+    run_gpuopt,
+    running,
+    start_gpuopt,
+    wait_until,
+)
+from tests.helpers.jobs import POLICY  # the local-cloud policy of the job tests
 
 ROOT = Path(__file__).resolve().parents[1]
 TAKEOVER_LIMIT_S = 15.0
-__all__ = ["daemon_env"]
+pytestmark = pytest.mark.usefixtures("daemon_env")
 
 
 # -- in-process: the PostgreSQL election ---------------------------------------------------
@@ -271,63 +278,6 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
             s.close()
 
 
-class Replica:
-    """`gpuopt daemon` as a process, with its API URL read from its first line."""
-
-    def __init__(self, data_dir: Path, database_url: str, env: dict[str, str]) -> None:
-        clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUOPT_")}
-        clean.update(GPUOPT_DATA_DIR=str(data_dir), GPUOPT_DATABASE_URL=database_url, **env)
-        self.log = data_dir.parent / f"replica-{len(list(data_dir.parent.glob('replica-*')))}.log"
-        with self.log.open("w") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "optimizer.cli", "daemon", "--port", "0"],
-                stdout=subprocess.PIPE,
-                stderr=log,
-                text=True,
-                env=clean,
-            )
-        self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-        first = wait_until(lambda: self.lines or self.proc.poll() is not None, timeout=60)
-        if not isinstance(first, list):
-            raise AssertionError(f"daemon exited: {self.log.read_text()}")
-        self.url = first[0].split()[3]
-        self.port = int(self.url.rsplit(":", 1)[1])
-        self.token = (data_dir / "api-token").read_text().strip()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    def role(self) -> str | None:
-        try:
-            return httpx.get(f"{self.url}/readyz", timeout=2).json()["checks"]["role"]
-        except httpx.HTTPError:
-            return None
-
-    def client(self) -> httpx.Client:
-        return httpx.Client(
-            base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=10
-        )
-
-    def reconcile_passes(self) -> float:
-        text_ = httpx.get(f"{self.url}/metrics", timeout=5).text
-        for line in text_.splitlines():
-            if line.startswith('gpuopt_loop_runs_total{loop="reconcile",outcome="ok"}'):
-                return float(line.split()[-1])
-        return 0.0
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
 @pytest.fixture
 def cluster(tmp_path: Path, postgres_schema: tuple[str, str]) -> Iterator[dict[str, Any]]:
     """A shared data directory (token, policies, local cloud), a schema, a balancer."""
@@ -338,7 +288,7 @@ def cluster(tmp_path: Path, postgres_schema: tuple[str, str]) -> Iterator[dict[s
     (data / "policies").mkdir(parents=True)
     (data / "policies" / "local-eu.yaml").write_text(POLICY)
     balancer = Balancer()
-    replicas: list[Replica] = []
+    replicas: list[DaemonProcess] = []
     out = {
         "data": data,
         "url": database_url,
@@ -359,20 +309,23 @@ def cluster(tmp_path: Path, postgres_schema: tuple[str, str]) -> Iterator[dict[s
         out["store"].close()
 
 
-def add_replica(cluster: dict[str, Any], **env: str) -> Replica:
+def add_replica(cluster: dict[str, Any], **env: str) -> DaemonProcess:
     env = {
         "GPUOPT_API__PUBLIC_URL": cluster["balancer"].url,
         "GPUOPT_LOOPS__RECONCILE_S": "0.5",
         "GPUOPT_PROVIDERS__LOCAL__SPOT_INTERVAL_S": "3600",
         **env,
     }
-    replica = Replica(cluster["data"], cluster["url"], env)
+    log = cluster["data"].parent / f"replica-{len(cluster['replicas'])}.log"
+    replica = DaemonProcess(
+        cluster["data"], env={"GPUOPT_DATABASE_URL": cluster["url"], **env}, log=log
+    )
     cluster["replicas"].append(replica)
     cluster["balancer"].backends.append(("127.0.0.1", replica.port))
     return replica
 
 
-def submit(replica: Replica, name: str, ckpt: Path) -> int:
+def submit(replica: DaemonProcess, name: str, ckpt: Path) -> int:
     body = {
         "name": name,
         "policy": "local-eu",
@@ -390,7 +343,7 @@ def submit(replica: Replica, name: str, ckpt: Path) -> int:
     return int(response.json()["id"])
 
 
-def job_state(replica: Replica, name: str) -> str:
+def job_state(replica: DaemonProcess, name: str) -> str:
     with replica.client() as client:
         return str(client.get(f"/jobs/{name}").json()["state"])
 
@@ -404,7 +357,7 @@ def launches(cluster: dict[str, Any], job_id: int) -> list[str]:
     )
 
 
-def wait_running(cluster: dict[str, Any], replica: Replica, name: str, job_id: int) -> None:
+def wait_running(cluster: dict[str, Any], replica: DaemonProcess, name: str, job_id: int) -> None:
     """Wait for the job to run; on a timeout, fail with what the job and the cloud show."""
     try:
         wait_until(lambda: job_state(replica, name) == "running", timeout=60, what="the job")
@@ -416,11 +369,11 @@ def wait_running(cluster: dict[str, Any], replica: Replica, name: str, job_id: i
         raise AssertionError(
             f"job {name} is {job['state']} ({job['reason']}); attempts {attempts}; "
             f"launches {launches(cluster, job_id)}; events {events}; log:\n"
-            f"{replica.log.read_text()[-4000:]}"
+            f"{replica.output()}"
         ) from None
 
 
-def leaders(replicas: list[Replica]) -> list[Replica]:
+def leaders(replicas: list[DaemonProcess]) -> list[DaemonProcess]:
     return [r for r in replicas if r.role() == "leader"]
 
 
@@ -505,16 +458,12 @@ def test_a_launch_in_flight_when_the_leader_dies_is_not_repeated(
 
 
 def test_a_second_sqlite_daemon_process_exits_with_a_clear_message(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUOPT_")}
-    env["GPUOPT_DATA_DIR"] = str(tmp_path / "data")
-    command = [sys.executable, "-m", "optimizer.cli", "daemon", "--port", "0"]
-    first = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-    )
+    data, command = tmp_path / "data", ("daemon", "--port", "0")
+    first = start_gpuopt(data, *command)
     try:
         assert first.stdout is not None
         url = first.stdout.readline().split()[3]
-        second = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+        second = run_gpuopt(data, *command)
         assert second.returncode == 2
         assert second.stdout == ""
         lines = second.stderr.strip().splitlines()
@@ -525,9 +474,7 @@ def test_a_second_sqlite_daemon_process_exits_with_a_clear_message(tmp_path: Pat
         first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=30) == 0
         # Once the first has gone, the lock is free again.
-        third = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-        )
+        third = start_gpuopt(data, *command)
         assert third.stdout is not None
         assert third.stdout.readline().startswith("gpuopt: API at ")
         third.send_signal(signal.SIGTERM)

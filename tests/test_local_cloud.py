@@ -13,7 +13,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_agent_harness import wait_until
 
 from optimizer.model import Market, Offer
 from providers.base import (
@@ -26,15 +25,13 @@ from providers.base import (
 )
 from providers.local import LocalCloud
 from providers.local.procs import marked_pids
+from tests.helpers import local_cloud, wait_until
 
 
 @pytest.fixture
 def cloud(tmp_path: Path) -> Iterator[LocalCloud]:
-    local = LocalCloud(tmp_path / "cloud", tick_s=0.05, grace_s=30, terminate_grace_s=5)
-    local.start()
-    yield local
-    local.kill_all()
-    local.close()
+    with local_cloud(tmp_path / "cloud", tick_s=0.05, grace_s=30, terminate_grace_s=5) as local:
+        yield local
 
 
 def offer(cloud: LocalCloud, instance_type: str = "g5.xlarge", market=Market.SPOT) -> Offer:

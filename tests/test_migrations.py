@@ -5,9 +5,6 @@ touch, `gpuopt db` drives it all, and concurrent upgrades take turns."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,9 +23,9 @@ from typer.testing import CliRunner
 from optimizer.cli import app
 from optimizer.store import Store, migrate
 from optimizer.store.migrate import SchemaError, State
+from tests.helpers import run_gpuopt, start_gpuopt
 
 T0 = datetime(2026, 1, 15, 12, 0, tzinfo=UTC)
-KEEP_ENV = {"GPUOPT_TEST_DATABASE_URL", "GPUOPT_SHARED_DIR"}
 OLD_TABLES = [t for name, t in SQLModel.metadata.tables.items() if name != "replica"]
 
 
@@ -45,11 +42,9 @@ class Database:
 
 
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No GPUOPT_* setting from the shell reaches the CLI under test."""
-    for name in list(os.environ):
-        if name.startswith("GPUOPT_") and name not in KEEP_ENV:
-            monkeypatch.delenv(name)
+def clean_env(daemon_env: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No GPUOPT_* setting from the shell reaches the CLI under test (daemon_env), and its data
+    directory is the test's own."""
     monkeypatch.setenv("GPUOPT_DATA_DIR", str(tmp_path / "data"))
 
 
@@ -312,17 +307,8 @@ def test_the_daemon_refuses_a_newer_database_in_one_line(
     with database.open() as db:
         stamp_unknown(db)
         before = (catalog(db.engine), versions(db.engine))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUOPT_")}
-    env["GPUOPT_DATA_DIR"] = str(tmp_path / "data")
-    env["GPUOPT_DATABASE_URL"] = database.url
-    done = subprocess.run(
-        [sys.executable, "-m", "optimizer.cli", "daemon", "--port", "0"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    settings = {"GPUOPT_DATABASE_URL": database.url}
+    done = run_gpuopt(tmp_path / "data", "daemon", "--port", "0", env=settings)
     assert done.returncode == 2, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("gpuopt: error:")]
     assert errors == [
@@ -476,16 +462,8 @@ def test_concurrent_upgrades_take_turns(database: Database) -> None:
 
 def test_two_gpuopt_db_upgrade_processes_at_once(database: Database, tmp_path: Path) -> None:
     open_once(database)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUOPT_")}
-    env["GPUOPT_DATA_DIR"] = str(tmp_path / "data")
-    env["GPUOPT_DATABASE_URL"] = database.url
-    command = [sys.executable, "-m", "optimizer.cli", "db", "upgrade"]
-    procs = [
-        subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-        )
-        for _ in range(2)
-    ]
+    settings = {"GPUOPT_DATABASE_URL": database.url}
+    procs = [start_gpuopt(tmp_path / "data", "db", "upgrade", env=settings) for _ in range(2)]
     outs = [proc.communicate(timeout=60) for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], outs
     said = sorted(out.rsplit(": ", 1)[-1] for out, _err in outs)

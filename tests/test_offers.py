@@ -8,28 +8,30 @@ import pytest
 
 from optimizer.model import Interconnect, Market, Offer, OfferError
 from optimizer.offers import OfferQuery, select
+from tests.helpers import make_offer
 
 T0 = datetime(2026, 4, 23, tzinfo=UTC)
 
 
+A100 = dict(
+    provider="gcp",
+    zone=None,
+    instance_type="a2-ultragpu-1g",
+    gpu_model="A100-80GB",
+    gpu_count=1,
+    gpu_memory_gib=80.0,
+    vcpus=12,
+    ram_gib=170.0,
+    interconnect=Interconnect.NONE,
+    market=Market.ON_DEMAND,
+    observed_at=T0,
+    source="",
+)
+
+
 def offer(region: str, price: float, **changes: object) -> Offer:
-    values: dict[str, object] = dict(
-        provider="gcp",
-        region=region,
-        zone=None,
-        instance_type="a2-ultragpu-1g",
-        gpu_model="A100-80GB",
-        gpu_count=1,
-        gpu_memory_gib=80.0,
-        vcpus=12,
-        ram_gib=170.0,
-        interconnect=Interconnect.NONE,
-        market=Market.ON_DEMAND,
-        usd_per_hour=price,
-        observed_at=T0,
-    )
-    values.update(changes)
-    return Offer(**values)  # type: ignore[arg-type]
+    """One A100-80GB on demand on GCP in `region` at `price` $/h."""
+    return make_offer(**{**A100, "region": region, "usd_per_hour": price, **changes})
 
 
 ROWS = [

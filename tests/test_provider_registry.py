@@ -12,14 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_daemon_harness import (  # daemon_env: no GPUOPT_* setting leaks in (autouse)
-    api,
-    daemon_env,
-    make_config,
-    running,
-    wait_until,
-    write_policy,
-)
 
 from optimizer.agent.imds import WATCHERS
 from optimizer.cli.sources import live_providers
@@ -37,8 +29,9 @@ from providers.base import (
 )
 from providers.local import LocalCloud
 from providers.registry import Capabilities, ProviderEntry, RegistryError
+from tests.helpers import api, make_config, running, wait_until, write_policy
 
-__all__ = ["daemon_env"]
+pytestmark = pytest.mark.usefixtures("daemon_env")
 
 
 # -- the built-in providers ----------------------------------------------------------------

@@ -4,37 +4,37 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
+from functools import partial
 from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
 
-from optimizer.model import OFFER_FIELDS, Interconnect, Market, Offer
+from optimizer.model import OFFER_FIELDS, Interconnect, Market
 from optimizer.store import DuplicateJobError, Store
 from optimizer.store.tables import LatestPrice, PriceHistory
+from tests.helpers import make_offer as any_offer
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
 TOKYO = timezone(timedelta(hours=9))
 
 
-def make_offer(**changes: object) -> Offer:
-    base = Offer(
-        provider="aws",
-        region="us-east-1",
-        zone="use1-az2",
-        instance_type="p4d.24xlarge",
-        gpu_model="A100-40GB",
-        gpu_count=8,
-        gpu_memory_gib=40.0,
-        vcpus=96,
-        ram_gib=1152.0,
-        interconnect=Interconnect.NVLINK,
-        market=Market.SPOT,
-        usd_per_hour=9.8304,
-        observed_at=T0,
-        source="aws-api",
-    )
-    return replace(base, **changes)  # type: ignore[arg-type]
+# An 8 x A100-40GB node on AWS spot in us-east-1 at $9.8304/h, observed at T0.
+make_offer = partial(
+    any_offer,
+    zone="use1-az2",
+    instance_type="p4d.24xlarge",
+    gpu_model="A100-40GB",
+    gpu_count=8,
+    gpu_memory_gib=40.0,
+    vcpus=96,
+    ram_gib=1152.0,
+    interconnect=Interconnect.NVLINK,
+    market=Market.SPOT,
+    usd_per_hour=9.8304,
+    observed_at=T0,
+    source="aws-api",
+)
 
 
 def count_rows(store: Store, table: type) -> int:

@@ -1,23 +1,19 @@
-"""Shared pieces for the agent and local-cloud tests: a fake daemon that speaks the agent
-protocol (FastAPI under uvicorn on an ephemeral port), a job script that counts steps and
-checkpoints, and waiting on conditions with a deadline. Other test_agent_*/test_local_*
-modules import from here.
-"""
+"""For the agent tests: a fake daemon that speaks the agent protocol (FastAPI under uvicorn on
+an ephemeral port), and a job script that counts steps and checkpoints."""
 
 from __future__ import annotations
 
 import json
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import FastAPI, Header, Request
 from fastapi.responses import JSONResponse
 
-T = TypeVar("T")
+from tests.helpers.waiting import wait_until
 
 # A job that counts to TOTAL, saving its step every 5 steps and on SIGTERM (then exit 143).
 COUNTER_JOB = """
@@ -52,20 +48,6 @@ while step < total:
         sys.exit(143)
 print("done", step, flush=True)
 """
-
-
-def wait_until(
-    condition: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = ""
-) -> T:
-    """Poll `condition` until it returns something truthy; fail after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
-        time.sleep(interval)
 
 
 def counter_job(tmp_path: Path) -> str:

@@ -1,65 +1,31 @@
-"""Shared fixtures for the AWS adapter tests: fake credentials, no internet, Stubber sessions,
-realistic Price List rows and a moto server. Other test_aws_* modules import from here.
+"""For the AWS adapter tests: a hand-moved clock, Stubber sessions, realistic Price List rows
+and DescribeInstanceTypes entries, and the EventBridge events of an interruption queue. The
+fixtures that keep these tests offline with fake credentials (aws_env, offline) and the moto
+server are in conftest.py.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import socket
-from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from datetime import UTC, datetime
 from typing import Any
 
-import pytest
+from optimizer.clock import ManualClock
 
-LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+QUEUE_REGION = "eu-west-1"  # where the interruption queue and its events are
 
 
-@pytest.fixture(autouse=True)
-def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Fake credentials only: no profile, no config file, no instance metadata lookups."""
-    import os
-
-    for name in list(os.environ):
-        if name.startswith("AWS_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_SESSION_TOKEN", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-
-
-@pytest.fixture(autouse=True)
-def offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Any connection beyond loopback fails the test: moto and Stubber only."""
-    real_connect = socket.socket.connect
-
-    def guarded(sock: socket.socket, address: Any) -> Any:
-        host = address[0] if isinstance(address, tuple) else address
-        if isinstance(host, str) and host not in LOOPBACK and not host.startswith("/"):
-            raise AssertionError(f"a test tried to reach {address!r}")
-        return real_connect(sock, address)
-
-    monkeypatch.setattr(socket.socket, "connect", guarded)
-
-
-class Clock:
-    """An injected clock the test moves by hand."""
+class Clock(ManualClock):
+    """A ManualClock from NOW; `now` reads it."""
 
     def __init__(self, now: datetime = NOW) -> None:
-        self.now = now
+        super().__init__(now)
 
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, **delta: float) -> None:
-        self.now += timedelta(**delta)
+    @property
+    def now(self) -> datetime:
+        return self()
 
 
 class StubSession:
@@ -208,27 +174,48 @@ def gpu_type_info(
     }
 
 
-@pytest.fixture(scope="module")
-def moto_server() -> Iterator[str]:
-    """A moto server on a free loopback port, for the module; yields its URL."""
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
+# -- the interruption queue's events ----------------------------------------------------
 
 
-def test_no_test_can_reach_beyond_loopback() -> None:
-    with pytest.raises(AssertionError, match="tried to reach"):
-        socket.create_connection(("192.0.2.1", 443), timeout=0.01)
+def spot_warning(instance_id: str, action: str = "terminate") -> dict[str, Any]:
+    """EventBridge's EC2 Spot Instance Interruption Warning. The ARN's region slot holds an
+    AZ and the account is empty, as AWS sends it (NTH#762)."""
+    return {
+        "version": "0",
+        "id": "1e5527d7-bb36-4607-3370-4164db56a40e",
+        "detail-type": "EC2 Spot Instance Interruption Warning",
+        "source": "aws.ec2",
+        "account": "123456789012",
+        "time": "2026-11-30T12:00:05Z",
+        "region": QUEUE_REGION,
+        "resources": [f"arn:aws:ec2:{QUEUE_REGION}b:instance/{instance_id}"],
+        "detail": {"instance-id": instance_id, "instance-action": action},
+    }
 
 
-def test_fake_credentials_are_the_only_ones() -> None:
-    import boto3
+def rebalance(instance_id: str) -> dict[str, Any]:
+    return {
+        "version": "0",
+        "id": "2fe2c7a8-84d6-4f6a-9bdc-5ac5f1e7c1f0",
+        "detail-type": "EC2 Instance Rebalance Recommendation",
+        "source": "aws.ec2",
+        "account": "123456789012",
+        "time": "2026-11-30T11:58:00Z",
+        "region": QUEUE_REGION,
+        "resources": [f"arn:aws:ec2:{QUEUE_REGION}b:instance/{instance_id}"],
+        "detail": {"instance-id": instance_id},
+    }
 
-    credentials = boto3.session.Session().get_credentials()
-    assert credentials is not None and credentials.access_key == "testing"
+
+def state_change(instance_id: str, state: str = "shutting-down") -> dict[str, Any]:
+    return {
+        "version": "0",
+        "id": "7bf73129-1428-4cd3-a780-95db273d1602",
+        "detail-type": "EC2 Instance State-change Notification",
+        "source": "aws.ec2",
+        "account": "123456789012",
+        "time": "2026-11-30T12:02:05Z",
+        "region": QUEUE_REGION,
+        "resources": [f"arn:aws:ec2:{QUEUE_REGION}:123456789012:instance/{instance_id}"],
+        "detail": {"instance-id": instance_id, "state": state},
+    }

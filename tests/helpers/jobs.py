@@ -1,0 +1,129 @@
+"""Managed jobs end to end on the local cloud: the policy, job bodies, an in-process daemon
+with a signed webhook, and reading the world's state (instances, checkpoints, alerts).
+
+Used by test_jobs_e2e, test_jobs_fallback_e2e and the leader-election tests.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pytest_httpserver import HTTPServer
+
+from optimizer.alerts.webhook import verify_signature
+from optimizer.clock import Clock
+from optimizer.daemon.service import Daemon
+from providers.local import LocalCloud
+from tests.helpers.cloud import local_cloud
+from tests.helpers.daemon import api, make_config, running
+from tests.helpers.policies import write_policy
+
+ROOT = Path(__file__).resolve().parents[2]
+
+POLICY = """\
+apiVersion: gpuopt/v1
+kind: Policy
+name: local-eu
+workload: {gpus: 1, gpu_memory_gib: 12}
+markets: [spot, on_demand]
+placement: {providers: [local], compliance: eu}
+recovery: {max_restarts: 5, pool_cooldown_minutes: 10, on_demand_after_interruptions: 5}
+"""
+SECRET = "hook-secret-for-the-e2e-test"
+
+
+def job_body(name: str, ckpt: Path, steps: int, **extra: Any) -> dict[str, Any]:
+    """A job of the `local-eu` policy running examples/train_with_checkpoints.py."""
+    body = {
+        "name": name,
+        "policy": "local-eu",
+        "workdir": str(ROOT),
+        "run": (
+            f"{sys.executable} examples/train_with_checkpoints.py --steps {steps} "
+            "--checkpoint-every 5 --step-sleep 0.02 --log-every 100"
+        ),
+        "checkpoint_dir": str(ckpt),
+        "probes": "none",
+    }
+    body.update(extra)
+    return body
+
+
+@contextmanager
+def e2e_cloud(tmp_path: Path, clock: Clock) -> Iterator[LocalCloud]:
+    """The local cloud of the end-to-end tests: short graces, fast ticks, on `clock`."""
+    with local_cloud(
+        tmp_path / "local-cloud",
+        grace_s=1.5,
+        terminate_grace_s=2.0,
+        tick_s=0.05,
+        clock=lambda: clock().timestamp(),
+    ) as cloud:
+        yield cloud
+
+
+@contextmanager
+def e2e_daemon(
+    tmp_path: Path, cloud: LocalCloud, httpserver: HTTPServer, clock: Clock
+) -> Iterator[Daemon]:
+    """A running daemon on `cloud` with the `local-eu` policy, reconciling every 0.25 s, its
+    job.* alerts sent to `httpserver`'s /hook signed with SECRET; offers polled once."""
+    httpserver.expect_request("/hook").respond_with_data("ok")
+    write_policy(tmp_path / "policies", "local-eu.yaml", POLICY)
+    config = make_config(
+        tmp_path,
+        policy_dir=tmp_path / "policies",
+        loops={"reconcile_s": 0.25},
+        alerts={
+            "channels": {
+                "hook": {"type": "webhook", "url": httpserver.url_for("/hook"), "secret": SECRET}
+            },
+            "routes": [{"kinds": ["job.*"], "channels": ["hook"]}],
+        },
+    )
+    with running(config, sources={"local": cloud}, clock=clock) as d:
+        for poll in d.polls:  # offers in the store before the first job
+            poll.run_once()
+        yield d
+
+
+def state_of(daemon: Daemon, name: str) -> dict[str, Any]:
+    with api(daemon) as client:
+        return client.get(f"/jobs/{name}").json()
+
+
+def running_instance(cloud: LocalCloud, job: str, attempt: int) -> str | None:
+    for record in cloud.instances():
+        if record.state == "running" and record.key.endswith(f"-{attempt}"):
+            return record.id
+    return None
+
+
+def running_instance_id(cloud: LocalCloud, instance_id: str) -> bool:
+    return any(r.id == instance_id and r.state == "running" for r in cloud.instances())
+
+
+def latest_step(ckpt: Path) -> int:
+    steps = [int(p.stem.split("-")[1]) for p in ckpt.glob("ckpt-*.pt")]
+    return max(steps, default=0)
+
+
+def hook_alerts(httpserver: HTTPServer) -> list[dict[str, Any]]:
+    """Every alert the webhook received, each signature checked."""
+    out = []
+    for request, _ in httpserver.log:
+        body = request.get_data()
+        assert verify_signature(
+            SECRET,
+            request.headers["X-Gpuopt-Timestamp"],
+            body,
+            request.headers["X-Gpuopt-Signature"],
+            now=float(request.headers["X-Gpuopt-Timestamp"]),
+        )
+        out.append(json.loads(body))
+    return out
