@@ -14,6 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from optimizer.clock import ManualClock
+from optimizer.common.procs import proc_start_ticks
 from optimizer.model import Market, Offer
 from providers.base import (
     CapacityError,
@@ -25,13 +27,21 @@ from providers.base import (
 )
 from providers.local import LocalCloud
 from providers.local.procs import marked_pids
-from tests.helpers import local_cloud, wait_until
+from tests.helpers import T0, local_cloud, wait_until
 
 
 @pytest.fixture
 def cloud(tmp_path: Path) -> Iterator[LocalCloud]:
     with local_cloud(tmp_path / "cloud", tick_s=0.05, grace_s=30, terminate_grace_s=5) as local:
         yield local
+
+
+@pytest.fixture
+def clocked_cloud(tmp_path: Path) -> Iterator[tuple[LocalCloud, ManualClock]]:
+    """A local cloud whose clock moves only when the test moves it."""
+    clock = ManualClock(T0)
+    with local_cloud(tmp_path / "cloud", tick_s=0.05, clock=lambda: clock().timestamp()) as local:
+        yield local, clock
 
 
 def offer(cloud: LocalCloud, instance_type: str = "g5.xlarge", market=Market.SPOT) -> Offer:
@@ -44,6 +54,13 @@ def offer(cloud: LocalCloud, instance_type: str = "g5.xlarge", market=Market.SPO
 
 def spec(bootstrap: str = "sleep 60") -> LaunchSpec:
     return LaunchSpec(job="j", attempt=1, bootstrap=bootstrap)
+
+
+def processes(cloud: LocalCloud, ref) -> list[int]:
+    """The live processes that carry the instance's mark (its own and its children's)."""
+    record = cloud.state.load(ref.instance_id)
+    assert record is not None and record.mark
+    return marked_pids(record.mark)
 
 
 def ended(cloud: LocalCloud, ref):
@@ -85,7 +102,7 @@ def test_launching_twice_with_one_key_gives_one_instance(cloud: LocalCloud) -> N
         thread.join()
     assert len({r.instance_id for r in refs}) == 1
     assert len(cloud.state.all()) == 1
-    leaders = [p for p in marked_pids(refs[0].instance_id) if os.getpgid(p) == p]
+    leaders = [p for p in processes(cloud, refs[0]) if os.getpgid(p) == p]
     assert len(leaders) == 1  # one instance process (its shell may have a child)
     other = cloud.launch(offer(cloud), spec(), "j/2")
     assert other.instance_id != refs[0].instance_id
@@ -117,12 +134,13 @@ def test_a_pool_can_be_failed_exactly(cloud: LocalCloud) -> None:
 
 
 def test_an_interruption_posts_the_notice_at_once_and_powers_off_after_the_grace(
-    cloud: LocalCloud,
+    clocked_cloud: tuple[LocalCloud, ManualClock],
 ) -> None:
+    cloud, clock = clocked_cloud  # the notice stays out until the clock passes the grace
     # The instance starts a child in a session of its own, as the agent does with the job.
     script = "setsid sleep 60 & sleep 60"
     ref = cloud.launch(offer(cloud), spec(script), "j/1")
-    wait_until(lambda: len(marked_pids(ref.instance_id)) >= 2, what="both processes")
+    wait_until(lambda: len(processes(cloud, ref)) >= 2, what="both processes")
     cloud.interrupt(ref.instance_id, grace_s=0.5)
     url = cloud.metadata_url(ref.instance_id)
     token = httpx.put(
@@ -136,9 +154,41 @@ def test_an_interruption_posts_the_notice_at_once_and_powers_off_after_the_grace
     marked = cloud.describe([ref])[0]  # AWS's marked-for-termination, meanwhile
     assert (marked.state, marked.end_reason) == (InstanceState.RUNNING, EndReason.PREEMPTED)
     assert marked.detail.startswith("marked-for-termination")
+    clock.advance(seconds=0.5)
     status = ended(cloud, ref)
     assert status.end_reason is EndReason.PREEMPTED
-    wait_until(lambda: marked_pids(ref.instance_id) == [], what="every process to be gone")
+    wait_until(lambda: processes(cloud, ref) == [], what="every process to be gone")
+
+
+def test_two_local_clouds_on_one_host_never_touch_each_others_processes(
+    tmp_path: Path,
+) -> None:
+    """Both number their instances from i-local-0001: powering one cloud's instance off (an
+    interruption, then kill_all at teardown) must leave the other's processes running."""
+    script = "setsid sleep 60 & sleep 60"  # a child in a session of its own, as the job is
+    with (
+        local_cloud(tmp_path / "one", tick_s=0.05) as one,
+        local_cloud(tmp_path / "two", tick_s=0.05) as two,
+    ):
+        ref_one = one.launch(offer(one), spec(script), "j/1")
+        ref_two = two.launch(offer(two), spec(script), "j/1")
+        assert ref_one.instance_id == ref_two.instance_id == "i-local-0001"
+        pids_one = wait_until(lambda: len(p := processes(one, ref_one)) >= 2 and p, what="one")
+        pids_two = wait_until(lambda: len(p := processes(two, ref_two)) >= 2 and p, what="two")
+        assert not set(pids_one) & set(pids_two)  # neither cloud sees the other's as its own
+
+        one.interrupt(ref_one.instance_id, grace_s=0)
+        assert ended(one, ref_one).end_reason is EndReason.PREEMPTED
+        one.kill_all()
+        wait_until(lambda: processes(one, ref_one) == [], what="cloud one's processes to go")
+        assert all(proc_start_ticks(pid) is not None for pid in pids_two)
+        assert set(pids_two) <= set(processes(two, ref_two))
+        assert two.describe([ref_two])[0].state is InstanceState.RUNNING
+
+        two.terminate(ref_two)  # and cloud two still powers off its own, all of them
+        assert ended(two, ref_two).end_reason is EndReason.USER
+        wait_until(lambda: processes(two, ref_two) == [], what="cloud two's processes to go")
+        assert all(proc_start_ticks(pid) is None for pid in pids_two)
 
 
 def test_terminate_sends_sigterm_then_ends_the_instance_as_user(cloud: LocalCloud) -> None:
@@ -254,8 +304,6 @@ def test_gpuopt_local_commands_reach_the_running_cloud(tmp_path: Path) -> None:
 def test_another_process_leaves_the_end_to_the_launcher_that_knows_the_status(
     tmp_path: Path,
 ) -> None:
-    from optimizer.common.procs import proc_start_ticks
-
     local = LocalCloud(tmp_path / "local-cloud", tick_s=3600)  # no ticks: refreshes on demand
     try:
         ref = local.launch(offer(local), spec("exit 3"), "j/1")

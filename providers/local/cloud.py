@@ -41,7 +41,7 @@ from providers.base import (
 from providers.local.faults import add_fault, take_fault
 from providers.local.metadata import MetadataServer, iso
 from providers.local.prices import SpotWalk, local_offers, zones_of
-from providers.local.procs import MARK_ENV, alive, power_off
+from providers.local.procs import MARK_ENV, alive, instance_mark, power_off
 from providers.local.state import InstanceRecord, Interruption, StateDir
 
 log = logging.getLogger(__name__)
@@ -260,6 +260,7 @@ class LocalCloud:
     def _spawn(self, record: InstanceRecord, bootstrap: str, metadata_url: str) -> None:
         disk = self.state.disk(record.id)
         disk.mkdir(parents=True, exist_ok=True)
+        record.mark = instance_mark(self.state.root, record.id)
         # A fresh machine: nothing of the daemon's own gpuopt settings leaks into it.
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUOPT_")}
         # The machine image has gpuopt's own Python first on its PATH (`python`, `gpuopt`).
@@ -268,7 +269,7 @@ class LocalCloud:
             GPUOPT_METADATA_URL=metadata_url,
             GPUOPT_CLOUD=self.name,
             GPUOPT_AGENT_DIR=str(disk / "agent"),
-            **{MARK_ENV: record.id},
+            **{MARK_ENV: record.mark},
         )
         try:
             with (disk / "console.log").open("ab") as console:

@@ -57,6 +57,7 @@ class InstanceRecord:
     detail: str = ""
     pid: int | None = None
     start_ticks: int | None = None  # /proc/<pid>/stat starttime: guards against pid reuse
+    mark: str = ""  # GPUOPT_LOCAL_INSTANCE of its processes (procs.instance_mark)
     exit_code: int | None = None
     interruption: Interruption | None = None
     stop_at: float | None = None  # terminate(): SIGKILL deadline after the SIGTERM
