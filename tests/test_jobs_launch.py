@@ -10,7 +10,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from test_daemon_harness import make_offer
 
 from optimizer.daemon.config import ProviderConfig
 from optimizer.daemon.providers import ProviderHandle
@@ -23,6 +22,7 @@ from optimizer.store import Store
 from optimizer.store.tables import JobRecord, NewEvent
 from policies.loader import parse_policy
 from providers.base import AuthError, CapacityError, InstanceRef, QuotaError, ThrottledError
+from tests.helpers import make_offer
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
 POLICY = parse_policy(
