@@ -43,7 +43,7 @@ if not __package__:
 
 from sqlalchemy import create_engine, text  # noqa: E402
 
-from optimizer.settings import normalize_database_url  # noqa: E402
+from optimizer.store import normalize_database_url  # noqa: E402
 from tests.helpers import DaemonProcess, wait_until  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "failover.json"

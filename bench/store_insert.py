@@ -31,9 +31,8 @@ from typing import Any
 import sqlalchemy
 from sqlalchemy import create_engine, func, select, text
 
-from optimizer import settings
 from optimizer.model import Market, Offer
-from optimizer.store import Store
+from optimizer.store import Store, is_sqlite_url, normalize_database_url
 from optimizer.store.tables import LatestPrice, PriceHistory
 from providers.snapshot import load_snapshot
 
@@ -198,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument(
         "--database-url",
-        default=os.environ.get(settings.DATABASE_URL_ENV) or None,
+        default=os.environ.get("GPUOPT_DATABASE_URL", "").strip() or None,
         help="PostgreSQL URL to bench as well (default: $GPUOPT_DATABASE_URL)",
     )
     parser.add_argument("--output", type=Path, default=RESULTS)
@@ -213,8 +212,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     engines: list[tuple[str, Callable[[], Any]]] = [("sqlite", sqlite_store)]
     if args.database_url:
-        url = settings.normalize_database_url(args.database_url, origin="--database-url")
-        if settings.is_sqlite_url(url):
+        url = normalize_database_url(args.database_url, origin="--database-url")
+        if is_sqlite_url(url):
             print("--database-url is SQLite; the temp-file SQLite run already covers it")
         else:
             engines.append(("postgresql", postgres_store_factory(url)))

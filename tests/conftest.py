@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
-from optimizer.settings import normalize_database_url
-from optimizer.store import Store
+from optimizer.store import Store, normalize_database_url
 
 TEST_DATABASE_URL_ENV = "GPUOPT_TEST_DATABASE_URL"
 SHARED_DIR_ENV = "GPUOPT_SHARED_DIR"

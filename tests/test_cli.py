@@ -302,3 +302,28 @@ def test_jobs_a_request_the_daemon_refuses_is_bad_input_a_daemon_failure_is_not(
         failed = CliRunner().invoke(app, ["jobs", "list", "--api", server.url_for("")])
     assert (refused.exit_code, refused.stderr) == (2, "gpuopt: error: 404: no job 'nope'\n")
     assert (failed.exit_code, failed.stderr) == (1, "gpuopt: error: 503: store unavailable\n")
+
+
+@pytest.mark.parametrize(
+    ("args", "prefix"),
+    [
+        (["daemon", "--port", "0"], "gpuopt: error: "),
+        (["config", "check"], "<config>: "),
+        (["db", "current"], "gpuopt: error: "),
+    ],
+)
+def test_a_bad_database_url_is_bad_input(args: list[str], prefix: str, tmp_path: Path) -> None:
+    # A real process: `gpuopt daemon` sets up logging for the whole process before it fails.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUOPT_")}
+    env |= {"GPUOPT_DATA_DIR": str(tmp_path), "GPUOPT_DATABASE_URL": "mysql://a:hunter2@db/g"}
+    done = subprocess.run(
+        [sys.executable, "-m", "optimizer.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"{prefix}database_url has unsupported scheme 'mysql'")
+    assert done.stderr.count("\n") == 1 and "hunter2" not in done.stderr

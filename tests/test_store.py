@@ -253,20 +253,6 @@ def test_naive_times_are_refused(store: Store) -> None:
         store.price_history(*make_offer().pool, since=datetime(2025, 1, 1))
 
 
-def test_default_store_creates_its_sqlite_file_under_the_data_dir(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    data = tmp_path / "not" / "yet"
-    monkeypatch.setenv("GPUOPT_DATA_DIR", str(data))
-    monkeypatch.delenv("GPUOPT_DATABASE_URL", raising=False)
-
-    with Store() as db:
-        db.create_all()
-        db.record_offers([make_offer()])
-
-    assert (data / "gpuopt.db").is_file()
-
-
 def test_schema_is_refused_on_sqlite(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="PostgreSQL only"):
         Store(f"sqlite:///{tmp_path / 'x.db'}", schema="s")

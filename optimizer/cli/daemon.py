@@ -42,7 +42,7 @@ def daemon(
     from optimizer.daemon.providers import provider_secrets
     from optimizer.daemon.server import BindError
     from optimizer.daemon.service import Daemon, DaemonError
-    from optimizer.settings import is_sqlite_url
+    from optimizer.store import DatabaseUrlError, is_sqlite_url
 
     try:
         cfg = load_config(config)
@@ -58,7 +58,7 @@ def daemon(
 
     try:
         service = Daemon(cfg, face=daemon_app)
-    except DaemonError as exc:
+    except (DaemonError, DatabaseUrlError) as exc:
         fail(exc)
 
     def announce(url: str) -> None:

@@ -41,13 +41,13 @@ ConfigOption = Annotated[
 def _database_url(config: Path | None) -> str:
     """The URL the daemon would use with this config; problems exit 2 like the daemon's."""
     from optimizer.daemon.config import ConfigError, load_config
-    from optimizer.settings import ConfigError as SettingError
+    from optimizer.store import DatabaseUrlError
 
     try:
         return load_config(config).effective_database_url
     except ConfigError as exc:
         fail(*exc.problems)
-    except SettingError as exc:
+    except DatabaseUrlError as exc:
         fail(exc)
 
 

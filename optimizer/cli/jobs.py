@@ -26,7 +26,7 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print the API's JSON."
 
 
 def _token() -> str:
-    from optimizer import settings
+    from optimizer.daemon import settings
 
     token = os.environ.get("GPUOPT_API_TOKEN", "").strip()
     if token:

@@ -35,7 +35,7 @@ StateDirOption = Annotated[
 
 
 def default_state_dir() -> Path:
-    from optimizer.settings import data_dir
+    from optimizer.daemon.settings import data_dir
 
     return data_dir() / "local-cloud"
 

@@ -25,10 +25,11 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from optimizer import settings
 from optimizer.alerts.config import AlertsConfig
 from optimizer.common.documents import load_document
 from optimizer.common.errors import LocatedError, Problem
+from optimizer.daemon import settings
+from optimizer.store import DatabaseUrlError, normalize_database_url
 from providers import registry
 
 CONFIG_FILE_NAME = "gpuopt.yaml"
@@ -190,7 +191,7 @@ class DaemonConfig(BaseSettings, ConfigSchema):
     @property
     def effective_database_url(self) -> str:
         if self.database_url is not None:
-            return settings.normalize_database_url(
+            return normalize_database_url(
                 self.database_url.get_secret_value(), origin="database_url"
             )
         return f"sqlite:///{self.effective_data_dir / 'gpuopt.db'}"
@@ -232,6 +233,10 @@ def config_problems(config: DaemonConfig) -> list[str]:
         )
     if not config.enabled_providers():
         problems.append(f"{where}: providers: no provider is enabled; nothing will be polled")
+    try:
+        config.effective_database_url  # noqa: B018 (normalizing it is the check)
+    except DatabaseUrlError as exc:
+        problems.append(f"{where}: {exc}")
     return problems
 
 

@@ -33,9 +33,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.pool import StaticPool
 
-from optimizer import settings
 from optimizer.model import OFFER_FIELDS, Market, Offer
 from optimizer.store.engine import (
+    DatabaseUrlError,
     DuplicateJobError,
     StoreError,
     aware,
@@ -43,7 +43,9 @@ from optimizer.store.engine import (
     dialect_insert,
     event_record,
     inserted_id,
+    is_sqlite_url,
     job_record,
+    normalize_database_url,
     table,
     utc_now,
 )
@@ -64,12 +66,15 @@ from optimizer.store.tables import (
 )
 
 __all__ = [
+    "DatabaseUrlError",
     "DuplicateJobError",
     "EventRecord",
     "JobRecord",
     "NewEvent",
     "Store",
     "StoreError",
+    "is_sqlite_url",
+    "normalize_database_url",
 ]
 
 # Rows per executemany call: big enough to amortize the round trip, small enough that one
@@ -175,7 +180,8 @@ def _make_engine(url: str, schema: str | None) -> Engine:
 
 
 class Store(OutboxMixin, DaemonMixin, JobsMixin, ReplicaMixin):
-    """The daemon's durable state. `Store()` uses `settings.database_url()`.
+    """The daemon's durable state at `url` (SQLite or PostgreSQL; `normalize_database_url`
+    says which URLs are accepted, and the daemon config which one the daemon uses).
 
     `schema` (PostgreSQL only) puts every table in that existing schema via `search_path`;
     `clock` supplies "now" wherever a caller does not pass a time.
@@ -183,12 +189,12 @@ class Store(OutboxMixin, DaemonMixin, JobsMixin, ReplicaMixin):
 
     def __init__(
         self,
-        url: str | None = None,
+        url: str,
         *,
         schema: str | None = None,
         clock: Callable[[], datetime] | None = None,
     ) -> None:
-        self.url = settings.database_url() if url is None else settings.normalize_database_url(url)
+        self.url = normalize_database_url(url)
         self.schema = schema
         self.engine = _make_engine(self.url, schema)
         self._clock = clock or utc_now

@@ -33,6 +33,46 @@ class StoreError(Exception):
     """The store refused or could not complete an operation."""
 
 
+# -- database URLs -----------------------------------------------------------------------------
+
+# The one PostgreSQL driver we ship (psycopg 3, see pyproject.toml); bare `postgresql://`
+# would make SQLAlchemy look for psycopg2, which is not installed.
+POSTGRES_SCHEME = "postgresql+psycopg"
+_POSTGRES_ALIASES = frozenset({"postgresql", "postgres", POSTGRES_SCHEME})
+_SQLITE_SCHEMES = frozenset({"sqlite", "sqlite+pysqlite"})
+
+
+class DatabaseUrlError(StoreError, ValueError):
+    """A database URL the store cannot use (the message never shows the URL past its scheme)."""
+
+
+def normalize_database_url(url: str, *, origin: str = "database URL") -> str:
+    """Check the URL's scheme and point PostgreSQL URLs at the psycopg 3 driver.
+
+    `origin` names where the URL came from in error messages. Messages show the scheme
+    only, never the rest of the URL, which may hold a password.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep or not scheme:
+        raise DatabaseUrlError(
+            f"{origin} is not a URL (expected e.g. sqlite:///path or postgresql://…)"
+        )
+    lowered = scheme.lower()
+    if lowered in _SQLITE_SCHEMES:
+        return url
+    if lowered in _POSTGRES_ALIASES:
+        return f"{POSTGRES_SCHEME}://{rest}"
+    raise DatabaseUrlError(
+        f"{origin} has unsupported scheme {scheme!r}; use sqlite:// or postgresql:// "
+        "(PostgreSQL goes through the psycopg 3 driver)"
+    )
+
+
+def is_sqlite_url(url: str) -> bool:
+    """True when the (normalized) URL names a SQLite database."""
+    return url.partition("://")[0].lower() in _SQLITE_SCHEMES
+
+
 class DuplicateJobError(StoreError):
     """A job with this name already exists."""
 
