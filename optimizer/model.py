@@ -1,8 +1,10 @@
-"""The domain values every layer shares: markets, interconnects and the immutable Offer."""
+"""The domain values every layer shares: markets, interconnects, the immutable Offer and the
+kinds of event the daemon records."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -105,3 +107,82 @@ class Offer:
 
 
 OFFER_FIELDS: tuple[str, ...] = tuple(Offer.__dataclass_fields__)
+
+
+class EventKind(StrEnum):
+    """Every kind of event the daemon records, spelled `noun.verb` (what happened to what).
+
+    The one list: emitters take these members, never strings, and docs/alerts.md lists each
+    kind with its severity and its `data` fields (a test holds the two together).
+    """
+
+    # Price signals, per policy, after each poll
+    BEST_OFFER_CHANGED = "best_offer.changed"
+    BEST_OFFER_LOST = "best_offer.lost"
+    PRICE_DROPPED = "price.dropped"
+    BID_CAP_CROSSED = "bid_cap.crossed"
+    # The policy directory
+    POLICY_LOADED = "policy.loaded"
+    POLICY_REJECTED = "policy.rejected"
+    POLICY_REMOVED = "policy.removed"
+    POLICY_KEPT = "policy.kept"
+    # Price polling and providers
+    POLL_FAILED = "poll.failed"
+    POLL_RECOVERED = "poll.recovered"
+    PROVIDER_DISABLED = "provider.disabled"
+    PROVIDER_QUOTA_EXCEEDED = "provider.quota_exceeded"
+    PROVIDER_AUTH_FAILED = "provider.auth_failed"
+    # Jobs
+    JOB_SUBMITTED = "job.submitted"
+    JOB_CANCELLED = "job.cancelled"
+    JOB_STATE_CHANGED = "job.state_changed"
+    JOB_DEFERRED = "job.deferred"
+    JOB_POLICY_MISSING = "job.policy_missing"
+    JOB_LAUNCH_FAILED = "job.launch_failed"
+    JOB_LAUNCH_TIMED_OUT = "job.launch_timed_out"
+    JOB_INTERRUPTED = "job.interrupted"
+    JOB_PROBE_FAILED = "job.probe_failed"
+    JOB_INSTANCE_LOST = "job.instance_lost"
+    JOB_SUCCEEDED = "job.succeeded"
+    JOB_FAILED = "job.failed"
+    BUDGET_THRESHOLD_CROSSED = "budget.threshold_crossed"
+    # Replicas
+    LEADER_ELECTED = "leader.elected"
+
+
+LEGACY_EVENT_KINDS: Mapping[str, EventKind] = {
+    # Earlier spellings: stored events were renamed by a migration; alert routes that name
+    # them (globs included) still match, and `GET /events?kind=` still finds them.
+    "best_offer_changed": EventKind.BEST_OFFER_CHANGED,
+    "no_candidates": EventKind.BEST_OFFER_LOST,
+    "price_drop": EventKind.PRICE_DROPPED,
+    "bid_cap_crossed": EventKind.BID_CAP_CROSSED,
+    "policy_loaded": EventKind.POLICY_LOADED,
+    "policy_invalid": EventKind.POLICY_REJECTED,
+    "policy_removed": EventKind.POLICY_REMOVED,
+    "policy_deleted_in_use": EventKind.POLICY_KEPT,
+    "poll_failed": EventKind.POLL_FAILED,
+    "poll_recovered": EventKind.POLL_RECOVERED,
+    "provider_disabled": EventKind.PROVIDER_DISABLED,
+    "provider.quota": EventKind.PROVIDER_QUOTA_EXCEEDED,
+    "provider.auth": EventKind.PROVIDER_AUTH_FAILED,
+    "job_submitted": EventKind.JOB_SUBMITTED,
+    "job_cancelled": EventKind.JOB_CANCELLED,
+    "job.state": EventKind.JOB_STATE_CHANGED,
+    "job.pending": EventKind.JOB_DEFERRED,
+    "job.no_policy": EventKind.JOB_POLICY_MISSING,
+    "job.launch_timeout": EventKind.JOB_LAUNCH_TIMED_OUT,
+    "budget.warning": EventKind.BUDGET_THRESHOLD_CROSSED,
+    "daemon.leader": EventKind.LEADER_ELECTED,
+}
+
+
+def event_kind(name: str) -> str:
+    """A kind as spelled today: an earlier spelling becomes its kind, other names pass."""
+    legacy = LEGACY_EVENT_KINDS.get(name)
+    return legacy.value if legacy is not None else name
+
+
+def legacy_names(kind: str) -> tuple[str, ...]:
+    """The earlier spellings of a kind (none for a kind that never had another)."""
+    return tuple(old for old, new in LEGACY_EVENT_KINDS.items() if new == kind)

@@ -98,7 +98,7 @@ def webhook_loop(store: Store, url: str, clock: ManualClock, **retry: float) -> 
 def emit_price_drop(store: Store, channels: tuple[str, ...] = ("hook",)) -> int:
     emitter = Emitter(store, Router([], channels))
     return emitter.emit(
-        "price_drop",
+        "price.dropped",
         "policy small: best offer is 25% cheaper",
         policy="small",
         data={"price_before": 0.8, "price_after": 0.6},
@@ -140,14 +140,14 @@ def test_a_receiver_that_is_down_gets_the_alert_once_it_is_back(
     [orphan] = store.list_alerts(state="failed")
     assert orphan["channel"] == "ops" and "not configured" in orphan["last_error"]
     body = receiver.delivered[0]["body"]
-    assert body["kind"] == "price_drop" and body["price_before"] == 0.8
+    assert body["kind"] == "price.dropped" and body["price_before"] == 0.8
     assert body["link"].startswith("http://127.0.0.1:8470/events/")
 
 
 def test_the_receiver_rejects_a_tampered_body_and_a_replayed_request(clock: ManualClock) -> None:
     from optimizer.alerts.webhook import sign
 
-    body = b'{"kind":"price_drop"}'
+    body = b'{"kind":"price.dropped"}'
     stamp = int(clock().timestamp())
     signature = sign(SECRET, stamp, body)
     now = clock().timestamp()
@@ -233,7 +233,7 @@ def test_an_unreachable_channel_is_skipped_for_the_rest_of_the_pass(
 ) -> None:
     loop = webhook_loop(store, "http://127.0.0.1:9/hook", clock)  # port 9 refuses
     for n in range(3):
-        Emitter(store, Router([], ["hook"])).emit("price_drop", f"drop {n}")
+        Emitter(store, Router([], ["hook"])).emit("price.dropped", f"drop {n}")
     report = loop.run_once()
     assert (report.retried, report.skipped) == (1, 2)
     assert [a["attempts"] for a in store.list_alerts()] == [0, 0, 1]
@@ -254,7 +254,7 @@ def test_a_restarted_daemon_delivers_what_the_last_one_left_pending(
         },
     )
     with running(config, clock=clock) as first:
-        first.emitter.emit("price_drop", "cheaper", policy="small", dedupe_key="drop:x")
+        first.emitter.emit("price.dropped", "cheaper", policy="small", dedupe_key="drop:x")
         wait_until(lambda: receiver.requests, what="the first (failed) attempt")
         wait_until(lambda: first.store.list_alerts()[0]["attempts"] == 1, what="the booking")
 

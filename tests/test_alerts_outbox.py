@@ -14,7 +14,7 @@ from tests.helpers import T0
 pytestmark = pytest.mark.usefixtures("daemon_env")
 
 
-def alert(kind: str = "price_drop", *, key: str | None = None, channels=("ops",)) -> NewEvent:
+def alert(kind: str = "price.dropped", *, key: str | None = None, channels=("ops",)) -> NewEvent:
     return NewEvent(kind, f"{kind} happened", alerts=tuple(channels), dedupe_key=key)
 
 
@@ -22,8 +22,8 @@ def test_an_event_and_its_alerts_are_written_together(store: Store) -> None:
     event_id = store.record_event(alert(channels=("ops", "pager")), at=T0)
     due = store.due_alerts(T0)
     assert [(a.channel, a.event.id, a.event.kind) for a in due] == [
-        ("ops", event_id, "price_drop"),
-        ("pager", event_id, "price_drop"),
+        ("ops", event_id, "price.dropped"),
+        ("pager", event_id, "price.dropped"),
     ]
     assert [a.dedupe_key for a in due] == [f"event:{event_id}#ops", f"event:{event_id}#pager"]
 

@@ -11,6 +11,7 @@ import pytest
 from optimizer.alerts import Alert, RetryConfig, Route, Router, backoff, give_up, slack_message
 from optimizer.alerts.slack import FIELD_MAX, HEADER_MAX, TEXT_MAX
 from optimizer.daemon.config import ConfigError, load_config
+from optimizer.model import EventKind
 from tests.helpers import T0
 
 pytestmark = pytest.mark.usefixtures("daemon_env")
@@ -18,24 +19,43 @@ pytestmark = pytest.mark.usefixtures("daemon_env")
 
 def test_without_routes_every_event_goes_to_every_channel() -> None:
     router = Router([], ["ops", "pager"])
-    assert router.channels_for("price_drop", "info") == ("ops", "pager")
-    assert Router([], []).channels_for("price_drop", "critical") == ()
+    assert router.channels_for("price.dropped", "info") == ("ops", "pager")
+    assert Router([], []).channels_for("price.dropped", "critical") == ()
 
 
 def test_routes_pick_channels_by_kind_glob_and_minimum_severity() -> None:
     router = Router(
         [
-            Route(kinds=["policy_*"], exclude_kinds=["policy_loaded"], channels=["pager"]),
+            Route(kinds=["policy.*"], exclude_kinds=["policy.loaded"], channels=["pager"]),
             Route(min_severity="warning", channels=["ops"]),
-            Route(kinds=["price_drop", "best_offer_changed"], channels=["ops"]),
+            Route(kinds=["price.dropped", "best_offer.changed"], channels=["ops"]),
         ],
         ["ops", "pager", "unused"],
     )
-    assert router.channels_for("policy_invalid", "warning") == ("ops", "pager")
-    assert router.channels_for("policy_loaded", "info") == ()
-    assert router.channels_for("price_drop", "info") == ("ops",)
-    assert router.channels_for("poll_failed", "warning") == ("ops",)
-    assert router.channels_for("job_submitted", "info") == ()
+    assert router.channels_for("policy.rejected", "warning") == ("ops", "pager")
+    assert router.channels_for("policy.loaded", "info") == ()
+    assert router.channels_for("price.dropped", "info") == ("ops",)
+    assert router.channels_for("poll.failed", "warning") == ("ops",)
+    assert router.channels_for("job.submitted", "info") == ()
+
+
+def test_routes_written_with_the_earlier_spellings_route_the_renamed_kinds_as_before() -> None:
+    router = Router(
+        [
+            Route(kinds=["policy_*"], exclude_kinds=["policy_loaded"], channels=["pager"]),
+            Route(kinds=["price_drop", "no_candidates", "job.pending"], channels=["ops"]),
+        ],
+        ["ops", "pager"],
+    )
+    assert router.channels_for(EventKind.POLICY_REJECTED, "warning") == ("pager",)
+    assert router.channels_for(EventKind.POLICY_KEPT, "warning") == ("pager",)
+    assert router.channels_for(EventKind.POLICY_LOADED, "info") == ()  # still excluded
+    assert router.channels_for(EventKind.PRICE_DROPPED, "info") == ("ops",)
+    assert router.channels_for(EventKind.BEST_OFFER_LOST, "warning") == ("ops",)
+    assert router.channels_for(EventKind.JOB_DEFERRED, "warning") == ("ops",)
+    # `policy_*` never matched a job's kinds, and does not start to
+    assert router.channels_for(EventKind.JOB_POLICY_MISSING, "error") == ()
+    assert router.channels_for(EventKind.BEST_OFFER_CHANGED, "info") == ()
 
 
 def test_backoff_doubles_up_to_the_cap_with_jitter_between_half_and_full() -> None:

@@ -150,9 +150,9 @@ def test_jobs_submit_list_show_and_cancel(daemon) -> None:
         events = client.get("/events", params={"job": "train-1"}).json()["events"]
     assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
     assert again.status_code == 409 and "cancelled" in again.json()["detail"]
-    # the job reconciler adds its own events (no offer here: job.pending); the API's are these
-    api_kinds = [e["kind"] for e in events if e["kind"] in ("job_cancelled", "job_submitted")]
-    assert api_kinds == ["job_cancelled", "job_submitted"]
+    # the job reconciler adds its own events (no offer here: job.deferred); the API's are these
+    api_kinds = [e["kind"] for e in events if e["kind"] in ("job.cancelled", "job.submitted")]
+    assert api_kinds == ["job.cancelled", "job.submitted"]
 
 
 def test_job_submit_is_validated(daemon) -> None:
@@ -171,14 +171,16 @@ def test_events_are_listed_newest_first_and_shown_one_by_one(daemon) -> None:
     with api(daemon) as client:
         client.post("/jobs", json=JOB)
         client.post("/jobs", json={**JOB, "name": "train-2"})
-        events = client.get("/events", params={"kind": "job_submitted"}).json()["events"]
+        events = client.get("/events", params={"kind": "job.submitted"}).json()["events"]
+        spelled_before = client.get("/events", params={"kind": "job_submitted"}).json()
         older = client.get("/events", params={"before": events[0]["id"]}).json()["events"]
         one = client.get(f"/events/{events[0]['id']}").json()
         alerts = client.get("/alerts").json()
     assert [e["data"]["job"] for e in events] == ["train-2", "train-1"]
+    assert spelled_before["events"] == events  # the earlier spelling finds them too
     assert all(e["id"] < events[0]["id"] for e in older)
-    assert one["kind"] == "job_submitted" and one["policy"] == "small"
-    assert alerts["counts"]["pending"] >= 4  # each job_submitted to both channels
+    assert one["kind"] == "job.submitted" and one["policy"] == "small"
+    assert alerts["counts"]["pending"] >= 4  # each job.submitted to both channels
     assert {a["channel"] for a in alerts["alerts"]} == {"ops", "hook"}
 
 

@@ -51,7 +51,7 @@ def test_a_new_best_pool_is_reported_with_both_prices() -> None:
     _, state = step(None, [make_offer(usd_per_hour=0.4)])
     cheaper_zone = make_offer(zone="use1-az9", usd_per_hour=0.39)
     [signal], state = step(state, [make_offer(usd_per_hour=0.4), cheaper_zone])
-    assert signal.kind == "best_offer_changed" and signal.severity == "info"
+    assert signal.kind == "best_offer.changed" and signal.severity == "info"
     assert signal.data["price_before"] == 0.4 and signal.data["price_after"] == 0.39
     assert signal.data["pool_after"] == "aws/us-east-1/use1-az9/g5.xlarge/spot"
     assert "best offer is now aws us-east-1 (use1-az9) g5.xlarge spot at $0.3900/h" in (
@@ -65,7 +65,7 @@ def test_the_same_pool_alerts_once_it_is_more_than_20_percent_below_its_referenc
     signals, state = step(state, [make_offer(usd_per_hour=0.9)])  # -10%: quiet
     assert signals == [] and state.reference_usd == 1.0
     [drop], state = step(state, [make_offer(usd_per_hour=0.79)])  # -21% from 1.0
-    assert drop.kind == "price_drop" and drop.data["price_before"] == 1.0
+    assert drop.kind == "price.dropped" and drop.data["price_before"] == 1.0
     assert state.reference_usd == 0.79
     signals, state = step(state, [make_offer(usd_per_hour=1.2)])  # a rise moves the reference up
     assert signals == [] and state.reference_usd == 1.2
@@ -76,10 +76,10 @@ def test_the_same_pool_alerts_once_it_is_more_than_20_percent_below_its_referenc
 def test_losing_every_candidate_is_a_warning() -> None:
     _, state = step(None, [make_offer()])
     [signal], state = step(state, [make_offer(gpu_memory_gib=8, gpu_model="T4G")])
-    assert (signal.kind, signal.severity) == ("no_candidates", "warning")
+    assert (signal.kind, signal.severity) == ("best_offer.lost", "warning")
     assert state.best_pool is None
     [back], _ = step(state, [make_offer()])
-    assert back.kind == "best_offer_changed" and back.data["price_before"] is None
+    assert back.kind == "best_offer.changed" and back.data["price_before"] is None
 
 
 def test_spot_prices_crossing_the_bid_cap_raise_one_event_per_direction() -> None:
@@ -88,7 +88,7 @@ def test_spot_prices_crossing_the_bid_cap_raise_one_event_per_direction() -> Non
     assert {side for side, _ in state.caps.values()} == {"under"}
     risen = [pools[0], *(make_offer(zone=p.zone, usd_per_hour=0.55) for p in pools[1:])]
     signals, state = step(state, risen, CAPPED)
-    [above] = [s for s in signals if s.kind == "bid_cap_crossed"]
+    [above] = [s for s in signals if s.kind == "bid_cap.crossed"]
     assert above.severity == "warning" and above.data["direction"] == "above"
     assert [p["pool"] for p in above.data["pools"]] == [
         "aws/us-east-1/use1-az1/g5.xlarge/spot",
@@ -99,7 +99,7 @@ def test_spot_prices_crossing_the_bid_cap_raise_one_event_per_direction() -> Non
     signals, state = step(state, risen, CAPPED)
     assert signals == []  # still above: not a new crossing
     signals, _ = step(state, pools, CAPPED)
-    [below] = [s for s in signals if s.kind == "bid_cap_crossed"]
+    [below] = [s for s in signals if s.kind == "bid_cap.crossed"]
     assert below.severity == "info" and below.data["direction"] == "below"
 
 
@@ -139,7 +139,7 @@ def test_polls_record_new_observations_and_price_events_reach_the_outbox(
     assert poll.run_once().recorded == 1
     history = store.price_history("aws", "us-east-1", "use1-az1", "g5.xlarge", "spot")
     assert [usd for _, usd in history] == [1.0, 0.7]
-    [drop] = [a for a in store.due_alerts(clock()) if a.event.kind == "price_drop"]
+    [drop] = [a for a in store.due_alerts(clock()) if a.event.kind == "price.dropped"]
     assert drop.event.policy == "plain" and drop.event.data["price_after"] == 0.7
     labels = {"provider": "aws", "region": "*", "market": "spot"}
     assert metrics.sample("gpuopt_poll_offers", labels) == 1
@@ -165,7 +165,7 @@ def test_a_failing_provider_is_reported_once_and_its_recovery_too(
     statuses = {s.region: s for s in store.poll_statuses()}
     assert statuses["us-east-1"].failures == 3
     assert statuses["us-east-1"].last_error == "AuthError: credentials expired"
-    failed = store.list_events(kind="poll_failed")
+    failed = store.list_events(kind="poll.failed")
     assert sorted(e.data["region"] for e in failed) == ["eu-west-1", "us-east-1"]
     labels = {"provider": "aws", "region": "us-east-1", "market": "spot", "error": "AuthError"}
     assert metrics.sample("gpuopt_poll_errors_total", labels) == 3
@@ -173,7 +173,7 @@ def test_a_failing_provider_is_reported_once_and_its_recovery_too(
     source.error = None
     poll.run_once()
     assert {s.failures for s in store.poll_statuses()} == {0}
-    assert len(store.list_events(kind="poll_recovered")) == 2
+    assert len(store.list_events(kind="poll.recovered")) == 2
 
 
 def test_a_disabled_provider_says_why(parts, clock: ManualClock) -> None:
@@ -186,7 +186,7 @@ def test_a_disabled_provider_says_why(parts, clock: ManualClock) -> None:
         ProviderHandle("gcp", ProviderConfig(), build), Market.SPOT, store, emitter, clock
     )
     poll.run_once()
-    [event] = store.list_events(kind="provider_disabled")
+    [event] = store.list_events(kind="provider.disabled")
     assert event.message == (
         "gcp spot poll failed: ProviderDisabled: no GCP project: set GPUOPT_GCP_PROJECT"
     )
@@ -202,6 +202,6 @@ def test_a_credential_in_a_provider_error_is_redacted(parts, clock: ManualClock)
     handle = ProviderHandle.given("gcp", ProviderConfig(), source)
     poll = PollLoop(handle, Market.SPOT, store, emitter, clock, secrets=["AIzaSy-secret-key-123"])
     poll.run_once()
-    [event] = store.list_events(kind="poll_failed")
+    [event] = store.list_events(kind="poll.failed")
     assert "AIzaSy" not in event.message and "bad key *** for billing" in event.message
     assert "AIzaSy" not in (store.poll_statuses()[0].last_error or "")

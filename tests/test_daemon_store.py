@@ -25,13 +25,13 @@ def version(path: str, name: str | None, sha: str, outcome: str, text: str | Non
 
 
 def test_a_job_and_its_event_are_one_transaction(store: Store) -> None:
-    event = NewEvent("job_submitted", "submitted", alerts=("ops",))
+    event = NewEvent("job.submitted", "submitted", alerts=("ops",))
     job_id = store.add_job("train", "small", {"run": "x"}, event=event, at=T0)
     job = store.get_job("train")
     assert job is not None and job.id == job_id
     assert (job.state, job.spec, job.created_at) == ("pending", {"run": "x"}, T0)
     [recorded] = store.list_events()
-    assert recorded.job_id == job.id and recorded.kind == "job_submitted"
+    assert recorded.job_id == job.id and recorded.kind == "job.submitted"
     with pytest.raises(DuplicateJobError):
         store.add_job("train", "small", {"run": "y"}, event=event, at=T0)
     assert len(store.list_events()) == 1  # the refused submit left no event
@@ -41,7 +41,7 @@ def test_a_job_and_its_event_are_one_transaction(store: Store) -> None:
 def test_cancel_moves_only_jobs_that_have_not_ended(store: Store) -> None:
     store.add_job("a", "small", {}, at=T0)
     store.add_job("b", "other", {}, at=T0)
-    event = NewEvent("job_cancelled", "cancelled")
+    event = NewEvent("job.cancelled", "cancelled")
     job, changed = store.cancel_job("a", event=event, at=T0 + timedelta(minutes=1))
     assert changed and job is not None and job.state == "cancelled"
     assert job.updated_at == T0 + timedelta(minutes=1)
@@ -50,7 +50,7 @@ def test_cancel_moves_only_jobs_that_have_not_ended(store: Store) -> None:
     assert [j.name for j in store.live_jobs()] == ["b"]
     assert store.policies_in_use() == {"other"}
     assert store.job_counts() == {"cancelled": 1, "pending": 1}
-    assert [e.kind for e in store.list_events()] == ["job_cancelled"]
+    assert [e.kind for e in store.list_events()] == ["job.cancelled"]
     assert [j.name for j in store.jobs_page(limit=1)] == ["b"]
     assert [j.name for j in store.jobs_page(state="cancelled")] == ["a"]
 
@@ -72,7 +72,7 @@ def test_policy_versions_say_what_is_in_force(store: Store) -> None:
             version("/p/a.yaml", "a", "1", "loaded", "text-1"),
             version("/p/b.yaml", "b", "2", "loaded", "text-2"),
         ],
-        [NewEvent("policy_loaded", "a loaded")],
+        [NewEvent("policy.loaded", "a loaded")],
     )
     store.record_policy_changes([version("/p/a.yaml", None, "3", "rejected")])
     store.record_policy_changes([version("/p/b.yaml", "b", "2", "removed")])
@@ -83,21 +83,21 @@ def test_policy_versions_say_what_is_in_force(store: Store) -> None:
     assert store.last_loaded_version("/p/a.yaml").text == "text-1"
     assert list(store.policies_in_force()) == ["a"]
     assert [v.outcome for v in store.policy_versions("b")] == ["removed", "loaded"]
-    assert [e.kind for e in store.list_events()] == ["policy_loaded"]
+    assert [e.kind for e in store.list_events()] == ["policy.loaded"]
 
 
 def test_price_signal_state_is_replaced_whole_with_its_events(store: Store) -> None:
     store.save_price_signal("small", {"best_usd": 1.0}, at=T0)
-    store.save_price_signal("small", {"best_usd": 0.7}, [NewEvent("price_drop", "m")], at=T0)
+    store.save_price_signal("small", {"best_usd": 0.7}, [NewEvent("price.dropped", "m")], at=T0)
     assert store.price_signals() == {"small": {"best_usd": 0.7}}
     store.save_price_signal("small", None)
     assert store.price_signals() == {}
-    assert [e.kind for e in store.list_events()] == ["price_drop"]
+    assert [e.kind for e in store.list_events()] == ["price.dropped"]
 
 
 def test_poll_status_is_upserted_per_provider_region_and_market(store: Store) -> None:
     failing = PollStatusRecord("aws", "us-east-1", "spot", T0, None, 1.5, 0, 1, "AuthError: x")
-    store.save_poll_status(failing, [NewEvent("poll_failed", "m", alerts=("ops",))])
+    store.save_poll_status(failing, [NewEvent("poll.failed", "m", alerts=("ops",))])
     ok = PollStatusRecord(
         "aws", "us-east-1", "spot", T0 + timedelta(minutes=10), T0, 0.2, 9, 0, None
     )

@@ -71,7 +71,7 @@ def test_a_valid_edit_is_swapped_in_and_recorded(
     assert w.run_once() == ["loaded"]
     now = w.registry.get("small")
     assert now is not None and now.policy.workload.gpu_memory_gib == 40
-    assert kinds(store) == ["policy_loaded", "policy_loaded"]
+    assert kinds(store) == ["policy.loaded", "policy.loaded"]
     assert store.list_events()[0].message == f"policy small updated from {path}"
     assert [v.outcome for v in store.policy_versions("small")] == ["loaded", "loaded"]
     assert w.run_once() == []  # nothing changed since
@@ -91,7 +91,7 @@ def test_a_bad_edit_keeps_the_last_good_version_and_the_alert_carries_the_line(
     assert kept is not None and kept.policy == good.policy and kept.sha256 == good.sha256
     line = f"{path}:5:9: workload.gpus: must be a whole number"
     assert kept.status == FILE_INVALID and kept.problems == (line,)
-    [alert] = [a for a in store.due_alerts(clock()) if a.event.kind == "policy_invalid"]
+    [alert] = [a for a in store.due_alerts(clock()) if a.event.kind == "policy.rejected"]
     assert alert.event.severity == "warning"
     assert line in alert.event.message
     assert "the last good version of policy small stays in force" in alert.event.message
@@ -133,9 +133,7 @@ def test_a_deleted_policy_a_live_job_uses_stays_until_the_job_ends(
     kept = w.registry.get("small")
     assert kept is not None and kept.status == FILE_DELETED
     assert w.registry.get("other") is None
-    deleted = [
-        a.event for a in store.due_alerts(clock()) if a.event.kind == "policy_deleted_in_use"
-    ]
+    deleted = [a.event for a in store.due_alerts(clock()) if a.event.kind == "policy.kept"]
     assert len(deleted) == 1 and deleted[0].severity == "warning"
 
     assert w.run_once() == []  # still in use: still kept, no new alert
@@ -173,7 +171,7 @@ def test_a_restart_keeps_the_last_good_version_of_a_file_broken_meanwhile(
     again = watcher(store, policy_dir, clock)  # a second restart: nothing new to say
     assert again.run_once() == []
     assert again.registry.get("small").status == FILE_INVALID
-    assert kinds(store) == ["policy_loaded", "policy_invalid"]
+    assert kinds(store) == ["policy.loaded", "policy.rejected"]
 
 
 def test_a_restart_keeps_a_policy_deleted_meanwhile_while_a_job_uses_it(
@@ -210,7 +208,7 @@ def test_the_running_daemon_reloads_and_alerts_on_a_bad_edit(
                     "secret": "a-long-enough-secret",
                 }
             },
-            "routes": [{"kinds": ["policy_invalid"], "channels": ["hook"]}],
+            "routes": [{"kinds": ["policy.rejected"], "channels": ["hook"]}],
         },
     )
     with running(config) as daemon, api(daemon) as client:
@@ -222,10 +220,10 @@ def test_the_running_daemon_reloads_and_alerts_on_a_bad_edit(
             what="the edit to be in force",
         )
         write_policy(policy_dir, "small.yaml", BAD_GPUS)
-        wait_until(lambda: received, what="the policy_invalid alert")
+        wait_until(lambda: received, what="the policy.rejected alert")
         shown = client.get("/policies").json()
     [alert] = received
-    assert alert["kind"] == "policy_invalid"
+    assert alert["kind"] == "policy.rejected"
     assert f"{path}:5:9: workload.gpus: must be a whole number" in alert["message"]
     [policy] = shown["policies"]
     assert policy["status"] == FILE_INVALID and policy["problems"] == alert["data"]["problems"]
@@ -282,7 +280,7 @@ def test_a_follower_loads_without_recording_and_records_on_becoming_leader(
     assert w.run_once() == ["loaded"]
     (version,) = store.latest_policy_versions().values()
     assert version.outcome == "loaded" and "gpu_memory_gib: 40" in (version.text or "")
-    assert kinds(store) == ["policy_loaded"]
+    assert kinds(store) == ["policy.loaded"]
     w.resync()  # nothing changed since: a second resync records nothing more
     assert w.run_once() == []
-    assert kinds(store) == ["policy_loaded"]
+    assert kinds(store) == ["policy.loaded"]

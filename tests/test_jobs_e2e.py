@@ -198,5 +198,5 @@ def test_an_auth_error_disables_the_provider_with_an_alert(
     attempts = daemon.store.attempts(job["id"])
     events = daemon.store.events(job_id=job["id"])
     seen = [(e.kind, e.message) for e in events], [(a.key, a.end_reason) for a in attempts]
-    assert "provider.auth" in [e.kind for e in events], seen
+    assert "provider.auth_failed" in [e.kind for e in events], seen
     assert [a.end_reason for a in attempts] == ["auth"], seen  # one try, then local sat out

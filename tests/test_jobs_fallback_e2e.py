@@ -112,7 +112,7 @@ def test_a_job_interrupted_twice_on_spot_finishes_on_demand_from_its_checkpoint(
     assert len(interrupted) == 2, interrupted
     assert FALLBACK not in interrupted[0] and "restart 1" in interrupted[0]
     assert FALLBACK in interrupted[1] and "restart 2" in interrupted[1]
-    transitions = [e.message for e in events if e.kind == "job.state"]
+    transitions = [e.message for e in events if e.kind == "job.state_changed"]
     assert any(FALLBACK in m and "attempt 3 on" in m and "on_demand" in m for m in transitions)
     alerted = wait_until(
         lambda: len(m := interruption_alerts(httpserver)) >= 2 and m, 10, "both alerts"

@@ -21,6 +21,7 @@ from sqlmodel import SQLModel
 from typer.testing import CliRunner
 
 from optimizer.cli import app
+from optimizer.model import EventKind
 from optimizer.store import Store, migrate
 from optimizer.store.migrate import SchemaError, State
 from tests.helpers import run_gpuopt, start_gpuopt
@@ -141,16 +142,16 @@ def cli(*args: str, url: str) -> Any:
 
 
 def test_head_and_history_are_the_two_hand_written_revisions() -> None:
-    assert migrate.head() == "0002"
-    assert [r.id for r in migrate.history()] == ["0001", "0002"]
+    assert migrate.head() == "0003"
+    assert [r.id for r in migrate.history()] == ["0001", "0002", "0003"]
 
 
 def test_migrations_to_head_make_exactly_the_table_definitions(store: Store) -> None:
     assert migrate.status(store.engine).state is State.EMPTY
     done = migrate.upgrade(store.engine)
-    assert (done.found.state, done.revision) == (State.EMPTY, "0002")
+    assert (done.found.state, done.revision) == (State.EMPTY, "0003")
     assert schema_diff(store.engine) == []
-    assert versions(store.engine) == ["0002"]
+    assert versions(store.engine) == ["0003"]
     assert migrate.status(store.engine).state is State.CURRENT
 
 
@@ -161,14 +162,14 @@ def test_create_all_makes_what_the_migrations_make(store: Store) -> None:
     assert tables(store.engine) <= {migrate.VERSION_TABLE}
     store.create_all()  # the fast path tests use: table definitions, stamped at head
     assert catalog(store.engine) == migrated
-    assert versions(store.engine) == ["0002"]
-    assert migrate.current(store.engine) == "0002"
+    assert versions(store.engine) == ["0003"]
+    assert migrate.current(store.engine) == "0003"
 
 
 def test_downgrade_to_base_and_upgrade_again(store: Store) -> None:
     migrate.upgrade(store.engine)
     back = migrate.downgrade(store.engine, "0001")
-    assert (back.found.revision, back.revision) == ("0002", "0001")
+    assert (back.found.revision, back.revision) == ("0003", "0001")
     assert "replica" not in tables(store.engine)
     assert {d[1].name for d in schema_diff(store.engine) if d[0] == "add_table"} == {"replica"}
     assert migrate.status(store.engine).state is State.OLDER
@@ -179,14 +180,37 @@ def test_downgrade_to_base_and_upgrade_again(store: Store) -> None:
 
     migrate.upgrade(store.engine)
     assert schema_diff(store.engine) == []
-    assert migrate.current(store.engine) == "0002"
+    assert migrate.current(store.engine) == "0003"
+
+
+def test_0003_renames_stored_event_kinds_and_the_downgrade_names_them_back(store: Store) -> None:
+    migrate.upgrade(store.engine)
+    migrate.downgrade(store.engine, "0002")
+    job = seed(store)  # job_submitted, as gpuopt before 0003 spelled it
+    for kind in ("price_drop", "job.state", "daemon.leader", "job.failed", "someone.else"):
+        store.add_event(kind, "m", job_id=job, at=T0)
+
+    migrate.upgrade(store.engine)
+    renamed = ["job.submitted", "price.dropped", "job.state_changed", "leader.elected"]
+    unchanged = ["job.failed", "someone.else"]  # already today's name, or not gpuopt's
+    assert [e.kind for e in store.events(job_id=job)] == renamed + unchanged
+    assert {e.kind for e in store.events(job_id=job)} - set(EventKind) == {"someone.else"}
+
+    migrate.downgrade(store.engine, "0002")
+    assert [e.kind for e in store.events(job_id=job)] == [
+        "job_submitted",
+        "price_drop",
+        "job.state",
+        "daemon.leader",
+        *unchanged,
+    ]
 
 
 def test_a_failed_migration_leaves_nothing_behind(store: Store) -> None:
     with store.engine.begin() as conn:  # a stranger's index takes the name 0002 needs
         conn.execute(text("CREATE TABLE squatter (x INTEGER)"))
         conn.execute(text("CREATE INDEX ix_replica_heartbeat_at ON squatter (x)"))
-    with pytest.raises(SchemaError, match="the migration to 0002 failed and was rolled back"):
+    with pytest.raises(SchemaError, match="the migration to 0003 failed and was rolled back"):
         migrate.upgrade(store.engine)
     assert tables(store.engine) - {migrate.VERSION_TABLE} == {"squatter"}
     assert not versions(store.engine)
@@ -207,16 +231,16 @@ def test_an_unversioned_database_is_refused_then_upgraded_with_its_rows(store: S
         migrate.ensure_ready(store.engine)
     assert str(refused.value) == (
         "the database has no schema revision (an earlier gpuopt made its tables), this gpuopt "
-        "needs 0002: run gpuopt db upgrade"
+        "needs 0003: run gpuopt db upgrade"
     )
     assert catalog(store.engine) == before and versions(store.engine) is None
 
     done = migrate.upgrade(store.engine)
-    assert (done.found.state, done.adopted, done.revision) == (State.UNVERSIONED, "0001", "0002")
+    assert (done.found.state, done.adopted, done.revision) == (State.UNVERSIONED, "0001", "0003")
     assert migrate.ensure_ready(store.engine).state is State.CURRENT
     assert schema_diff(store.engine) == []
     assert store.get_job("train").id == job  # type: ignore[union-attr]
-    assert [e.kind for e in store.events(job_id=job)] == ["job_submitted"]
+    assert [e.kind for e in store.events(job_id=job)] == ["job.submitted"]  # renamed by 0003
 
 
 def test_an_unversioned_database_with_the_replica_table_is_recognised_as_0002(
@@ -225,8 +249,8 @@ def test_an_unversioned_database_with_the_replica_table_is_recognised_as_0002(
     SQLModel.metadata.create_all(store.engine)  # what a3190c4 made
     seed(store)
     done = migrate.upgrade(store.engine)
-    assert (done.adopted, done.revision) == ("0002", "0002")
-    assert versions(store.engine) == ["0002"]
+    assert (done.adopted, done.revision) == ("0002", "0003")
+    assert versions(store.engine) == ["0003"]
     assert store.get_job("train") is not None
 
 
@@ -256,16 +280,16 @@ def test_a_database_at_0001_is_refused_until_gpuopt_db_upgrade(database: Databas
         with pytest.raises(SchemaError) as refused:
             migrate.ensure_ready(db.engine)
         assert str(refused.value) == (
-            "the database is at revision 0001, this gpuopt needs 0002: run gpuopt db upgrade"
+            "the database is at revision 0001, this gpuopt needs 0003: run gpuopt db upgrade"
         )
         assert "replica" not in tables(db.engine)
 
     done = cli("upgrade", url=database.url)
     assert done.exit_code == 0, done.output
-    assert done.stdout.endswith(": upgraded from 0001 to 0002\n")
+    assert done.stdout.endswith(": upgraded from 0001 to 0003\n")
 
     with database.open() as db:
-        assert migrate.ensure_ready(db.engine).revision == "0002"
+        assert migrate.ensure_ready(db.engine).revision == "0003"
         assert db.get_job("train").id == job  # type: ignore[union-attr]
         assert schema_diff(db.engine) == []
 
@@ -282,7 +306,7 @@ def test_a_newer_database_is_refused_and_left_alone(store: Store) -> None:
     before = (catalog(store.engine), versions(store.engine))
     newer = (
         "the database was migrated by a newer gpuopt: revision 0099 is unknown to this version "
-        "(head 0002); upgrade gpuopt"
+        "(head 0003); upgrade gpuopt"
     )
     for attempt in (migrate.ensure_ready, migrate.upgrade, Store.create_all):
         target = store if attempt is Store.create_all else store.engine
@@ -313,7 +337,7 @@ def test_the_daemon_refuses_a_newer_database_in_one_line(
     errors = [line for line in done.stderr.splitlines() if line.startswith("gpuopt: error:")]
     assert errors == [
         "gpuopt: error: the database was migrated by a newer gpuopt: revision 0099 is unknown "
-        "to this version (head 0002); upgrade gpuopt"
+        "to this version (head 0003); upgrade gpuopt"
     ]
     assert "Traceback" not in done.stderr
     assert "gpuopt: API at" not in done.stdout
@@ -323,9 +347,9 @@ def test_the_daemon_refuses_a_newer_database_in_one_line(
 
 def test_the_daemon_creates_an_empty_database_through_the_migrations(store: Store) -> None:
     assert migrate.ensure_ready(store.engine).state is State.CURRENT
-    assert versions(store.engine) == ["0002"]
+    assert versions(store.engine) == ["0003"]
     assert schema_diff(store.engine) == []
-    assert migrate.ensure_ready(store.engine).revision == "0002"  # and again: nothing to do
+    assert migrate.ensure_ready(store.engine).revision == "0003"  # and again: nothing to do
 
 
 # -- the command line --------------------------------------------------------------------------
@@ -334,24 +358,24 @@ def test_the_daemon_creates_an_empty_database_through_the_migrations(store: Stor
 def test_db_current_says_revision_head_and_status(database: Database) -> None:
     empty = cli("current", url=database.url)
     assert empty.exit_code == 0, empty.output
-    assert "revision  none\nhead      0002\nstatus    empty:" in empty.stdout
+    assert "revision  none\nhead      0003\nstatus    empty:" in empty.stdout
 
     created = cli("upgrade", url=database.url)
-    assert created.stdout.endswith(": created at 0002\n")
+    assert created.stdout.endswith(": created at 0003\n")
     again = cli("upgrade", url=database.url)
-    assert again.stdout.endswith(": already at 0002; nothing to do\n")
+    assert again.stdout.endswith(": already at 0003; nothing to do\n")
 
     shown = cli("current", "--json", url=database.url)
     assert json.loads(shown.stdout) == {
         "database": migrate.display_url(database.url),
-        "revision": "0002",
-        "head": "0002",
+        "revision": "0003",
+        "head": "0003",
         "state": "current",
-        "message": "the database is at 0002, the newest revision this gpuopt knows",
+        "message": "the database is at 0003, the newest revision this gpuopt knows",
     }
 
     down = cli("downgrade", "0001", url=database.url)
-    assert down.stdout.endswith(": downgraded from 0002 to 0001\n")
+    assert down.stdout.endswith(": downgraded from 0003 to 0001\n")
     older = cli("current", url=database.url)
     assert "status    older: the database is at revision 0001" in older.stdout
 
@@ -376,7 +400,7 @@ def test_db_history_lists_the_revisions_with_the_head_marked() -> None:
     shown = CliRunner().invoke(app, ["db", "history"])
     assert shown.exit_code == 0
     lines = shown.stdout.splitlines()
-    assert [line.split()[0] for line in lines] == ["0001", "0002"]
+    assert [line.split()[0] for line in lines] == ["0001", "0002", "0003"]
     assert lines[-1].endswith("(head)") and not lines[0].endswith("(head)")
 
 
@@ -388,9 +412,9 @@ def test_db_downgrade_refuses_base_and_unknown_revisions(database: Database) -> 
     unknown = cli("downgrade", "0042", url=database.url)
     assert unknown.exit_code == 2
     assert unknown.stderr == (
-        "gpuopt: error: unknown revision '0042'; this gpuopt knows 0001, 0002\n"
+        "gpuopt: error: unknown revision '0042'; this gpuopt knows 0001, 0002, 0003\n"
     )
-    assert cli("current", "--json", url=database.url).stdout.count('"0002"') == 2
+    assert cli("current", "--json", url=database.url).stdout.count('"0003"') == 2
 
 
 def test_an_unreachable_database_is_one_line_without_its_password() -> None:
@@ -453,7 +477,7 @@ def test_concurrent_upgrades_take_turns(database: Database) -> None:
     try:
         assert not [r for r in results if isinstance(r, Exception)], results
         assert sorted(r.found.state.value for r in results) == ["current", "empty"]
-        assert versions(stores[0].engine) == ["0002"]
+        assert versions(stores[0].engine) == ["0003"]
         assert schema_diff(stores[0].engine) == []
     finally:
         for db in stores:
@@ -467,6 +491,6 @@ def test_two_gpuopt_db_upgrade_processes_at_once(database: Database, tmp_path: P
     outs = [proc.communicate(timeout=60) for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], outs
     said = sorted(out.rsplit(": ", 1)[-1] for out, _err in outs)
-    assert said == ["already at 0002; nothing to do\n", "created at 0002\n"]
+    assert said == ["already at 0003; nothing to do\n", "created at 0003\n"]
     with database.open() as db:
-        assert versions(db.engine) == ["0002"]
+        assert versions(db.engine) == ["0003"]

@@ -13,29 +13,46 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from optimizer.model import EventKind, event_kind
 from optimizer.store.tables import OutboxItem
 
-# Plain titles for the events the daemon raises; other kinds get their name spelled out.
-TITLES = {
-    "best_offer_changed": "Best offer changed",
-    "price_drop": "Best offer got cheaper",
-    "no_candidates": "No offer satisfies a policy",
-    "bid_cap_crossed": "Spot price crossed a bid cap",
-    "policy_loaded": "Policy loaded",
-    "policy_invalid": "Policy edit rejected",
-    "policy_removed": "Policy removed",
-    "policy_deleted_in_use": "Deleted policy kept in force",
-    "poll_failed": "Price poll failing",
-    "poll_recovered": "Price poll recovered",
-    "provider_disabled": "Provider disabled",
-    "job_submitted": "Job submitted",
-    "job_cancelled": "Job cancelled",
+# A plain title for every kind the daemon raises (a test checks none is missing); a kind
+# recorded by another version gets its name spelled out.
+TITLES: dict[str, str] = {
+    EventKind.BEST_OFFER_CHANGED: "Best offer changed",
+    EventKind.BEST_OFFER_LOST: "No offer satisfies a policy",
+    EventKind.PRICE_DROPPED: "Best offer got cheaper",
+    EventKind.BID_CAP_CROSSED: "Spot price crossed a bid cap",
+    EventKind.POLICY_LOADED: "Policy loaded",
+    EventKind.POLICY_REJECTED: "Policy edit rejected",
+    EventKind.POLICY_REMOVED: "Policy removed",
+    EventKind.POLICY_KEPT: "Deleted policy kept in force",
+    EventKind.POLL_FAILED: "Price poll failing",
+    EventKind.POLL_RECOVERED: "Price poll recovered",
+    EventKind.PROVIDER_DISABLED: "Provider disabled",
+    EventKind.PROVIDER_QUOTA_EXCEEDED: "Provider quota reached",
+    EventKind.PROVIDER_AUTH_FAILED: "Provider refused a launch",
+    EventKind.JOB_SUBMITTED: "Job submitted",
+    EventKind.JOB_CANCELLED: "Job cancelled",
+    EventKind.JOB_STATE_CHANGED: "Job state changed",
+    EventKind.JOB_DEFERRED: "Job waiting to launch",
+    EventKind.JOB_POLICY_MISSING: "Job's policy not loaded",
+    EventKind.JOB_LAUNCH_FAILED: "Launch failed",
+    EventKind.JOB_LAUNCH_TIMED_OUT: "Agent did not check in",
+    EventKind.JOB_INTERRUPTED: "Job interrupted",
+    EventKind.JOB_PROBE_FAILED: "GPU probe failed",
+    EventKind.JOB_INSTANCE_LOST: "Instance lost",
+    EventKind.JOB_SUCCEEDED: "Job succeeded",
+    EventKind.JOB_FAILED: "Job failed",
+    EventKind.BUDGET_THRESHOLD_CROSSED: "Budget nearly spent",
+    EventKind.LEADER_ELECTED: "Replica took the lead",
 }
 _RECEIVER_EXCERPT = 200
 
 
 def title_for(kind: str) -> str:
-    return TITLES.get(kind, kind.replace("_", " ").capitalize())
+    kind = event_kind(kind)
+    return TITLES.get(kind, kind.replace(".", " ").replace("_", " ").capitalize())
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from optimizer.alerts.config import RetryConfig
 from optimizer.alerts.routing import Router
 from optimizer.common.retry import backoff_delay
+from optimizer.model import EventKind
 from optimizer.store.tables import NewEvent
 
 
@@ -33,7 +34,7 @@ class Emitter:
 
     def draft(
         self,
-        kind: str,
+        kind: EventKind,
         message: str,
         *,
         severity: str = "info",
@@ -56,7 +57,7 @@ class Emitter:
 
     def emit(
         self,
-        kind: str,
+        kind: EventKind,
         message: str,
         *,
         severity: str = "info",

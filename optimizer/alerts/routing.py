@@ -1,4 +1,9 @@
-"""Which channels an event goes to: routes match event kinds (globs) and a minimum severity."""
+"""Which channels an event goes to: routes match event kinds (globs) and a minimum severity.
+
+A kind's earlier spellings (`optimizer.model.LEGACY_EVENT_KINDS`, e.g. `price_drop` for
+`price.dropped`) are matched too, so routes written before kinds were spelled `noun.verb`
+route the same events as before.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ from fnmatch import fnmatchcase
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from optimizer.model import legacy_names
 
 Severity = Literal["info", "warning", "critical"]
 SEVERITIES: tuple[str, ...] = ("info", "warning", "critical")
@@ -30,11 +37,16 @@ class Route(BaseModel):
     channels: list[str] | None = None
 
     def matches(self, kind: str, severity: str) -> bool:
+        names = (kind, *legacy_names(kind))
         return (
             severity_rank(severity) >= severity_rank(self.min_severity)
-            and any(fnmatchcase(kind, glob) for glob in self.kinds)
-            and not any(fnmatchcase(kind, glob) for glob in self.exclude_kinds)
+            and _any_match(names, self.kinds)
+            and not _any_match(names, self.exclude_kinds)
         )
+
+
+def _any_match(names: Sequence[str], globs: Iterable[str]) -> bool:
+    return any(fnmatchcase(name, glob) for glob in globs for name in names)
 
 
 DEFAULT_ROUTES = (Route(),)

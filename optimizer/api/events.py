@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query
 
 from optimizer.api.state import StateDep, utc_text
+from optimizer.model import event_kind
 from optimizer.store import EventRecord
 
 router = APIRouter(tags=["events"])
@@ -29,7 +30,9 @@ def event_view(event: EventRecord) -> dict[str, Any]:
 @router.get("/events")
 def list_events(
     state: StateDep,
-    kind: str | None = None,
+    kind: Annotated[
+        str | None, Query(description="Only events of this kind (an earlier spelling works too).")
+    ] = None,
     job: Annotated[str | None, Query(description="Only this job's events (by name).")] = None,
     policy: str | None = None,
     before: Annotated[int | None, Query(description="Only events with an id below this.")] = None,
@@ -43,7 +46,11 @@ def list_events(
             raise HTTPException(404, detail=f"no job named {job!r}")
         job_id = record.id
     events = state.store.list_events(
-        kind=kind, job_id=job_id, policy=policy, before_id=before, limit=limit
+        kind=None if kind is None else event_kind(kind),
+        job_id=job_id,
+        policy=policy,
+        before_id=before,
+        limit=limit,
     )
     return {"events": [event_view(e) for e in events]}
 

@@ -10,6 +10,7 @@ from fastapi import APIRouter, HTTPException, Query, status
 from optimizer.api.state import ApiState, StateDep, utc_text
 from optimizer.jobs.machine import JobState
 from optimizer.jobs.spec import JobSpec
+from optimizer.model import EventKind
 from optimizer.store import DuplicateJobError, JobRecord
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -67,7 +68,7 @@ def submit_job(spec: JobSpec, state: StateDep) -> dict[str, Any]:
         )
     body = spec.model_dump(mode="json", exclude={"api_version", "kind", "name", "policy"})
     event = state.emitter.draft(
-        "job_submitted",
+        EventKind.JOB_SUBMITTED,
         f"job {spec.name} submitted under policy {spec.policy}",
         policy=spec.policy,
         data={"job": spec.name},
@@ -90,7 +91,7 @@ def cancel_job(name: str, state: StateDep) -> dict[str, Any]:
     """Cancel a job that has not ended (409 once it has succeeded, failed or been cancelled)."""
     current = _job(state, name)
     event = state.emitter.draft(
-        "job_cancelled",
+        EventKind.JOB_CANCELLED,
         f"job {name} cancelled (was {current.state})",
         policy=current.policy,
         data={"job": name, "state_before": current.state},

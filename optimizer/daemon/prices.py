@@ -1,9 +1,9 @@
 """Price signals: after each poll, each policy's ranking is compared with the last one.
 
-Events: `best_offer_changed` (the top candidate is another pool), `price_drop` (the same pool
+Events: `best_offer.changed` (the top candidate is another pool), `price.dropped` (the same pool
 got more than `drop_fraction` cheaper than its reference price: the price when last
-reported, raised whenever it rises), `no_candidates` (nothing satisfies the policy any
-more), and `bid_cap_crossed` (spot pools whose price moved across the policy's bid cap, one
+reported, raised whenever it rises), `best_offer.lost` (nothing satisfies the policy any
+more), and `bid_cap.crossed` (spot pools whose price moved across the policy's bid cap, one
 event per direction per poll). The first evaluation of a policy version sets the baseline and
 raises nothing. `price_signals` is pure; `PriceWatch` reads and writes the store.
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 from optimizer.alerts.outbox import Emitter
 from optimizer.daemon.policies import PolicyRegistry
-from optimizer.model import Market, Offer
+from optimizer.model import EventKind, Market, Offer
 from optimizer.store import Store
 from optimizer.store.tables import NewEvent
 from policies.engine import Ranking, evaluate
@@ -79,7 +79,7 @@ class PriceState:
 
 @dataclass(frozen=True, slots=True)
 class Signal:
-    kind: str
+    kind: EventKind
     severity: str
     message: str
     data: dict[str, Any]
@@ -136,7 +136,7 @@ def price_signals(
         if previous.best_pool is not None:
             signals.append(
                 Signal(
-                    "no_candidates",
+                    EventKind.BEST_OFFER_LOST,
                     "warning",
                     f"policy {name}: no offer satisfies it any more "
                     f"(best was {previous.best_pool} at {_usd(previous.best_usd or 0)})",
@@ -151,7 +151,7 @@ def price_signals(
         was = f" (was {previous.best_pool} at {_usd(before)}{change})" if before else ""
         signals.append(
             Signal(
-                "best_offer_changed",
+                EventKind.BEST_OFFER_CHANGED,
                 "info",
                 f"policy {name}: best offer is now {describe(offer)} at {_usd(usd)}{was}",
                 {
@@ -170,7 +170,7 @@ def price_signals(
         if usd <= (1 - drop_fraction) * reference:
             signals.append(
                 Signal(
-                    "price_drop",
+                    EventKind.PRICE_DROPPED,
                     "info",
                     f"policy {name}: best offer {describe(offer)} is {1 - usd / reference:.0%} "
                     f"cheaper: {_usd(reference)} → {_usd(usd)}",
@@ -209,7 +209,7 @@ def _crossing(
     count = f"{len(crossed)} spot pool{'s' if len(crossed) != 1 else ''}"
     first = crossed[0]
     return Signal(
-        "bid_cap_crossed",
+        EventKind.BID_CAP_CROSSED,
         severity,
         f"policy {name}: {count} moved {direction} the bid cap: {listed}{more}",
         {

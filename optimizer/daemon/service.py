@@ -47,7 +47,7 @@ from optimizer.daemon.providers import ProviderHandle, make_handles, provider_se
 from optimizer.daemon.scheduler import LoopScheduler
 from optimizer.daemon.server import ApiServer, is_loopback
 from optimizer.jobs.reconcile import JobReconciler
-from optimizer.model import Market
+from optimizer.model import EventKind, Market
 from optimizer.store import Store
 from optimizer.store.migrate import SchemaError, UnreachableError, ensure_ready
 from providers.base import OfferSource
@@ -311,7 +311,7 @@ class Daemon:
             return
         if isinstance(self.leadership, PostgresElection):
             self.emitter.emit(
-                "daemon.leader",
+                EventKind.LEADER_ELECTED,
                 f"replica {self.leadership.replica} now leads: it polls, reconciles jobs "
                 "and sends alerts",
                 data={"replica": self.leadership.replica},

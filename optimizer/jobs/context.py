@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from optimizer.clock import Clock
+from optimizer.model import EventKind
 from optimizer.store import Store
 from optimizer.store.tables import JobRecord, NewEvent
 from policies.schema import Policy
@@ -41,7 +42,7 @@ class EventDrafter(Protocol):
 
     def draft(
         self,
-        kind: str,
+        kind: EventKind,
         message: str,
         *,
         severity: str = "info",

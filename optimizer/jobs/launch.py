@@ -22,7 +22,7 @@ from optimizer.jobs.bootstrap import DEFAULT_INSTALL, bootstrap_script
 from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.machine import Alert, Launch, describe_pool
 from optimizer.jobs.recovery import LaunchError, Pool, Strategy
-from optimizer.model import Offer
+from optimizer.model import EventKind, Offer
 from optimizer.store.jobs import AttemptRecord, token_sha256
 from optimizer.store.tables import JobRecord
 from policies.engine import evaluate
@@ -165,7 +165,7 @@ class Launcher:
                     ctx,
                     job,
                     Alert(
-                        "budget.warning",
+                        EventKind.BUDGET_THRESHOLD_CROSSED,
                         "warning",
                         f"policy {job.policy}: projected ${first:,.2f} this month is over "
                         f"{budget.ALERT_FRACTION:.0%} of ${cap:,.2f}",
@@ -266,7 +266,7 @@ class Launcher:
                 ctx,
                 job,
                 Alert(
-                    "job.launch_failed",
+                    EventKind.JOB_LAUNCH_FAILED,
                     "warning",
                     f"launch on {describe_pool(attempt.pool)} failed: {exc}",
                 ),
@@ -297,7 +297,7 @@ class Launcher:
             ctx,
             job,
             Alert(
-                "job.launch_failed",
+                EventKind.JOB_LAUNCH_FAILED,
                 "info",
                 f"no capacity on {describe_pool(attempt.pool)}; trying the next offer",
             ),
@@ -318,7 +318,7 @@ class Launcher:
             ctx,
             job,
             Alert(
-                "provider.quota",
+                EventKind.PROVIDER_QUOTA_EXCEEDED,
                 "warning",
                 f"quota on {attempt.provider} {attempt.region}: {exc}",
             ),
@@ -346,7 +346,7 @@ class Launcher:
             ctx,
             job,
             Alert(
-                "provider.auth",
+                EventKind.PROVIDER_AUTH_FAILED,
                 "error",
                 f"{attempt.provider} refused the launch: {exc}{sits_out}",
             ),

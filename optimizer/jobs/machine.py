@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from optimizer.jobs.recovery import Failover, Failure, GiveUp, Past, Pool, Strategy
-from optimizer.model import Market
+from optimizer.model import EventKind, Market
 
 REGISTER_TIMEOUT = timedelta(minutes=10)  # how long a launch's agent may take to check in
 
@@ -100,7 +100,7 @@ class Cooldown:
 
 @dataclass(frozen=True, slots=True)
 class Alert:
-    kind: str
+    kind: EventKind
     severity: str
     message: str
 
@@ -124,7 +124,7 @@ class Decision:
 @dataclass(frozen=True, slots=True)
 class _Relaunch:
     why: Failure
-    alert_kind: str
+    alert_kind: EventKind
     message: str
     stop_job: bool = False  # let the job checkpoint instead of killing the instance
 
@@ -141,21 +141,23 @@ def _relaunch_reason(
     if attempt.interruption_notice_at is not None or attempt.preempted:
         return _Relaunch(
             Failure.PREEMPTED,
-            "job.interrupted",
+            EventKind.JOB_INTERRUPTED,
             f"spot capacity reclaimed on {where}",
             stop_job=True,
         )
     if attempt.probe_status == "fail":
-        return _Relaunch(Failure.PROBE_FAILED, "job.probe_failed", f"GPU probe failed on {where}")
+        return _Relaunch(
+            Failure.PROBE_FAILED, EventKind.JOB_PROBE_FAILED, f"GPU probe failed on {where}"
+        )
     if attempt.instance_gone and attempt.exit_code is None:
         return _Relaunch(
-            Failure.LOST, "job.instance_lost", f"instance on {where} ended unexpectedly"
+            Failure.LOST, EventKind.JOB_INSTANCE_LOST, f"instance on {where} ended unexpectedly"
         )
     if not attempt.registered and now - attempt.launched_at > register_timeout:
         minutes = register_timeout.total_seconds() / 60
         return _Relaunch(
             Failure.NOT_REGISTERED,
-            "job.launch_timeout",
+            EventKind.JOB_LAUNCH_TIMED_OUT,
             f"agent on {where} did not check in within {minutes:g} minutes",
         )
     return None
@@ -178,7 +180,7 @@ def _finished(job: JobView, attempt: AttemptView, code: int) -> Decision:
             "job exited 0",
             (
                 Terminate(attempt.key, "job finished"),
-                Alert("job.succeeded", "info", f"job {job.name} finished"),
+                Alert(EventKind.JOB_SUCCEEDED, "info", f"job {job.name} finished"),
             ),
             end_attempt="succeeded",
         )
@@ -187,7 +189,7 @@ def _finished(job: JobView, attempt: AttemptView, code: int) -> Decision:
         f"job exited {code}",
         (
             Terminate(attempt.key, "job failed"),
-            Alert("job.failed", "error", f"job {job.name} exited with code {code}"),
+            Alert(EventKind.JOB_FAILED, "error", f"job {job.name} exited with code {code}"),
         ),
         end_attempt="failed",
     )
@@ -213,7 +215,7 @@ def decide(
         return Decision(
             JobState.CANCELLED,
             "cancelled by request",
-            (*stop, Alert("job.cancelled", "info", f"job {job.name} cancelled")),
+            (*stop, Alert(EventKind.JOB_CANCELLED, "info", f"job {job.name} cancelled")),
             end_attempt="user" if attempt is not None else None,
         )
 
@@ -247,7 +249,11 @@ def decide(
             f"{relaunch.message}; {where.reason}",
             (
                 *gone,
-                Alert("job.failed", "error", f"job {job.name}: {relaunch.message}; {where.alert}"),
+                Alert(
+                    EventKind.JOB_FAILED,
+                    "error",
+                    f"job {job.name}: {relaunch.message}; {where.alert}",
+                ),
             ),
             end_attempt=relaunch.why.value,
             restarts=restarts,

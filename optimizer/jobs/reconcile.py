@@ -36,6 +36,7 @@ from optimizer.jobs.machine import (
     leftover,
 )
 from optimizer.jobs.recovery import Failure, Strategy, strategy_for
+from optimizer.model import EventKind
 from optimizer.store.jobs import AttemptRecord
 from optimizer.store.tables import JobRecord, NewEvent
 from policies.schema import Policy
@@ -114,7 +115,7 @@ class JobReconciler:
             self._emit(
                 ctx,
                 job,
-                Alert("job.no_policy", "error", f"policy {job.policy} is not loaded"),
+                Alert(EventKind.JOB_POLICY_MISSING, "error", f"policy {job.policy} is not loaded"),
                 dedupe=f"job:{job.id}:no-policy",
             )
             return
@@ -192,7 +193,7 @@ class JobReconciler:
                         self._draft(
                             ctx,
                             job,
-                            Alert("job.pending", "warning", f"job {job.name}: {why}"),
+                            Alert(EventKind.JOB_DEFERRED, "warning", f"job {job.name}: {why}"),
                             dedupe=f"job:{job.id}:pending:{why}",
                         )
                     )
@@ -208,7 +209,7 @@ class JobReconciler:
             if changed:
                 events.append(
                     ctx.emitter.draft(
-                        "job.state",
+                        EventKind.JOB_STATE_CHANGED,
                         f"job {job.name}: {job.state} → {state.value} ({reason})",
                         policy=job.policy,
                         data={"from": job.state, "to": state.value, "reason": reason},

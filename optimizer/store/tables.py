@@ -15,6 +15,8 @@ from sqlalchemy import BigInteger, DateTime, Dialect, Index, Integer, Text, Uniq
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 
+from optimizer.model import EventKind
+
 POOL_COLUMNS: tuple[str, ...] = ("provider", "region", "zone", "instance_type", "market")
 
 # The job states after which nothing happens to a job: the store keeps them off the live
@@ -324,7 +326,7 @@ class NewEvent:
     `<dedupe_key>#<channel>`, and a key already in the outbox is not raised again.
     """
 
-    kind: str
+    kind: EventKind
     message: str
     severity: str = "info"
     job_id: int | None = None

@@ -3,8 +3,8 @@ default), each configured region fetched concurrently; new observations land in 
 history, each region's status in the store, and then every policy is re-evaluated.
 
 A provider that fails is not a loop failure: the poll records the error, counts it, raises
-`poll_failed` (or `provider_disabled`) once when a region starts failing and
-`poll_recovered` when it works again, and tries again next tick.
+`poll.failed` (or `provider.disabled`) once when a region starts failing and
+`poll.recovered` when it works again, and tries again next tick.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from optimizer.alerts.outbox import Emitter
 from optimizer.clock import Clock
 from optimizer.daemon.metrics import Metrics
 from optimizer.daemon.providers import ProviderHandle
-from optimizer.model import Market, Offer
+from optimizer.model import EventKind, Market, Offer
 from optimizer.store import Store
 from optimizer.store.tables import NewEvent, PollStatusRecord
 from providers.base import ProviderDisabled
@@ -142,7 +142,7 @@ class PollLoop:
                 if prev is not None and prev.failures:
                     events.append(
                         self.emitter.draft(
-                            "poll_recovered",
+                            EventKind.POLL_RECOVERED,
                             f"{where} {market} prices are polled again "
                             f"after {prev.failures} failed poll(s)",
                             data={"provider": provider, "region": result.region},
@@ -156,7 +156,7 @@ class PollLoop:
                     disabled = isinstance(error, ProviderDisabled)
                     events.append(
                         self.emitter.draft(
-                            "provider_disabled" if disabled else "poll_failed",
+                            EventKind.PROVIDER_DISABLED if disabled else EventKind.POLL_FAILED,
                             f"{where} {market} poll failed: {text}",
                             severity="warning",
                             data={"provider": provider, "region": result.region, "error": text},

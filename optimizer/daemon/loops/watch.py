@@ -29,6 +29,7 @@ from optimizer.daemon.policies import (
     PolicyRegistry,
     RejectedFile,
 )
+from optimizer.model import EventKind
 from optimizer.store import Store
 from optimizer.store.tables import NewEvent, PolicyVersionRecord
 from policies.loader import PolicyError, parse_policy
@@ -224,7 +225,7 @@ class PolicyWatcher:
         verb = "updated" if updated else "loaded"
         work.events.append(
             self.emitter.draft(
-                "policy_loaded",
+                EventKind.POLICY_LOADED,
                 f"policy {policy.name} {verb} from {path}",
                 policy=policy.name,
                 data={"path": path, "sha256": sha, "change": verb},
@@ -268,7 +269,7 @@ class PolicyWatcher:
         )
         work.events.append(
             self.emitter.draft(
-                "policy_invalid",
+                EventKind.POLICY_REJECTED,
                 f"{path}: edit rejected, {stays}:\n" + "\n".join(problems),
                 severity="warning",
                 policy=name,
@@ -330,7 +331,7 @@ class PolicyWatcher:
 
     def _kept_event(self, entry: LoadedPolicy) -> NewEvent:
         return self.emitter.draft(
-            "policy_deleted_in_use",
+            EventKind.POLICY_KEPT,
             f"policy {entry.name} was deleted from {entry.path} but live jobs run under it; "
             "it stays in force until they end",
             severity="warning",
@@ -345,7 +346,7 @@ class PolicyWatcher:
         work.versions.append(_version(entry.path, entry.name, entry.sha256, "removed", now))
         work.events.append(
             self.emitter.draft(
-                "policy_removed",
+                EventKind.POLICY_REMOVED,
                 f"policy {entry.name} removed: {why}",
                 policy=entry.name,
                 data={"path": entry.path, "sha256": entry.sha256},
