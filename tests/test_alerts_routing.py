@@ -145,3 +145,34 @@ def test_a_route_naming_an_unknown_channel_is_an_error(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match=r"routes\[0\] names channel 'pager'"):
         load_config(path)
+
+
+def test_an_unknown_channel_type_names_the_known_ones() -> None:
+    from pydantic import ValidationError
+
+    from optimizer.alerts.config import ChannelConfig
+
+    with pytest.raises(
+        ValidationError, match=r"unknown channel type 'pagerduty'; known types: slack, webhook"
+    ):
+        ChannelConfig(type="pagerduty", url="https://events.example.com/x")
+
+
+def test_each_channel_type_builds_its_notifier_through_the_table() -> None:
+    import httpx
+
+    from optimizer.alerts.channels import CHANNEL_TYPES, build_notifiers
+    from optimizer.alerts.config import ChannelConfig
+    from optimizer.alerts.slack import SlackNotifier
+    from optimizer.alerts.webhook import WebhookNotifier
+    from optimizer.clock import utc_now
+
+    channels = {
+        "ops": ChannelConfig(type="slack", url="https://hooks.slack.com/services/T/B/x"),
+        "hook": ChannelConfig(type="webhook", url="https://example.com/hook", secret="s" * 20),
+    }
+    with httpx.Client() as client:
+        built = build_notifiers(channels, client, utc_now)
+    assert isinstance(built["ops"], SlackNotifier) and built["ops"].name == "ops"
+    assert isinstance(built["hook"], WebhookNotifier) and built["hook"].name == "hook"
+    assert set(CHANNEL_TYPES) == {"slack", "webhook"}

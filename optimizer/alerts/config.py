@@ -7,11 +7,11 @@ URLs and secrets are `SecretStr`: they print as `**********` in reprs, logs and
 from __future__ import annotations
 
 import re
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from optimizer.alerts.channel import check_url
+from optimizer.alerts.channels import CHANNEL_TYPES, secret_problem
 from optimizer.alerts.routing import Route
 
 CHANNEL_NAME = r"^[a-z0-9][a-z0-9_-]{0,62}$"
@@ -31,13 +31,22 @@ def _usable_url(value: SecretStr) -> SecretStr:
 
 class ChannelConfig(_Section):
     """One alert destination: a Slack incoming webhook (`type: slack`) or any HTTP endpoint
-    that receives signed JSON (`type: webhook`, which needs the shared `secret`)."""
+    that receives signed JSON (`type: webhook`, which needs the shared `secret`); the types
+    are those of `alerts/channels.py`."""
 
-    type: Literal["slack", "webhook"]
+    type: str
     url: SecretStr
     secret: SecretStr | None = Field(
         None, description=f"webhook only: shared HMAC secret, >= {MIN_SECRET_CHARS} characters."
     )
+
+    @field_validator("type")
+    @classmethod
+    def _known_type(cls, value: str) -> str:
+        if value not in CHANNEL_TYPES:
+            known = ", ".join(sorted(CHANNEL_TYPES))
+            raise ValueError(f"unknown channel type {value!r}; known types: {known}")
+        return value
 
     @field_validator("url")
     @classmethod
@@ -56,10 +65,9 @@ class ChannelConfig(_Section):
 
     @model_validator(mode="after")
     def _secret_fits_type(self) -> ChannelConfig:
-        if self.type == "webhook" and self.secret is None:
-            raise ValueError("a webhook channel needs `secret` (receivers verify the signature)")
-        if self.type == "slack" and self.secret is not None:
-            raise ValueError("a slack channel takes no `secret` (the URL is the credential)")
+        problem = secret_problem(self.type, self.secret is not None)
+        if problem:
+            raise ValueError(problem)
         return self
 
 

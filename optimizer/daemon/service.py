@@ -25,11 +25,9 @@ from pydantic import SecretStr
 from sqlalchemy import text
 
 from optimizer import __version__
-from optimizer.alerts.channel import Notifier
+from optimizer.alerts.channels import build_notifiers
 from optimizer.alerts.outbox import Emitter
 from optimizer.alerts.routing import Router
-from optimizer.alerts.slack import SlackNotifier
-from optimizer.alerts.webhook import WebhookNotifier
 from optimizer.clock import Clock, utc_now
 from optimizer.daemon.config import DaemonConfig, ProviderConfig
 from optimizer.daemon.errors import DaemonError
@@ -79,19 +77,6 @@ def resolve_token(config: DaemonConfig) -> tuple[SecretStr, Path | None]:
     with os.fdopen(fd, "w", encoding="utf-8") as stream:
         stream.write(token + "\n")
     return SecretStr(token), path
-
-
-def build_notifiers(
-    config: DaemonConfig, client: httpx.Client, clock: Clock
-) -> dict[str, Notifier]:
-    out: dict[str, Notifier] = {}
-    for name, channel in config.alerts.channels.items():
-        if channel.type == "slack":
-            out[name] = SlackNotifier(name, channel.url, client, clock=clock)
-        else:
-            assert channel.secret is not None  # the config validator requires it
-            out[name] = WebhookNotifier(name, channel.url, channel.secret, client, clock=clock)
-    return out
 
 
 class ClusterWakeup(threading.Event):
@@ -195,7 +180,7 @@ class Daemon:
         )
         self.deliver = DeliverLoop(
             self.store,
-            build_notifiers(config, self.http, clock),
+            build_notifiers(config.alerts.channels, self.http, clock),
             clock,
             retry=config.alerts.retry,
             rng=rng,
