@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 
@@ -23,14 +22,13 @@ def policy_text(name: str = "small", *, cap: float | None = None, memory: float 
 
 
 def write_policy(directory: Path, filename: str, text: str) -> Path:
-    """Write a policy file so the watcher sees a change even within one mtime tick.
-
-    The modification time is set past the file's previous one, not read as test data: the
-    watcher compares the two."""
+    """Write a policy file so the watcher sees a change even within one mtime tick: a rewrite
+    that kept the old modification time gets one a millisecond later."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / filename
-    before = path.stat().st_mtime_ns if path.exists() else 0
+    before = path.stat().st_mtime_ns if path.exists() else None
     path.write_text(text, encoding="utf-8")
-    stamp = max(time.time_ns(), before + 1_000_000)
-    os.utime(path, ns=(stamp, stamp))
+    if before is not None and path.stat().st_mtime_ns <= before:
+        stamp = before + 1_000_000
+        os.utime(path, ns=(stamp, stamp))
     return path
