@@ -54,12 +54,14 @@ def test_the_job_runs_in_its_own_process_group(tmp_path: Path) -> None:
     log = tmp_path / "job.log"
     started: list[int] = []
     runner = JobRunner(
-        run="sleep 30",
+        run="echo trapped; sleep 30",
         env=dict(os.environ),
         log_path=log,
         on_started=lambda pid, phase: started.append(pid),
     ).start()
     wait_until(lambda: started, what="job start")
+    # A SIGTERM that lands before the shell has set its traps ends it by the signal, not 143.
+    wait_until(lambda: log_has(log, "trapped"), what="the traps to be set")
     assert os.getpgid(started[0]) == started[0] != os.getpgid(0)
     runner.stop(5)
     end = runner.wait(10)
