@@ -76,6 +76,36 @@ def test_a_wakeup_runs_a_reconcile_pass_now(tmp_path: Path) -> None:
     assert seen and seen[-1].jobs == ()
 
 
+def test_a_wake_as_a_pass_finishes_is_not_dropped_by_the_scheduler(tmp_path: Path) -> None:
+    """A wake-up that comes after a pass's last check, while the scheduler still counts that
+    run as in progress, must start a pass now (it was skipped as a second instance, so the
+    job waited a whole interval)."""
+    first_done, hold = threading.Event(), threading.Event()
+    with running(make_config(tmp_path)) as daemon:  # its own tick is an hour away
+        loop = daemon.reconcile
+        wait_until(lambda: loop.passes >= 1, what="the pass at start")
+
+        def tick_then_linger() -> None:
+            loop.tick()
+            if not first_done.is_set():
+                first_done.set()
+                hold.wait(10)  # the run has passed its last check but has not ended
+
+        scheduler = LoopScheduler()
+        scheduler.add("held", tick_then_linger, 3600, run_now=False, guards_overlap=True)
+        loop.attach(lambda: scheduler.run_now("held"))
+        scheduler.start()
+        try:
+            scheduler.run_now("held")
+            wait_until(first_done.is_set, what="the first held pass")
+            before = loop.passes
+            loop.wakeup.set()
+            wait_until(lambda: loop.passes > before, what="the pass the wake-up asked for")
+        finally:
+            hold.set()
+            scheduler.shutdown()
+
+
 def test_a_wake_during_a_pass_runs_one_more_pass(tmp_path: Path) -> None:
     entered, release = threading.Event(), threading.Event()
     calls: list[int] = []

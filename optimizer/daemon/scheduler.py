@@ -47,10 +47,24 @@ class LoopScheduler:
         self.names: list[str] = []
 
     def add(
-        self, name: str, func: Callable[[], object], every_s: float, *, run_now: bool = True
+        self,
+        name: str,
+        func: Callable[[], object],
+        every_s: float,
+        *,
+        run_now: bool = True,
+        guards_overlap: bool = False,
     ) -> None:
-        """Run `func` every `every_s` seconds (first at start when `run_now`)."""
-        kwargs = {"next_run_time": datetime.now(UTC)} if run_now else {}
+        """Run `func` every `every_s` seconds (first at start when `run_now`).
+
+        `guards_overlap`: `func` itself refuses to run twice at once, so the scheduler may
+        start it while a run is still finishing. A `run_now` that lands in the moment between
+        a run's last check and its end then still runs, instead of being dropped as a second
+        instance (how a wake-up could wait a whole interval).
+        """
+        kwargs: dict[str, object] = {"next_run_time": datetime.now(UTC)} if run_now else {}
+        if guards_overlap:
+            kwargs["max_instances"] = 3
         self._scheduler.add_job(
             self._guarded(name, func),
             "interval",

@@ -262,7 +262,8 @@ class Daemon:
         for queue in self.queues:  # back to back: each run is one long poll
             self._lead(queue.name, queue.run_once, 0.5)
         self.scheduler.add("watch", self.watcher.run_once, loops.watch_s, run_now=False)
-        self._lead("reconcile", self.reconcile.tick, loops.reconcile_s)
+        # tick() refuses to overlap itself, so a wake-up is never dropped as a second instance
+        self._lead("reconcile", self.reconcile.tick, loops.reconcile_s, guards_overlap=True)
         self._lead("deliver", self.deliver.run_once, loops.deliver_s)
         self.reconcile.attach(lambda: self.scheduler.run_now("reconcile"))
         self.reconcile.reconcilers.append(JobReconciler(self._api_url))
@@ -279,7 +280,9 @@ class Daemon:
             self.leadership.replica,
         )
 
-    def _lead(self, name: str, func: Callable[[], object], every_s: float) -> None:
+    def _lead(
+        self, name: str, func: Callable[[], object], every_s: float, *, guards_overlap: bool = False
+    ) -> None:
         """Schedule a loop that only the leader runs (followers skip their ticks)."""
 
         def run() -> None:
@@ -287,7 +290,7 @@ class Daemon:
                 func()
 
         self._leader_loops.append(name)
-        self.scheduler.add(name, run, every_s)
+        self.scheduler.add(name, run, every_s, guards_overlap=guards_overlap)
 
     def _leadership_changed(self, leading: bool) -> None:
         self.metrics.leader.set(1 if leading else 0)

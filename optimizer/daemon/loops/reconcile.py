@@ -103,8 +103,14 @@ class ReconcileLoop:
             self._trigger()
 
     def tick(self) -> None:
-        """The scheduled job: a pass, and another while wake-ups arrived during one."""
+        """The scheduled job: a pass, and another while wake-ups arrived during one.
+
+        Never two passes at once: a tick that finds one running returns at once, and the
+        running one passes again if a wake-up came (the flag is set before the trigger).
+        """
         with self._lock:
+            if self._running:
+                return
             self._running = True
         try:
             for _ in range(MAX_BACK_TO_BACK):
