@@ -158,10 +158,10 @@ def _running_jobs(store: Any) -> Any:
 
     now = datetime.now(UTC)
     offer = make_offer(provider="local", region="eu-west-1", zone="eu-west-1-a", observed_at=now)
-    for job in store.list_jobs():
+    for job in store.jobs.list_jobs():
         key = f"{job.id}-1"
-        store.create_attempt(job.id, 1, key, offer, "h", now)
-        store.update_attempt(
+        store.jobs.create_attempt(job.id, 1, key, offer, "h", now)
+        store.jobs.update_attempt(
             key,
             instance_id=f"i-{job.id}",
             registered_at=now,
@@ -169,7 +169,7 @@ def _running_jobs(store: Any) -> Any:
             probe_status="pass",
             state="launched",
         )
-        store.transition_job(job.id, state="running", reason="attempt 1: running", at=now)
+        store.jobs.transition_job(job.id, state="running", reason="attempt 1: running", at=now)
     registry = PolicyRegistry()
     text = "apiVersion: gpuopt/v1\nkind: Policy\nname: {}\n"
     registry.swap(
@@ -218,9 +218,9 @@ def reconcile_pass(passes: int, database_url: str | None) -> list[dict[str, Any]
                     spec = {"run": "python train.py", "checkpoint_dir": "s3://b/c", "env": {}}
                     t0 = time.perf_counter()
                     for i in range(JOBS):
-                        store.add_job(f"job-{i:04d}", f"policy-{i % 10}", spec)
+                        store.jobs.add_job(f"job-{i:04d}", f"policy-{i % 10}", spec)
                     submit_s = time.perf_counter() - t0
-                    emitter = Emitter(store, Router([], []))
+                    emitter = Emitter(store.events, Router([], []))
                     registry = _running_jobs(store)
                     for label, reconcilers in (
                         ("no reconciler", []),

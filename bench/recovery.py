@@ -95,24 +95,26 @@ def main() -> None:
                 }
                 with api(daemon) as client:
                     client.post("/jobs", json=body).raise_for_status()
-                job_id = daemon.store.get_job("bench").id
+                job_id = daemon.store.jobs.get_job("bench").id
                 for n in range(1, args.interruptions + 1):
                     record = wait_until(lambda k=n: _running(cloud, k), 60, f"attempt {n}")
                     wait_until(
-                        lambda k=record.key: daemon.store.attempt(k).job_started_at, 60, "start"
+                        lambda k=record.key: daemon.store.jobs.attempt(k).job_started_at,
+                        60,
+                        "start",
                     )
                     floor = _latest_step(ckpt) + 100
                     wait_until(lambda f=floor: _latest_step(ckpt) >= f, 60, "progress")
                     cloud.interrupt(record.id)
                     notice = time.time()
                     nxt = wait_until(
-                        lambda k=f"{job_id}-{n + 1}": daemon.store.attempt(k), 30, "relaunch"
+                        lambda k=f"{job_id}-{n + 1}": daemon.store.jobs.attempt(k), 30, "relaunch"
                     )
                     launched = nxt.started_at.timestamp()
                     started = wait_until(
-                        lambda k=nxt.key: daemon.store.attempt(k).job_started_at, 60, "running"
+                        lambda k=nxt.key: daemon.store.jobs.attempt(k).job_started_at, 60, "running"
                     ).timestamp()
-                    nxt = daemon.store.attempt(nxt.key)  # now with its instance id
+                    nxt = daemon.store.jobs.attempt(nxt.key)  # now with its instance id
                     wait_until(
                         lambda i=nxt.instance_id: _resumed_from(base, i) is not None, 60, "resume"
                     )

@@ -1,4 +1,4 @@
-"""How fast `Store.record_offers` lands price rows, on SQLite and (optionally) PostgreSQL.
+"""How fast `store.prices.record_offers` lands price rows, on SQLite and (optionally) PostgreSQL.
 
 Builds synthetic offers shaped like real polls (AWS/GCP GPU types, zonal spot, regional
 on-demand, spot prices drifting every five minutes), then times two ways of writing them:
@@ -165,12 +165,12 @@ def run_mode(
     )
     with make_store() as store:
         started = time.perf_counter()
-        written = sum(store.record_offers(batch) for batch in batches)
+        written = sum(store.prices.record_offers(batch) for batch in batches)
         seconds = time.perf_counter() - started
         history_rows = _count(store, PriceHistory)
         latest_rows = _count(store, LatestPrice)
         started = time.perf_counter()
-        latest = store.latest_offers()
+        latest = store.prices.latest_offers()
         read_seconds = time.perf_counter() - started
     if written != len(offers) or history_rows != len(offers) or latest_rows != len(latest):
         raise SystemExit(f"{engine}/{mode}: rows went missing ({written=}, {history_rows=})")

@@ -105,7 +105,8 @@ class LaunchSpec:
 class SpecCache(Protocol):
     """Where a provider keeps slow-changing facts (instance specs) between polls.
 
-    The store implements it; providers never import the store.
+    The store's prices repository (`store.prices`) implements it; providers never import the
+    store.
     """
 
     def load_cached(self, provider: str, key: str) -> tuple[datetime, Any] | None:

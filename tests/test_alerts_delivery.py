@@ -96,7 +96,7 @@ def webhook_loop(store: Store, url: str, clock: ManualClock, **retry: float) -> 
 
 
 def emit_price_drop(store: Store, channels: tuple[str, ...] = ("hook",)) -> int:
-    emitter = Emitter(store, Router([], channels))
+    emitter = Emitter(store.events, Router([], channels))
     return emitter.emit(
         "price.dropped",
         "policy small: best offer is 25% cheaper",
@@ -118,7 +118,7 @@ def test_a_receiver_that_is_down_gets_the_alert_once_it_is_back(
     for attempt in (1, 2):
         report = loop.run_once()
         assert report.retried == 1 and len(receiver.requests) == attempt
-        [row] = [a for a in store.list_alerts(state="pending") if a["channel"] == "hook"]
+        [row] = [a for a in store.events.list_alerts(state="pending") if a["channel"] == "hook"]
         assert row["attempts"] == attempt and "HTTP 503" in row["last_error"]
         waits.append(row["next_attempt_at"] - clock())
         assert loop.run_once().retried == 0  # not due yet: nothing is sent
@@ -136,8 +136,8 @@ def test_a_receiver_that_is_down_gets_the_alert_once_it_is_back(
     assert timedelta(seconds=5) <= waits[0] <= timedelta(seconds=10)
     assert timedelta(seconds=10) <= waits[1] <= timedelta(seconds=20)
     # The event was routed to "ops" too, a channel this loop does not have: failed, said why.
-    assert store.alert_counts() == {"pending": 0, "delivered": 1, "failed": 1}
-    [orphan] = store.list_alerts(state="failed")
+    assert store.events.alert_counts() == {"pending": 0, "delivered": 1, "failed": 1}
+    [orphan] = store.events.list_alerts(state="failed")
     assert orphan["channel"] == "ops" and "not configured" in orphan["last_error"]
     body = receiver.delivered[0]["body"]
     assert body["kind"] == "price.dropped" and body["price_before"] == 0.8
@@ -167,7 +167,7 @@ def test_a_permanent_refusal_fails_the_alert_without_retrying(
     loop = webhook_loop(store, httpserver.url_for("/hook"), clock)
     emit_price_drop(store)
     assert loop.run_once().failed == 1
-    [row] = store.list_alerts(state="failed")
+    [row] = store.events.list_alerts(state="failed")
     assert row["attempts"] == 1 and row["last_error"].startswith("HTTP 404: no such hook")
 
 
@@ -180,11 +180,11 @@ def test_an_alert_fails_after_its_last_attempt_and_honours_retry_after(
     loop = webhook_loop(store, httpserver.url_for("/hook"), clock, max_attempts=2, base_s=1)
     emit_price_drop(store)
     assert loop.run_once().retried == 1
-    [row] = store.list_alerts(state="pending")
+    [row] = store.events.list_alerts(state="pending")
     assert row["next_attempt_at"] - clock() == timedelta(seconds=120)
     clock.advance(120)
     assert loop.run_once().failed == 1
-    [row] = store.list_alerts(state="failed")
+    [row] = store.events.list_alerts(state="failed")
     assert "gave up after 2 attempt(s)" in row["last_error"]
 
 
@@ -233,10 +233,10 @@ def test_an_unreachable_channel_is_skipped_for_the_rest_of_the_pass(
 ) -> None:
     loop = webhook_loop(store, "http://127.0.0.1:9/hook", clock)  # port 9 refuses
     for n in range(3):
-        Emitter(store, Router([], ["hook"])).emit("price.dropped", f"drop {n}")
+        Emitter(store.events, Router([], ["hook"])).emit("price.dropped", f"drop {n}")
     report = loop.run_once()
     assert (report.retried, report.skipped) == (1, 2)
-    assert [a["attempts"] for a in store.list_alerts()] == [0, 0, 1]
+    assert [a["attempts"] for a in store.events.list_alerts()] == [0, 0, 1]
 
 
 def test_a_restarted_daemon_delivers_what_the_last_one_left_pending(
@@ -256,15 +256,15 @@ def test_a_restarted_daemon_delivers_what_the_last_one_left_pending(
     with running(config, clock=clock) as first:
         first.emitter.emit("price.dropped", "cheaper", policy="small", dedupe_key="drop:x")
         wait_until(lambda: receiver.requests, what="the first (failed) attempt")
-        wait_until(lambda: first.store.list_alerts()[0]["attempts"] == 1, what="the booking")
+        wait_until(lambda: first.store.events.list_alerts()[0]["attempts"] == 1, what="the booking")
 
     clock.advance(3600)  # past any back-off
     with running(config, clock=clock) as second:
         wait_until(
-            lambda: second.store.alert_counts()["delivered"] == 1,
+            lambda: second.store.events.alert_counts()["delivered"] == 1,
             what="the restarted daemon's delivery",
         )
         # The same alert, not a new one: one row, two attempts, one delivery.
-        [row] = second.store.list_alerts()
+        [row] = second.store.events.list_alerts()
         assert row["attempts"] == 2 and row["dedupe_key"] == "drop:x#hook"
     assert len(receiver.requests) == 2 and len(receiver.delivered) == 1

@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 
 from optimizer.store import Store
+from optimizer.store import events as store_events
 from optimizer.store.tables import NewEvent
 from tests.helpers import T0
 
@@ -19,8 +20,8 @@ def alert(kind: str = "price.dropped", *, key: str | None = None, channels=("ops
 
 
 def test_an_event_and_its_alerts_are_written_together(store: Store) -> None:
-    event_id = store.record_event(alert(channels=("ops", "pager")), at=T0)
-    due = store.due_alerts(T0)
+    event_id = store.events.record_event(alert(channels=("ops", "pager")), at=T0)
+    due = store.events.due_alerts(T0)
     assert [(a.channel, a.event.id, a.event.kind) for a in due] == [
         ("ops", event_id, "price.dropped"),
         ("pager", event_id, "price.dropped"),
@@ -31,43 +32,69 @@ def test_an_event_and_its_alerts_are_written_together(store: Store) -> None:
 def test_a_failed_alert_write_leaves_no_event_behind(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken():
+    def broken(dialect: str) -> None:
         raise RuntimeError("outbox unavailable")
 
-    monkeypatch.setattr(store, "_outbox_insert", broken)
+    monkeypatch.setattr(store_events, "_outbox_insert", broken)
     with pytest.raises(RuntimeError):
-        store.record_event(alert(), at=T0)
-    assert store.list_events() == []
+        store.events.record_event(alert(), at=T0)
+    assert store.events.list_events() == []
+
+
+def test_a_job_transition_and_its_alerts_commit_together(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job_id = store.jobs.add_job("train", "small", {"run": "x"}, at=T0)
+    working = store_events._outbox_insert
+
+    def broken(dialect: str) -> None:
+        raise RuntimeError("outbox unavailable")
+
+    monkeypatch.setattr(store_events, "_outbox_insert", broken)
+    with pytest.raises(RuntimeError):
+        store.jobs.transition_job(
+            job_id, state="failed", reason="r", events=[alert("job.failed")], at=T0
+        )
+    assert store.jobs.get_job("train").state == "pending"  # type: ignore[union-attr]
+    assert store.events.list_events() == []
+    monkeypatch.setattr(store_events, "_outbox_insert", working)
+    store.jobs.transition_job(job_id, state="failed", reason="r", events=[alert("x")], at=T0)
+    assert store.jobs.get_job("train").state == "failed"  # type: ignore[union-attr]
+    assert [a.event.job_id for a in store.events.due_alerts(T0)] == [job_id]
 
 
 def test_the_same_dedupe_key_raises_one_alert(store: Store) -> None:
-    store.record_event(alert(key="drop:1"), at=T0)
-    store.record_event(alert(key="drop:1"), at=T0)
-    store.record_event(alert(key="drop:2"), at=T0)
-    assert [a.dedupe_key for a in store.due_alerts(T0)] == ["drop:1#ops", "drop:2#ops"]
-    assert len(store.list_events()) == 3  # the events are facts; the alert is raised once
+    store.events.record_event(alert(key="drop:1"), at=T0)
+    store.events.record_event(alert(key="drop:1"), at=T0)
+    store.events.record_event(alert(key="drop:2"), at=T0)
+    assert [a.dedupe_key for a in store.events.due_alerts(T0)] == ["drop:1#ops", "drop:2#ops"]
+    assert len(store.events.list_events()) == 3  # the events are facts; the alert is raised once
 
 
 def test_due_alerts_come_oldest_first_with_the_job_name(store: Store) -> None:
-    job_id = store.add_job("train", "small", {"run": "x"}, at=T0)
-    store.record_event(alert("late"), at=T0 + timedelta(minutes=5))
-    store.record_event(NewEvent("early", "m", job_id=job_id, alerts=("ops",)), at=T0)
-    due = store.due_alerts(T0 + timedelta(minutes=5))
+    job_id = store.jobs.add_job("train", "small", {"run": "x"}, at=T0)
+    store.events.record_event(alert("late"), at=T0 + timedelta(minutes=5))
+    store.events.record_event(NewEvent("early", "m", job_id=job_id, alerts=("ops",)), at=T0)
+    due = store.events.due_alerts(T0 + timedelta(minutes=5))
     assert [(a.event.kind, a.job_name) for a in due] == [("early", "train"), ("late", None)]
-    assert [a.event.kind for a in store.due_alerts(T0)] == ["early"]
+    assert [a.event.kind for a in store.events.due_alerts(T0)] == ["early"]
 
 
 def test_bookkeeping_moves_alerts_on_from_pending_only(store: Store) -> None:
-    store.record_event(alert(key="a"), at=T0)
-    store.record_event(alert(key="b"), at=T0)
-    first, second = store.due_alerts(T0)
+    store.events.record_event(alert(key="a"), at=T0)
+    store.events.record_event(alert(key="b"), at=T0)
+    first, second = store.events.due_alerts(T0)
     later = T0 + timedelta(seconds=30)
-    assert store.alert_retry(first.id, attempts=1, next_attempt_at=later, error="HTTP 503", at=T0)
-    assert [a.id for a in store.due_alerts(T0)] == [second.id]
-    assert store.alert_delivered(second.id, attempts=1, at=T0)
-    assert not store.alert_retry(second.id, attempts=2, next_attempt_at=later, error="x", at=T0)
-    assert store.alert_failed(first.id, attempts=2, error="HTTP 500 " + "x" * 2000, at=later)
-    assert not store.alert_delivered(first.id, attempts=3, at=later)
-    assert store.alert_counts() == {"pending": 0, "delivered": 1, "failed": 1}
-    failed = store.list_alerts(state="failed")[0]
+    assert store.events.alert_retry(
+        first.id, attempts=1, next_attempt_at=later, error="HTTP 503", at=T0
+    )
+    assert [a.id for a in store.events.due_alerts(T0)] == [second.id]
+    assert store.events.alert_delivered(second.id, attempts=1, at=T0)
+    assert not store.events.alert_retry(
+        second.id, attempts=2, next_attempt_at=later, error="x", at=T0
+    )
+    assert store.events.alert_failed(first.id, attempts=2, error="HTTP 500 " + "x" * 2000, at=later)
+    assert not store.events.alert_delivered(first.id, attempts=3, at=later)
+    assert store.events.alert_counts() == {"pending": 0, "delivered": 1, "failed": 1}
+    failed = store.events.list_alerts(state="failed")[0]
     assert failed["attempts"] == 2 and len(failed["last_error"]) == 500

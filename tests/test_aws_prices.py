@@ -357,7 +357,7 @@ def test_list_prices_and_specs_are_reused_until_they_age(store: Any) -> None:
     stub_inventory(session)
     stub_market(session)
     stub_list_prices(session)
-    aws = AwsProvider(session=session, clock=clock, cache=store, max_workers=1)
+    aws = AwsProvider(session=session, clock=clock, cache=store.prices, max_workers=1)
     first = aws.fetch_offers(["us-east-1"])
     session.assert_done()
 

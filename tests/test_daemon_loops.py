@@ -121,7 +121,7 @@ def test_a_wake_during_a_pass_runs_one_more_pass(tmp_path: Path) -> None:
         daemon.reconcile.add(blocking)
         daemon.reconcile.wakeup.set()
         wait_until(entered.is_set, what="the blocking pass")
-        daemon.store.add_job("train", "small", {"run": "x"})
+        daemon.store.jobs.add_job("train", "small", {"run": "x"})
         daemon.reconcile.wakeup.set()  # arrives while the pass runs
         release.set()
         wait_until(lambda: len(calls) >= 2, what="the pass the wake asked for")

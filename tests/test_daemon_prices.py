@@ -114,7 +114,7 @@ def parts(tmp_path: Path, clock: ManualClock):
     store = Store(f"sqlite:///{tmp_path / 'p.db'}", clock=clock)
     store.create_all()
     registry = PolicyRegistry()
-    emitter = Emitter(store, Router([], ["ops"]))
+    emitter = Emitter(store.events, Router([], ["ops"]))
     write_policy(tmp_path / "policies", "plain.yaml", policy_text("plain"))
     PolicyWatcher(tmp_path / "policies", registry, store, emitter, clock).run_once()
     yield store, registry, emitter
@@ -137,9 +137,9 @@ def test_polls_record_new_observations_and_price_events_reach_the_outbox(
     clock.advance(600)
     source.offers = [make_offer(usd_per_hour=0.7, observed_at=clock())]
     assert poll.run_once().recorded == 1
-    history = store.price_history("aws", "us-east-1", "use1-az1", "g5.xlarge", "spot")
+    history = store.prices.price_history("aws", "us-east-1", "use1-az1", "g5.xlarge", "spot")
     assert [usd for _, usd in history] == [1.0, 0.7]
-    [drop] = [a for a in store.due_alerts(clock()) if a.event.kind == "price.dropped"]
+    [drop] = [a for a in store.events.due_alerts(clock()) if a.event.kind == "price.dropped"]
     assert drop.event.policy == "plain" and drop.event.data["price_after"] == 0.7
     labels = {"provider": "aws", "region": "*", "market": "spot"}
     assert metrics.sample("gpuopt_poll_offers", labels) == 1
@@ -162,18 +162,18 @@ def test_a_failing_provider_is_reported_once_and_its_recovery_too(
         report = poll.run_once()
         clock.advance(60)
     assert report.failed_regions == ("us-east-1", "eu-west-1")
-    statuses = {s.region: s for s in store.poll_statuses()}
+    statuses = {s.region: s for s in store.policies.poll_statuses()}
     assert statuses["us-east-1"].failures == 3
     assert statuses["us-east-1"].last_error == "AuthError: credentials expired"
-    failed = store.list_events(kind="poll.failed")
+    failed = store.events.list_events(kind="poll.failed")
     assert sorted(e.data["region"] for e in failed) == ["eu-west-1", "us-east-1"]
     labels = {"provider": "aws", "region": "us-east-1", "market": "spot", "error": "AuthError"}
     assert metrics.sample("gpuopt_poll_errors_total", labels) == 3
 
     source.error = None
     poll.run_once()
-    assert {s.failures for s in store.poll_statuses()} == {0}
-    assert len(store.list_events(kind="poll.recovered")) == 2
+    assert {s.failures for s in store.policies.poll_statuses()} == {0}
+    assert len(store.events.list_events(kind="poll.recovered")) == 2
 
 
 def test_a_disabled_provider_says_why(parts, clock: ManualClock) -> None:
@@ -186,13 +186,13 @@ def test_a_disabled_provider_says_why(parts, clock: ManualClock) -> None:
         ProviderHandle("gcp", ProviderConfig(), build), Market.SPOT, store, emitter, clock
     )
     poll.run_once()
-    [event] = store.list_events(kind="provider.disabled")
+    [event] = store.events.list_events(kind="provider.disabled")
     assert event.message == (
         "gcp spot poll failed: ProviderDisabled: no GCP project: set GPUOPT_GCP_PROJECT"
     )
     assert event.severity == "warning"
-    assert store.poll_statuses()[0].last_ok_at is None
-    assert clock() - store.poll_statuses()[0].last_run_at == timedelta(0)
+    assert store.policies.poll_statuses()[0].last_ok_at is None
+    assert clock() - store.policies.poll_statuses()[0].last_run_at == timedelta(0)
 
 
 def test_a_credential_in_a_provider_error_is_redacted(parts, clock: ManualClock) -> None:
@@ -202,6 +202,6 @@ def test_a_credential_in_a_provider_error_is_redacted(parts, clock: ManualClock)
     handle = ProviderHandle.given("gcp", ProviderConfig(), source)
     poll = PollLoop(handle, Market.SPOT, store, emitter, clock, secrets=["AIzaSy-secret-key-123"])
     poll.run_once()
-    [event] = store.list_events(kind="poll.failed")
+    [event] = store.events.list_events(kind="poll.failed")
     assert "AIzaSy" not in event.message and "bad key *** for billing" in event.message
-    assert "AIzaSy" not in (store.poll_statuses()[0].last_error or "")
+    assert "AIzaSy" not in (store.policies.poll_statuses()[0].last_error or "")

@@ -26,92 +26,96 @@ def version(path: str, name: str | None, sha: str, outcome: str, text: str | Non
 
 def test_a_job_and_its_event_are_one_transaction(store: Store) -> None:
     event = NewEvent("job.submitted", "submitted", alerts=("ops",))
-    job_id = store.add_job("train", "small", {"run": "x"}, event=event, at=T0)
-    job = store.get_job("train")
+    job_id = store.jobs.add_job("train", "small", {"run": "x"}, event=event, at=T0)
+    job = store.jobs.get_job("train")
     assert job is not None and job.id == job_id
     assert (job.state, job.spec, job.created_at) == ("pending", {"run": "x"}, T0)
-    [recorded] = store.list_events()
+    [recorded] = store.events.list_events()
     assert recorded.job_id == job.id and recorded.kind == "job.submitted"
     with pytest.raises(DuplicateJobError):
-        store.add_job("train", "small", {"run": "y"}, event=event, at=T0)
-    assert len(store.list_events()) == 1  # the refused submit left no event
-    assert [a.job_name for a in store.due_alerts(T0)] == ["train"]
+        store.jobs.add_job("train", "small", {"run": "y"}, event=event, at=T0)
+    assert len(store.events.list_events()) == 1  # the refused submit left no event
+    assert [a.job_name for a in store.events.due_alerts(T0)] == ["train"]
 
 
 def test_cancel_moves_only_jobs_that_have_not_ended(store: Store) -> None:
-    store.add_job("a", "small", {}, at=T0)
-    store.add_job("b", "other", {}, at=T0)
+    store.jobs.add_job("a", "small", {}, at=T0)
+    store.jobs.add_job("b", "other", {}, at=T0)
     event = NewEvent("job.cancelled", "cancelled")
-    job, changed = store.cancel_job("a", event=event, at=T0 + timedelta(minutes=1))
+    job, changed = store.jobs.cancel_job("a", event=event, at=T0 + timedelta(minutes=1))
     assert changed and job is not None and job.state == "cancelled"
     assert job.updated_at == T0 + timedelta(minutes=1)
-    assert store.cancel_job("a", event=event) == (job, False)
-    assert store.cancel_job("nope") == (None, False)
-    assert [j.name for j in store.live_jobs()] == ["b"]
-    assert store.policies_in_use() == {"other"}
-    assert store.job_counts() == {"cancelled": 1, "pending": 1}
-    assert [e.kind for e in store.list_events()] == ["job.cancelled"]
-    assert [j.name for j in store.jobs_page(limit=1)] == ["b"]
-    assert [j.name for j in store.jobs_page(state="cancelled")] == ["a"]
+    assert store.jobs.cancel_job("a", event=event) == (job, False)
+    assert store.jobs.cancel_job("nope") == (None, False)
+    assert [j.name for j in store.jobs.live_jobs()] == ["b"]
+    assert store.jobs.policies_in_use() == {"other"}
+    assert store.jobs.job_counts() == {"cancelled": 1, "pending": 1}
+    assert [e.kind for e in store.events.list_events()] == ["job.cancelled"]
+    assert [j.name for j in store.jobs.jobs_page(limit=1)] == ["b"]
+    assert [j.name for j in store.jobs.jobs_page(state="cancelled")] == ["a"]
 
 
 def test_the_store_ends_the_same_job_states_as_the_state_machine(store: Store) -> None:
     assert {s.value for s in TERMINAL} == TERMINAL_JOB_STATES
     for state in JobState:
-        job_id = store.add_job(state.value, "small", {}, at=T0)
-        store.transition_job(job_id, state=state, reason="", at=T0)
+        job_id = store.jobs.add_job(state.value, "small", {}, at=T0)
+        store.jobs.transition_job(job_id, state=state, reason="", at=T0)
     live = {s.value for s in JobState} - TERMINAL_JOB_STATES
-    assert {job.name for job in store.live_jobs()} == live
-    assert {name for name in live if store.cancel_job(name)[1]} == live
-    assert not any(store.cancel_job(name)[1] for name in TERMINAL_JOB_STATES)
+    assert {job.name for job in store.jobs.live_jobs()} == live
+    assert {name for name in live if store.jobs.cancel_job(name)[1]} == live
+    assert not any(store.jobs.cancel_job(name)[1] for name in TERMINAL_JOB_STATES)
 
 
 def test_policy_versions_say_what_is_in_force(store: Store) -> None:
-    store.record_policy_changes(
+    store.policies.record_policy_changes(
         [
             version("/p/a.yaml", "a", "1", "loaded", "text-1"),
             version("/p/b.yaml", "b", "2", "loaded", "text-2"),
         ],
         [NewEvent("policy.loaded", "a loaded")],
     )
-    store.record_policy_changes([version("/p/a.yaml", None, "3", "rejected")])
-    store.record_policy_changes([version("/p/b.yaml", "b", "2", "removed")])
-    assert {p: v.outcome for p, v in store.latest_policy_versions().items()} == {
+    store.policies.record_policy_changes([version("/p/a.yaml", None, "3", "rejected")])
+    store.policies.record_policy_changes([version("/p/b.yaml", "b", "2", "removed")])
+    assert {p: v.outcome for p, v in store.policies.latest_policy_versions().items()} == {
         "/p/a.yaml": "rejected",
         "/p/b.yaml": "removed",
     }
-    assert store.last_loaded_version("/p/a.yaml").text == "text-1"
-    assert list(store.policies_in_force()) == ["a"]
-    assert [v.outcome for v in store.policy_versions("b")] == ["removed", "loaded"]
-    assert [e.kind for e in store.list_events()] == ["policy.loaded"]
+    assert store.policies.last_loaded_version("/p/a.yaml").text == "text-1"
+    assert list(store.policies.policies_in_force()) == ["a"]
+    assert [v.outcome for v in store.policies.policy_versions("b")] == ["removed", "loaded"]
+    assert [e.kind for e in store.events.list_events()] == ["policy.loaded"]
 
 
 def test_price_signal_state_is_replaced_whole_with_its_events(store: Store) -> None:
-    store.save_price_signal("small", {"best_usd": 1.0}, at=T0)
-    store.save_price_signal("small", {"best_usd": 0.7}, [NewEvent("price.dropped", "m")], at=T0)
-    assert store.price_signals() == {"small": {"best_usd": 0.7}}
-    store.save_price_signal("small", None)
-    assert store.price_signals() == {}
-    assert [e.kind for e in store.list_events()] == ["price.dropped"]
+    store.policies.save_price_signal("small", {"best_usd": 1.0}, at=T0)
+    store.policies.save_price_signal(
+        "small", {"best_usd": 0.7}, [NewEvent("price.dropped", "m")], at=T0
+    )
+    assert store.policies.price_signals() == {"small": {"best_usd": 0.7}}
+    store.policies.save_price_signal("small", None)
+    assert store.policies.price_signals() == {}
+    assert [e.kind for e in store.events.list_events()] == ["price.dropped"]
 
 
 def test_poll_status_is_upserted_per_provider_region_and_market(store: Store) -> None:
     failing = PollStatusRecord("aws", "us-east-1", "spot", T0, None, 1.5, 0, 1, "AuthError: x")
-    store.save_poll_status(failing, [NewEvent("poll.failed", "m", alerts=("ops",))])
+    store.policies.save_poll_status(failing, [NewEvent("poll.failed", "m", alerts=("ops",))])
     ok = PollStatusRecord(
         "aws", "us-east-1", "spot", T0 + timedelta(minutes=10), T0, 0.2, 9, 0, None
     )
-    store.save_poll_status(ok)
-    store.save_poll_status(PollStatusRecord("aws", "*", "on_demand", T0, T0, 3.0, 4, 0, None))
-    assert store.poll_statuses() == [
+    store.policies.save_poll_status(ok)
+    store.policies.save_poll_status(
+        PollStatusRecord("aws", "*", "on_demand", T0, T0, 3.0, 4, 0, None)
+    )
+    assert store.policies.poll_statuses() == [
         PollStatusRecord("aws", "*", "on_demand", T0, T0, 3.0, 4, 0, None),
         ok,
     ]
-    assert len(store.due_alerts(T0)) == 1
+    assert len(store.events.due_alerts(T0)) == 1
 
 
 def test_offer_counts_by_provider_and_market(store: Store) -> None:
-    store.record_offers(
+    store.prices.record_offers(
         [make_offer(), make_offer(zone="use1-az2"), make_offer(provider="gcp", zone=None)]
     )
-    assert store.offer_counts() == {("aws", "spot"): 2, ("gcp", "spot"): 1}
+    assert store.prices.offer_counts() == {("aws", "spot"): 2, ("gcp", "spot"): 1}

@@ -42,12 +42,12 @@ def policy_dir(tmp_path: Path) -> Path:
 
 def watcher(store: Store, policy_dir: Path, clock: ManualClock) -> PolicyWatcher:
     policy_dir.mkdir(exist_ok=True)
-    emitter = Emitter(store, Router([], ["ops"]))
+    emitter = Emitter(store.events, Router([], ["ops"]))
     return PolicyWatcher(policy_dir, PolicyRegistry(), store, emitter, clock)
 
 
 def kinds(store: Store) -> list[str]:
-    return [e.kind for e in reversed(store.list_events())]
+    return [e.kind for e in reversed(store.events.list_events())]
 
 
 def settle(w: PolicyWatcher) -> list[str]:
@@ -72,8 +72,8 @@ def test_a_valid_edit_is_swapped_in_and_recorded(
     now = w.registry.get("small")
     assert now is not None and now.policy.workload.gpu_memory_gib == 40
     assert kinds(store) == ["policy.loaded", "policy.loaded"]
-    assert store.list_events()[0].message == f"policy small updated from {path}"
-    assert [v.outcome for v in store.policy_versions("small")] == ["loaded", "loaded"]
+    assert store.events.list_events()[0].message == f"policy small updated from {path}"
+    assert [v.outcome for v in store.policies.policy_versions("small")] == ["loaded", "loaded"]
     assert w.run_once() == []  # nothing changed since
 
 
@@ -91,7 +91,7 @@ def test_a_bad_edit_keeps_the_last_good_version_and_the_alert_carries_the_line(
     assert kept is not None and kept.policy == good.policy and kept.sha256 == good.sha256
     line = f"{path}:5:9: workload.gpus: must be a whole number"
     assert kept.status == FILE_INVALID and kept.problems == (line,)
-    [alert] = [a for a in store.due_alerts(clock()) if a.event.kind == "policy.rejected"]
+    [alert] = [a for a in store.events.due_alerts(clock()) if a.event.kind == "policy.rejected"]
     assert alert.event.severity == "warning"
     assert line in alert.event.message
     assert "the last good version of policy small stays in force" in alert.event.message
@@ -116,7 +116,7 @@ def test_a_new_broken_file_is_reported_with_nothing_kept(
     assert rejected.kept is None and rejected.problems == (
         f"{path}:1:1: name: required field is missing",
     )
-    assert "no earlier version to keep" in store.list_events()[0].message
+    assert "no earlier version to keep" in store.events.list_events()[0].message
 
 
 def test_a_deleted_policy_a_live_job_uses_stays_until_the_job_ends(
@@ -126,18 +126,18 @@ def test_a_deleted_policy_a_live_job_uses_stays_until_the_job_ends(
     write_policy(policy_dir, "other.yaml", policy_text("other"))
     w = watcher(store, policy_dir, clock)
     w.run_once()
-    store.add_job("train", "small", {"run": "x"})
+    store.jobs.add_job("train", "small", {"run": "x"})
     path.unlink()
     (policy_dir / "other.yaml").unlink()
     assert sorted(w.run_once()) == ["kept", "removed"]
     kept = w.registry.get("small")
     assert kept is not None and kept.status == FILE_DELETED
     assert w.registry.get("other") is None
-    deleted = [a.event for a in store.due_alerts(clock()) if a.event.kind == "policy.kept"]
+    deleted = [a.event for a in store.events.due_alerts(clock()) if a.event.kind == "policy.kept"]
     assert len(deleted) == 1 and deleted[0].severity == "warning"
 
     assert w.run_once() == []  # still in use: still kept, no new alert
-    store.cancel_job("train")
+    store.jobs.cancel_job("train")
     assert w.run_once() == ["removed"]
     assert w.registry.snapshot() == {}
 
@@ -179,7 +179,7 @@ def test_a_restart_keeps_a_policy_deleted_meanwhile_while_a_job_uses_it(
 ) -> None:
     path = write_policy(policy_dir, "small.yaml", policy_text("small"))
     watcher(store, policy_dir, clock).run_once()
-    store.add_job("train", "small", {"run": "x"})
+    store.jobs.add_job("train", "small", {"run": "x"})
     path.unlink()
     restarted = watcher(store, policy_dir, clock)
     assert restarted.run_once() == ["kept"]
@@ -236,7 +236,7 @@ def test_a_new_file_takes_over_a_deleted_policy_kept_for_its_jobs(
     old = write_policy(policy_dir, "small.yaml", policy_text("small", memory=16))
     w = watcher(store, policy_dir, clock)
     w.run_once()
-    store.add_job("train", "small", {"run": "x"})
+    store.jobs.add_job("train", "small", {"run": "x"})
     old.unlink()
     assert w.run_once() == ["kept"]
     new = write_policy(policy_dir, "renamed.yaml", policy_text("small", memory=32))
@@ -269,16 +269,16 @@ def test_a_follower_loads_without_recording_and_records_on_becoming_leader(
     write_policy(policy_dir, "small.yaml", policy_text("small", memory=16))
     assert w.run_once() == ["loaded"]
     assert w.registry.get("small") is not None  # in force on the follower, for its API
-    assert store.latest_policy_versions() == {} and kinds(store) == []  # nothing written
+    assert store.policies.latest_policy_versions() == {} and kinds(store) == []  # nothing written
 
     write_policy(policy_dir, "small.yaml", policy_text("small", memory=40))
     assert settle(w) == ["loaded"]
-    assert store.latest_policy_versions() == {}
+    assert store.policies.latest_policy_versions() == {}
 
     leading = True  # promoted: the next pass compares every file with the store's records
     w.resync()
     assert w.run_once() == ["loaded"]
-    (version,) = store.latest_policy_versions().values()
+    (version,) = store.policies.latest_policy_versions().values()
     assert version.outcome == "loaded" and "gpu_memory_gib: 40" in (version.text or "")
     assert kinds(store) == ["policy.loaded"]
     w.resync()  # nothing changed since: a second resync records nothing more

@@ -258,10 +258,10 @@ def test_specs_are_cached_for_a_day_and_prices_fetched_every_time(fake) -> None:
 
 
 def test_a_new_provider_reads_specs_from_the_store(fake, store) -> None:
-    provider(fake, cache=store).fetch_offers()
+    provider(fake, cache=store.prices).fetch_offers()
     fake.requests.clear()
     later = Clock(T0 + timedelta(hours=2))
-    offers = provider(fake, cache=store, clock=later).fetch_offers()
+    offers = provider(fake, cache=store.prices, clock=later).fetch_offers()
     assert offers and not fake.calls("GET", "/aggregated/")
     assert len(fake.calls("GET", SKUS_PATH)) == 1
 

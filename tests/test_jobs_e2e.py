@@ -102,7 +102,7 @@ def test_capacity_errors_move_the_launch_to_the_next_offer(
         body = job_body("cap", tmp_path / "ckpt-cap", steps=10)
         assert client.post("/jobs", json=body).status_code == 201
     wait_until(lambda: state_of(daemon, "cap")["state"] == "succeeded", 60, "the job to finish")
-    attempts = daemon.store.attempts(state_of(daemon, "cap")["id"])
+    attempts = daemon.store.jobs.attempts(state_of(daemon, "cap")["id"])
     assert attempts[0].end_reason == "capacity" and attempts[0].instance_id is None
     assert attempts[-1].exit_code == 0
     assert attempts[-1].pool != attempts[0].pool
@@ -122,7 +122,7 @@ def test_a_budget_no_offer_meets_keeps_the_job_pending_with_the_reason(
         "the pending reason",
     )
     assert job["state"] == "pending"
-    assert daemon.store.attempts(job["id"]) == []
+    assert daemon.store.jobs.attempts(job["id"]) == []
 
 
 def test_a_failed_probe_relaunches_on_another_offer(
@@ -137,7 +137,7 @@ def test_a_failed_probe_relaunches_on_another_offer(
     job = wait_until(
         lambda: (j := state_of(daemon, "sick"))["state"] == "failed" and j, 120, "the give-up"
     )
-    attempts = daemon.store.attempts(job["id"])
+    attempts = daemon.store.jobs.attempts(job["id"])
     assert [a.end_reason for a in attempts] == ["probe_failed", "probe_failed"]
     assert [a.probe_status for a in attempts] == ["fail", "fail"]
     assert attempts[0].pool != attempts[1].pool  # the sick pool was cooled down and avoided
@@ -153,7 +153,7 @@ def test_projected_monthly_spend_stops_a_launch_past_the_budget(
 ) -> None:
     # $500 already spent this month under the policy: an earlier job ran 10 h at $50/h
     now = clock()
-    earlier = daemon.store.add_job("earlier", "local-eu", {"run": "x", "checkpoint_dir": "/x"})
+    earlier = daemon.store.jobs.add_job("earlier", "local-eu", {"run": "x", "checkpoint_dir": "/x"})
     offer = make_offer(
         provider="local",
         region="eu-west-1",
@@ -161,11 +161,11 @@ def test_projected_monthly_spend_stops_a_launch_past_the_budget(
         usd_per_hour=50.0,
         observed_at=now,
     )
-    daemon.store.create_attempt(earlier, 1, "earlier-1", offer, "x", now - timedelta(hours=10))
-    daemon.store.update_attempt(
+    daemon.store.jobs.create_attempt(earlier, 1, "earlier-1", offer, "x", now - timedelta(hours=10))
+    daemon.store.jobs.update_attempt(
         "earlier-1", instance_id="i-gone", ended_at=now, instance_gone=True, state="ended"
     )
-    daemon.store.cancel_job("earlier")
+    daemon.store.jobs.cancel_job("earlier")
     # a cap every offer passes on its own (price x 730 h), but not on top of what was spent
     write_policy(tmp_path / "policies", "local-eu.yaml", POLICY + "budget: {monthly_usd: 501}\n")
     wait_until(
@@ -180,7 +180,7 @@ def test_projected_monthly_spend_stops_a_launch_past_the_budget(
         "the budget reason",
     )
     assert job["state"] == "pending" and "$500.00 spent this month" in job["reason"]
-    assert daemon.store.attempts(job["id"]) == []
+    assert daemon.store.jobs.attempts(job["id"]) == []
 
 
 def test_an_auth_error_disables_the_provider_with_an_alert(
@@ -195,8 +195,8 @@ def test_an_auth_error_disables_the_provider_with_an_alert(
         "the pending reason",
     )
     assert "failed to launch" in job["reason"]
-    attempts = daemon.store.attempts(job["id"])
-    events = daemon.store.events(job_id=job["id"])
+    attempts = daemon.store.jobs.attempts(job["id"])
+    events = daemon.store.events.recent(job_id=job["id"])
     seen = [(e.kind, e.message) for e in events], [(a.key, a.end_reason) for a in attempts]
     assert "provider.auth_failed" in [e.kind for e in events], seen
     assert [a.end_reason for a in attempts] == ["auth"], seen  # one try, then local sat out

@@ -87,7 +87,7 @@ def test_a_job_interrupted_twice_on_spot_finishes_on_demand_from_its_checkpoint(
     # the replacement runs the job to its end (too quickly, maybe, to catch it running)
     wait_until(lambda: state_of(daemon, "train")["state"] == "succeeded", 60, "the job to finish")
 
-    attempts = daemon.store.attempts(job_id)
+    attempts = daemon.store.jobs.attempts(job_id)
     seen = [(a.key, a.market, a.end_reason, a.exit_code) for a in attempts]
     assert [a.market for a in attempts] == ["spot", "spot", "on_demand"], seen
     assert [a.end_reason for a in attempts] == ["preempted", "preempted", "succeeded"], seen
@@ -107,7 +107,7 @@ def test_a_job_interrupted_twice_on_spot_finishes_on_demand_from_its_checkpoint(
     assert runs[-1]["to_step"] == 120
 
     # the fallback is on record: in the interruption event and the job's transition
-    events = daemon.store.events(job_id=job_id, limit=500)
+    events = daemon.store.events.recent(job_id=job_id, limit=500)
     interrupted = [e.message for e in events if e.kind == "job.interrupted"]
     assert len(interrupted) == 2, interrupted
     assert FALLBACK not in interrupted[0] and "restart 1" in interrupted[0]

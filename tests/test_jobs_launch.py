@@ -64,8 +64,8 @@ class Drafter:
 def store(tmp_path: Path) -> Iterator[Store]:
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     store.create_all()
-    store.record_offers([EAST_A, EAST_B, WEST])
-    store.add_job("j", "p", {"run": "x", "checkpoint_dir": "/c"})
+    store.prices.record_offers([EAST_A, EAST_B, WEST])
+    store.jobs.add_job("j", "p", {"run": "x", "checkpoint_dir": "/c"})
     yield store
     store.close()
 
@@ -78,7 +78,7 @@ def context(
     now: datetime = NOW,
 ) -> ReconcileContext:
     providers: Mapping[str, Any] = {} if source is None else {"aws": _handle(source)}
-    job = store.get_job("j")
+    job = store.jobs.get_job("j")
     assert job is not None
     return ReconcileContext(
         now=now,
@@ -97,7 +97,7 @@ def _handle(source: FlakySource) -> Any:
 
 
 def job_of(store: Store) -> JobRecord:
-    job = store.get_job("j")
+    job = store.jobs.get_job("j")
     assert job is not None
     return job
 
@@ -110,10 +110,10 @@ def test_capacity_cools_the_pool_and_tries_the_next_offer_at_once(store: Store) 
     source = FlakySource(CapacityError("none left"))
     launched, why = walk(JobReconciler(lambda: "http://d"), context(store, source))
     assert launched and why.startswith("launched attempt 2 on aws us-east-1/use1-az2")
-    first, second = store.attempts(job_of(store).id)
+    first, second = store.jobs.attempts(job_of(store).id)
     assert first.end_reason == "capacity" and second.instance_id == "i-1-2"
-    assert store.cooled_pools(NOW + timedelta(minutes=9)) == {first.pool}  # pool_cooldown 10
-    assert store.cooled_pools(NOW + timedelta(minutes=10)) == set()
+    assert store.jobs.cooled_pools(NOW + timedelta(minutes=9)) == {first.pool}  # pool_cooldown 10
+    assert store.jobs.cooled_pools(NOW + timedelta(minutes=10)) == set()
 
 
 def test_quota_cools_the_pool_for_the_quota_cooldown_and_skips_its_region(store: Store) -> None:
@@ -122,8 +122,8 @@ def test_quota_cools_the_pool_for_the_quota_cooldown_and_skips_its_region(store:
     launched, why = walk(reconciler, context(store, source))
     assert launched and "us-west-2" in why
     assert [zone for zone, _key in source.launched] == ["use1-az1", "usw2-az1"]  # az2 skipped
-    assert store.cooled_pools(NOW + timedelta(minutes=29)) == {EAST_A_POOL}
-    assert store.cooled_pools(NOW + timedelta(minutes=30)) == set()
+    assert store.jobs.cooled_pools(NOW + timedelta(minutes=29)) == {EAST_A_POOL}
+    assert store.jobs.cooled_pools(NOW + timedelta(minutes=30)) == set()
     assert [e.kind for e in reconciler._buffer] == ["provider.quota_exceeded"]
 
 
@@ -147,7 +147,7 @@ def test_throttling_leaves_the_attempt_launching_for_the_next_pass(store: Store)
     reconciler = JobReconciler(lambda: "http://d")
     launched, why = walk(reconciler, context(store, source))
     assert launched and why.endswith("(throttled; retrying)")
-    [attempt] = store.attempts(job_of(store).id)
+    [attempt] = store.jobs.attempts(job_of(store).id)
     assert attempt.state == "launching" and attempt.instance_id is None
     outcome = reconciler.launcher.launch(context(store, source), job_of(store), attempt, STRATEGY)
     assert outcome is LaunchOutcome.LAUNCHED
@@ -163,22 +163,22 @@ def test_losing_the_lead_mid_walk_is_not_reported_as_throttling(store: Store) ->
     job = job_of(store)
     assert job.state == "provisioning" and "stopped leading" in job.reason
     assert "throttled" not in job.reason
-    [attempt] = store.attempts(job.id)
+    [attempt] = store.jobs.attempts(job.id)
     assert attempt.state == "launching" and source.launched == []
     # the new leader's pass retries the same key
     JobReconciler(lambda: "http://d")(context(store, source))
     assert source.launched == [("use1-az1", attempt.key)]
-    assert store.attempts(job.id)[0].instance_id == f"i-{attempt.key}"
+    assert store.jobs.attempts(job.id)[0].instance_id == f"i-{attempt.key}"
 
 
 def test_a_retry_whose_provider_is_gone_ends_the_attempt(store: Store) -> None:
     source = FlakySource(ThrottledError("slow down"))
     reconciler = JobReconciler(lambda: "http://d")
     walk(reconciler, context(store, source))
-    [attempt] = store.attempts(job_of(store).id)
+    [attempt] = store.jobs.attempts(job_of(store).id)
     outcome = reconciler.launcher.launch(context(store, None), job_of(store), attempt, STRATEGY)
     assert outcome is LaunchOutcome.NO_PROVIDER and outcome.skips_scope
-    ended = store.attempt(attempt.key)
+    ended = store.jobs.attempt(attempt.key)
     assert ended is not None and ended.end_reason == "provider unavailable" and ended.ended
 
 
@@ -186,9 +186,9 @@ def test_a_retry_whose_offer_is_no_longer_listed_ends_the_attempt(store: Store) 
     source = FlakySource(ThrottledError("slow down"))
     reconciler = JobReconciler(lambda: "http://d")
     walk(reconciler, context(store, source))
-    [attempt] = store.attempts(job_of(store).id)
+    [attempt] = store.jobs.attempts(job_of(store).id)
     unlisted = replace(attempt, zone="use1-az9")  # a pool the store lists no offer for
     outcome = reconciler.launcher.launch(context(store, source), job_of(store), unlisted, STRATEGY)
     assert outcome is LaunchOutcome.OFFER_GONE and not outcome.pending
-    ended = store.attempt(attempt.key)
+    ended = store.jobs.attempt(attempt.key)
     assert ended is not None and ended.end_reason == "offer gone"

@@ -48,11 +48,11 @@ class QueueSource:
 def test_queue_notices_are_recorded_on_the_matching_attempts(tmp_path: Path) -> None:
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     store.create_all()
-    job = store.add_job("q", "p", {"run": "x", "checkpoint_dir": "/c"})
+    job = store.jobs.add_job("q", "p", {"run": "x", "checkpoint_dir": "/c"})
     offer = make_offer(observed_at=NOW)
     for n, instance in ((1, "i-spot"), (2, "i-gone")):
-        store.create_attempt(job, n, f"{job}-{n}", offer, "h", NOW)
-        store.update_attempt(f"{job}-{n}", instance_id=instance)
+        store.jobs.create_attempt(job, n, f"{job}-{n}", offer, "h", NOW)
+        store.jobs.update_attempt(f"{job}-{n}", instance_id=instance)
     source = QueueSource(
         [
             Event("i-spot", "spot_interruption", "terminate"),
@@ -66,7 +66,7 @@ def test_queue_notices_are_recorded_on_the_matching_attempts(tmp_path: Path) -> 
     assert loop.run_once() == 2
     assert source.waits == [WAIT_S]  # a long poll, on its own loop
     assert woken == [True]  # the reconcile loop acts on it now
-    spot, gone = store.attempt(f"{job}-1"), store.attempt(f"{job}-2")
+    spot, gone = store.jobs.attempt(f"{job}-1"), store.jobs.attempt(f"{job}-2")
     assert spot is not None and spot.notice_at == NOW and not spot.instance_gone
     assert gone is not None and gone.instance_gone and gone.notice_at is None
     assert loop.run_once() == 0 and woken == [True]  # already recorded: nothing new, no wake
@@ -85,17 +85,19 @@ def test_a_provider_without_a_queue_is_not_polled(tmp_path: Path) -> None:
 
 def test_attempts_of_groups_every_listed_job_in_number_order(store: Store) -> None:
     offer = make_offer(observed_at=NOW)
-    jobs = [store.add_job(f"j{i}", "p", {"run": "x", "checkpoint_dir": "/c"}) for i in range(3)]
+    jobs = [
+        store.jobs.add_job(f"j{i}", "p", {"run": "x", "checkpoint_dir": "/c"}) for i in range(3)
+    ]
     for job, count in zip(jobs, (3, 0, 1), strict=True):
         for n in reversed(range(1, count + 1)):  # written out of order
-            store.create_attempt(job, n, f"{job}-{n}", offer, "h", NOW)
-    grouped = store.attempts_of([jobs[0], jobs[1], jobs[2], jobs[0]])
+            store.jobs.create_attempt(job, n, f"{job}-{n}", offer, "h", NOW)
+    grouped = store.jobs.attempts_of([jobs[0], jobs[1], jobs[2], jobs[0]])
     assert {job: [a.number for a in rows] for job, rows in grouped.items()} == {
         jobs[0]: [1, 2, 3],
         jobs[2]: [1],
     }
-    assert grouped[jobs[0]] == store.attempts(jobs[0])  # the same records as one job's query
-    assert store.attempts_of([]) == {}
+    assert grouped[jobs[0]] == store.jobs.attempts(jobs[0])  # the same records as one job's query
+    assert store.jobs.attempts_of([]) == {}
 
 
 class RecordingSource:
@@ -127,16 +129,16 @@ def test_a_cooled_down_zonal_attempt_also_avoids_its_regional_on_demand_offer(
     dearer = make_offer(
         zone=None, market=Market.ON_DEMAND, usd_per_hour=1.5, region="us-west-2", observed_at=NOW
     )
-    store.record_offers([cheap, dearer])
+    store.prices.record_offers([cheap, dearer])
     policy = parse_policy(
         "apiVersion: gpuopt/v1\nkind: Policy\nname: p\n"
         "workload: {gpus: 1, gpu_memory_gib: 16}\nmarkets: [on_demand]\n"
     )
-    job_id = store.add_job("j", "p", {"run": "x", "checkpoint_dir": "/c"})
-    job = store.get_job("j")
+    job_id = store.jobs.add_job("j", "p", {"run": "x", "checkpoint_dir": "/c"})
+    job = store.jobs.get_job("j")
     assert job is not None
     # The last attempt ran on the cheap offer's instance, in zone us-east-1a, and was lost.
-    store.add_cooldown(
+    store.jobs.add_cooldown(
         ("aws", "us-east-1", "us-east-1a", "g5.xlarge", "on_demand"), NOW.replace(hour=13), "lost"
     )
     source = RecordingSource()
@@ -155,6 +157,6 @@ def test_a_cooled_down_zonal_attempt_also_avoids_its_regional_on_demand_offer(
     )
     assert launched, why
     assert source.launched == [(None, "on_demand")]
-    (attempt,) = store.attempts(job_id)
+    (attempt,) = store.jobs.attempts(job_id)
     assert attempt.region == "us-west-2"  # not back into the pool that was just cooled down
     store.close()

@@ -71,12 +71,12 @@ def test_exactly_one_of_two_replicas_leads_and_the_other_takes_over(pg_store: St
     second.start()
     try:
         assert first.is_leader and not second.is_leader
-        roles = {r.id: r.role for r in pg_store.replicas()}
+        roles = {r.id: r.role for r in pg_store.replicas.seen()}
         assert roles == {first.replica: "leader", second.replica: "follower"}
         first.stop()
         wait_until(lambda: second.is_leader, timeout=5, what="the follower to take over")
         assert not first.is_leader
-        assert [r.id for r in pg_store.replicas()] == [second.replica]  # the stopped one left
+        assert [r.id for r in pg_store.replicas.seen()] == [second.replica]  # the stopped one left
     finally:
         first.stop()
         second.stop()
@@ -365,7 +365,7 @@ def wait_running(cluster: dict[str, Any], replica: DaemonProcess, name: str, job
         with replica.client() as client:
             job = client.get(f"/jobs/{name}").json()
             events = [e["message"] for e in client.get("/events").json()["events"]]
-        attempts = cluster["store"].attempts(job_id)
+        attempts = cluster["store"].jobs.attempts(job_id)
         raise AssertionError(
             f"job {name} is {job['state']} ({job['reason']}); attempts {attempts}; "
             f"launches {launches(cluster, job_id)}; events {events}; log:\n"
@@ -387,7 +387,7 @@ def test_two_daemons_one_leader_sigkill_takeover_no_double_launch(
     b = add_replica(cluster)
     wait_until(lambda: b.role() == "follower", timeout=30, what="the second daemon to follow")
     assert leaders([a, b]) == [a]
-    rows = {r.id: r.role for r in cluster["store"].replicas()}
+    rows = {r.id: r.role for r in cluster["store"].replicas.seen()}
     assert sorted(rows.values()) == ["follower", "leader"]
     with b.client() as client:  # any replica lists them all, from the shared store
         listed = client.get("/replicas").json()
@@ -416,7 +416,7 @@ def test_two_daemons_one_leader_sigkill_takeover_no_double_launch(
     assert launches(cluster, job_id) == [f"{job_id}-1"]
     with b.client() as client:
         assert client.get("/replicas").json()["leader"] == listed["answered_by"]
-    assert [at.number for at in cluster["store"].attempts(job_id)] == [1]
+    assert [at.number for at in cluster["store"].jobs.attempts(job_id)] == [1]
 
 
 @pytest.mark.postgres
@@ -436,7 +436,7 @@ def test_a_launch_in_flight_when_the_leader_dies_is_not_repeated(
 
     job_id = submit(b, "inflight", tmp_path / "ckpt")  # the follower NOTIFYs the leader
     attempt = wait_until(
-        lambda: next(iter(cluster["store"].attempts(job_id)), None),
+        lambda: next(iter(cluster["store"].jobs.attempts(job_id)), None),
         timeout=20,
         what="the leader to record the attempt (woken through NOTIFY)",
     )
@@ -445,7 +445,7 @@ def test_a_launch_in_flight_when_the_leader_dies_is_not_repeated(
         timeout=20,
         what="the leader's launch call (throttled)",
     )
-    attempt = cluster["store"].attempts(job_id)[0]
+    attempt = cluster["store"].jobs.attempts(job_id)[0]
     assert attempt.state == "launching" and attempt.instance_id is None
     a.proc.kill()
     killed_at = time.monotonic()
@@ -454,7 +454,7 @@ def test_a_launch_in_flight_when_the_leader_dies_is_not_repeated(
     wait_running(cluster, b, "inflight", job_id)
     # The new leader retried the same attempt with the same key: one instance, one attempt.
     assert launches(cluster, job_id) == [f"{job_id}-1"]
-    assert [at.key for at in cluster["store"].attempts(job_id)] == [attempt.key]
+    assert [at.key for at in cluster["store"].jobs.attempts(job_id)] == [attempt.key]
 
 
 def test_a_second_sqlite_daemon_process_exits_with_a_clear_message(tmp_path: Path) -> None:

@@ -124,8 +124,8 @@ def tables(engine: Engine) -> set[str]:
 
 def seed(db: Store) -> int:
     """A job and one of its events, through the store as any gpuopt would write them."""
-    job = db.add_job("train", "small", {"run": "python train.py"}, at=T0)
-    db.add_event("job_submitted", "submitted", job_id=job, at=T0)
+    job = db.jobs.add_job("train", "small", {"run": "python train.py"}, at=T0)
+    db.events.add_event("job_submitted", "submitted", job_id=job, at=T0)
     return job
 
 
@@ -188,16 +188,16 @@ def test_0003_renames_stored_event_kinds_and_the_downgrade_names_them_back(store
     migrate.downgrade(store.engine, "0002")
     job = seed(store)  # job_submitted, as gpuopt before 0003 spelled it
     for kind in ("price_drop", "job.state", "daemon.leader", "job.failed", "someone.else"):
-        store.add_event(kind, "m", job_id=job, at=T0)
+        store.events.add_event(kind, "m", job_id=job, at=T0)
 
     migrate.upgrade(store.engine)
     renamed = ["job.submitted", "price.dropped", "job.state_changed", "leader.elected"]
     unchanged = ["job.failed", "someone.else"]  # already today's name, or not gpuopt's
-    assert [e.kind for e in store.events(job_id=job)] == renamed + unchanged
-    assert {e.kind for e in store.events(job_id=job)} - set(EventKind) == {"someone.else"}
+    assert [e.kind for e in store.events.recent(job_id=job)] == renamed + unchanged
+    assert {e.kind for e in store.events.recent(job_id=job)} - set(EventKind) == {"someone.else"}
 
     migrate.downgrade(store.engine, "0002")
-    assert [e.kind for e in store.events(job_id=job)] == [
+    assert [e.kind for e in store.events.recent(job_id=job)] == [
         "job_submitted",
         "price_drop",
         "job.state",
@@ -239,8 +239,8 @@ def test_an_unversioned_database_is_refused_then_upgraded_with_its_rows(store: S
     assert (done.found.state, done.adopted, done.revision) == (State.UNVERSIONED, "0001", "0003")
     assert migrate.ensure_ready(store.engine).state is State.CURRENT
     assert schema_diff(store.engine) == []
-    assert store.get_job("train").id == job  # type: ignore[union-attr]
-    assert [e.kind for e in store.events(job_id=job)] == ["job.submitted"]  # renamed by 0003
+    assert store.jobs.get_job("train").id == job  # type: ignore[union-attr]
+    assert [e.kind for e in store.events.recent(job_id=job)] == ["job.submitted"]  # renamed by 0003
 
 
 def test_an_unversioned_database_with_the_replica_table_is_recognised_as_0002(
@@ -251,7 +251,7 @@ def test_an_unversioned_database_with_the_replica_table_is_recognised_as_0002(
     done = migrate.upgrade(store.engine)
     assert (done.adopted, done.revision) == ("0002", "0003")
     assert versions(store.engine) == ["0003"]
-    assert store.get_job("train") is not None
+    assert store.jobs.get_job("train") is not None
 
 
 def test_unversioned_tables_unlike_the_baseline_are_refused_untouched(store: Store) -> None:
@@ -290,7 +290,7 @@ def test_a_database_at_0001_is_refused_until_gpuopt_db_upgrade(database: Databas
 
     with database.open() as db:
         assert migrate.ensure_ready(db.engine).revision == "0003"
-        assert db.get_job("train").id == job  # type: ignore[union-attr]
+        assert db.jobs.get_job("train").id == job  # type: ignore[union-attr]
         assert schema_diff(db.engine) == []
 
 

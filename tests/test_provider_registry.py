@@ -235,7 +235,7 @@ def test_the_daemon_polls_and_launches_on_a_provider_it_was_never_told_about(
         assert not [n for n in daemon.scheduler.names if n.startswith("queue:")]
         for poll in daemon.polls:
             poll.run_once()
-        offers = daemon.store.latest_offers(provider="acme")
+        offers = daemon.store.prices.latest_offers(provider="acme")
         assert offers and {o.region for o in offers} == {"eu-west-1"}
         assert {o.market for o in offers} == {Market.SPOT, Market.ON_DEMAND}
         body = {
@@ -253,7 +253,7 @@ def test_the_daemon_polls_and_launches_on_a_provider_it_was_never_told_about(
 
             wait_until(lambda: state() == "succeeded", 60, "the job to finish on acme")
             job_id = client.get("/jobs/hello").json()["id"]
-        attempts = daemon.store.attempts(job_id)
+        attempts = daemon.store.jobs.attempts(job_id)
     assert {(a.provider, a.region) for a in attempts} == {("acme", "eu-west-1")}
     last = attempts[-1]
     assert last.exit_code == 0 and last.instance_id is not None

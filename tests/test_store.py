@@ -66,9 +66,9 @@ def test_offers_round_trip_exactly(store: Store) -> None:
         observed_at=T0 + timedelta(minutes=5),
         source="snapshot",
     )
-    assert store.record_offers([zonal_spot, regional_on_demand]) == 2
+    assert store.prices.record_offers([zonal_spot, regional_on_demand]) == 2
 
-    back = store.latest_offers()
+    back = store.prices.latest_offers()
 
     assert set(back) == {zonal_spot, regional_on_demand}
     by_provider = {offer.provider: offer for offer in back}
@@ -81,31 +81,31 @@ def test_offers_round_trip_exactly(store: Store) -> None:
 def test_latest_price_keeps_newest_and_ignores_an_older_one_arriving_later(store: Store) -> None:
     newer = make_offer(usd_per_hour=2.0, observed_at=T0 + timedelta(hours=1))
     older = make_offer(usd_per_hour=1.0, observed_at=T0)
-    store.record_offers([newer])
-    store.record_offers([older])
+    store.prices.record_offers([newer])
+    store.prices.record_offers([older])
 
-    assert store.latest_offers() == [newer]
-    assert [price for _, price in store.price_history(*newer.pool)] == [1.0, 2.0]
+    assert store.prices.latest_offers() == [newer]
+    assert [price for _, price in store.prices.price_history(*newer.pool)] == [1.0, 2.0]
 
     newest = make_offer(usd_per_hour=3.0, observed_at=T0 + timedelta(hours=2))
-    store.record_offers([newest])
-    assert store.latest_offers() == [newest]
+    store.prices.record_offers([newest])
+    assert store.prices.latest_offers() == [newest]
 
 
 def test_newest_wins_within_one_batch_whatever_the_order(store: Store) -> None:
     newer = make_offer(usd_per_hour=2.0, observed_at=T0 + timedelta(hours=1))
     older = make_offer(usd_per_hour=1.0, observed_at=T0)
-    store.record_offers([newer, older])
-    assert store.latest_offers() == [newer]
+    store.prices.record_offers([newer, older])
+    assert store.prices.latest_offers() == [newer]
 
 
 def test_regional_pool_keeps_one_latest_row(store: Store) -> None:
     first = make_offer(zone=None, market=Market.ON_DEMAND, observed_at=T0)
     second = replace(first, usd_per_hour=10.5, observed_at=T0 + timedelta(hours=1))
-    store.record_offers([first])
-    store.record_offers([second])
+    store.prices.record_offers([first])
+    store.prices.record_offers([second])
 
-    assert store.latest_offers() == [second]
+    assert store.prices.latest_offers() == [second]
     assert count_rows(store, LatestPrice) == 1
 
 
@@ -114,39 +114,43 @@ def test_latest_offers_filters_by_provider_region_and_market(store: Store) -> No
     aws_on_demand = make_offer(zone=None, market=Market.ON_DEMAND)
     aws_west = make_offer(region="us-west-2", zone="usw2-az1")
     gcp = make_offer(provider="gcp", region="us-central1", zone="us-central1-a")
-    store.record_offers([aws_spot, aws_on_demand, aws_west, gcp])
+    store.prices.record_offers([aws_spot, aws_on_demand, aws_west, gcp])
 
-    assert set(store.latest_offers(provider="aws")) == {aws_spot, aws_on_demand, aws_west}
-    assert store.latest_offers(provider="aws", region="us-east-1", market="spot") == [aws_spot]
-    assert store.latest_offers(market=Market.ON_DEMAND) == [aws_on_demand]
-    assert store.latest_offers(provider="azure") == []
+    assert set(store.prices.latest_offers(provider="aws")) == {aws_spot, aws_on_demand, aws_west}
+    assert store.prices.latest_offers(provider="aws", region="us-east-1", market="spot") == [
+        aws_spot
+    ]
+    assert store.prices.latest_offers(market=Market.ON_DEMAND) == [aws_on_demand]
+    assert store.prices.latest_offers(provider="azure") == []
 
 
 def test_price_history_is_time_ordered_and_filtered_half_open(store: Store) -> None:
     times = [T0 + timedelta(hours=h) for h in (3, 0, 2, 1)]
-    store.record_offers(
+    store.prices.record_offers(
         make_offer(observed_at=t, usd_per_hour=float(i)) for i, t in enumerate(times)
     )
-    store.record_offers([make_offer(zone="use1-az4", observed_at=T0 + timedelta(minutes=30))])
+    store.prices.record_offers(
+        [make_offer(zone="use1-az4", observed_at=T0 + timedelta(minutes=30))]
+    )
     pool = make_offer().pool
 
-    assert store.price_history(*pool) == [
+    assert store.prices.price_history(*pool) == [
         (T0, 1.0),
         (T0 + timedelta(hours=1), 3.0),
         (T0 + timedelta(hours=2), 2.0),
         (T0 + timedelta(hours=3), 0.0),
     ]
-    window = store.price_history(
+    window = store.prices.price_history(
         *pool, since=T0 + timedelta(hours=1), until=T0 + timedelta(hours=3)
     )
     assert window == [(T0 + timedelta(hours=1), 3.0), (T0 + timedelta(hours=2), 2.0)]
-    assert store.price_history("aws", "us-east-1", "use1-az9", "p4d.24xlarge", "spot") == []
+    assert store.prices.price_history("aws", "us-east-1", "use1-az9", "p4d.24xlarge", "spot") == []
 
 
 def test_price_history_of_a_regional_pool_matches_zone_none(store: Store) -> None:
     offer = make_offer(zone=None, market=Market.ON_DEMAND)
-    store.record_offers([offer])
-    assert store.price_history(*offer.pool) == [(T0, offer.usd_per_hour)]
+    store.prices.record_offers([offer])
+    assert store.prices.price_history(*offer.pool) == [(T0, offer.usd_per_hour)]
 
 
 def test_batch_of_10000_rows_lands_completely(store: Store) -> None:
@@ -163,7 +167,7 @@ def test_batch_of_10000_rows_lands_completely(store: Store) -> None:
         for i in range(10_000)
     ]
 
-    assert store.record_offers(iter(offers)) == 10_000
+    assert store.prices.record_offers(iter(offers)) == 10_000
 
     assert count_rows(store, PriceHistory) == 10_000
     pools = {offer.pool for offer in offers}
@@ -171,37 +175,37 @@ def test_batch_of_10000_rows_lands_completely(store: Store) -> None:
     newest = {}
     for offer in offers:
         newest[offer.pool] = offer  # times rise with i, so the last one per pool is newest
-    assert set(store.latest_offers()) == set(newest.values())
+    assert set(store.prices.latest_offers()) == set(newest.values())
 
 
 def test_recording_nothing_writes_nothing(store: Store) -> None:
-    assert store.record_offers([]) == 0
-    assert store.latest_offers() == []
+    assert store.prices.record_offers([]) == 0
+    assert store.prices.latest_offers() == []
 
 
 def test_duplicate_job_name_is_refused_and_names_the_job(store: Store) -> None:
-    job_id = store.add_job("llama-finetune", "cheap-a100", {"command": ["train.py"]}, at=T0)
+    job_id = store.jobs.add_job("llama-finetune", "cheap-a100", {"command": ["train.py"]}, at=T0)
 
     with pytest.raises(DuplicateJobError, match="llama-finetune") as caught:
-        store.add_job("llama-finetune", "other-policy", {}, at=T0)
+        store.jobs.add_job("llama-finetune", "other-policy", {}, at=T0)
 
     assert caught.value.name == "llama-finetune"
-    job = store.get_job("llama-finetune")
+    job = store.jobs.get_job("llama-finetune")
     assert job is not None
     assert (job.id, job.policy, job.spec) == (job_id, "cheap-a100", {"command": ["train.py"]})
     assert (job.state, job.reason, job.restarts) == ("pending", None, 0)
-    assert [j.name for j in store.list_jobs()] == ["llama-finetune"]
+    assert [j.name for j in store.jobs.list_jobs()] == ["llama-finetune"]
 
 
 def test_get_job_of_unknown_name_is_none(store: Store) -> None:
-    assert store.get_job("nope") is None
+    assert store.jobs.get_job("nope") is None
 
 
 def test_events_come_back_oldest_first_newest_limit_and_per_job(store: Store) -> None:
-    job_id = store.add_job("j", "p", {}, at=T0)
-    store.add_event("poll", "third", at=T0 + timedelta(minutes=3))
-    store.add_event("launch", "first", job_id=job_id, at=T0 + timedelta(minutes=1))
-    store.add_event(
+    job_id = store.jobs.add_job("j", "p", {}, at=T0)
+    store.events.add_event("poll", "third", at=T0 + timedelta(minutes=3))
+    store.events.add_event("launch", "first", job_id=job_id, at=T0 + timedelta(minutes=1))
+    store.events.add_event(
         "preempted",
         "second",
         severity="warning",
@@ -211,26 +215,26 @@ def test_events_come_back_oldest_first_newest_limit_and_per_job(store: Store) ->
         at=T0 + timedelta(minutes=2),
     )
 
-    assert [e.message for e in store.events()] == ["first", "second", "third"]
-    assert [e.message for e in store.events(limit=2)] == ["second", "third"]
-    second = store.events(job_id=job_id)[-1]
+    assert [e.message for e in store.events.recent()] == ["first", "second", "third"]
+    assert [e.message for e in store.events.recent(limit=2)] == ["second", "third"]
+    second = store.events.recent(job_id=job_id)[-1]
     assert (second.kind, second.severity, second.policy) == ("preempted", "warning", "p")
     assert second.data == {"zone": "use1-az2", "price": 1.5}
     assert second.at == T0 + timedelta(minutes=2)
-    assert [e.message for e in store.events(job_id=job_id)] == ["first", "second"]
+    assert [e.message for e in store.events.recent(job_id=job_id)] == ["first", "second"]
 
 
 def test_times_come_back_as_utc(store: Store) -> None:
     tokyo_time = datetime(2025, 3, 2, 9, 30, tzinfo=TOKYO)
-    store.record_offers([make_offer(observed_at=tokyo_time)])
-    store.add_job("j", "p", {}, at=tokyo_time)
-    store.add_event("note", "m", at=tokyo_time)
+    store.prices.record_offers([make_offer(observed_at=tokyo_time)])
+    store.jobs.add_job("j", "p", {}, at=tokyo_time)
+    store.events.add_event("note", "m", at=tokyo_time)
 
     stamps = [
-        store.latest_offers()[0].observed_at,
-        store.price_history(*make_offer().pool)[0][0],
-        store.get_job("j").created_at,  # type: ignore[union-attr]
-        store.events()[0].at,
+        store.prices.latest_offers()[0].observed_at,
+        store.prices.price_history(*make_offer().pool)[0][0],
+        store.jobs.get_job("j").created_at,  # type: ignore[union-attr]
+        store.events.recent()[0].at,
     ]
     for stamp in stamps:
         assert stamp.tzinfo is UTC
@@ -240,17 +244,17 @@ def test_times_come_back_as_utc(store: Store) -> None:
 def test_times_default_to_the_injected_clock(tmp_path: Path) -> None:
     with Store(f"sqlite:///{tmp_path / 'c.db'}", clock=lambda: T0) as db:
         db.create_all()
-        db.add_job("j", "p", {})
-        db.add_event("note", "m")
-        assert db.get_job("j").created_at == T0  # type: ignore[union-attr]
-        assert db.events()[0].at == T0
+        db.jobs.add_job("j", "p", {})
+        db.events.add_event("note", "m")
+        assert db.jobs.get_job("j").created_at == T0  # type: ignore[union-attr]
+        assert db.events.recent()[0].at == T0
 
 
 def test_naive_times_are_refused(store: Store) -> None:
     with pytest.raises(ValueError, match="timezone-aware"):
-        store.add_event("note", "m", at=datetime(2025, 1, 1))
+        store.events.add_event("note", "m", at=datetime(2025, 1, 1))
     with pytest.raises(ValueError, match="timezone-aware"):
-        store.price_history(*make_offer().pool, since=datetime(2025, 1, 1))
+        store.prices.price_history(*make_offer().pool, since=datetime(2025, 1, 1))
 
 
 def test_schema_is_refused_on_sqlite(tmp_path: Path) -> None:
@@ -259,14 +263,14 @@ def test_schema_is_refused_on_sqlite(tmp_path: Path) -> None:
 
 
 def test_spec_cache_round_trip_and_replace(store: Store) -> None:
-    assert store.load_cached("aws", "us-east-1/instance-types") is None
+    assert store.prices.load_cached("aws", "us-east-1/instance-types") is None
     first = {"p4d.24xlarge": {"gpus": 8, "memory_mib": 40960}}
-    store.save_cached("aws", "us-east-1/instance-types", first, T0)
-    assert store.load_cached("aws", "us-east-1/instance-types") == (T0, first)
+    store.prices.save_cached("aws", "us-east-1/instance-types", first, T0)
+    assert store.prices.load_cached("aws", "us-east-1/instance-types") == (T0, first)
     later = T0 + timedelta(days=1)
-    store.save_cached("aws", "us-east-1/instance-types", {"g5.xlarge": {"gpus": 1}}, later)
-    assert store.load_cached("aws", "us-east-1/instance-types") == (
+    store.prices.save_cached("aws", "us-east-1/instance-types", {"g5.xlarge": {"gpus": 1}}, later)
+    assert store.prices.load_cached("aws", "us-east-1/instance-types") == (
         later,
         {"g5.xlarge": {"gpus": 1}},
     )
-    assert store.load_cached("gcp", "us-east-1/instance-types") is None
+    assert store.prices.load_cached("gcp", "us-east-1/instance-types") is None

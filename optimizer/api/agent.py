@@ -52,7 +52,7 @@ class Events(BaseModel):
 def _authorized(state: ApiState, key: str, authorization: str | None) -> AttemptRecord:
     """The attempt whose token this is; 401 for a missing or wrong token (same answer)."""
     scheme, _, token = (authorization or "").partition(" ")
-    attempt = state.store.attempt(key)
+    attempt = state.store.jobs.attempt(key)
     presented = token_sha256(token.strip()) if scheme.lower() == "bearer" and token else ""
     if attempt is None or not hmac.compare_digest(presented, attempt.token_sha256 or "-"):
         raise HTTPException(
@@ -75,14 +75,14 @@ def register(
     authorization: Annotated[str | None, Header()] = None,
 ) -> dict[str, Any]:
     attempt = _authorized(state, body.attempt_key, authorization)
-    job = state.store.get_job_by_id(attempt.job_id)
+    job = state.store.jobs.get_job_by_id(attempt.job_id)
     if job is None:
         raise HTTPException(404, detail="the attempt's job is gone")
     if attempt.registered_at is None:
         values: dict[str, Any] = {"registered_at": state.clock()}
         if body.instance_id and not attempt.instance_id:
             values["instance_id"] = body.instance_id
-        state.store.update_attempt(attempt.key, **values)
+        state.store.jobs.update_attempt(attempt.key, **values)
         state.wakeup.set()
     spec = job.spec
     return {
@@ -111,8 +111,8 @@ def events(
 ) -> dict[str, Any]:
     attempt = _authorized(state, body.attempt_key, authorization)
     payload = [e.model_dump() for e in body.events]
-    acked = state.store.record_agent_events(attempt.key, payload, state.clock())
+    acked = state.store.jobs.record_agent_events(attempt.key, payload, state.clock())
     if any(e.kind != "heartbeat" for e in body.events):
         state.wakeup.set()
-    after = state.store.attempt(attempt.key) or attempt
+    after = state.store.jobs.attempt(attempt.key) or attempt
     return {"ack": acked, "commands": _commands(after)}

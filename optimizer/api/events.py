@@ -41,11 +41,11 @@ def list_events(
     """Events newest first; page with `before=<smallest id seen>`."""
     job_id = None
     if job is not None:
-        record = state.store.get_job(job)
+        record = state.store.jobs.get_job(job)
         if record is None:
             raise HTTPException(404, detail=f"no job named {job!r}")
         job_id = record.id
-    events = state.store.list_events(
+    events = state.store.events.list_events(
         kind=None if kind is None else event_kind(kind),
         job_id=job_id,
         policy=policy,
@@ -57,7 +57,7 @@ def list_events(
 
 @router.get("/events/{event_id}")
 def show_event(event_id: int, state: StateDep) -> dict[str, Any]:
-    event = state.store.get_event(event_id)
+    event = state.store.events.get_event(event_id)
     if event is None:
         raise HTTPException(404, detail=f"no event {event_id}")
     return event_view(event)
@@ -70,9 +70,9 @@ def list_alerts(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
     """Outbox rows newest first: channel name, attempts, next attempt, last error."""
-    rows = state.store.list_alerts(state=alert_state, limit=limit)
+    rows = state.store.events.list_alerts(state=alert_state, limit=limit)
     return {
-        "counts": state.store.alert_counts(),
+        "counts": state.store.events.alert_counts(),
         "alerts": [
             {
                 "id": r["id"],

@@ -31,7 +31,7 @@ def job_view(job: JobRecord) -> dict[str, Any]:
 
 
 def _job(state: ApiState, name: str) -> JobRecord:
-    job = state.store.get_job(name)
+    job = state.store.jobs.get_job(name)
     if job is None:
         raise HTTPException(404, detail=f"no job named {name!r}")
     return job
@@ -45,7 +45,7 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
     """Jobs newest first."""
-    jobs = state.store.jobs_page(
+    jobs = state.store.jobs.jobs_page(
         state=job_state.value if job_state else None, before_id=before, limit=limit
     )
     return {"jobs": [job_view(j) for j in jobs]}
@@ -74,7 +74,7 @@ def submit_job(spec: JobSpec, state: StateDep) -> dict[str, Any]:
         data={"job": spec.name},
     )
     try:
-        state.store.add_job(spec.name, spec.policy, body, event=event)
+        state.store.jobs.add_job(spec.name, spec.policy, body, event=event)
     except DuplicateJobError as exc:
         raise HTTPException(409, detail=str(exc)) from None
     state.wakeup.set()
@@ -96,7 +96,7 @@ def cancel_job(name: str, state: StateDep) -> dict[str, Any]:
         policy=current.policy,
         data={"job": name, "state_before": current.state},
     )
-    job, changed = state.store.cancel_job(name, event=event)
+    job, changed = state.store.jobs.cancel_job(name, event=event)
     if job is None:
         raise HTTPException(404, detail=f"no job named {name!r}")
     if not changed:

@@ -28,7 +28,7 @@ def offers(
     rule and reason, counts per rule) over the latest offers of every provider. Without:
     the latest offers, cheapest first."""
     if policy is None:
-        rows = state.store.latest_offers(provider=provider, region=region, market=market)
+        rows = state.store.prices.latest_offers(provider=provider, region=region, market=market)
         rows.sort(key=lambda o: (o.usd_per_hour, o.pool))
         shown = rows[:limit] if limit else rows
         return {"count": len(rows), "offers": [o.to_dict() for o in shown]}
@@ -36,7 +36,7 @@ def offers(
     if loaded is None:
         known = ", ".join(sorted(state.policies.snapshot())) or "none"
         raise HTTPException(404, detail=f"no policy named {policy!r} is loaded (loaded: {known})")
-    ranking = evaluate(loaded.policy, state.store.latest_offers(), state.clock())
+    ranking = evaluate(loaded.policy, state.store.prices.latest_offers(), state.clock())
     out = ranking.to_dict()
     if limit:
         out["candidates"] = out["candidates"][:limit]

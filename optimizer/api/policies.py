@@ -38,7 +38,7 @@ def show_policy(name: str, state: StateDep) -> dict[str, Any]:
             "at": utc_text(v.at),
             "problems": v.problems,
         }
-        for v in state.store.policy_versions(name)
+        for v in state.store.policies.policy_versions(name)
     ]
     return {
         **loaded.summary(),

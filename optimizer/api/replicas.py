@@ -24,7 +24,7 @@ MISSED_BEATS = 3
 def list_replicas(state: StateDep) -> dict[str, Any]:
     """Replicas seen in the last minute, the leader first."""
     now = state.clock()
-    rows = state.store.replicas(since=now - STALE_AFTER)
+    rows = state.store.replicas.seen(since=now - STALE_AFTER)
     leaders = [r.id for r in rows if r.role == "leader"]
     return {
         "leader": leaders[0] if leaders else None,

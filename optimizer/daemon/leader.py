@@ -170,7 +170,7 @@ class Election:
         self._beat_at = now_mono
         now = self.clock()
         try:
-            self.store.heartbeat_replica(
+            self.store.replicas.heartbeat_replica(
                 ReplicaRecord(
                     id=self.replica,
                     host=socket.gethostname(),
@@ -185,7 +185,7 @@ class Election:
             )
             self._reported = True
             if self.is_leader:
-                self.store.remove_replicas(heartbeat_before=now - STALE_AFTER)
+                self.store.replicas.remove_replicas(heartbeat_before=now - STALE_AFTER)
         except Exception as exc:  # the store being down must not stop the election
             log.warning("replica heartbeat failed: %s", first_line(exc))
 
@@ -193,7 +193,7 @@ class Election:
         if not self._reported:
             return
         try:
-            self.store.remove_replicas(ids=(self.replica,))
+            self.store.replicas.remove_replicas(ids=(self.replica,))
             self._reported = False
         except Exception as exc:
             log.warning("could not remove this replica's row: %s", first_line(exc))

@@ -11,7 +11,7 @@ import logging
 import platform
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -19,19 +19,14 @@ from prometheus_client.registry import Collector
 
 from optimizer import __version__
 
+if TYPE_CHECKING:
+    from optimizer.store import Store
+
 log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LOOP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _POLL = ("provider", "region", "market")
-
-
-class StoreFigures(Protocol):
-    def offer_counts(self) -> dict[tuple[str, str], int]: ...
-
-    def job_counts(self) -> dict[str, int]: ...
-
-    def alert_counts(self) -> dict[str, int]: ...
 
 
 def torch_loaded() -> bool:
@@ -44,7 +39,7 @@ class _Scraped(Collector):
 
     def __init__(
         self,
-        store: StoreFigures | None,
+        store: Store | None,
         policies: Callable[[], Mapping[str, int]] | None,
         start_time: float,
     ) -> None:
@@ -74,9 +69,9 @@ class _Scraped(Collector):
             return
         up = GaugeMetricFamily("gpuopt_store_up", "1 when the store answered this scrape.")
         try:
-            offers = self.store.offer_counts()
-            jobs = self.store.job_counts()
-            alerts = self.store.alert_counts()
+            offers = self.store.prices.offer_counts()
+            jobs = self.store.jobs.job_counts()
+            alerts = self.store.events.alert_counts()
         except Exception as exc:  # a scrape must answer even when the database does not
             log.warning("metrics: store unavailable: %s", type(exc).__name__)
             up.add_metric([], 0)
@@ -180,7 +175,7 @@ class Metrics:
 
     def watch(
         self,
-        store: StoreFigures | None = None,
+        store: Store | None = None,
         policies: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
         """Add the scrape-time figures from the store and the policy registry."""

@@ -243,8 +243,8 @@ class PriceWatch:
         """One evaluation of every policy; returns the number of events raised."""
         with self._lock:
             policies = self.registry.snapshot()
-            stored = self.store.price_signals()
-            offers = self.store.latest_offers()
+            stored = self.store.policies.price_signals()
+            offers = self.store.prices.latest_offers()
             raised = 0
             for name, loaded in sorted(policies.items()):
                 try:
@@ -252,7 +252,7 @@ class PriceWatch:
                 except Exception:
                     log.exception("price signals for policy %s failed", name)
             for name in sorted(set(stored) - set(policies)):
-                self.store.save_price_signal(name, None)
+                self.store.policies.save_price_signal(name, None)
             return raised
 
     def _one(
@@ -288,5 +288,5 @@ class PriceWatch:
             )
             for s in signals
         ]
-        self.store.save_price_signal(name, state.to_json(), events, at=now)
+        self.store.policies.save_price_signal(name, state.to_json(), events, at=now)
         return len(events)

@@ -2,9 +2,9 @@
 
 What a provider is, can do and is built from comes from the registry
 (providers/registry.py): `local` is the embedded local cloud (its state under
-`<data dir>/local-cloud`), `aws` and `gcp` the live adapters with the store as their spec
-cache. One that cannot run here (no credentials, no project) reports why as ProviderDisabled
-on every poll, and is built as soon as it can run.
+`<data dir>/local-cloud`), `aws` and `gcp` the live adapters with the store's prices
+repository as their spec cache. One that cannot run here (no credentials, no project) reports
+why as ProviderDisabled on every poll, and is built as soon as it can run.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def make_handles(
             partial(
                 registry.build,
                 name,
-                provider_settings(cfg, data_dir=data_dir, cache=store, clock=clock),
+                provider_settings(cfg, data_dir=data_dir, cache=store.prices, clock=clock),
             ),
         )
         for name, cfg in providers.items()

@@ -121,7 +121,7 @@ class Daemon:
         self.store = store or Store(config.effective_database_url, clock=clock)
         self.registry = PolicyRegistry()
         self.emitter = Emitter(
-            self.store, Router(config.alerts.routes, config.alerts.channels.keys())
+            self.store.events, Router(config.alerts.routes, config.alerts.channels.keys())
         )
         if sources is not None:
             self.handles = {

@@ -122,11 +122,11 @@ class Launcher:
         """Launch the next attempt on the best allowed offer."""
         if launch.markets is not None:
             policy = policy.model_copy(update={"markets": [m.value for m in launch.markets]})
-        avoid = set(launch.avoid) | ctx.store.cooled_pools(ctx.now)
+        avoid = set(launch.avoid) | ctx.store.jobs.cooled_pools(ctx.now)
         # An attempt records the zone its instance landed in, but a regional offer (on-demand
         # prices are per region) has no zone: avoid the offer's own, regional pool too.
         avoid |= {(p, r, None, t, m) for p, r, _zone, t, m in avoid}
-        offers = [o for o in ctx.store.latest_offers() if pool_of(o) not in avoid]
+        offers = [o for o in ctx.store.prices.latest_offers() if pool_of(o) not in avoid]
         ranking = evaluate(policy, offers, ctx.now)
         if not ranking.candidates:
             top = ", ".join(
@@ -143,7 +143,7 @@ class Launcher:
             spent = budget.spent_this_month(
                 (
                     budget.Spend(a.started_at, a.ended_at, a.usd_per_hour)
-                    for a in ctx.store.policy_attempts(job.policy, start)
+                    for a in ctx.store.jobs.policy_attempts(job.policy, start)
                 ),
                 ctx.now,
             )
@@ -178,7 +178,7 @@ class Launcher:
         self, ctx: ReconcileContext, job: JobRecord, offers: list[Offer], strategy: Strategy
     ) -> Walk:
         skip_scopes: set[tuple[str, str]] = set()
-        number = len(ctx.store.attempts(job.id)) + 1
+        number = len(ctx.store.jobs.attempts(job.id)) + 1
         for offer in offers:
             if (offer.provider, offer.region) in skip_scopes:
                 continue
@@ -189,7 +189,7 @@ class Launcher:
                 return Walk(False, "this replica stopped leading; the new leader launches")
             key = f"{job.id}-{number}"
             token = secrets.token_urlsafe(32)
-            attempt = ctx.store.create_attempt(
+            attempt = ctx.store.jobs.create_attempt(
                 job.id, number, key, offer, token_sha256(token), ctx.now
             )
             outcome = self.launch(ctx, job, attempt, strategy, token=token, offer=offer)
@@ -231,7 +231,7 @@ class Launcher:
             return LaunchOutcome.NO_PROVIDER
         if token is None:  # a retry: the old token is unknown, so issue a new one
             token = secrets.token_urlsafe(32)
-            ctx.store.update_attempt(attempt.key, token_sha256=token_sha256(token))
+            ctx.store.jobs.update_attempt(attempt.key, token_sha256=token_sha256(token))
         if offer is None:
             offer = offer_of(ctx, attempt)
             if offer is None:
@@ -273,7 +273,7 @@ class Launcher:
                 None,
             )
             return LaunchOutcome.ERROR
-        ctx.store.update_attempt(
+        ctx.store.jobs.update_attempt(
             attempt.key,
             instance_id=ref.instance_id,
             state="launched",
@@ -291,7 +291,7 @@ class Launcher:
     ) -> None:
         sit = strategy.after_launch_error(LaunchError.CAPACITY, ctx.now)
         if sit.pool_until is not None:
-            ctx.store.add_cooldown(attempt.pool, sit.pool_until, f"no capacity: {exc}")
+            ctx.store.jobs.add_cooldown(attempt.pool, sit.pool_until, f"no capacity: {exc}")
         end(ctx, attempt, "capacity")
         self.emit(
             ctx,
@@ -325,7 +325,7 @@ class Launcher:
             f"quota:{attempt.provider}:{attempt.region}",
         )
         if sit.pool_until is not None:
-            ctx.store.add_cooldown(attempt.pool, sit.pool_until, f"quota: {exc}")
+            ctx.store.jobs.add_cooldown(attempt.pool, sit.pool_until, f"quota: {exc}")
 
     def _auth(
         self,
@@ -370,7 +370,7 @@ class Launcher:
 
 def end(ctx: ReconcileContext, attempt: AttemptRecord, why: str) -> None:
     """End an attempt (its instance counts as gone when it never had one)."""
-    ctx.store.update_attempt(
+    ctx.store.jobs.update_attempt(
         attempt.key,
         state="ended",
         ended_at=ctx.now,
@@ -385,7 +385,7 @@ def pool_of(offer: Offer) -> Pool:
 
 def offer_of(ctx: ReconcileContext, attempt: AttemptRecord) -> Offer | None:
     """The offer an attempt was placed on, from the latest prices (None: no longer listed)."""
-    for offer in ctx.store.latest_offers(provider=attempt.provider, region=attempt.region):
+    for offer in ctx.store.prices.latest_offers(provider=attempt.provider, region=attempt.region):
         if pool_of(offer) == attempt.pool:
             return offer
     return None

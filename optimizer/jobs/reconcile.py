@@ -69,11 +69,11 @@ class JobReconciler:
     def __call__(self, ctx: ReconcileContext) -> None:
         # Provider event queues (AWS EventBridge → SQS) are read by their own loop
         # (optimizer/daemon/loops/queue.py), which records notices and wakes this one.
-        self._describe(ctx, ctx.store.open_attempts())
+        self._describe(ctx, ctx.store.jobs.open_attempts())
         self._buffer.clear()
         live = [job for job in ctx.jobs if JobState(job.state) in LIVE]
         # Read after describe, which may have ended attempts.
-        attempts = ctx.store.attempts_of(job.id for job in live)
+        attempts = ctx.store.jobs.attempts_of(job.id for job in live)
         for job in live:
             self._job(ctx, job, attempts.get(job.id, []))
             self._flush(ctx)  # events of a job whose pass made no transition
@@ -100,7 +100,7 @@ class JobReconciler:
             keys = {a.instance_id: a.key for a in group}
             for status in statuses:
                 if status.state is InstanceState.TERMINATED:
-                    ctx.store.update_attempt(
+                    ctx.store.jobs.update_attempt(
                         keys[status.ref.instance_id],
                         instance_gone=True,
                         preempted=status.end_reason is EndReason.PREEMPTED,
@@ -131,7 +131,7 @@ class JobReconciler:
                 # new leader. Ended (an error): the next pass decides without it.
                 return
             # Launched: move the job on in this pass rather than at the next tick.
-            attempts = ctx.store.attempts(job.id)
+            attempts = ctx.store.jobs.attempts(job.id)
             current = next((a for a in reversed(attempts) if not a.ended), None)
         view = JobView(
             id=job.id,
@@ -167,17 +167,17 @@ class JobReconciler:
         launch: Launch | None = None
         for action in decision.actions:
             if isinstance(action, Stop):
-                ctx.store.update_attempt(action.key, stop_sent_at=ctx.now)
+                ctx.store.jobs.update_attempt(action.key, stop_sent_at=ctx.now)
             elif isinstance(action, Terminate):
                 self._terminate(ctx, action.key)
             elif isinstance(action, Cooldown):
-                ctx.store.add_cooldown(action.pool, action.until, action.reason)
+                ctx.store.jobs.add_cooldown(action.pool, action.until, action.reason)
             elif isinstance(action, Alert):
                 events.append(self._draft(ctx, job, action))
             elif isinstance(action, Launch):
                 launch = action
         if current is not None and decision.end_attempt is not None:
-            ctx.store.update_attempt(
+            ctx.store.jobs.update_attempt(
                 current.key, ended_at=ctx.now, end_reason=decision.end_attempt, state="ended"
             )
         state, reason = decision.state, decision.reason
@@ -215,7 +215,7 @@ class JobReconciler:
                         data={"from": job.state, "to": state.value, "reason": reason},
                     )
                 )
-            ctx.store.transition_job(
+            ctx.store.jobs.transition_job(
                 job.id,
                 state=state.value,
                 reason=reason,
@@ -227,7 +227,7 @@ class JobReconciler:
     # -- acting --------------------------------------------------------------------------------
 
     def _terminate(self, ctx: ReconcileContext, key: str) -> None:
-        attempt = ctx.store.attempt(key)
+        attempt = ctx.store.jobs.attempt(key)
         if attempt is None or attempt.instance_id is None or attempt.instance_gone:
             return
         source = self.launcher.provider(ctx, attempt.provider)
@@ -243,12 +243,12 @@ class JobReconciler:
         """Terminate instances of ended attempts once their job exited or the grace passed,
         and those of jobs that ended outside a pass (cancelled through the API)."""
         live = {job.id for job in ctx.jobs if JobState(job.state) in LIVE}
-        for attempt in ctx.store.open_attempts():
+        for attempt in ctx.store.jobs.open_attempts():
             if attempt.instance_id is None:
                 continue
             if not attempt.ended and attempt.job_id not in live:
                 self._terminate(ctx, attempt.key)
-                ctx.store.update_attempt(
+                ctx.store.jobs.update_attempt(
                     attempt.key,
                     state="ended",
                     ended_at=ctx.now,
@@ -265,7 +265,7 @@ class JobReconciler:
             )
             if action is not None:
                 self._terminate(ctx, attempt.key)
-                ctx.store.update_attempt(attempt.key, instance_gone=True)
+                ctx.store.jobs.update_attempt(attempt.key, instance_gone=True)
 
     # -- events --------------------------------------------------------------------------------
 
@@ -290,7 +290,7 @@ class JobReconciler:
     def _flush(self, ctx: ReconcileContext) -> None:
         if self._buffer:
             events, self._buffer = self._buffer, []
-            ctx.store.record_events(events, ctx.now)
+            ctx.store.events.record_events(events, ctx.now)
 
 
 def _view(a: AttemptRecord) -> AttemptView:

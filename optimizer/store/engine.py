@@ -1,32 +1,33 @@
-"""What the store's modules share: errors, time checks, row decoding and event writing.
+"""What the store's repositories share: the engine and its clock, errors, time checks, row
+decoding, and how an engine is made for SQLite or PostgreSQL.
 
-`Store` (optimizer/store/__init__.py) is assembled from `StoreBase` and the mixins in
-`events.py`, `jobs.py`, `policies.py` and `replicas.py`; each keeps to one area so no module
-grows past a screenful of methods.
+Every repository (prices.py, jobs.py, events.py, policies.py, replicas.py) holds one
+`Database`: the engine plus the clock that supplies "now" where a caller passes no time.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import re
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from itertools import islice
+from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Connection, CursorResult, Engine, Insert, Row, Table, insert
+from sqlalchemy import Connection, CursorResult, Engine, Row, Table, create_engine, event
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import StaticPool
 from sqlmodel import SQLModel
 
-from optimizer.store.tables import (
-    AlertOutbox,
-    Event,
-    EventRecord,
-    Job,
-    JobRecord,
-    NewEvent,
-)
+from optimizer.store.tables import EventRecord, JobRecord
 
 _T = TypeVar("_T")
+
+# PostgreSQL identifiers: we splice the schema into a connection option, so allow no quoting.
+_SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 
 class StoreError(Exception):
@@ -85,11 +86,6 @@ def table(model: type[SQLModel]) -> Table:
     return cast(Table, model.__table__)  # type: ignore[attr-defined]
 
 
-EVENT = table(Event)
-JOB = table(Job)
-OUTBOX = table(AlertOutbox)
-
-
 def utc_now() -> datetime:
     return datetime.now(UTC)
 
@@ -134,55 +130,78 @@ def dialect_insert(dialect: str, target: Table) -> postgresql.Insert | sqlite.In
     raise StoreError(f"no upsert for the {dialect!r} dialect")
 
 
-def event_values(event: NewEvent, at: datetime) -> dict[str, Any]:
-    return {
-        "at": at,
-        "kind": event.kind,
-        "severity": event.severity,
-        "job_id": event.job_id,
-        "policy": event.policy,
-        "message": event.message,
-        "data": None if event.data is None else json.dumps(dict(event.data), sort_keys=True),
-    }
+class Database:
+    """The engine and the clock, shared by every repository of one store."""
+
+    def __init__(self, engine: Engine, clock: Callable[[], datetime]) -> None:
+        self.engine = engine
+        self.clock = clock
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def now(self, at: datetime | None = None, name: str = "at") -> datetime:
+        """`at` checked to be aware, in UTC; the clock's time when None."""
+        return aware(self.clock() if at is None else at, name)
+
+    def begin(self) -> AbstractContextManager[Connection]:
+        """A connection in a transaction, committed when the block ends (rolled back on error)."""
+        return self.engine.begin()
+
+    def connect(self) -> AbstractContextManager[Connection]:
+        """A connection for reads."""
+        return self.engine.connect()
 
 
-class StoreBase:
-    """The engine and the clock, and the one way events (with their alerts) are written."""
-
-    engine: Engine
-    _clock: Callable[[], datetime]
-
-    def _now(self, at: datetime | None, name: str = "at") -> datetime:
-        return aware(self._clock() if at is None else at, name)
-
-    def _outbox_insert(self) -> Insert:
-        stmt = dialect_insert(self.engine.dialect.name, OUTBOX)
-        # A repeated dedupe key means the alert was raised already: keep the first.
-        return stmt.on_conflict_do_nothing(index_elements=["dedupe_key"])
-
-    def _insert_event(self, conn: Connection, event: NewEvent, at: datetime) -> int:
-        """Write the event and one outbox row per alert channel, on the caller's transaction."""
-        event_id = inserted_id(conn.execute(insert(EVENT).values(event_values(event, at))))
-        if event.alerts:
-            base = event.dedupe_key or f"event:{event_id}"
-            rows = [
-                {
-                    "event_id": event_id,
-                    "channel": channel,
-                    "dedupe_key": f"{base}#{channel}",
-                    "state": "pending",
-                    "attempts": 0,
-                    "next_attempt_at": at,
-                    "last_error": None,
-                    "created_at": at,
-                    "updated_at": at,
-                    "delivered_at": None,
-                }
-                for channel in dict.fromkeys(event.alerts)
-            ]
-            conn.execute(self._outbox_insert(), rows)
-        return event_id
+# -- making the engine -------------------------------------------------------------------------
 
 
-def dump_json(value: Mapping[str, Any] | list[Any] | None) -> str | None:
-    return None if value is None else json.dumps(value, sort_keys=True)
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA foreign_keys=ON")  # off by default in SQLite
+    # WAL lets the API and CLI read while the daemon writes; NORMAL sync is crash-safe in WAL
+    # (a power cut may lose the last commits, never consistency).
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=5000")
+    cursor.close()
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file a SQLite URL names, absolute; None for other databases, in-memory ones and
+    `file:` URIs (whose path SQLite itself parses)."""
+    parsed = make_url(url)
+    database = parsed.database or ""
+    if parsed.get_backend_name() != "sqlite" or database in ("", ":memory:"):
+        return None
+    if database.startswith("file:"):
+        return None
+    return Path(database).expanduser().absolute()
+
+
+def make_engine(url: str, schema: str | None) -> Engine:
+    """An engine for a (normalized) URL; `schema` puts a PostgreSQL session's `search_path`
+    there. SQLite gets WAL and a busy timeout, and its file's folder is created."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if schema is not None:
+            raise ValueError("schema= applies to PostgreSQL only")
+        if (parsed.database or "") in ("", ":memory:"):
+            # One shared connection, or every checkout would see its own empty database.
+            engine = create_engine(
+                url, poolclass=StaticPool, connect_args={"check_same_thread": False}
+            )
+        else:
+            path = sqlite_file(url)
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            engine = create_engine(url)
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    connect_args: dict[str, Any] = {}
+    if schema is not None:
+        if not _SCHEMA_NAME.fullmatch(schema):
+            raise ValueError(f"schema must be a plain identifier, got {schema!r}")
+        connect_args["options"] = f"-csearch_path={schema}"
+    return create_engine(url, connect_args=connect_args, pool_pre_ping=True)

@@ -1,37 +1,148 @@
-"""Events and the alert outbox: every alert row is written in its event's transaction."""
+"""Events and the alert outbox: every alert row is written in its event's transaction.
+
+`write_events(conn, events, at)` is how any repository records the events a change causes:
+on the caller's connection, so a job transition (jobs.py) or a policy change (policies.py)
+commits with its events and their outbox rows, or not at all.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Connection, Insert, func, insert, select, update
 
-from optimizer.store.engine import EVENT, JOB, OUTBOX, StoreBase, aware, event_record
-from optimizer.store.tables import EventRecord, NewEvent, OutboxItem
+from optimizer.store.engine import (
+    Database,
+    aware,
+    dialect_insert,
+    event_record,
+    inserted_id,
+    table,
+)
+from optimizer.store.tables import AlertOutbox, Event, EventRecord, Job, NewEvent, OutboxItem
 
 PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
 ALERT_STATES = (PENDING, DELIVERED, FAILED)
 _ERROR_CHARS = 500  # enough to read the cause; a receiver's whole HTML error page is not
 
+_EVENT = table(Event)
+_JOB = table(Job)
+_OUTBOX = table(AlertOutbox)
 
-class OutboxMixin(StoreBase):
+
+def _event_row(
+    at: datetime,
+    kind: str,
+    message: str,
+    severity: str,
+    job_id: int | None,
+    policy: str | None,
+    data: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    return {
+        "at": at,
+        "kind": kind,
+        "severity": severity,
+        "job_id": job_id,
+        "policy": policy,
+        "message": message,
+        "data": None if data is None else json.dumps(dict(data), sort_keys=True),
+    }
+
+
+@functools.cache
+def _outbox_insert(dialect: str) -> Insert:
+    # A repeated dedupe key means the alert was raised already: keep the first.
+    return dialect_insert(dialect, _OUTBOX).on_conflict_do_nothing(index_elements=["dedupe_key"])
+
+
+def write_event(conn: Connection, event: NewEvent, at: datetime) -> int:
+    """Write the event and one outbox row per alert channel, on the caller's transaction."""
+    row = _event_row(
+        at, event.kind, event.message, event.severity, event.job_id, event.policy, event.data
+    )
+    event_id = inserted_id(conn.execute(insert(_EVENT).values(row)))
+    if event.alerts:
+        base = event.dedupe_key or f"event:{event_id}"
+        rows = [
+            {
+                "event_id": event_id,
+                "channel": channel,
+                "dedupe_key": f"{base}#{channel}",
+                "state": PENDING,
+                "attempts": 0,
+                "next_attempt_at": at,
+                "last_error": None,
+                "created_at": at,
+                "updated_at": at,
+                "delivered_at": None,
+            }
+            for channel in dict.fromkeys(event.alerts)
+        ]
+        conn.execute(_outbox_insert(conn.dialect.name), rows)
+    return event_id
+
+
+def write_events(conn: Connection, events: Iterable[NewEvent], at: datetime) -> list[int]:
+    """`write_event` for each, in order; returns the event ids."""
+    return [write_event(conn, event, at) for event in events]
+
+
+class Events:
     """Event writes with alerts, event queries for the API, and the outbox's bookkeeping."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    # -- events ----------------------------------------------------------------------------
+
+    def add_event(
+        self,
+        kind: str,
+        message: str,
+        *,
+        severity: str = "info",
+        job_id: int | None = None,
+        policy: str | None = None,
+        data: Mapping[str, Any] | None = None,
+        at: datetime | None = None,
+    ) -> int:
+        """Record an event of any kind, without alerts, and return its id."""
+        row = _event_row(self._db.now(at), kind, message, severity, job_id, policy, data)
+        with self._db.begin() as conn:
+            return inserted_id(conn.execute(insert(_EVENT).values(row)))
 
     def add_events(self, events: Sequence[NewEvent], *, at: datetime | None = None) -> list[int]:
         """Record events and their alerts in one transaction; returns the event ids."""
-        now = self._now(at)
-        with self.engine.begin() as conn:
-            return [self._insert_event(conn, event, now) for event in events]
+        now = self._db.now(at)
+        with self._db.begin() as conn:
+            return write_events(conn, events, now)
 
     def record_event(self, event: NewEvent, *, at: datetime | None = None) -> int:
         """Record one event and its alerts in one transaction; returns its id."""
         return self.add_events([event], at=at)[0]
 
+    def record_events(self, events: Iterable[NewEvent], at: datetime) -> None:
+        """Record events and their alerts in one transaction, at `at`."""
+        self.add_events(list(events), at=at)
+
     def get_event(self, event_id: int) -> EventRecord | None:
-        with self.engine.connect() as conn:
-            row = conn.execute(select(EVENT).where(EVENT.c.id == event_id)).first()
+        with self._db.connect() as conn:
+            row = conn.execute(select(_EVENT).where(_EVENT.c.id == event_id)).first()
         return None if row is None else event_record(row)
+
+    def recent(self, job_id: int | None = None, limit: int = 100) -> list[EventRecord]:
+        """The newest `limit` events (of one job, if given), returned oldest first."""
+        query = select(_EVENT).order_by(_EVENT.c.at.desc(), _EVENT.c.id.desc()).limit(limit)
+        if job_id is not None:
+            query = query.where(_EVENT.c.job_id == job_id)
+        with self._db.connect() as conn:
+            rows = conn.execute(query).all()
+        return [event_record(row) for row in reversed(rows)]
 
     def list_events(
         self,
@@ -43,16 +154,16 @@ class OutboxMixin(StoreBase):
         limit: int = 100,
     ) -> list[EventRecord]:
         """Events newest first, optionally filtered; page with `before_id`."""
-        query = select(EVENT).order_by(EVENT.c.id.desc()).limit(limit)
+        query = select(_EVENT).order_by(_EVENT.c.id.desc()).limit(limit)
         if kind is not None:
-            query = query.where(EVENT.c.kind == kind)
+            query = query.where(_EVENT.c.kind == kind)
         if job_id is not None:
-            query = query.where(EVENT.c.job_id == job_id)
+            query = query.where(_EVENT.c.job_id == job_id)
         if policy is not None:
-            query = query.where(EVENT.c.policy == policy)
+            query = query.where(_EVENT.c.policy == policy)
         if before_id is not None:
-            query = query.where(EVENT.c.id < before_id)
-        with self.engine.connect() as conn:
+            query = query.where(_EVENT.c.id < before_id)
+        with self._db.connect() as conn:
             return [event_record(row) for row in conn.execute(query)]
 
     # -- outbox ----------------------------------------------------------------------------
@@ -60,19 +171,19 @@ class OutboxMixin(StoreBase):
     def due_alerts(self, now: datetime, limit: int = 50) -> list[OutboxItem]:
         """Pending alerts whose next attempt is due, oldest first, with their events."""
         due = (
-            select(OUTBOX)
-            .where(OUTBOX.c.state == PENDING, OUTBOX.c.next_attempt_at <= aware(now, "now"))
-            .order_by(OUTBOX.c.next_attempt_at, OUTBOX.c.id)
+            select(_OUTBOX)
+            .where(_OUTBOX.c.state == PENDING, _OUTBOX.c.next_attempt_at <= aware(now, "now"))
+            .order_by(_OUTBOX.c.next_attempt_at, _OUTBOX.c.id)
             .limit(limit)
         )
-        with self.engine.connect() as conn:
+        with self._db.connect() as conn:
             rows = conn.execute(due).all()
             ids = {row.event_id for row in rows}
             events = (
                 conn.execute(
-                    select(EVENT, JOB.c.name.label("job_name"))
-                    .outerjoin(JOB, JOB.c.id == EVENT.c.job_id)
-                    .where(EVENT.c.id.in_(ids))
+                    select(_EVENT, _JOB.c.name.label("job_name"))
+                    .outerjoin(_JOB, _JOB.c.id == _EVENT.c.job_id)
+                    .where(_EVENT.c.id.in_(ids))
                 ).all()
                 if ids
                 else []
@@ -93,11 +204,11 @@ class OutboxMixin(StoreBase):
 
     def _settle(self, alert_id: int, values: dict[str, object]) -> bool:
         stmt = (
-            update(OUTBOX)
-            .where(OUTBOX.c.id == alert_id, OUTBOX.c.state == PENDING)
+            update(_OUTBOX)
+            .where(_OUTBOX.c.id == alert_id, _OUTBOX.c.state == PENDING)
             .values(**values)
         )
-        with self.engine.begin() as conn:
+        with self._db.begin() as conn:
             return bool(conn.execute(stmt).rowcount)
 
     def alert_delivered(self, alert_id: int, *, attempts: int, at: datetime) -> bool:
@@ -136,16 +247,16 @@ class OutboxMixin(StoreBase):
 
     def alert_counts(self) -> dict[str, int]:
         """Outbox rows per state, every state present."""
-        query = select(OUTBOX.c.state, func.count()).group_by(OUTBOX.c.state)
+        query = select(_OUTBOX.c.state, func.count()).group_by(_OUTBOX.c.state)
         counts = dict.fromkeys(ALERT_STATES, 0)
-        with self.engine.connect() as conn:
+        with self._db.connect() as conn:
             counts.update({state: int(n) for state, n in conn.execute(query)})
         return counts
 
     def list_alerts(self, *, state: str | None = None, limit: int = 100) -> list[dict[str, object]]:
         """Outbox rows newest first, for people: no payloads, no channel settings."""
-        query = select(OUTBOX).order_by(OUTBOX.c.id.desc()).limit(limit)
+        query = select(_OUTBOX).order_by(_OUTBOX.c.id.desc()).limit(limit)
         if state is not None:
-            query = query.where(OUTBOX.c.state == state)
-        with self.engine.connect() as conn:
+            query = query.where(_OUTBOX.c.state == state)
+        with self._db.connect() as conn:
             return [dict(row._mapping) for row in conn.execute(query)]

@@ -1,7 +1,8 @@
-"""Store methods for managed jobs: attempts, what agents report, pool cooldowns, transitions.
+"""The jobs repository: jobs, their attempts, what agents report, pool cooldowns.
 
 An attempt row is written before its launch call, so a daemon killed mid-launch retries with
-the same idempotency key and the provider returns the same instance.
+the same idempotency key and the provider returns the same instance. A job's changes commit
+with the events they cause (events.write_events on the same transaction).
 """
 
 from __future__ import annotations
@@ -13,15 +14,34 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.exc import IntegrityError
 
 from optimizer.model import Offer
-from optimizer.store.engine import JOB, StoreBase, chunks, inserted_id, job_record, table
-from optimizer.store.tables import AgentEvent, Attempt, JobRecord, NewEvent, PoolCooldown
+from optimizer.store.engine import (
+    Database,
+    DuplicateJobError,
+    chunks,
+    inserted_id,
+    job_record,
+    table,
+)
+from optimizer.store.events import write_event, write_events
+from optimizer.store.tables import (
+    TERMINAL_JOB_STATES,
+    AgentEvent,
+    Attempt,
+    Job,
+    JobRecord,
+    NewEvent,
+    PoolCooldown,
+)
 
+_JOB = table(Job)
 _ATTEMPT = table(Attempt)
 _AGENT_EVENT = table(AgentEvent)
 _COOLDOWN = table(PoolCooldown)
+_TERMINAL_STATES = sorted(TERMINAL_JOB_STATES)
 # Job ids per IN (...) list: well under SQLite's 32,766 bound parameters.
 ATTEMPT_IDS_PER_QUERY = 5_000
 
@@ -76,8 +96,133 @@ def _attempt(row: Any) -> AttemptRecord:
     return AttemptRecord(**m)
 
 
-class JobsMixin(StoreBase):
-    """Attempts and their reports, cooldowns, and job transitions with their events."""
+class Jobs:
+    """Jobs and their transitions with their events, attempts and their reports, cooldowns."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    # -- jobs ------------------------------------------------------------------------------
+
+    def add_job(
+        self,
+        name: str,
+        policy: str,
+        spec: Mapping[str, Any],
+        *,
+        at: datetime | None = None,
+        event: NewEvent | None = None,
+    ) -> int:
+        """Create a pending job and return its id; raise DuplicateJobError if the name is taken.
+
+        `event` (its job_id filled in here) is recorded with its alerts in the same transaction.
+        """
+        now = self._db.now(at)
+        values = {
+            "name": name,
+            "policy": policy,
+            "spec": json.dumps(dict(spec), sort_keys=True),
+            "state": "pending",
+            "restarts": 0,
+            "created_at": now,
+            "updated_at": now,
+        }
+        try:
+            with self._db.begin() as conn:
+                job_id = inserted_id(conn.execute(insert(_JOB).values(values)))
+                if event is not None:
+                    write_event(conn, replace(event, job_id=job_id), now)
+        except IntegrityError as err:
+            if self.get_job(name) is not None:
+                raise DuplicateJobError(name) from err
+            raise
+        return job_id
+
+    def get_job(self, name: str) -> JobRecord | None:
+        """The job with this name, or None."""
+        with self._db.connect() as conn:
+            row = conn.execute(select(_JOB).where(_JOB.c.name == name)).first()
+        return None if row is None else job_record(row)
+
+    def get_job_by_id(self, job_id: int) -> JobRecord | None:
+        with self._db.connect() as conn:
+            row = conn.execute(select(_JOB).where(_JOB.c.id == job_id)).first()
+        return None if row is None else job_record(row)
+
+    def list_jobs(self) -> list[JobRecord]:
+        """Every job, oldest first."""
+        with self._db.connect() as conn:
+            return [job_record(row) for row in conn.execute(select(_JOB).order_by(_JOB.c.id))]
+
+    def live_jobs(self) -> list[JobRecord]:
+        """Jobs not yet succeeded, failed or cancelled, oldest first."""
+        query = select(_JOB).where(_JOB.c.state.not_in(_TERMINAL_STATES)).order_by(_JOB.c.id)
+        with self._db.connect() as conn:
+            return [job_record(row) for row in conn.execute(query)]
+
+    def jobs_page(
+        self, *, state: str | None = None, before_id: int | None = None, limit: int = 100
+    ) -> list[JobRecord]:
+        """Jobs newest first, optionally in one state; page with `before_id`."""
+        query = select(_JOB).order_by(_JOB.c.id.desc()).limit(limit)
+        if state is not None:
+            query = query.where(_JOB.c.state == state)
+        if before_id is not None:
+            query = query.where(_JOB.c.id < before_id)
+        with self._db.connect() as conn:
+            return [job_record(row) for row in conn.execute(query)]
+
+    def job_counts(self) -> dict[str, int]:
+        """Jobs per state (states with no job left out)."""
+        query = select(_JOB.c.state, func.count()).group_by(_JOB.c.state)
+        with self._db.connect() as conn:
+            return {state: int(n) for state, n in conn.execute(query)}
+
+    def policies_in_use(self) -> set[str]:
+        """Policy names that live jobs run under."""
+        query = select(_JOB.c.policy).where(_JOB.c.state.not_in(_TERMINAL_STATES)).distinct()
+        with self._db.connect() as conn:
+            return set(conn.execute(query).scalars())
+
+    def cancel_job(
+        self, name: str, *, event: NewEvent | None = None, at: datetime | None = None
+    ) -> tuple[JobRecord | None, bool]:
+        """Set a job `cancelled` unless it already ended: (the job after, whether it changed)."""
+        now = self._db.now(at)
+        with self._db.begin() as conn:
+            changed = conn.execute(
+                update(_JOB)
+                .where(_JOB.c.name == name, _JOB.c.state.not_in(_TERMINAL_STATES))
+                .values(state="cancelled", reason="cancelled by request", updated_at=now)
+            ).rowcount
+            row = conn.execute(select(_JOB).where(_JOB.c.name == name)).first()
+            if row is None:
+                return None, False
+            if changed and event is not None:
+                write_event(conn, replace(event, job_id=row.id), now)
+        return job_record(row), bool(changed)
+
+    def transition_job(
+        self,
+        job_id: int,
+        *,
+        state: str,
+        reason: str,
+        restarts: int | None = None,
+        events: Iterable[NewEvent] = (),
+        at: datetime,
+    ) -> JobRecord:
+        """Move a job to `state`, recording the events (with their alerts) in one transaction."""
+        values: dict[str, Any] = {"state": state, "reason": reason, "updated_at": at}
+        if restarts is not None:
+            values["restarts"] = restarts
+        with self._db.begin() as conn:
+            conn.execute(update(_JOB).where(_JOB.c.id == job_id).values(**values))
+            write_events(conn, (replace(event, job_id=job_id) for event in events), at)
+            row = conn.execute(select(_JOB).where(_JOB.c.id == job_id)).one()
+        return job_record(row)
+
+    # -- attempts --------------------------------------------------------------------------
 
     def create_attempt(
         self, job_id: int, number: int, key: str, offer: Offer, token_sha256: str, at: datetime
@@ -94,10 +239,10 @@ class JobsMixin(StoreBase):
             "market": offer.market.value,
             "usd_per_hour": offer.usd_per_hour,
             "state": "launching",
-            "started_at": self._now(at),
+            "started_at": self._db.now(at),
             "token_sha256": token_sha256,
         }
-        with self.engine.begin() as conn:
+        with self._db.begin() as conn:
             found = conn.execute(select(_ATTEMPT).where(_ATTEMPT.c.idempotency_key == key)).first()
             if found is None:
                 inserted_id(conn.execute(insert(_ATTEMPT).values(values)))
@@ -109,16 +254,11 @@ class JobsMixin(StoreBase):
     def update_attempt(self, key: str, **values: Any) -> None:
         if "zone" in values:
             values["zone"] = values["zone"] or ""
-        with self.engine.begin() as conn:
+        with self._db.begin() as conn:
             conn.execute(update(_ATTEMPT).where(_ATTEMPT.c.idempotency_key == key).values(**values))
 
-    def get_job_by_id(self, job_id: int) -> JobRecord | None:
-        with self.engine.connect() as conn:
-            row = conn.execute(select(JOB).where(JOB.c.id == job_id)).first()
-        return None if row is None else job_record(row)
-
     def attempt(self, key: str) -> AttemptRecord | None:
-        with self.engine.connect() as conn:
+        with self._db.connect() as conn:
             row = conn.execute(select(_ATTEMPT).where(_ATTEMPT.c.idempotency_key == key)).first()
         return None if row is None else _attempt(row)
 
@@ -130,7 +270,7 @@ class JobsMixin(StoreBase):
         """Every listed job's attempts in number order, in a few queries (a reconcile pass
         reads all live jobs' attempts at once instead of one query per job)."""
         out: dict[int, list[AttemptRecord]] = {}
-        with self.engine.connect() as conn:
+        with self._db.connect() as conn:
             for chunk in chunks(dict.fromkeys(job_ids), ATTEMPT_IDS_PER_QUERY):
                 query = (
                     select(_ATTEMPT)
@@ -146,25 +286,27 @@ class JobsMixin(StoreBase):
         """Attempts of the policy's jobs that ran at some point after `since`."""
         query = (
             select(_ATTEMPT)
-            .join(JOB, JOB.c.id == _ATTEMPT.c.job_id)
-            .where(JOB.c.policy == policy, _ATTEMPT.c.instance_id.is_not(None))
+            .join(_JOB, _JOB.c.id == _ATTEMPT.c.job_id)
+            .where(_JOB.c.policy == policy, _ATTEMPT.c.instance_id.is_not(None))
             .where((_ATTEMPT.c.ended_at.is_(None)) | (_ATTEMPT.c.ended_at > since))
         )
-        with self.engine.connect() as conn:
+        with self._db.connect() as conn:
             return [_attempt(r) for r in conn.execute(query).all()]
 
     def open_attempts(self) -> list[AttemptRecord]:
         """Attempts whose instance may still run (not known gone), any job state."""
         query = select(_ATTEMPT).where(_ATTEMPT.c.instance_gone.is_(False))
-        with self.engine.connect() as conn:
+        with self._db.connect() as conn:
             return [_attempt(r) for r in conn.execute(query).all()]
+
+    # -- what agents report ------------------------------------------------------------------
 
     def record_agent_events(
         self, key: str, events: Iterable[Mapping[str, Any]], at: datetime
     ) -> list[str]:
         """Record new events (by id) and fold them into the attempt; return every id seen."""
         acked: list[str] = []
-        with self.engine.begin() as conn:
+        with self._db.begin() as conn:
             for event in events:
                 event_id = str(event["id"])
                 acked.append(event_id)
@@ -197,16 +339,18 @@ class JobsMixin(StoreBase):
             .where(_AGENT_EVENT.c.attempt_key == key)
             .order_by(_AGENT_EVENT.c.at)
         )
-        with self.engine.connect() as conn:
+        with self._db.connect() as conn:
             rows = conn.execute(query).all()
         return [
             {"id": r.id, "kind": r.kind, "at": r.at, "data": json.loads(r.data or "{}")}
             for r in rows
         ]
 
+    # -- pool cooldowns ----------------------------------------------------------------------
+
     def add_cooldown(self, pool: Pool, until: datetime, reason: str) -> None:
         provider, region, zone, kind, market = pool
-        with self.engine.begin() as conn:
+        with self._db.begin() as conn:
             conn.execute(
                 insert(_COOLDOWN).values(
                     provider=provider,
@@ -221,38 +365,9 @@ class JobsMixin(StoreBase):
 
     def cooled_pools(self, now: datetime) -> set[Pool]:
         query = select(_COOLDOWN).where(_COOLDOWN.c.until > now)
-        with self.engine.connect() as conn:
+        with self._db.connect() as conn:
             rows = conn.execute(query).all()
         return {(r.provider, r.region, r.zone or None, r.instance_type, r.market) for r in rows}
-
-    def transition_job(
-        self,
-        job_id: int,
-        *,
-        state: str,
-        reason: str,
-        restarts: int | None = None,
-        events: Iterable[NewEvent] = (),
-        at: datetime,
-    ) -> JobRecord:
-        """Move a job to `state`, recording the events (with their alerts) in one transaction."""
-        values: dict[str, Any] = {"state": state, "reason": reason, "updated_at": at}
-        if restarts is not None:
-            values["restarts"] = restarts
-        with self.engine.begin() as conn:
-            conn.execute(update(JOB).where(JOB.c.id == job_id).values(**values))
-            for event in events:
-                self._insert_event(conn, replace(event, job_id=job_id), at)
-            row = conn.execute(select(JOB).where(JOB.c.id == job_id)).one()
-        return job_record(row)
-
-    def record_events(self, events: Iterable[NewEvent], at: datetime) -> None:
-        with self.engine.begin() as conn:
-            self._record(conn, events, at)
-
-    def _record(self, conn: Connection, events: Iterable[NewEvent], at: datetime) -> None:
-        for event in events:
-            self._insert_event(conn, event, at)
 
 
 def _event_time(event: Mapping[str, Any], default: datetime) -> datetime:

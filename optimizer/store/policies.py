@@ -1,29 +1,18 @@
-"""The daemon's own records: job cancellation and queries, policy versions, price-signal
-state and poll status. Each write that causes an event records it in the same transaction."""
+"""The policies repository: policy versions, each policy's price-signal state, and the price
+polls' status. Each write that causes an event records it in the same transaction."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import delete, func, insert, select
 
-from optimizer.store.engine import (
-    JOB,
-    StoreBase,
-    aware,
-    dialect_insert,
-    inserted_id,
-    job_record,
-    table,
-)
+from optimizer.store.engine import Database, aware, dialect_insert, inserted_id, table
+from optimizer.store.events import write_events
 from optimizer.store.tables import (
-    TERMINAL_JOB_STATES,
-    JobRecord,
-    LatestPrice,
     NewEvent,
     PolicyVersion,
     PolicyVersionRecord,
@@ -35,8 +24,6 @@ from optimizer.store.tables import (
 _VERSION = table(PolicyVersion)
 _SIGNAL = table(PriceSignal)
 _POLL = table(PollStatus)
-_LATEST = table(LatestPrice)
-_TERMINAL_STATES = sorted(TERMINAL_JOB_STATES)
 
 
 def _version(row: Any) -> PolicyVersionRecord:
@@ -53,58 +40,11 @@ def _version(row: Any) -> PolicyVersionRecord:
     )
 
 
-class DaemonMixin(StoreBase):
-    """Store methods the daemon's loops and API use beyond prices, jobs and events."""
+class Policies:
+    """What the policy watcher saw, the price-signal loop's state, and each poll's status."""
 
-    # -- jobs ------------------------------------------------------------------------------
-
-    def cancel_job(
-        self, name: str, *, event: NewEvent | None = None, at: datetime | None = None
-    ) -> tuple[JobRecord | None, bool]:
-        """Set a job `cancelled` unless it already ended: (the job after, whether it changed)."""
-        now = self._now(at)
-        with self.engine.begin() as conn:
-            changed = conn.execute(
-                update(JOB)
-                .where(JOB.c.name == name, JOB.c.state.not_in(_TERMINAL_STATES))
-                .values(state="cancelled", reason="cancelled by request", updated_at=now)
-            ).rowcount
-            row = conn.execute(select(JOB).where(JOB.c.name == name)).first()
-            if row is None:
-                return None, False
-            if changed and event is not None:
-                self._insert_event(conn, replace(event, job_id=row.id), now)
-        return job_record(row), bool(changed)
-
-    def live_jobs(self) -> list[JobRecord]:
-        """Jobs not yet succeeded, failed or cancelled, oldest first."""
-        query = select(JOB).where(JOB.c.state.not_in(_TERMINAL_STATES)).order_by(JOB.c.id)
-        with self.engine.connect() as conn:
-            return [job_record(row) for row in conn.execute(query)]
-
-    def jobs_page(
-        self, *, state: str | None = None, before_id: int | None = None, limit: int = 100
-    ) -> list[JobRecord]:
-        """Jobs newest first, optionally in one state; page with `before_id`."""
-        query = select(JOB).order_by(JOB.c.id.desc()).limit(limit)
-        if state is not None:
-            query = query.where(JOB.c.state == state)
-        if before_id is not None:
-            query = query.where(JOB.c.id < before_id)
-        with self.engine.connect() as conn:
-            return [job_record(row) for row in conn.execute(query)]
-
-    def job_counts(self) -> dict[str, int]:
-        """Jobs per state (states with no job left out)."""
-        query = select(JOB.c.state, func.count()).group_by(JOB.c.state)
-        with self.engine.connect() as conn:
-            return {state: int(n) for state, n in conn.execute(query)}
-
-    def policies_in_use(self) -> set[str]:
-        """Policy names that live jobs run under."""
-        query = select(JOB.c.policy).where(JOB.c.state.not_in(_TERMINAL_STATES)).distinct()
-        with self.engine.connect() as conn:
-            return set(conn.execute(query).scalars())
+    def __init__(self, db: Database) -> None:
+        self._db = db
 
     # -- policy versions -------------------------------------------------------------------
 
@@ -116,9 +56,9 @@ class DaemonMixin(StoreBase):
         at: datetime | None = None,
     ) -> list[int]:
         """Append what the watcher saw (ids and times are assigned here) with its events."""
-        now = self._now(at)
+        now = self._db.now(at)
         ids: list[int] = []
-        with self.engine.begin() as conn:
+        with self._db.begin() as conn:
             for v in versions:
                 values = {
                     "path": v.path,
@@ -130,15 +70,14 @@ class DaemonMixin(StoreBase):
                     "at": now,
                 }
                 ids.append(inserted_id(conn.execute(insert(_VERSION).values(values))))
-            for event in events:
-                self._insert_event(conn, event, now)
+            write_events(conn, events, now)
         return ids
 
     def latest_policy_versions(self) -> dict[str, PolicyVersionRecord]:
         """The newest record of every path the watcher has seen."""
         newest = select(func.max(_VERSION.c.id)).group_by(_VERSION.c.path)
         query = select(_VERSION).where(_VERSION.c.id.in_(newest))
-        with self.engine.connect() as conn:
+        with self._db.connect() as conn:
             return {row.path: _version(row) for row in conn.execute(query)}
 
     def last_loaded_version(self, path: str) -> PolicyVersionRecord | None:
@@ -149,7 +88,7 @@ class DaemonMixin(StoreBase):
             .order_by(_VERSION.c.id.desc())
             .limit(1)
         )
-        with self.engine.connect() as conn:
+        with self._db.connect() as conn:
             row = conn.execute(query).first()
         return None if row is None else _version(row)
 
@@ -161,7 +100,7 @@ class DaemonMixin(StoreBase):
             .group_by(_VERSION.c.name)
         )
         query = select(_VERSION).where(_VERSION.c.id.in_(newest))
-        with self.engine.connect() as conn:
+        with self._db.connect() as conn:
             rows = [_version(row) for row in conn.execute(query)]
         return {v.name: v for v in rows if v.outcome == "loaded" and v.name}
 
@@ -173,14 +112,14 @@ class DaemonMixin(StoreBase):
             .order_by(_VERSION.c.id.desc())
             .limit(limit)
         )
-        with self.engine.connect() as conn:
+        with self._db.connect() as conn:
             return [_version(row) for row in conn.execute(query)]
 
     # -- price signals ---------------------------------------------------------------------
 
     def price_signals(self) -> dict[str, dict[str, Any]]:
         """Every policy's stored price-signal state (decoded JSON)."""
-        with self.engine.connect() as conn:
+        with self._db.connect() as conn:
             rows = conn.execute(select(_SIGNAL.c.policy, _SIGNAL.c.state)).all()
         return {row.policy: json.loads(row.state) for row in rows}
 
@@ -193,14 +132,13 @@ class DaemonMixin(StoreBase):
         at: datetime | None = None,
     ) -> None:
         """Replace one policy's state (None deletes it) and record its events, atomically."""
-        now = self._now(at)
-        with self.engine.begin() as conn:
+        now = self._db.now(at)
+        with self._db.begin() as conn:
             conn.execute(delete(_SIGNAL).where(_SIGNAL.c.policy == policy))
             if state is not None:
                 values = {"policy": policy, "state": json.dumps(state, sort_keys=True)}
                 conn.execute(insert(_SIGNAL).values({**values, "updated_at": now}))
-            for event in events:
-                self._insert_event(conn, event, now)
+            write_events(conn, events, now)
 
     # -- poll status -----------------------------------------------------------------------
 
@@ -208,31 +146,22 @@ class DaemonMixin(StoreBase):
         """Upsert one (provider, region, market) poll status, with its events."""
         values = {name: getattr(status, name) for name in PollStatusRecord.__dataclass_fields__}
         values["last_run_at"] = aware(status.last_run_at, "last_run_at")
-        stmt = dialect_insert(self.engine.dialect.name, _POLL)
+        stmt = dialect_insert(self._db.dialect, _POLL)
         key = ("provider", "region", "market")
         upsert = stmt.on_conflict_do_update(
             index_elements=list(key),
             set_={name: stmt.excluded[name] for name in values if name not in key},
         )
-        with self.engine.begin() as conn:
+        with self._db.begin() as conn:
             conn.execute(upsert, [values])
-            for event in events:
-                self._insert_event(conn, event, values["last_run_at"])
+            write_events(conn, events, values["last_run_at"])
 
     def poll_statuses(self) -> list[PollStatusRecord]:
         query = select(_POLL).order_by(_POLL.c.provider, _POLL.c.market, _POLL.c.region)
-        with self.engine.connect() as conn:
+        with self._db.connect() as conn:
             return [
                 PollStatusRecord(
                     **{k: row._mapping[k] for k in PollStatusRecord.__dataclass_fields__}
                 )
                 for row in conn.execute(query)
             ]
-
-    def offer_counts(self) -> dict[tuple[str, str], int]:
-        """Latest offers per (provider, market)."""
-        query = select(_LATEST.c.provider, _LATEST.c.market, func.count()).group_by(
-            _LATEST.c.provider, _LATEST.c.market
-        )
-        with self.engine.connect() as conn:
-            return {(p, m): int(n) for p, m, n in conn.execute(query)}

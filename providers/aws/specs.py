@@ -1,8 +1,8 @@
 """Slow-changing AWS facts: GPU instance specs and zone name → zone ID maps, cached daily.
 
-Both are kept in the SpecCache the caller passes (the store implements it), keyed per region:
-`instance-types/<region>` and `zones/<region>`. Raw AWS facts are cached, not Offers, so a
-change to the hardware table applies without refetching.
+Both are kept in the SpecCache the caller passes (the store's prices repository implements
+it), keyed per region: `instance-types/<region>` and `zones/<region>`. Raw AWS facts are
+cached, not Offers, so a change to the hardware table applies without refetching.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 One refresh = the SKU list (once, for every region) plus, at most once a day, the aggregated
 accelerator-type and machine-type lists; the three run concurrently. Machine and accelerator
-specs are kept in the SpecCache the caller passes (the store), and in memory.
+specs are kept in the SpecCache the caller passes (the store's prices repository), and in
+memory.
 """
 
 from __future__ import annotations

@@ -63,13 +63,13 @@ class DeliverLoop:
     def run_once(self) -> DeliveryReport:
         report = DeliveryReport()
         down: set[str] = set()
-        for item in self.store.due_alerts(self.clock(), limit=self.retry.batch):
+        for item in self.store.events.due_alerts(self.clock(), limit=self.retry.batch):
             now = self.clock()
             notifier = self.notifiers.get(item.channel)
             attempts = item.attempts + 1
             if notifier is None:
                 error = f"channel {item.channel!r} is not configured any more"
-                self.store.alert_failed(item.id, attempts=item.attempts, error=error, at=now)
+                self.store.events.alert_failed(item.id, attempts=item.attempts, error=error, at=now)
                 self._count(item.channel, "failed")
                 report.failed += 1
                 continue
@@ -78,7 +78,7 @@ class DeliverLoop:
                 continue
             result = notifier.send(Alert.from_outbox(item, self.api_url))
             if result.ok:
-                self.store.alert_delivered(item.id, attempts=attempts, at=now)
+                self.store.events.alert_delivered(item.id, attempts=attempts, at=now)
                 self._count(item.channel, "delivered")
                 report.delivered += 1
                 continue
@@ -87,7 +87,7 @@ class DeliverLoop:
             if result.permanent or give_up(attempts, item.created_at, now, self.retry):
                 why = "refused" if result.permanent else f"gave up after {attempts} attempt(s)"
                 error = f"{result.error} ({why})"
-                self.store.alert_failed(item.id, attempts=attempts, error=error, at=now)
+                self.store.events.alert_failed(item.id, attempts=attempts, error=error, at=now)
                 log.warning("alert %s to %s failed: %s", item.dedupe_key, item.channel, error)
                 self._count(item.channel, "failed")
                 report.failed += 1
@@ -95,7 +95,7 @@ class DeliverLoop:
             wait = backoff(attempts, self.retry, self.rng)
             if result.retry_after_s is not None:
                 wait = max(wait, timedelta(seconds=min(result.retry_after_s, self.retry.max_s)))
-            self.store.alert_retry(
+            self.store.events.alert_retry(
                 item.id, attempts=attempts, next_attempt_at=now + wait, error=result.error, at=now
             )
             log.info(

@@ -86,7 +86,7 @@ class PollLoop:
             with ThreadPoolExecutor(workers, thread_name_prefix="gpuopt-poll") as pool:
                 results = list(pool.map(self._fetch, units))
         fetched = [o for r in results for o in r.offers]
-        recorded = self.store.record_offers(self._new(fetched)) if fetched else 0
+        recorded = self.store.prices.record_offers(self._new(fetched)) if fetched else 0
         self._statuses(results, now)
         failed = tuple(r.region for r in results if r.error is not None)
         if len(failed) < len(results) and self.after is not None:
@@ -110,7 +110,7 @@ class PollLoop:
         again adds no history; a price seen at a new time does)."""
         latest: dict[tuple[object, ...], datetime] = {}
         for provider in sorted({o.provider for o in offers}):
-            for held in self.store.latest_offers(provider=provider, market=self.market):
+            for held in self.store.prices.latest_offers(provider=provider, market=self.market):
                 latest[held.pool] = held.observed_at
         return [o for o in offers if o.pool not in latest or o.observed_at > latest[o.pool]]
 
@@ -118,7 +118,7 @@ class PollLoop:
         provider, market = self.handle.name, self.market.value
         before = {
             s.region: s
-            for s in self.store.poll_statuses()
+            for s in self.store.policies.poll_statuses()
             if s.provider == provider and s.market == market
         }
         for result in results:
@@ -166,7 +166,7 @@ class PollLoop:
                     log.warning("%s %s poll failed: %s", where, market, text)
                 else:
                     log.info("%s %s poll failed again (%d): %s", where, market, failures, text)
-            self.store.save_poll_status(status, events)
+            self.store.policies.save_poll_status(status, events)
             self._measure(result, now)
 
     def _measure(self, result: RegionResult, now: datetime) -> None:

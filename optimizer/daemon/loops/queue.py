@@ -38,7 +38,9 @@ def record_events(store: Store, events: Sequence[InterruptionEvent], clock: Cloc
     """Fold queue events into our open attempts (by instance id); how many matched. A notice
     is recorded like the agent's (`notice_at`, first one wins); a stop or termination marks
     the instance gone. Events about other instances are ignored."""
-    by_instance = {a.instance_id: a for a in store.open_attempts() if a.instance_id and not a.ended}
+    by_instance = {
+        a.instance_id: a for a in store.jobs.open_attempts() if a.instance_id and not a.ended
+    }
     matched = 0
     for event in events:
         attempt = by_instance.get(event.instance_id)
@@ -46,10 +48,10 @@ def record_events(store: Store, events: Sequence[InterruptionEvent], clock: Cloc
             continue
         if event.kind in NOTICE_KINDS:
             if attempt.notice_at is None:
-                store.update_attempt(attempt.key, notice_at=clock())
+                store.jobs.update_attempt(attempt.key, notice_at=clock())
                 matched += 1
         elif event.detail in GONE_STATES:
-            store.update_attempt(attempt.key, instance_gone=True)
+            store.jobs.update_attempt(attempt.key, instance_gone=True)
             matched += 1
     return matched
 

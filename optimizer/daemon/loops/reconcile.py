@@ -129,7 +129,7 @@ class ReconcileLoop:
         started = time.perf_counter()
         ctx = ReconcileContext(
             now=self.clock(),
-            jobs=tuple(self.store.live_jobs()),
+            jobs=tuple(self.store.jobs.live_jobs()),
             policies=self.registry.snapshot(),
             store=self.store,
             providers=self.providers,

@@ -121,7 +121,7 @@ class PolicyWatcher:
         if files is None:
             return []
         work = _Pass(dict(self.registry.snapshot()), dict(self.registry.rejected()))
-        known = self.store.latest_policy_versions() if initial else {}
+        known = self.store.policies.latest_policy_versions() if initial else {}
         for path, stat in sorted(files.items()):
             self._consider(path, stat, work, initial=initial, known=known)
         for path in sorted(set(self._seen) - set(files)):
@@ -289,7 +289,7 @@ class PolicyWatcher:
 
     def _in_force(self, work: _Pass) -> dict[str, PolicyVersionRecord]:
         if work.in_force is None:
-            work.in_force = self.store.policies_in_force()
+            work.in_force = self.store.policies.policies_in_force()
         return work.in_force
 
     def _revive(self, record: PolicyVersionRecord) -> LoadedPolicy | None:
@@ -317,7 +317,7 @@ class PolicyWatcher:
 
     def _in_use(self, work: _Pass) -> set[str]:
         if work.in_use is None:
-            work.in_use = self.store.policies_in_use()
+            work.in_use = self.store.jobs.policies_in_use()
         return work.in_use
 
     def _retire(self, entry: LoadedPolicy, work: _Pass, *, why: str) -> None:
@@ -371,7 +371,7 @@ class PolicyWatcher:
 
     def _commit(self, work: _Pass) -> None:
         if (work.versions or work.events) and self.records():
-            self.store.record_policy_changes(work.versions, work.events)
+            self.store.policies.record_policy_changes(work.versions, work.events)
         if self.metrics is not None:
             for outcome in work.outcomes:
                 self.metrics.policy_changes.labels(outcome).inc()

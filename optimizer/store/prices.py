@@ -1,0 +1,176 @@
+"""The prices repository: price history, each pool's latest price, and the providers' spec cache.
+
+Bulk paths use SQLAlchemy Core over plain dicts (executemany), because building ORM objects
+costs more than the insert itself; every write is one transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Insert, Row, delete, func, insert, select
+
+from optimizer.model import OFFER_FIELDS, Market, Offer
+from optimizer.store.engine import Database, aware, chunks, dialect_insert, table
+from optimizer.store.tables import POOL_COLUMNS, LatestPrice, PriceHistory, SpecCacheEntry
+
+# Rows per executemany call: big enough to amortize the round trip, small enough that one
+# chunk's parameter list stays a few MB.
+CHUNK_ROWS = 5_000
+
+_HISTORY = table(PriceHistory)
+_LATEST = table(LatestPrice)
+_SPEC = table(SpecCacheEntry)
+
+
+def _history_row(offer: Offer) -> dict[str, Any]:
+    return {
+        "provider": offer.provider,
+        "region": offer.region,
+        "zone": offer.zone or "",
+        "instance_type": offer.instance_type,
+        "market": offer.market.value,
+        "usd_per_hour": offer.usd_per_hour,
+        "observed_at": offer.observed_at,
+        "source": offer.source,
+    }
+
+
+def _latest_row(offer: Offer) -> dict[str, Any]:
+    row = {name: getattr(offer, name) for name in OFFER_FIELDS}
+    row["zone"] = offer.zone or ""
+    row["market"] = offer.market.value
+    row["interconnect"] = offer.interconnect.value
+    return row
+
+
+def _offer(row: Row[Any]) -> Offer:
+    values = row._mapping
+    fields = {name: values[name] for name in OFFER_FIELDS}
+    fields["zone"] = fields["zone"] or None
+    return Offer(**fields)
+
+
+def _upsert_latest(dialect: str) -> Insert:
+    """INSERT … ON CONFLICT (pool) DO UPDATE, only when the incoming row is not older."""
+    stmt = dialect_insert(dialect, _LATEST)
+    excluded = stmt.excluded
+    updates = {name: excluded[name] for name in OFFER_FIELDS if name not in POOL_COLUMNS}
+    return stmt.on_conflict_do_update(
+        index_elements=list(POOL_COLUMNS),
+        set_=updates,
+        where=excluded.observed_at >= _LATEST.c.observed_at,
+    )
+
+
+class Prices:
+    """Offers in, latest offers and one pool's history out; the spec cache
+    (providers.base.SpecCache) the AWS and GCP adapters keep specs and list prices in."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._upsert = _upsert_latest(db.dialect)
+
+    def record_offers(self, offers: Iterable[Offer]) -> int:
+        """Append offers to price history and advance each pool's latest price; one transaction.
+
+        A pool's latest row only moves forward: an observation older than the stored one is
+        kept in history but does not replace it. Returns the number of history rows written.
+        """
+        newest: dict[tuple[str, str, str | None, str, Market], Offer] = {}
+        written = 0
+        with self._db.begin() as conn:
+            for chunk in chunks(offers, CHUNK_ROWS):
+                conn.execute(insert(_HISTORY), [_history_row(offer) for offer in chunk])
+                written += len(chunk)
+                for offer in chunk:
+                    # One row per pool per statement: PostgreSQL refuses to upsert a row twice
+                    # in one command, and it saves work on both engines.
+                    held = newest.get(offer.pool)
+                    if held is None or offer.observed_at >= held.observed_at:
+                        newest[offer.pool] = offer
+            for rows in chunks(map(_latest_row, newest.values()), CHUNK_ROWS):
+                conn.execute(self._upsert, rows)
+        return written
+
+    def latest_offers(
+        self,
+        *,
+        provider: str | None = None,
+        region: str | None = None,
+        market: Market | str | None = None,
+    ) -> list[Offer]:
+        """The newest offer of every pool, optionally filtered, ordered by pool."""
+        query = select(_LATEST).order_by(*(_LATEST.c[name] for name in POOL_COLUMNS))
+        if provider is not None:
+            query = query.where(_LATEST.c.provider == provider)
+        if region is not None:
+            query = query.where(_LATEST.c.region == region)
+        if market is not None:
+            query = query.where(_LATEST.c.market == Market(market).value)
+        with self._db.connect() as conn:
+            return [_offer(row) for row in conn.execute(query)]
+
+    def offer_counts(self) -> dict[tuple[str, str], int]:
+        """Latest offers per (provider, market)."""
+        query = select(_LATEST.c.provider, _LATEST.c.market, func.count()).group_by(
+            _LATEST.c.provider, _LATEST.c.market
+        )
+        with self._db.connect() as conn:
+            return {(p, m): int(n) for p, m, n in conn.execute(query)}
+
+    def price_history(
+        self,
+        provider: str,
+        region: str,
+        zone: str | None,
+        instance_type: str,
+        market: Market | str,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[tuple[datetime, float]]:
+        """One pool's (observed_at, usd_per_hour) in time order, for since <= t < until."""
+        t = _HISTORY
+        query = (
+            select(t.c.observed_at, t.c.usd_per_hour)
+            .where(
+                t.c.provider == provider,
+                t.c.region == region,
+                t.c.zone == (zone or ""),
+                t.c.instance_type == instance_type,
+                t.c.market == Market(market).value,
+            )
+            .order_by(t.c.observed_at, t.c.id)
+        )
+        if since is not None:
+            query = query.where(t.c.observed_at >= aware(since, "since"))
+        if until is not None:
+            query = query.where(t.c.observed_at < aware(until, "until"))
+        with self._db.connect() as conn:
+            return [(row.observed_at, row.usd_per_hour) for row in conn.execute(query)]
+
+    # -- provider spec cache (providers.base.SpecCache) -------------------------------------
+
+    def load_cached(self, provider: str, key: str) -> tuple[datetime, Any] | None:
+        """(fetched_at, value) saved under (provider, key), or None."""
+        query = select(_SPEC.c.fetched_at, _SPEC.c.value).where(
+            _SPEC.c.provider == provider, _SPEC.c.key == key
+        )
+        with self._db.connect() as conn:
+            row = conn.execute(query).first()
+        return None if row is None else (row.fetched_at, json.loads(row.value))
+
+    def save_cached(self, provider: str, key: str, value: Any, fetched_at: datetime) -> None:
+        """Replace the value under (provider, key) in one transaction."""
+        row = {
+            "provider": provider,
+            "key": key,
+            "fetched_at": aware(fetched_at, "fetched_at"),
+            "value": json.dumps(value, sort_keys=True),
+        }
+        with self._db.begin() as conn:
+            conn.execute(delete(_SPEC).where(_SPEC.c.provider == provider, _SPEC.c.key == key))
+            conn.execute(insert(_SPEC).values(row))
