@@ -1,0 +1,219 @@
+"""PostgreSQL: replicas compete for a session-level advisory lock (see the package docstring)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from optimizer.daemon.leader.base import WAKEUP_CHANNEL, Election, first_line
+from optimizer.store import Store
+
+log = logging.getLogger(__name__)
+
+# Server-side TCP settings for the lock's session: a vanished leader host is noticed after
+# about idle + interval * count = 12 s of silence (or 12 s of unacknowledged data) and its
+# lock freed (the defaults are hours). That is longer than the default lease (6 s), so a
+# leader cut off from the database has stopped acting before anyone else can win, and short
+# enough that a follower (trying every 2 s) takes over within 15 s.
+_SESSION_SETTINGS = {
+    "tcp_keepalives_idle": "6",
+    "tcp_keepalives_interval": "2",
+    "tcp_keepalives_count": "3",
+    "tcp_user_timeout": "12000",
+    "statement_timeout": "5000",
+}
+# The client side of the same: keepalives, and connecting gives up rather than hangs.
+_CLIENT_PARAMS = {
+    "connect_timeout": 5,
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+}
+
+
+# The advisory-lock key: a 64-bit hash of the database and the schema the session works in.
+LOCK_KEY_SQL = (
+    "hashtextextended('gpuopt-leader:' || current_database() || '/' || current_schema(), 0)"
+)
+
+
+class PostgresElection(Election):
+    """Replicas compete for a session-level advisory lock (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        check_s: float = 2.0,
+        lease_s: float = 6.0,
+        on_wakeup: Callable[[], None] = lambda: None,
+        monotonic: Callable[[], float] = time.monotonic,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(store, **kwargs)
+        self.monotonic = monotonic
+        if lease_s <= check_s:
+            raise ValueError("lease_s must be longer than check_s")
+        self.check_s = check_s
+        self.lease_s = lease_s
+        self.on_wakeup = on_wakeup
+        self._conn: Any = None
+        self._key: int | None = None
+        self._schema: str | None = None
+        self._confirmed = 0.0  # monotonic time the lock was last seen held
+        self._connect_failures = 0
+
+    @property
+    def is_leader(self) -> bool:
+        return self._role.leading and self.monotonic() - self._confirmed < self.lease_s
+
+    def start(self) -> None:
+        """Try once now (so a lone replica leads at once), then keep trying on a thread."""
+        self._stop.clear()
+        self._step()
+        self._thread = threading.Thread(target=self._run, name="leader-election", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop competing; release the lock and announce it (a follower takes over at once)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        was_leader = self._role.leading
+        self._set_leading(False)
+        if self._conn is not None and was_leader:
+            try:
+                self._conn.execute("SELECT pg_advisory_unlock(%s)", (self._key,))
+                # Followers listening on the channel try for the lock now, not next round.
+                self._conn.execute(
+                    "SELECT pg_notify(%s, 'released:' || current_schema())", (WAKEUP_CHANNEL,)
+                )
+            except Exception as exc:
+                log.debug("unlock failed (the session ends anyway): %s", exc)
+        self._disconnect()
+        self._forget()
+
+    def nudge(self) -> None:
+        """NOTIFY the leader to reconcile now; the leader itself just wakes locally."""
+        if self.is_leader:
+            self.on_wakeup()
+            return
+        from sqlalchemy import text
+
+        try:
+            with self.store.engine.begin() as conn:
+                conn.execute(
+                    text("SELECT pg_notify(:channel, current_schema())"),
+                    {"channel": WAKEUP_CHANNEL},
+                )
+        except Exception as exc:
+            log.warning("could not notify the leader: %s", exc)
+
+    # -- the thread --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wait()
+            if not self._stop.is_set():
+                self._step()
+
+    def _wait(self) -> None:
+        """Wait `check_s` listening on the lock connection: the leader for wake-ups, a
+        follower for the leader's release (a clean stop), which ends its wait at once."""
+        if self._conn is None:
+            self._stop.wait(self.check_s)
+            return
+        deadline = time.monotonic() + self.check_s
+        try:
+            while not self._stop.is_set() and (left := deadline - time.monotonic()) > 0:
+                for note in self._conn.notifies(timeout=min(left, 0.5)):
+                    if self._role.leading and note.payload == self._schema:
+                        self.on_wakeup()
+                    elif not self._role.leading and note.payload == f"released:{self._schema}":
+                        return
+        except Exception as exc:
+            self._lost(f"the lock connection failed while listening: {first_line(exc)}")
+
+    def _step(self) -> None:
+        """One round: connect if needed, then try to win or confirm the lock."""
+        if self._conn is None and not self._connect():
+            return
+        try:
+            # The lease counts from before the query: the server saw the lock held no earlier.
+            asked = self.monotonic()
+            if self._role.leading:
+                if self._holds():
+                    self._confirmed = asked
+                else:
+                    self._lost("the advisory lock is no longer held")
+                    return
+            else:
+                won = self._conn.execute(
+                    "SELECT pg_try_advisory_lock(%s)", (self._key,)
+                ).fetchone()[0]
+                if won:
+                    self._confirmed = asked
+                    self._set_leading(True)
+        except Exception as exc:
+            self._lost(f"the lock connection failed: {first_line(exc)}")
+            return
+        self._heartbeat()
+
+    def _holds(self) -> bool:
+        key = self._key
+        assert key is not None
+        unsigned = key & 0xFFFF_FFFF_FFFF_FFFF
+        row = self._conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND pid = pg_backend_pid() AND classid::bigint = %s AND objid::bigint = %s"
+            " AND objsubid = 1",
+            (unsigned >> 32, unsigned & 0xFFFF_FFFF),
+        ).fetchone()
+        return bool(row[0])
+
+    def _connect(self) -> bool:
+        try:
+            conn = self.store.dedicated_connection(
+                application_name=f"gpuopt leader election {self.replica}"[:63], **_CLIENT_PARAMS
+            )
+            conn.autocommit = True
+            for name, value in _SESSION_SETTINGS.items():
+                conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+            row = conn.execute(f"SELECT {LOCK_KEY_SQL}, current_schema()").fetchone()
+            self._key, self._schema = int(row[0]), str(row[1])
+            conn.execute(f"LISTEN {WAKEUP_CHANNEL}")
+        except Exception as exc:
+            self._connect_failures += 1
+            if self._connect_failures in (1, 10) or self._connect_failures % 100 == 0:
+                log.warning(
+                    "leader election cannot reach PostgreSQL (%d tries): %s",
+                    self._connect_failures,
+                    first_line(exc),
+                )
+            return False
+        if self._connect_failures:
+            log.info("leader election reconnected to PostgreSQL")
+        self._connect_failures = 0
+        self._conn = conn
+        return True
+
+    def _lost(self, why: str) -> None:
+        if self._role.leading:
+            log.error("leadership lost: %s", why)
+        else:
+            log.warning("leader election: %s", why)
+        self._set_leading(False)
+        self._disconnect()
+
+    def _disconnect(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                log.debug("closing the lock connection failed", exc_info=True)
