@@ -6,9 +6,12 @@ some copies are stale and one is stamped in the future. Runs pinned to one core 
 allows. Each timing is a warm-up and then `--runs` calls; freeing the result is timed apart.
 Besides the headline figure (offers in the order they were built) it times the same offers
 shuffled (cache-hostile: no longer read in the order they sit in memory) and a policy that
-passes every offer (100k candidates to build and sort). Peak memory comes from a separate run
-under tracemalloc, which slows Python down. If `gpuhunt` is importable, its filter runs over
-the same rows for a ratio. Prints the figures and writes them to bench/results/ranking.json.
+passes every offer (100k candidates to build and sort). The engine builds a rejection's record
+when it is first read, so one more figure times evaluate followed by reading every rejection
+(what a caller that lists them all pays). The garbage collector stays on throughout, as in
+the daemon. Peak memory comes from a separate run under tracemalloc, which slows Python
+down. If `gpuhunt` is importable, its filter runs over the same rows for a ratio. Prints the
+figures and writes them to bench/results/ranking.json.
 
     .venv/bin/python bench/ranking.py [--offers 100000] [--runs 15]
 """
@@ -16,6 +19,7 @@ the same rows for a ratio. Prints the figures and writes them to bench/results/r
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -220,22 +224,31 @@ def main() -> None:
     permissive = Policy.model_validate({"apiVersion": "gpuopt/v1", "kind": "Policy", "name": "all"})
     permissive_times, _ = time_runs(lambda: evaluate(permissive, offers, NOW), 5)
 
+    def evaluate_and_read() -> Ranking:
+        ranked = evaluate(policy, offers, NOW)
+        ranked.rejections  # noqa: B018  # builds the records
+        return ranked
+
+    read_times, _ = time_runs(evaluate_and_read, args.runs)
+
     shuffled = offers[:]
     random.Random(SEED).shuffle(shuffled)
     shuffled_times, _ = time_runs(lambda: evaluate(policy, shuffled, NOW), args.runs)
     hunt = gpuhunt_query(policy, offers, args.runs)
 
-    by_rule = {rule: len(rows) for rule, rows in ranking.rejections_by_rule().items()}
+    by_rule = ranking.rejection_counts()
     result: dict[str, Any] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
         "affinity": pinning,
+        "gc_enabled": gc.isenabled(),
         "offers": len(offers),
         "runs": args.runs,
         "evaluate": figures(times),
         "release_result": figures(releases),
+        "evaluate_and_read_every_rejection": figures(read_times),
         "evaluate_shuffled": figures(shuffled_times),
         "evaluate_permissive_policy": figures(permissive_times),
         "peak_memory_mib": round(peak / 2**20, 2),
@@ -256,6 +269,8 @@ def main() -> None:
     ev = result["evaluate"]
     print(f"evaluate: median {ev['median_ms']} ms (min {ev['min_ms']}, max {ev['max_ms']})")
     print(f"freeing a ranking: median {result['release_result']['median_ms']} ms")
+    rd = result["evaluate_and_read_every_rejection"]
+    print(f"evaluate, then read every rejection: median {rd['median_ms']} ms")
     sh = result["evaluate_shuffled"]
     print(f"evaluate, shuffled input: median {sh['median_ms']} ms")
     pm = result["evaluate_permissive_policy"]

@@ -7,18 +7,23 @@ How it stays fast on 100k offers: the rules from `market` to `vcpus` depend only
 shape (market, place, instance type and its hardware), and a price list repeats each shape
 across zones and observations. So one pass looks each shape up in a dict and checks it once;
 only the offers whose shape passes go on to the price rules and scoring.
+
+It also leaves the cyclic garbage collector alone (other threads run while it ranks) and
+gives it little to do: each container object that outlives a moment counts towards the
+collector's next pass, and the older generations' passes walk every live offer. So no record
+is built per rejected offer (a rule's rejections are two lists, offers and reasons, made into
+`Rejection` records when first read), and nothing per surviving offer but its `Candidate`:
+the offers passing are sorted as a list of scores, a fuller key built only where scores tie.
 """
 
 from __future__ import annotations
 
-import gc
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from itertools import chain, compress, groupby, islice
-from operator import eq, itemgetter
+from itertools import chain, compress, groupby, islice, repeat
+from operator import eq
 from typing import Any, NamedTuple
 
 from optimizer.model import Market, Offer
@@ -26,8 +31,6 @@ from policies.rules import RULES, EvaluationError, Fit, RuleSet
 from policies.schema import Policy
 
 __all__ = ["RULES", "Candidate", "EvaluationError", "Ranking", "Rejection", "evaluate"]
-
-_RULE_INDEX = {rule: i for i, rule in enumerate(RULES)}
 
 
 def _utc_text(value: datetime) -> str:
@@ -69,7 +72,8 @@ class Rejection(NamedTuple):
     """An offer and the first rule it failed, with a reason that names the numbers.
 
     A NamedTuple rather than a dataclass: a large price list yields one per offer, and a
-    tuple is the cheapest immutable record Python builds.
+    tuple is the cheapest immutable record Python builds. `Ranking` builds them when they
+    are first read, not while ranking.
     """
 
     offer: Offer
@@ -83,31 +87,77 @@ class Rejection(NamedTuple):
         return {"rule": self.rule, "reason": self.reason, "offer": self.offer.to_dict()}
 
 
+# A rule's rejections while evaluate collects them: the offers, and the reason for each.
+_Columns = tuple[list[Offer], list[str]]
+
+
+def _records(rule: str, offers: tuple[Offer, ...], reasons: tuple[str, ...]) -> Iterator[Rejection]:
+    """One rule's Rejection records, built as bare tuples (skipping the NamedTuple's
+    Python-level __new__)."""
+    return map(tuple.__new__, repeat(Rejection), zip(offers, repeat(rule), reasons))
+
+
 @dataclass(frozen=True, slots=True)
 class Ranking:
     """The engine's answer for one policy at one moment.
 
     Candidates are best first. Rejections are grouped by rule in RULES order and keep the
-    input order within a rule.
+    input order within a rule; their records are built when first read (`rejections`,
+    `rejected(rule)`), so a caller that needs only the best offer or the counts per rule
+    (`rejection_counts()`) never pays for one record per rejected offer.
     """
 
     policy_name: str
     evaluated_at: datetime
     dtype: str  # the dtype throughput and price_per_tflop were read for
     candidates: tuple[Candidate, ...]
-    rejections: tuple[Rejection, ...]
+    # (rule, offers, reasons) for each rule that rejected something, in RULES order.
+    rejected_columns: tuple[tuple[str, tuple[Offer, ...], tuple[str, ...]], ...] = field(repr=False)
+    # Records built so far: a rule's, or under "" every rule's.
+    _built: dict[str, tuple[Rejection, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def best(self) -> Candidate | None:
         return self.candidates[0] if self.candidates else None
 
+    @property
+    def rejections(self) -> tuple[Rejection, ...]:
+        """Every rejected offer with the first rule it failed, grouped by rule in RULES order."""
+        every = self._built.get("")
+        if every is None:
+            every = tuple(
+                chain.from_iterable(
+                    self._built.get(rule) or _records(rule, offers, reasons)
+                    for rule, offers, reasons in self.rejected_columns
+                )
+            )
+            self._built[""] = every
+        return every
+
+    def rejected(self, rule: str) -> tuple[Rejection, ...]:
+        """The offers `rule` rejected, in input order."""
+        found = self._built.get(rule)
+        if found is None:
+            every, start, found = self._built.get(""), 0, ()
+            for name, offers, reasons in self.rejected_columns:
+                if name == rule:
+                    stop = start + len(offers)
+                    found = every[start:stop] if every else tuple(_records(rule, offers, reasons))
+                    break
+                start += len(offers)
+            self._built[rule] = found
+        return found
+
+    def rejection_counts(self) -> dict[str, int]:
+        """How many offers each rule rejected, rules in checking order; rules that rejected
+        nothing are left out. Builds no records."""
+        return {rule: len(offers) for rule, offers, _ in self.rejected_columns}
+
     def rejections_by_rule(self) -> dict[str, list[Rejection]]:
         """Rejections per rule id, rules in checking order; rules that rejected nothing left out."""
-        grouped: dict[str, list[Rejection]] = {}
-        for rejection in self.rejections:
-            grouped.setdefault(rejection.rule, []).append(rejection)
-        order = sorted(grouped, key=lambda rule: _RULE_INDEX.get(rule, len(RULES)))
-        return {rule: grouped[rule] for rule in order}
+        return {rule: list(self.rejected(rule)) for rule in self.rejection_counts()}
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready values."""
@@ -116,7 +166,7 @@ class Ranking:
             "evaluated_at": _utc_text(self.evaluated_at),
             "dtype": self.dtype,
             "candidates": [c.to_dict() for c in self.candidates],
-            "rejected_by_rule": {r: len(v) for r, v in self.rejections_by_rule().items()},
+            "rejected_by_rule": self.rejection_counts(),
             "rejections": [r.to_dict() for r in self.rejections],
         }
 
@@ -124,9 +174,9 @@ class Ranking:
 class _Shape:
     """One distinct offer shape: its verdict under the shape rules, memoized for the pass."""
 
-    __slots__ = ("fit", "od_key", "od_min", "on_demand", "reason", "reject", "rule")
+    __slots__ = ("explain", "fit", "od_key", "od_min", "on_demand", "reason", "reject", "rule")
 
-    def __init__(self, rules: RuleSet, key: tuple[Any, ...], buckets: dict[str, list[Any]]):
+    def __init__(self, rules: RuleSet, key: tuple[Any, ...], buckets: dict[str, _Columns]):
         # The key is (market, provider, region, instance_type, gpu_model, gpu_count,
         # gpu_memory_gib, interconnect, vcpus, ram_gib): everything the shape rules read.
         market, provider, region, instance_type, *hardware = key
@@ -138,7 +188,8 @@ class _Shape:
             self.fit = verdict
         else:
             self.rule, self.reason = verdict
-            self.reject = buckets[self.rule].append
+            offers, reasons = buckets[self.rule]
+            self.reject, self.explain = offers.append, reasons.append
         self.on_demand = market == Market.ON_DEMAND
         self.od_key = (provider, region, instance_type)
         self.od_min = math.inf  # the cheapest fresh offer of this shape, on-demand shapes only
@@ -170,39 +221,69 @@ def _fallback(offer: Offer) -> tuple[Any, ...]:
     )
 
 
-def _sorted(scored: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """Order (key, offer, ...) items by key, then items with equal keys by every other field
-    of their offers. The key is (score, market preference, provider, region, zone, type)."""
-    scored.sort(key=itemgetter(0))
-    keys = list(map(itemgetter(0), scored))
-    # Exact ties are rare: find them with one C-level pass instead of a Python loop.
-    tied = compress(range(1, len(keys)), map(eq, keys, islice(keys, 1, None)))
-    for _, run in groupby(tied, key=lambda end: keys[end]):
+def _order(scores: list[float], offers: list[Offer], markets: Mapping[str, int]) -> list[int]:
+    """Indexes in rank order: by (score, market preference, provider, region, zone, type),
+    then indexes that tie on all of it by every other field of their offers.
+
+    Sorted on the score alone first, a float per offer: the rest of the key is built only
+    for offers whose score ties (an equal price in another zone, say), not for every offer.
+    """
+
+    def rest(i: int) -> tuple[Any, ...]:
+        offer = offers[i]
+        return (
+            markets[offer.market],
+            offer.provider,
+            offer.region,
+            offer.zone or "",
+            offer.instance_type,
+        )
+
+    def every_field(i: int) -> tuple[Any, ...]:
+        return _fallback(offers[i])
+
+    order = sorted(range(len(scores)), key=scores.__getitem__)
+    for start, stop in _ties(order, scores.__getitem__):
+        run = sorted(order[start:stop], key=rest)
+        for first, end in _ties(run, rest):
+            run[first:end] = sorted(run[first:end], key=every_field)
+        order[start:stop] = run
+    return order
+
+
+def _ties(order: list[int], key: Any) -> Iterator[tuple[int, int]]:
+    """(start, stop) of each run of two or more equal keys in `order`, which is sorted by
+    `key`. Ties are rare: one C-level pass finds them instead of a Python loop."""
+    values = list(map(key, order))
+    tied = compress(range(1, len(values)), map(eq, values, islice(values, 1, None)))
+    for _, run in groupby(tied, key=values.__getitem__):
         ends = list(run)
-        start, stop = ends[0] - 1, ends[-1] + 1
-        scored[start:stop] = sorted(scored[start:stop], key=lambda i: _fallback(i[1]))
-    return scored
+        yield ends[0] - 1, ends[-1] + 1
 
 
 def _first_pass(
-    rules: RuleSet, offers: Iterable[Offer], buckets: dict[str, list[Rejection]]
-) -> tuple[list[_Shape], list[tuple[Offer, _Shape]]]:
+    rules: RuleSet, offers: Iterable[Offer], buckets: dict[str, _Columns]
+) -> tuple[list[_Shape], list[Offer], list[_Shape]]:
     """Reject stale offers and offers whose shape fails a rule (into `buckets`); return the
-    shapes seen, each with its cheapest on-demand price, and the offers left to price."""
+    shapes seen, each with its cheapest on-demand price, and the offers left to price with
+    their shapes (two lists, index for index)."""
     shapes: dict[tuple[Any, ...], _Shape] = {}
-    survivors: list[tuple[Offer, _Shape]] = []
+    kept: list[Offer] = []
+    kept_shapes: list[_Shape] = []
     # The hot loop, with locals only. Memory traffic dominates at this size, so everything an
     # offer needs happens while it is in cache: one visit each. The key is spelled out field by
-    # field (reads on a slots class beat an attrgetter twofold), and a Rejection is built as a
-    # bare tuple, skipping the NamedTuple's Python-level __new__.
-    new = tuple.__new__
+    # field (reads on a slots class beat an attrgetter twofold). Nothing outlives the loop
+    # but list entries: the key is dropped at once (a collector pass counts only objects that
+    # stay), a rejection is its offer and reason appended to its rule's two lists.
     oldest, newest, stale = rules.oldest, rules.newest, rules.stale
-    reject_stale = buckets["stale"].append
-    survive = survivors.append
+    stale_offers, stale_reasons = buckets["stale"]
+    reject_stale, explain_stale = stale_offers.append, stale_reasons.append
+    keep, keep_shape = kept.append, kept_shapes.append
     for offer in offers:
         observed = offer.observed_at
         if observed < oldest or observed > newest:
-            reject_stale(new(Rejection, (offer, "stale", stale(observed))))
+            reject_stale(offer)
+            explain_stale(stale(observed))
             continue
         key = (
             offer.market,
@@ -225,27 +306,12 @@ def _first_pass(
             if price < shape.od_min:
                 shape.od_min = price
         if shape.rule is None:
-            survive((offer, shape))
+            keep(offer)
+            keep_shape(shape)
         else:
-            shape.reject(new(Rejection, (offer, shape.rule, shape.reason)))
-    return list(shapes.values()), survivors
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Hold off the cyclic garbage collector while the pass allocates a record per offer.
-
-    The records form no cycles, yet every 700 allocations start a collection, and the older
-    generations' collections walk every live offer: on the 100k-offer bench, 115 ms became
-    70 ms. The previous state is restored on the way out.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
+            shape.reject(offer)
+            shape.explain(shape.reason)
+    return list(shapes.values()), kept, kept_shapes
 
 
 def evaluate(
@@ -263,17 +329,21 @@ def evaluate(
     type among `offers` (any zone, any rule outcome except stale).
     """
     rules = RuleSet(policy, now, measured)
-    with _collector_paused():
-        return _rank(rules, policy.name, offers)
+    return _rank(rules, policy.name, offers)
 
 
 def _rank(rules: RuleSet, policy_name: str, offers: Iterable[Offer]) -> Ranking:
-    buckets: dict[str, list[Rejection]] = {rule: [] for rule in RULES}
-    shapes, survivors = _first_pass(rules, offers, buckets)
+    buckets: dict[str, _Columns] = {rule: ([], []) for rule in RULES}
+    shapes, kept, kept_shapes = _first_pass(rules, offers, buckets)
     on_demand = _on_demand_prices(shapes)
     markets, per_tflop, check_price = rules.markets, rules.per_tflop, rules.prices_capped
-    scored: list[tuple[Any, ...]] = []
-    for offer, shape in survivors:
+    # The offers that pass, in columns (index for index) rather than a record each.
+    passed: list[Offer] = []
+    scores: list[float] = []
+    references: list[float | None] = []
+    per_tflops: list[float | None] = []
+    fits: list[Fit] = []
+    for offer, shape in zip(kept, kept_shapes, strict=True):
         price = offer.usd_per_hour
         reference = on_demand.get(shape.od_key)
         if check_price:
@@ -281,41 +351,44 @@ def _rank(rules: RuleSet, policy_name: str, offers: Iterable[Offer]) -> Ranking:
                 price, offer.gpu_count, offer.market, reference, offer.instance_type, offer.region
             )
             if verdict is not None:
-                buckets[verdict[0]].append(Rejection(offer, *verdict))
+                rule, reason = verdict
+                rejected, reasons = buckets[rule]
+                rejected.append(offer)
+                reasons.append(reason)
                 continue
         fit = shape.fit
         node = fit.node_tflops  # type: ignore[union-attr]  # a shape without a rule has a Fit
         usd_per_tflop = price / node if node else None
-        key = (
-            usd_per_tflop if per_tflop else price,
-            markets[offer.market],
-            offer.provider,
-            offer.region,
-            offer.zone or "",
-            offer.instance_type,
-        )
-        scored.append((key, offer, reference, usd_per_tflop, fit))
+        scores.append(usd_per_tflop if per_tflop else price)  # type: ignore[arg-type]
+        passed.append(offer)
+        references.append(reference)
+        per_tflops.append(usd_per_tflop)
+        fits.append(fit)  # type: ignore[arg-type]
 
     need = rules.memory_need
     candidates = tuple(
         # Positional, in field order: keyword arguments cost more across 100k candidates.
         Candidate(
-            offer,
+            passed[i],
             rank,
-            key[0],
-            offer.usd_per_hour / offer.gpu_count,
+            scores[i],
+            passed[i].usd_per_hour / passed[i].gpu_count,
             need,
-            fit.memory_headroom,
-            fit.node_tflops,
-            usd_per_tflop,
-            reference,
+            fits[i].memory_headroom,
+            fits[i].node_tflops,
+            per_tflops[i],
+            references[i],
         )
-        for rank, (key, offer, reference, usd_per_tflop, fit) in enumerate(_sorted(scored), 1)
+        for rank, i in enumerate(_order(scores, passed, markets), 1)
     )
     return Ranking(
         policy_name=policy_name,
         evaluated_at=rules.now,
         dtype=rules.dtype,
         candidates=candidates,
-        rejections=tuple(chain.from_iterable(buckets.values())),
+        rejected_columns=tuple(
+            (rule, tuple(offers), tuple(reasons))
+            for rule, (offers, reasons) in buckets.items()
+            if offers
+        ),
     )

@@ -531,6 +531,10 @@ def test_every_offer_lands_once_sorted_and_order_free(
     out = [c.offer for c in ranking.candidates] + [r.offer for r in ranking.rejections]
     assert Counter(map(id, out)) == Counter(map(id, rows))
     assert all(r.rule in RULES for r in ranking.rejections)
+    by_rule = ranking.rejections_by_rule()
+    assert ranking.rejection_counts() == {rule: len(found) for rule, found in by_rule.items()}
+    assert [rule for rule in RULES if rule in by_rule] == list(by_rule)  # checking order
+    assert all(list(ranking.rejected(rule)) == found for rule, found in by_rule.items())
     keys = [_order_key(pol, c) for c in ranking.candidates]
     assert keys == sorted(keys)
     assert [c.rank for c in ranking.candidates] == list(range(1, len(keys) + 1))
@@ -540,6 +544,41 @@ def test_every_offer_lands_once_sorted_and_order_free(
     again = evaluate(pol, shuffled, T0)
     assert again.candidates == ranking.candidates
     assert Counter(again.rejections) == Counter(ranking.rejections)
+
+
+# --- the collector and the records --------------------------------------------------------
+
+
+def test_evaluate_leaves_the_garbage_collector_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    def refuse(*_: object) -> None:
+        raise AssertionError("evaluate changed the process-wide garbage collector")
+
+    for switch in ("disable", "enable", "freeze", "unfreeze", "set_threshold", "collect"):
+        monkeypatch.setattr(gc, switch, refuse)
+    rows = [small(), offer(), small(observed_at=T0 - timedelta(days=2)), small(market=Market.SPOT)]
+    ranking = evaluate(policy(workload={"gpus": 8}), rows, T0)
+    assert [c.offer for c in ranking.candidates] == [rows[1]]
+    assert gc.isenabled()
+
+
+def test_rejection_records_are_built_when_read_and_read_once() -> None:
+    rows = [small(), offer(), small(observed_at=T0 - timedelta(days=2)), small(zone="use1-az2")]
+    ranking = evaluate(policy(workload={"gpus": 8}, max_price_age_hours=6), rows, T0)
+    assert ranking.rejection_counts() == {"stale": 1, "gpu_count": 2}
+    assert ranking.rejected("gpu_count") == (
+        Rejection(rows[0], "gpu_count", "1 GPUs < 8 needed"),
+        Rejection(rows[3], "gpu_count", "1 GPUs < 8 needed"),
+    )
+    assert ranking.rejected("budget") == ()
+    assert [r.rule for r in ranking.rejections] == ["stale", "gpu_count", "gpu_count"]
+    assert ranking.rejections is ranking.rejections  # built once
+    assert ranking.rejected("gpu_count")[0] is ranking.rejections[1]
+    later = evaluate(policy(workload={"gpus": 8}, max_price_age_hours=6), rows, T0)
+    assert later.rejections[1] is later.rejected("gpu_count")[0]  # the other way round
+    again = evaluate(policy(workload={"gpus": 8}, max_price_age_hours=6), rows, T0)
+    assert again == ranking and hash(again) == hash(ranking)
 
 
 # --- real rows ----------------------------------------------------------------------------

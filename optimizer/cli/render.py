@@ -65,7 +65,7 @@ def ranking_table(ranking: Any, *, limit: int, explain: bool, source: str) -> No
     if not console.is_terminal:
         console = Console(width=250)
     shown = ranking.candidates[:limit] if limit else ranking.candidates
-    total = len(ranking.candidates) + len(ranking.rejections)
+    total = len(ranking.candidates) + sum(ranking.rejection_counts().values())
     title = (
         f"policy {ranking.policy_name}: {len(ranking.candidates)} of {total} offers qualify, "
         f"best first (source: {source})"

@@ -100,14 +100,19 @@ def cap_sides(ranking: Ranking) -> dict[str, tuple[str, float]]:
         offer = candidate.offer
         if offer.market is Market.SPOT:
             sides[pool_key(offer)] = (UNDER, offer.usd_per_hour)
-    for rejection in ranking.rejections:
-        offer = rejection.offer
-        if offer.market is not Market.SPOT:
+    # Only the bid rules' and the budget's rejections: the ranking builds no record for the
+    # (many) offers the other rules rejected.
+    for rule in ranking.rejection_counts():
+        if rule.startswith("bid."):
+            side = OVER
+        elif rule == "budget":
+            side = UNDER
+        else:
             continue
-        if rejection.rule.startswith("bid."):
-            sides[pool_key(offer)] = (OVER, offer.usd_per_hour)
-        elif rejection.rule == "budget":
-            sides[pool_key(offer)] = (UNDER, offer.usd_per_hour)
+        for rejection in ranking.rejected(rule):
+            offer = rejection.offer
+            if offer.market is Market.SPOT:
+                sides[pool_key(offer)] = (side, offer.usd_per_hour)
     return sides
 
 

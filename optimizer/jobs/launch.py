@@ -129,9 +129,7 @@ class Launcher:
         offers = [o for o in ctx.store.prices.latest_offers() if pool_of(o) not in avoid]
         ranking = evaluate(policy, offers, ctx.now)
         if not ranking.candidates:
-            top = ", ".join(
-                f"{rule} ({len(r)})" for rule, r in ranking.rejections_by_rule().items()
-            )
+            top = ", ".join(f"{rule} ({n})" for rule, n in ranking.rejection_counts().items())
             return Walk(
                 False,
                 f"no offer meets policy {job.policy}" + (f": rejected by {top}" if top else ""),
