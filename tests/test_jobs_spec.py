@@ -47,3 +47,44 @@ def test_missing_fields_and_blank_command() -> None:
     assert "j.yaml:2:6: run: must not be blank" in found
     assert any("policy: required field is missing" in p for p in found)
     assert any("checkpoint_dir: required field is missing" in p for p in found)
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ('env: {TOKEN: "ab\\0cd"}\n', "j.yaml:5:14: env.TOKEN: must not contain a NUL byte"),
+        ('setup: "pip\\0install"\n', "j.yaml:5:8: setup: must not contain a NUL byte"),
+    ],
+)
+def test_nul_bytes_are_rejected(extra: str, expected: str) -> None:
+    # exec() would cut the value at the NUL: the job could never run as written.
+    text = GOOD.replace("env: {WANDB_PROJECT: resnet}\n", "") + extra
+    with pytest.raises(JobSpecError) as caught:
+        parse_job_spec(text, path="j.yaml")
+    assert expected in [str(p) for p in caught.value.problems], caught.value.problems
+
+
+def test_run_over_64_kib_is_rejected() -> None:
+    limit = 64 * 1024
+    at_limit = GOOD.replace("run: python train.py", "run: " + "x" * limit)
+    assert len(parse_job_spec(at_limit).run) == limit
+    # Bytes, not characters: 32 769 two-byte characters are one byte over.
+    over = GOOD.replace("run: python train.py", "run: " + "é" * (limit // 2 + 1))
+    with pytest.raises(JobSpecError) as caught:
+        parse_job_spec(over, path="j.yaml")
+    assert [str(p) for p in caught.value.problems] == [
+        "j.yaml:3:6: run: is 65538 bytes; at most 65536 (64 KiB) are allowed"
+    ]
+
+
+def test_more_than_256_env_keys_is_rejected() -> None:
+    def spec(count: int) -> str:
+        pairs = ", ".join(f"V{i}: x" for i in range(count))
+        return GOOD.replace("env: {WANDB_PROJECT: resnet}", "env: {" + pairs + "}")
+
+    assert len(parse_job_spec(spec(256)).env) == 256
+    with pytest.raises(JobSpecError) as caught:
+        parse_job_spec(spec(257), path="j.yaml")
+    assert [str(p) for p in caught.value.problems] == [
+        "j.yaml:5:6: env: has 257 variables; at most 256 are allowed"
+    ]

@@ -5,11 +5,11 @@ apiVersion: gpuopt/v1          # optional
 kind: Job                      # optional
 name: train-resnet             # [a-z0-9-], unique among jobs
 policy: resnet50-training      # a loaded policy's name
-run: python train.py --epochs 90
+run: python train.py --epochs 90   # at most 64 KiB
 setup: pip install -r requirements.txt     # optional, runs before `run` on every attempt
 workdir: /srv/train            # optional: where `setup` and `run` start
 checkpoint_dir: s3://team-ckpt/resnet      # handed to the job as GPUOPT_CHECKPOINT_DIR
-env: {WANDB_PROJECT: resnet}
+env: {WANDB_PROJECT: resnet}   # at most 256 variables; no NUL bytes (nor in run/setup/workdir)
 probes: quick                  # quick | deep | none
 max_restarts: 20               # optional; the policy's recovery.max_restarts otherwise
 ```
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from optimizer.common.documents import load_document, parse_document
 from optimizer.common.errors import LocatedError
@@ -29,6 +29,20 @@ from policies.schema import NAME_PATTERN
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV = ("GPUOPT_CHECKPOINT_DIR", "GPUOPT_ATTEMPT", "GPUOPT_RESTARTS", "GPUOPT_JOB")
+# Limits past which a spec could never start: a command longer than an exec argument may be,
+# or an environment too large to hand to a process.
+MAX_RUN_BYTES = 64 * 1024
+MAX_ENV_KEYS = 256
+
+
+def _no_nul(value: str) -> str:
+    # exec() takes C strings: a NUL byte would cut the value short (or fail the launch).
+    if "\0" in value:
+        raise ValueError("must not contain a NUL byte")
+    return value
+
+
+_EnvValue = Annotated[str, AfterValidator(_no_nul)]
 
 
 class JobSpecError(LocatedError):
@@ -46,7 +60,9 @@ class JobSpec(BaseModel):
     setup: str | None = Field(None, description="Runs before `run` on every attempt.")
     workdir: str | None = Field(None, description="Where the commands run on the instance.")
     checkpoint_dir: str = Field(min_length=1, description="A path or bucket URI for the job.")
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, _EnvValue] = Field(
+        default_factory=dict, description=f"At most {MAX_ENV_KEYS} variables."
+    )
     probes: Literal["quick", "deep", "none"] = "quick"
     expected_gpus: int | None = Field(
         None, ge=0, le=64, description="GPUs the probe must find (default: the offer's)."
@@ -60,9 +76,24 @@ class JobSpec(BaseModel):
             raise ValueError("must not be blank")
         return value
 
+    @field_validator("run", "setup", "workdir")
+    @classmethod
+    def _no_nul_in_commands(cls, value: str | None) -> str | None:
+        return None if value is None else _no_nul(value)
+
+    @field_validator("run")
+    @classmethod
+    def _run_size(cls, value: str) -> str:
+        size = len(value.encode())
+        if size > MAX_RUN_BYTES:
+            raise ValueError(f"is {size} bytes; at most {MAX_RUN_BYTES} (64 KiB) are allowed")
+        return value
+
     @field_validator("env")
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > MAX_ENV_KEYS:
+            raise ValueError(f"has {len(value)} variables; at most {MAX_ENV_KEYS} are allowed")
         for name in value:
             if not _ENV_NAME.fullmatch(name):
                 raise ValueError(f"{name!r} is not an environment variable name")
