@@ -3,12 +3,18 @@ accepts (PostgreSQL pointed at psycopg 3, nothing past the scheme in a message).
 
 from __future__ import annotations
 
+import os
+import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from optimizer.daemon import settings
 from optimizer.daemon.config import load_config
+from optimizer.daemon.leader import SqliteLock, sqlite_lock_path
+from optimizer.daemon.service import resolve_token
 from optimizer.store import DatabaseUrlError, Store, normalize_database_url
 from optimizer.store.engine import StoreError
 
@@ -47,6 +53,59 @@ def test_the_default_store_creates_its_sqlite_file_under_the_data_dir(
     with Store(url) as db:
         db.create_all()
     assert (data / "gpuopt.db").is_file()
+
+
+@pytest.fixture
+def usual_umask() -> Iterator[None]:
+    # The common default, under which files are created 0644 and folders 0755 unless asked.
+    previous = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.mark.usefixtures("usual_umask")
+def test_the_data_dir_is_created_0700_and_the_database_0600(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    monkeypatch.setenv("GPUOPT_DATA_DIR", str(data))
+    config = load_config()
+    with Store(config.effective_database_url) as db:
+        db.create_all()
+        with db.engine.begin() as conn:
+            conn.execute(text("CREATE TABLE scratch (x INTEGER)"))  # so the -wal file exists
+        assert _mode(data) == 0o700
+        assert _mode(data / "gpuopt.db") == 0o600
+        assert _mode(data / "gpuopt.db-wal") == 0o600
+        lock_path = sqlite_lock_path(config.effective_database_url)
+        assert lock_path is not None
+        lock = SqliteLock(db, lock_path)
+        lock.claim()
+        try:
+            assert _mode(lock_path) == 0o600
+        finally:
+            lock.release()
+
+
+@pytest.mark.usefixtures("usual_umask")
+def test_the_daemon_creates_its_data_dir_0700_whichever_file_comes_first(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    data = tmp_path / "fresh"
+    monkeypatch.setenv("GPUOPT_DATA_DIR", str(data))
+    _, token_file = resolve_token(load_config())
+    assert token_file == data / "api-token"
+    assert _mode(data) == 0o700 and _mode(token_file) == 0o600
+    # An existing folder keeps the mode its owner chose.
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o750)
+    assert _mode(settings.make_private_dir(shared)) == 0o750
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ from optimizer.alerts.channels import build_notifiers
 from optimizer.alerts.outbox import Emitter
 from optimizer.alerts.routing import Router
 from optimizer.clock import Clock, utc_now
+from optimizer.daemon import settings
 from optimizer.daemon.config import DaemonConfig, ProviderConfig
 from optimizer.daemon.errors import DaemonError
 from optimizer.daemon.leader import Election, PostgresElection, make_leadership
@@ -71,7 +72,7 @@ def resolve_token(config: DaemonConfig) -> tuple[SecretStr, Path | None]:
         saved = ""
     if saved:
         return SecretStr(saved), path
-    path.parent.mkdir(parents=True, exist_ok=True)
+    settings.make_private_dir(path.parent)
     token = secrets.token_urlsafe(32)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as stream:
@@ -241,7 +242,7 @@ class Daemon:
             raise
 
     def _start(self) -> None:
-        self.config.effective_data_dir.mkdir(parents=True, exist_ok=True)
+        settings.make_private_dir(self.config.effective_data_dir)
         self.config.effective_policy_dir.mkdir(parents=True, exist_ok=True)
         self.leadership.claim()  # SQLite: a second daemon stops here, before touching the store
         try:

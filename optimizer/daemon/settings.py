@@ -25,3 +25,11 @@ def data_dir() -> Path:
     configured = _env(DATA_DIR_ENV)
     path = Path(configured) if configured else Path.home() / ".local" / "share" / "gpuopt"
     return path.expanduser().absolute()
+
+
+def make_private_dir(path: Path) -> Path:
+    """Create `path` (and missing parents) for the daemon's own files: the folder itself mode
+    0700, since it holds the database, the API token and the election lock. An existing
+    folder keeps the mode its owner gave it."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path

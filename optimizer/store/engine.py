@@ -8,6 +8,7 @@ Every repository (prices.py, jobs.py, events.py, policies.py, replicas.py) holds
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
@@ -182,7 +183,9 @@ def sqlite_file(url: str) -> Path | None:
 
 def make_engine(url: str, schema: str | None) -> Engine:
     """An engine for a (normalized) URL; `schema` puts a PostgreSQL session's `search_path`
-    there. SQLite gets WAL and a busy timeout, and its file's folder is created."""
+    there. SQLite gets WAL and a busy timeout; a missing file is created 0600 (SQLite gives its
+    -wal and -shm files the same mode) in a folder created 0700: it holds job specs, agent
+    tokens' hashes and alert payloads, none of which other users of the host should read."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if schema is not None:
@@ -195,7 +198,8 @@ def make_engine(url: str, schema: str | None) -> Engine:
         else:
             path = sqlite_file(url)
             if path is not None:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
             engine = create_engine(url)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine

@@ -14,6 +14,7 @@ from typing import Any
 
 from optimizer.daemon.errors import DaemonError
 from optimizer.daemon.leader.base import HEARTBEAT_S, Election
+from optimizer.daemon.settings import make_private_dir
 from optimizer.store import Store, sqlite_file
 
 log = logging.getLogger(__name__)
@@ -38,8 +39,8 @@ class SqliteLock(Election):
         A holder that is a migration is waited for up to `wait_for_migration_s` (two
         `gpuopt db upgrade` runs take turns); a daemon never is."""
         if self.path is not None and self._fd is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            make_private_dir(self.path.parent)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
             deadline = time.monotonic() + wait_for_migration_s
             while True:
                 try:
