@@ -4,6 +4,7 @@ alert carrying every located problem, deleted policies in use stay, and restarts
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -284,3 +285,29 @@ def test_a_follower_loads_without_recording_and_records_on_becoming_leader(
     w.resync()  # nothing changed since: a second resync records nothing more
     assert w.run_once() == []
     assert kinds(store) == ["policy.loaded"]
+
+
+def test_a_directory_or_fifo_named_yaml_is_reported_like_any_bad_file(
+    store: Store, policy_dir: Path, clock: ManualClock
+) -> None:
+    w = watcher(store, policy_dir, clock)
+    (policy_dir / "folder.yaml").mkdir()
+    os.mkfifo(policy_dir / "pipe.yaml")  # no writer: opening it for a read must not block
+    assert w.run_once() == ["rejected", "rejected"]
+    assert w.registry.snapshot() == {}
+    rejected = w.registry.rejected()
+    assert rejected[str(policy_dir / "folder.yaml")].problems == (
+        f"{policy_dir / 'folder.yaml'}: is a directory, not a policy file",
+    )
+    assert rejected[str(policy_dir / "pipe.yaml")].problems == (
+        f"{policy_dir / 'pipe.yaml'}: is a FIFO, not a policy file",
+    )
+    assert kinds(store) == ["policy.rejected", "policy.rejected"]
+    # Reported once: a later pass (the folder's contents changing included) stays quiet.
+    (policy_dir / "folder.yaml" / "inner").write_text("x")
+    assert settle(w) == [] and w.run_once() == []
+    assert len(store.events.list_events()) == 2
+    # Removed: the report goes with it.
+    (policy_dir / "pipe.yaml").unlink()
+    w.run_once()
+    assert list(w.registry.rejected()) == [str(policy_dir / "folder.yaml")]

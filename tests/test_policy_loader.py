@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -390,3 +391,16 @@ def test_policy_schema_cli_prints_the_schema() -> None:
     done = gpuopt("policy", "schema")
     assert done.returncode == 0
     assert json.loads(done.stdout) == json_schema()
+
+
+def test_policy_check_cli_reports_a_directory_or_fifo_named_yaml(tmp_path: Path) -> None:
+    folder = tmp_path / "folder.yaml"
+    folder.mkdir()
+    fifo = tmp_path / "pipe.yaml"
+    os.mkfifo(fifo)
+    # The FIFO has no writer: reading it as a file would wait forever (the timeout fails it).
+    done = gpuopt("policy", "check", str(folder), str(fifo))
+    assert done.returncode == 2
+    assert f"{folder}: is a directory, not a policy file" in done.stderr
+    assert f"{fifo}: is a FIFO, not a policy file" in done.stderr
+    assert "2 of 2 policy file(s) invalid" in done.stderr

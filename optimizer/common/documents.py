@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -248,6 +249,45 @@ def parse_document(
         raise error(list(_validation_problems(path, exc, builder.marks))) from None
 
 
+class NotARegularFile(OSError):
+    """The path names a directory, FIFO, socket or device: never something to parse."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(f"is a {kind}, not a file")
+        self.kind = kind
+
+
+def _kind(mode: int) -> str:
+    for test, kind in (
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+    ):
+        if test(mode):
+            return kind
+    return "special file"
+
+
+def read_limited(path: str | Path, limit: int = MAX_BYTES) -> bytes:
+    """At most `limit` + 1 bytes of a regular file (one more, so the caller can tell it is
+    too big). Anything else raises NotARegularFile without blocking: the file is opened
+    non-blocking (a FIFO with no writer would otherwise wait forever) and checked by the
+    handle it was opened with, so it cannot be swapped in between."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise NotARegularFile(_kind(mode))
+    with os.fdopen(fd, "rb") as stream:
+        return stream.read(limit + 1)
+
+
 def load_document(
     path: str | Path,
     model: type[M],
@@ -259,12 +299,11 @@ def load_document(
     """Read and parse one YAML file; every failure is `error` naming the file."""
     name = str(path)
     try:
-        with open(path, "rb") as stream:
-            raw = stream.read(MAX_BYTES + 1)
+        raw = read_limited(path)
     except FileNotFoundError:
         raise error([Problem(name, "no such file")]) from None
-    except IsADirectoryError:
-        raise error([Problem(name, f"is a directory, not a {what} file")]) from None
+    except NotARegularFile as exc:
+        raise error([Problem(name, f"is a {exc.kind}, not a {what} file")]) from None
     except PermissionError:
         raise error([Problem(name, "permission denied")]) from None
     if len(raw) > MAX_BYTES:

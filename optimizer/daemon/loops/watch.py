@@ -19,7 +19,7 @@ from pathlib import Path
 
 from optimizer.alerts.outbox import Emitter
 from optimizer.clock import Clock
-from optimizer.common.documents import MAX_BYTES
+from optimizer.common.documents import NotARegularFile, read_limited
 from optimizer.daemon.metrics import Metrics
 from optimizer.daemon.policies import (
     ACTIVE,
@@ -33,6 +33,7 @@ from optimizer.model import EventKind
 from optimizer.store import Store
 from optimizer.store.tables import NewEvent, PolicyVersionRecord
 from policies.loader import PolicyError, parse_policy
+from policies.schema import Policy
 
 log = logging.getLogger(__name__)
 
@@ -156,8 +157,8 @@ class PolicyWatcher:
             if name.startswith(".") or not name.endswith(SUFFIXES):
                 continue  # hidden files and editors' swap and backup files
             try:
-                if not entry.is_file():
-                    continue
+                # Directories and FIFOs named *.yaml too: a pass reports them as bad files
+                # rather than skip them, so a policy that is not where it seems is noticed.
                 st = entry.stat()
             except OSError:
                 continue
@@ -181,9 +182,11 @@ class PolicyWatcher:
             self._pending[path] = stat  # changed since the last pass: wait for it to settle
             return
         self._pending.pop(path, None)
+        odd: str | None = None
         try:
-            with open(path, "rb") as stream:
-                raw = stream.read(MAX_BYTES + 1)
+            raw = read_limited(path)
+        except NotARegularFile as exc:
+            odd, raw = exc.kind, f"not a regular file: {exc.kind}".encode()
         except OSError as exc:
             log.warning("cannot read policy file %s: %s", path, exc.strerror or exc)
             return
@@ -193,11 +196,15 @@ class PolicyWatcher:
             return
         previous = known.get(path)
         already = previous is not None and previous.sha256 == sha
-        try:
-            policy = parse_policy(raw, path=path, environ=self.environ)
-            problems: list[str] = []
-        except PolicyError as exc:
-            policy, problems = None, [str(p) for p in exc.problems]
+        policy: Policy | None = None
+        problems: list[str] = []
+        if odd is not None:
+            problems = [f"{path}: is a {odd}, not a policy file"]
+        else:
+            try:
+                policy = parse_policy(raw, path=path, environ=self.environ)
+            except PolicyError as exc:
+                problems = [str(p) for p in exc.problems]
         if policy is not None:
             holder = work.policies.get(policy.name)
             owner = None
