@@ -119,6 +119,42 @@ def test_policies_list_and_show(daemon, tmp_path: Path) -> None:
     assert missing.status_code == 404
 
 
+def test_a_policy_cannot_read_the_daemons_environment(
+    daemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The daemon's environment holds its secrets; a policy's text comes back through the API.
+    monkeypatch.setenv("LEAKED_TOKEN", "daemon-secret-value-0123")
+    text = policy_text("leaky", memory=16) + 'description: "token ${LEAKED_TOKEN}"\n'
+    path = write_policy(tmp_path / "policies", "leaky.yaml", text)
+    line = text.count("\n")  # the description is the last line
+
+    def rejected(client) -> list[dict]:
+        return client.get("/policies").json()["rejected_files"]
+
+    with api(daemon) as client:
+        wait_until(lambda: rejected(client), what="the leaky policy is rejected")
+        listed = client.get("/policies")
+        shown = client.get("/policies/leaky")
+    assert "daemon-secret-value" not in listed.text
+    assert [p["name"] for p in listed.json()["policies"]] == ["small"]
+    (bad,) = listed.json()["rejected_files"]
+    assert bad["problems"] == [
+        f"{path}:{line}:21: description: '${{' is not allowed in a policy: values are never "
+        "taken from the environment"
+    ]
+    assert shown.status_code == 404
+
+
+def test_a_job_spec_sent_to_the_api_is_taken_as_written(
+    daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LEAKED_TOKEN", "daemon-secret-value-0123")
+    with api(daemon) as client:
+        created = client.post("/jobs", json={**JOB, "env": {"T": "${LEAKED_TOKEN}"}})
+    assert created.status_code == 201, created.text
+    assert created.json()["spec"]["env"] == {"T": "${LEAKED_TOKEN}"}
+
+
 JOB = {
     "name": "train-1",
     "policy": "small",

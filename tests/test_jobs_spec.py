@@ -88,3 +88,11 @@ def test_more_than_256_env_keys_is_rejected() -> None:
     assert [str(p) for p in caught.value.problems] == [
         "j.yaml:5:6: env: has 257 variables; at most 256 are allowed"
     ]
+
+
+def test_a_spec_file_takes_the_submitters_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `gpuopt jobs submit` reads the file where the user runs it and sends the result: the
+    # variables are the submitter's own, never the daemon's (the API takes JSON, read as is).
+    monkeypatch.setenv("RUN_ID", "r42")
+    spec = parse_job_spec(GOOD + "workdir: /work/${RUN_ID}\n")
+    assert spec.workdir == "/work/r42"

@@ -80,22 +80,41 @@ def test_model_sizing_feeds_the_memory_need() -> None:
     assert policy.memory_need_gib() == pytest.approx(7e9 * 2 * 1.2 / 2**30)
 
 
-def test_env_interpolation_types_plain_values_and_keeps_quoted_text() -> None:
-    text = (
-        MINIMAL + 'description: "${TEAM} jobs"\nbid: {max_usd_per_hour: "${CAP}", '
-        'max_usd_per_gpu_hour: "${GPU_CAP:-2.5}"}\nbuffer: ${BUFFER}\n'
-    )
-    policy = parse_policy(text, environ={"TEAM": "vision", "CAP": "40", "BUFFER": "0.1"})
-    assert policy.description == "vision jobs"
-    assert policy.bid.max_usd_per_hour == 40 and policy.bid.max_usd_per_gpu_hour == 2.5
-    assert policy.buffer == 0.1
-    escaped = parse_policy(MINIMAL + 'description: "$${LITERAL}"\n', environ={})
-    assert escaped.description == "${LITERAL}"
-
-
-def problems(text: str, environ: dict[str, str] | None = None) -> list[str]:
+@pytest.mark.parametrize(
+    ("text", "line", "col", "field"),
+    [
+        ('description: "${LEAK_ME} jobs"\n', 4, 15, "description"),
+        ('bid: {max_usd_per_hour: "${LEAK_ME}"}\n', 4, 26, "bid.max_usd_per_hour"),
+        ("description: x ${LEAK_ME:-default}\n", 4, 16, "description"),
+        ("description: |\n  one\n  two $${LEAK_ME}\n", 6, 8, "description"),
+        ("placement:\n  regions: {allow: ['${LEAK_ME}']}\n", 5, 22, "placement.regions.allow[0]"),
+    ],
+)
+def test_a_policy_never_reads_the_environment(
+    monkeypatch: pytest.MonkeyPatch, text: str, line: int, col: int, field: str
+) -> None:
+    # The daemon's environment holds secrets, and GET /policies returns what a policy says:
+    # a `${` anywhere in a value is an error at the `${`, not a lookup.
+    monkeypatch.setenv("LEAK_ME", "s3cr3t-token")
     with pytest.raises(PolicyError) as caught:
-        parse_policy(text, path="p.yaml", environ=environ or {})
+        parse_policy(MINIMAL + text, path="p.yaml")
+    (problem,) = caught.value.problems
+    assert str(problem) == (
+        f"p.yaml:{line}:{col}: {field}: '${{' is not allowed in a policy: values are never "
+        "taken from the environment"
+    )
+    assert "s3cr3t" not in str(caught.value)
+
+
+def test_a_dollar_without_a_brace_is_plain_text() -> None:
+    assert parse_policy(MINIMAL + 'description: "costs $5/h, {x}"\n').description == (
+        "costs $5/h, {x}"
+    )
+
+
+def problems(text: str) -> list[str]:
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(text, path="p.yaml")
     return [str(p) for p in caught.value.problems]
 
 
@@ -245,9 +264,9 @@ BAD: list[tuple[str, str, str]] = [
     ("python tag", "description: !!python/object/apply:os.system [ls]\n", "is not allowed"),
     ("merge key", "x: &b {buffer: 0.1}\n<<: *b\n", "merge keys (<<) are not supported"),
     (
-        "unset env var",
+        "env reference",
         "bid:\n  max_usd_per_hour: ${NOT_SET_ANYWHERE}\n",
-        "environment variable NOT_SET_ANYWHERE is not set",
+        "p.yaml:5:21: bid.max_usd_per_hour: '${' is not allowed in a policy",
     ),
     ("deep nesting", "description: " + "[" * 5000 + "]" * 5000 + "\n", "nests too deeply"),
 ]
@@ -335,7 +354,7 @@ def test_random_documents_give_a_policy_or_a_policy_error(document: object, mang
     elif mangle == 2:
         text = text[: len(text) // 2]
     try:
-        result = parse_policy(text, path="fuzz.yaml", environ={})
+        result = parse_policy(text, path="fuzz.yaml")
     except PolicyError as exc:
         assert exc.problems and all(str(p).startswith("fuzz.yaml") for p in exc.problems)
     else:
@@ -345,7 +364,7 @@ def test_random_documents_give_a_policy_or_a_policy_error(document: object, mang
 @given(st.text(max_size=200))
 def test_random_text_gives_a_policy_or_a_policy_error(text: str) -> None:
     try:
-        result = parse_policy(text, path="t.yaml", environ={})
+        result = parse_policy(text, path="t.yaml")
     except PolicyError as exc:
         assert exc.problems
     else:

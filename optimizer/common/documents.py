@@ -2,9 +2,12 @@
 
 Safe YAML only. The loader keeps the position of every key and value, so a schema error points
 at the line a person has to edit (`file:line:col: field: message`, see `optimizer.common.errors`).
-`${VAR}` and `${VAR:-default}` in values are replaced from the environment (`$${` writes a
-literal `${`). Duplicate keys, syntax errors, a root that is not a mapping, documents that
-expand past a node budget (alias bombs) and files over 1 MiB are errors too.
+Where the caller allows it (`interpolate=True`: the daemon config and job specs, which the CLI
+reads on the submitter's machine), `${VAR}` and `${VAR:-default}` in values are replaced from
+the environment (`$${` writes a literal `${`). Where it does not (policies, which the API
+returns and many people edit), a `${` in a value is a located error, so a file can never pull
+the reader's environment in. Duplicate keys, syntax errors, a root that is not a mapping,
+documents that expand past a node budget (alias bombs) and files over 1 MiB are errors too.
 
 Policies, the daemon config and job specs are read through it; each passes its own
 `LocatedError` subclass and a word for what the document is (`what="policy"`).
@@ -43,10 +46,17 @@ class _Builder:
     """Turns a composed YAML node tree into plain values, remembering where each came from."""
 
     def __init__(
-        self, path: str, environ: Mapping[str, str], error: type[LocatedError] = LocatedError
+        self,
+        path: str,
+        environ: Mapping[str, str] | None,
+        error: type[LocatedError] = LocatedError,
+        what: str = "document",
+        text: str = "",
     ) -> None:
         self.path = path
-        self.environ = environ
+        self.text = text
+        self.environ = environ  # None: no interpolation; a `${` in a value is an error
+        self.what = what
         self.error = error
         self.marks: dict[FieldPath, _Marks] = {}
         self.nodes = 0
@@ -90,6 +100,13 @@ class _Builder:
         if node.tag not in _SAFE_TAGS:
             raise self.fail(f"YAML tag {node.tag} is not allowed", node.start_mark, at)
         if interpolate and "${" in node.value:
+            if self.environ is None:
+                raise self.fail(
+                    f"'${{' is not allowed in a {self.what}: values are never taken from the "
+                    "environment",
+                    _find(self.text, node, "${"),
+                    at,
+                )
             text = self._interpolate(node, at)
             # A plain scalar, or a value that is one whole ${VAR}: the value's own type comes
             # through (`${CAP}` set to 40 is a number), so numbers work inside flow mappings too.
@@ -104,11 +121,14 @@ class _Builder:
             raise self.fail(str(exc.problem), node.start_mark, at) from None
 
     def _interpolate(self, node: yaml.ScalarNode, at: FieldPath) -> str:
+        environ = self.environ
+        assert environ is not None  # the caller checked
+
         def replace(match: re.Match[str]) -> str:
             escaped, name, default = match.groups()
             if escaped:
                 return match.group(0)[1:]
-            value = self.environ.get(name)
+            value = environ.get(name)
             if value is None or (value == "" and default is not None):
                 if default is None:
                     raise self.fail(
@@ -121,6 +141,17 @@ class _Builder:
             return value
 
         return _ENV.sub(replace, node.value)
+
+
+def _find(text: str, node: yaml.ScalarNode, needle: str) -> yaml.Mark:
+    """Where `needle` first appears in a scalar's source text, else where the scalar starts."""
+    start = node.start_mark
+    at = text.find(needle, start.index, node.end_mark.index)
+    if at < 0:
+        return start
+    line_start = text.rfind("\n", 0, at) + 1
+    line = text.count("\n", 0, at)
+    return yaml.Mark(start.name, at, line, at - line_start, None, None)  # type: ignore[arg-type]
 
 
 _SAFE_TAGS = {
@@ -202,11 +233,15 @@ def parse_document(
     model: type[M],
     *,
     path: str,
+    interpolate: bool,
     environ: Mapping[str, str] | None = None,
     what: str = "document",
     error: type[LocatedError] = LocatedError,
 ) -> M:
-    """Parse one YAML document into `model`; raises `error` listing every problem found."""
+    """Parse one YAML document into `model`; raises `error` listing every problem found.
+
+    `interpolate`: replace `${VAR}` from `environ` (default: the process's environment); when
+    False, a `${` in any value is an error and nothing is read from the environment."""
     size = len(text.encode("utf-8") if isinstance(text, str) else text)
     if size > MAX_BYTES:
         raise error([Problem(path, f"file is {size} bytes; a {what} may be at most 1 MiB")])
@@ -238,7 +273,8 @@ def parse_document(
         raise error(
             [_problem(path, f"the top level must be a mapping of {what} fields", root.start_mark)]
         )
-    builder = _Builder(path, os.environ if environ is None else environ, error)
+    env = (os.environ if environ is None else environ) if interpolate else None
+    builder = _Builder(path, env, error, what, text)
     try:
         data = builder.build(root, ())
     except RecursionError:
@@ -292,6 +328,7 @@ def load_document(
     path: str | Path,
     model: type[M],
     *,
+    interpolate: bool,
     environ: Mapping[str, str] | None = None,
     what: str = "document",
     error: type[LocatedError] = LocatedError,
@@ -308,4 +345,6 @@ def load_document(
         raise error([Problem(name, "permission denied")]) from None
     if len(raw) > MAX_BYTES:
         raise error([Problem(name, f"file is over 1 MiB; a {what} may be at most 1 MiB")])
-    return parse_document(raw, model, path=name, environ=environ, what=what, error=error)
+    return parse_document(
+        raw, model, path=name, interpolate=interpolate, environ=environ, what=what, error=error
+    )

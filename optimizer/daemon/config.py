@@ -279,7 +279,9 @@ def load_config(path: str | Path | None = None) -> DaemonConfig:
     source = None
     if chosen is not None:
         source = str(chosen)
-        schema = load_document(chosen, ConfigSchema, what="config", error=ConfigError)
+        schema = load_document(
+            chosen, ConfigSchema, interpolate=True, what="config", error=ConfigError
+        )
         file_values = schema.model_dump(exclude_unset=True)
     try:
         config = DaemonConfig(**file_values)

@@ -103,8 +103,10 @@ class JobSpec(BaseModel):
 
 
 def parse_job_spec(text: str | bytes, *, path: str = "<job>") -> JobSpec:
-    return parse_document(text, JobSpec, path=path, what="job spec", error=JobSpecError)
+    return parse_document(
+        text, JobSpec, path=path, interpolate=True, what="job spec", error=JobSpecError
+    )
 
 
 def load_job_spec(path: str | Path) -> JobSpec:
-    return load_document(path, JobSpec, what="job spec", error=JobSpecError)
+    return load_document(path, JobSpec, interpolate=True, what="job spec", error=JobSpecError)

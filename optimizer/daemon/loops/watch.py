@@ -87,7 +87,6 @@ class PolicyWatcher:
         *,
         metrics: Metrics | None = None,
         on_change: Callable[[], None] | None = None,
-        environ: Mapping[str, str] | None = None,
         records: Callable[[], bool] | None = None,
     ) -> None:
         self.directory = directory
@@ -97,7 +96,6 @@ class PolicyWatcher:
         self.clock = clock
         self.metrics = metrics
         self.on_change = on_change
-        self.environ = environ
         # Whether this process writes what it sees (versions, events, alerts): with several
         # replicas every one loads the policies, but only the leader records them.
         self.records = records or (lambda: True)
@@ -202,7 +200,7 @@ class PolicyWatcher:
             problems = [f"{path}: is a {odd}, not a policy file"]
         else:
             try:
-                policy = parse_policy(raw, path=path, environ=self.environ)
+                policy = parse_policy(raw, path=path)
             except PolicyError as exc:
                 problems = [str(p) for p in exc.problems]
         if policy is not None:
@@ -303,7 +301,7 @@ class PolicyWatcher:
         if record.text is None:
             return None
         try:
-            policy = parse_policy(record.text, path=record.path, environ=self.environ)
+            policy = parse_policy(record.text, path=record.path)
         except PolicyError as exc:
             log.warning("stored version of %s no longer parses: %s", record.path, exc)
             return None
