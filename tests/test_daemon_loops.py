@@ -3,6 +3,7 @@ pass at once, a wake during a pass is not lost, and reconcilers are isolated."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -196,3 +197,17 @@ def test_the_leader_long_polls_a_configured_interruption_queue_on_its_own_loop(
 def test_no_queue_loop_without_a_configured_queue(tmp_path: Path) -> None:
     with running(make_config(tmp_path)) as daemon:
         assert not [n for n in daemon.scheduler.names if n.startswith("queue:")]
+
+
+def test_a_start_wakes_no_loop_that_is_not_scheduled_yet(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The election is won before the loops are added; waking them then logged a DEBUG
+    # traceback (JobLookupError for `watch`) at every start.
+    with (
+        caplog.at_level(logging.DEBUG, logger="optimizer.daemon"),
+        running(make_config(tmp_path)) as daemon,
+    ):
+        wait_until(lambda: daemon.reconcile.passes >= 1, what="the pass at start")
+    noisy = [r for r in caplog.records if r.exc_info or "could not wake" in r.getMessage()]
+    assert noisy == [], [r.getMessage() for r in noisy]

@@ -306,8 +306,12 @@ class Daemon:
                 data={"replica": self.leadership.replica},
             )
         self.watcher.resync()  # record policy changes made while no leader was recording
-        for name in [*self._leader_loops, "watch"]:  # a takeover acts now, not at the next tick
-            self.scheduler.run_now(name)
+        # A takeover acts now, not at the next tick. Only loops already scheduled: at start
+        # the election is won before the loops are added, and each one runs when it is
+        # added (the watch pass right after the election, in _start).
+        for name in [*self._leader_loops, "watch"]:
+            if name in self.scheduler.names:
+                self.scheduler.run_now(name)
 
     def _polling(self, poll: PollLoop) -> Callable[[], None]:
         def run() -> None:
