@@ -147,3 +147,26 @@ def _zombie(pid: int) -> bool:
     except OSError:
         return True
     return stat[stat.rfind(")") + 2] == "Z"
+
+
+def test_the_job_inherits_only_allow_listed_variables_from_the_agent() -> None:
+    base = {
+        "PATH": "/usr/bin",
+        "HOME": "/root",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C",
+        "SLACK_WEBHOOK_URL": "https://hooks.example/x",
+        "DATABASE_URL": "postgresql://u:p@db/x",
+        "GPUOPT_DAEMON_URL": "http://daemon",
+        "GPUOPT_AGENT_TOKEN": "s3cret",
+    }
+    env = job_env(base, {"GPUOPT_ATTEMPT": "1", "MINE": "spec"})
+    assert env == {
+        "PATH": "/usr/bin",
+        "HOME": "/root",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C",
+        "PYTHONUNBUFFERED": "1",
+        "GPUOPT_ATTEMPT": "1",
+        "MINE": "spec",
+    }

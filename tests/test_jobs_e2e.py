@@ -200,3 +200,38 @@ def test_an_auth_error_disables_the_provider_with_an_alert(
     seen = [(e.kind, e.message) for e in events], [(a.key, a.end_reason) for a in attempts]
     assert "provider.auth_failed" in [e.kind for e in events], seen
     assert [a.end_reason for a in attempts] == ["auth"], seen  # one try, then local sat out
+
+
+def test_a_secret_in_the_daemons_environment_never_reaches_the_agent_or_the_job(
+    tmp_path: Path, daemon: Daemon, cloud: LocalCloud, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # set after the daemon started: the local cloud reads the environment at each launch
+    secrets = {
+        "SLACK_WEBHOOK_URL": "https://hooks.example/leaked-slack",
+        "WEBHOOK_SECRET": "leaked-webhook-secret",
+        "DATABASE_URL": "postgresql://admin:leaked-db-password@db/gpuopt",
+        "AWS_SECRET_ACCESS_KEY": "leaked-aws-key",
+    }
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    out = tmp_path / "job-env.txt"
+    body = job_body("envdump", tmp_path / "ckpt", steps=1)
+    body["run"] = f"env > {out}.part && mv {out}.part {out} && sleep 60"
+    body["env"] = {"MY_SETTING": "from-the-spec"}
+    with api(daemon) as client:
+        assert client.post("/jobs", json=body).status_code == 201
+    instance = wait_until(lambda: running_instance(cloud, "envdump", 1), 30, "the instance")
+    wait_until(out.exists, 30, "the job's environment dump")
+    job_env = dict(line.split("=", 1) for line in out.read_text().splitlines() if "=" in line)
+    record = next(r for r in cloud.instances() if r.id == instance)
+    agent_env = Path(f"/proc/{record.pid}/environ").read_bytes().decode()
+
+    for name, value in secrets.items():
+        assert name not in job_env and value not in out.read_text()
+        assert value not in agent_env
+    assert job_env["MY_SETTING"] == "from-the-spec"
+    assert job_env["GPUOPT_JOB"] == "envdump" and job_env["GPUOPT_ATTEMPT"] == "1"
+    assert "PATH" in job_env and "HOME" in job_env
+    assert job_env["GPUOPT_LOCAL_INSTANCE"] == record.mark  # power-off still reaches the job
+    # the agent's own settings and token stay with the agent
+    assert not {"GPUOPT_AGENT_TOKEN", "GPUOPT_DAEMON_URL", "GPUOPT_ATTEMPT_KEY"} & set(job_env)

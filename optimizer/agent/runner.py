@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
+from optimizer.common.environ import basic_env
 from optimizer.common.procs import proc_stat, same_process, signal_group
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,6 @@ _TRAPS = "".join(
     for name, code in (("TERM", 143), ("INT", 130), ("HUP", 129))
 )
 LINGER_S = 5.0  # after the command ends, what it left in its group gets this long after SIGTERM
-SECRET_ENV = ("GPUOPT_AGENT_TOKEN",)  # never handed to the job
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +61,10 @@ class JobExit:
 
 
 def job_env(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
-    """The agent's environment minus its secrets, plus `extra` (which wins)."""
-    env = {k: v for k, v in base.items() if k not in SECRET_ENV}
+    """The allow-listed part of the agent's environment (`basic_env`: no credentials, no
+    GPUOPT_* setting, not the agent's token), plus `extra` (the job's own env and the protocol
+    variables, which win)."""
+    env = basic_env(base)
     env.setdefault("PYTHONUNBUFFERED", "1")  # so the log shows progress as it happens
     env.update(extra)
     return env

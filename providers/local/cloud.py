@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from optimizer.common.environ import basic_env
 from optimizer.common.procs import proc_start_ticks, signal_group
 from optimizer.model import Offer
 from providers.base import (
@@ -261,8 +262,9 @@ class LocalCloud:
         disk = self.state.disk(record.id)
         disk.mkdir(parents=True, exist_ok=True)
         record.mark = instance_mark(self.state.root, record.id)
-        # A fresh machine: nothing of the daemon's own gpuopt settings leaks into it.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUOPT_")}
+        # A fresh machine: only the basics of the daemon's environment (no secret of the
+        # daemon's, no gpuopt setting) reach it; the agent gets the rest from its bootstrap.
+        env = basic_env(os.environ)
         # The machine image has gpuopt's own Python first on its PATH (`python`, `gpuopt`).
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         env.update(

@@ -16,10 +16,11 @@ import os
 import signal
 from pathlib import Path
 
+from optimizer.common.environ import MACHINE_MARK_ENV
 from optimizer.common.procs import proc_start_ticks, same_process, signal_group
 from providers.local.state import InstanceRecord
 
-MARK_ENV = "GPUOPT_LOCAL_INSTANCE"
+MARK_ENV = MACHINE_MARK_ENV
 
 
 def instance_mark(state_root: Path, instance_id: str) -> str:
