@@ -25,6 +25,7 @@ from optimizer.alerts import (
 )
 from optimizer.clock import ManualClock
 from optimizer.daemon.loops.deliver import DeliverLoop
+from optimizer.daemon.metrics import Metrics
 from optimizer.store import Store
 from tests.helpers import T0, make_config, running, wait_until
 
@@ -268,3 +269,43 @@ def test_a_restarted_daemon_delivers_what_the_last_one_left_pending(
         [row] = second.store.events.list_alerts()
         assert row["attempts"] == 2 and row["dedupe_key"] == "drop:x#hook"
     assert len(receiver.requests) == 2 and len(receiver.delivered) == 1
+
+
+def test_a_failing_alert_holds_back_later_ones_to_its_channel_only(
+    store: Store, clock: ManualClock, httpserver: HTTPServer
+) -> None:
+    # docs/alerts.md: each receiver gets alerts oldest first, retries included.
+    hook = Receiver(clock, [503, 200])
+    other = Receiver(clock, [200])
+    httpserver.expect_request("/hook", method="POST").respond_with_handler(hook)
+    httpserver.expect_request("/other", method="POST").respond_with_handler(other)
+    loop = webhook_loop(store, httpserver.url_for("/hook"), clock, base_s=10, max_s=600)
+    client = httpx.Client(timeout=5)
+    loop.notifiers["other"] = WebhookNotifier(
+        "other", SecretStr(httpserver.url_for("/other")), SecretStr(SECRET), client, clock=clock
+    )
+    metrics = Metrics()
+    metrics.watch(store)
+    emitter = Emitter(store.events, Router([], ["hook", "other"]))
+    for n in range(3):
+        emitter.emit("price.dropped", f"drop {n}")
+        clock.advance(1)
+
+    first = loop.run_once()  # drop 0 fails on hook: drops 1 and 2 wait behind it
+    assert (first.delivered, first.retried, first.skipped) == (3, 1, 2)
+    assert [r["body"]["message"] for r in other.delivered] == ["drop 0", "drop 1", "drop 2"]
+    assert [r["body"]["message"] for r in hook.requests] == ["drop 0"]
+    assert metrics.sample("gpuopt_alert_backlog", {"channel": "hook"}) == 3
+    assert metrics.sample("gpuopt_alert_backlog", {"channel": "other"}) is None
+    oldest = metrics.sample("gpuopt_alert_backlog_oldest_timestamp_seconds", {"channel": "hook"})
+    assert oldest == T0.timestamp()
+
+    # Drops 1 and 2 were never tried, so they count as due; still the channel waits.
+    clock.advance(1)
+    assert loop.run_once().delivered == 0 and len(hook.requests) == 1
+
+    [row] = [a for a in store.events.list_alerts(state="pending") if a["attempts"] == 1]
+    clock.advance((row["next_attempt_at"] - clock()).total_seconds())
+    assert loop.run_once().delivered == 3
+    assert [r["body"]["message"] for r in hook.delivered] == ["drop 0", "drop 1", "drop 2"]
+    assert metrics.sample("gpuopt_alert_backlog", {"channel": "hook"}) is None

@@ -88,7 +88,8 @@ def test_bookkeeping_moves_alerts_on_from_pending_only(store: Store) -> None:
     assert store.events.alert_retry(
         first.id, attempts=1, next_attempt_at=later, error="HTTP 503", at=T0
     )
-    assert [a.id for a in store.events.due_alerts(T0)] == [second.id]
+    assert store.events.due_alerts(T0) == []  # held back behind the first: one channel
+    assert [a.id for a in store.events.due_alerts(later)] == [first.id, second.id]
     assert store.events.alert_delivered(second.id, attempts=1, at=T0)
     assert not store.events.alert_retry(
         second.id, attempts=2, next_attempt_at=later, error="x", at=T0

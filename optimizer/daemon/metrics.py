@@ -72,6 +72,7 @@ class _Scraped(Collector):
             offers = self.store.prices.offer_counts()
             jobs = self.store.jobs.job_counts()
             alerts = self.store.events.alert_counts()
+            backlog = self.store.events.alert_backlog()
         except Exception as exc:  # a scrape must answer even when the database does not
             log.warning("metrics: store unavailable: %s", type(exc).__name__)
             up.add_metric([], 0)
@@ -97,6 +98,21 @@ class _Scraped(Collector):
         for state, count in sorted(alerts.items()):
             family.add_metric([state], count)
         yield family
+        family = GaugeMetricFamily(
+            "gpuopt_alert_backlog",
+            "Pending alerts per channel (a failing one holds back the later ones).",
+            labels=["channel"],
+        )
+        oldest = GaugeMetricFamily(
+            "gpuopt_alert_backlog_oldest_timestamp_seconds",
+            "When the oldest pending alert of each channel was raised (Unix time).",
+            labels=["channel"],
+        )
+        for channel, (count, since) in sorted(backlog.items()):
+            family.add_metric([channel], count)
+            oldest.add_metric([channel], since.timestamp())
+        yield family
+        yield oldest
 
 
 class Metrics:

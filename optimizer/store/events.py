@@ -10,10 +10,10 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Insert, func, insert, select, update
+from sqlalchemy import Connection, Insert, and_, func, insert, or_, select, update
 
 from optimizer.store.engine import (
     Database,
@@ -169,11 +169,32 @@ class Events:
     # -- outbox ----------------------------------------------------------------------------
 
     def due_alerts(self, now: datetime, limit: int = 50) -> list[OutboxItem]:
-        """Pending alerts whose next attempt is due, oldest first, with their events."""
+        """Pending alerts to send now, with their events, oldest (raised) first. An alert that
+        is not due yet (waiting out its back-off) holds back every later one to its channel,
+        so each receiver gets its alerts in the order they were raised; other channels are
+        not held up."""
+        now = aware(now, "now")
+        earlier = _OUTBOX.alias("earlier")
+        held_back = (
+            select(earlier.c.id)
+            .where(
+                earlier.c.channel == _OUTBOX.c.channel,
+                earlier.c.state == PENDING,
+                earlier.c.next_attempt_at > now,
+                or_(
+                    earlier.c.created_at < _OUTBOX.c.created_at,
+                    and_(
+                        earlier.c.created_at == _OUTBOX.c.created_at,
+                        earlier.c.id < _OUTBOX.c.id,
+                    ),
+                ),
+            )
+            .exists()
+        )
         due = (
             select(_OUTBOX)
-            .where(_OUTBOX.c.state == PENDING, _OUTBOX.c.next_attempt_at <= aware(now, "now"))
-            .order_by(_OUTBOX.c.next_attempt_at, _OUTBOX.c.id)
+            .where(_OUTBOX.c.state == PENDING, _OUTBOX.c.next_attempt_at <= now, ~held_back)
+            .order_by(_OUTBOX.c.created_at, _OUTBOX.c.id)
             .limit(limit)
         )
         with self._db.connect() as conn:
@@ -244,6 +265,19 @@ class Events:
                 "updated_at": aware(at, "at"),
             },
         )
+
+    def alert_backlog(self) -> dict[str, tuple[int, datetime]]:
+        """Per channel with pending alerts: how many, and when the oldest was raised."""
+        query = (
+            select(_OUTBOX.c.channel, func.count(), func.min(_OUTBOX.c.created_at))
+            .where(_OUTBOX.c.state == PENDING)
+            .group_by(_OUTBOX.c.channel)
+        )
+        with self._db.connect() as conn:
+            return {
+                channel: (int(count), oldest if oldest.tzinfo else oldest.replace(tzinfo=UTC))
+                for channel, count, oldest in conn.execute(query)
+            }
 
     def alert_counts(self) -> dict[str, int]:
         """Outbox rows per state, every state present."""

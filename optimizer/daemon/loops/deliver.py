@@ -1,10 +1,13 @@
-"""The deliver loop: send due alerts from the outbox, oldest first, and book each attempt.
+"""The deliver loop: send due alerts from the outbox, oldest first per channel, and book each
+attempt.
 
 A success marks the row delivered; a failure schedules the next attempt with exponential
 back-off and jitter (or the receiver's Retry-After, when longer); a permanent failure (a 4xx
 other than 408/425/429), the last allowed attempt, or an alert older than the age limit
-marks it failed. A channel that does not answer at all is skipped for the rest of the pass
-(its other alerts keep their turn) so one dead receiver cannot stall the others.
+marks it failed. Each channel gets its alerts in the order they were raised: an alert
+waiting to be retried holds back the later ones to its channel (the store hands out a
+channel's alerts only while its oldest is due, and a pass stops at a channel's first
+failure), while the other channels carry on, so one dead receiver cannot stall the others.
 
 Delivery is at least once: a daemon killed between a receiver's 2xx and the bookkeeping
 sends that alert again after the restart, with the same `id` for the receiver to drop.
@@ -62,7 +65,7 @@ class DeliverLoop:
 
     def run_once(self) -> DeliveryReport:
         report = DeliveryReport()
-        down: set[str] = set()
+        held: set[str] = set()  # channels whose next alert must wait for a retry
         for item in self.store.events.due_alerts(self.clock(), limit=self.retry.batch):
             now = self.clock()
             notifier = self.notifiers.get(item.channel)
@@ -73,8 +76,8 @@ class DeliverLoop:
                 self._count(item.channel, "failed")
                 report.failed += 1
                 continue
-            if item.channel in down:
-                report.skipped += 1
+            if item.channel in held:
+                report.skipped += 1  # behind an alert to be retried: keep the channel's order
                 continue
             result = notifier.send(Alert.from_outbox(item, self.api_url))
             if result.ok:
@@ -83,7 +86,7 @@ class DeliverLoop:
                 report.delivered += 1
                 continue
             if result.unreachable:
-                down.add(item.channel)
+                held.add(item.channel)
             if result.permanent or give_up(attempts, item.created_at, now, self.retry):
                 why = "refused" if result.permanent else f"gave up after {attempts} attempt(s)"
                 error = f"{result.error} ({why})"
@@ -106,6 +109,7 @@ class DeliverLoop:
                 result.error,
                 wait.total_seconds(),
             )
+            held.add(item.channel)
             self._count(item.channel, "retry")
             report.retried += 1
         return report
