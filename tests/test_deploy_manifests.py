@@ -756,3 +756,46 @@ def test_dashboard_shape() -> None:
     assert len(ids) == len(set(ids))
     variables = {v["name"] for v in dashboard["templating"]["list"]}
     assert "datasource" in variables
+
+
+# ---- pinned dependencies ----
+
+CONSTRAINTS = DEPLOY / "constraints.txt"
+
+
+def _pins() -> dict[str, str]:
+    pins: dict[str, str] = {}
+    for line in CONSTRAINTS.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, sep, version = line.partition("==")
+            assert sep and version, f"{CONSTRAINTS.name}: {line!r} is not pinned with =="
+            pins[re.sub(r"[-_.]+", "-", name.split("[")[0]).lower()] = version
+    return pins
+
+
+def _requirement_name(requirement: str) -> str:
+    return re.sub(r"[-_.]+", "-", re.split(r"[\[<>=!~; ]", requirement, maxsplit=1)[0]).lower()
+
+
+def test_images_install_the_pinned_dependency_set() -> None:
+    for name in ("Dockerfile", "Dockerfile.agent"):
+        instr = _dockerfile_instructions(DEPLOY / name)
+        copies = [a for w, a in instr if w == "COPY" and "deploy/constraints.txt" in a]
+        assert copies, f"{name} does not copy deploy/constraints.txt"
+        target = copies[0].split()[-1]
+        installs = [a for w, a in instr if w == "RUN" and "pip install" in a and "/wheels" in a]
+        assert installs, f"{name}: no pip install of the built wheel"
+        for run in installs:
+            assert f"--constraint {target}" in run, f"{name} installs without the pins: {run}"
+
+
+def test_constraints_pin_every_runtime_dependency_but_no_gpu_stack() -> None:
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = _pins()
+    for requirement in project["dependencies"]:
+        assert "==" not in requirement, f"pyproject.toml keeps ranges: {requirement}"
+        assert _requirement_name(requirement) in pins, f"{requirement} is not pinned"
+    assert not {n for n in pins if n == "torch" or n.startswith("nvidia")}, "no torch/CUDA pins"
