@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -235,3 +236,74 @@ def test_a_secret_in_the_daemons_environment_never_reaches_the_agent_or_the_job(
     assert job_env["GPUOPT_LOCAL_INSTANCE"] == record.mark  # power-off still reaches the job
     # the agent's own settings and token stay with the agent
     assert not {"GPUOPT_AGENT_TOKEN", "GPUOPT_DAEMON_URL", "GPUOPT_ATTEMPT_KEY"} & set(job_env)
+
+
+SLOW_CHECKPOINT_JOB = """\
+import json, os, signal, sys, time
+ckpt = os.environ["GPUOPT_CHECKPOINT_DIR"]
+state = os.path.join(ckpt, "state.json")
+n = json.load(open(state))["n"] if os.path.exists(state) else 0
+log = open(os.path.join(ckpt, "runs.log"), "a")
+def line(*words):
+    log.write(" ".join(str(w) for w in (time.time(), *words)) + "\\n")
+    log.flush()
+def save():
+    with open(state + ".tmp", "w") as f:
+        json.dump({"n": n}, f)
+    os.replace(state + ".tmp", state)
+def term(*_):
+    line("term", n)
+    time.sleep(float(sys.argv[2]))  # a checkpoint that takes a while to write
+    save()
+    line("exit", n)
+    sys.exit(143)
+line("start", n)
+signal.signal(signal.SIGTERM, term)
+while n < int(sys.argv[1]):
+    time.sleep(0.02)
+    n += 1
+save()
+line("exit", n)
+"""
+
+
+def runs_of(ckpt: Path) -> list[tuple[float, float, int, int]]:
+    """(start time, exit time, step it started from, step it saved) of each run."""
+    runs: list[tuple[float, float, int, int]] = []
+    start: tuple[float, int] | None = None
+    for raw in (ckpt / "runs.log").read_text().splitlines():
+        at, what, step = raw.split()
+        if what == "start":
+            assert start is None, f"a run started while another ran: {raw}"
+            start = (float(at), int(step))
+        elif what == "exit":
+            assert start is not None
+            runs.append((start[0], float(at), start[1], int(step)))
+            start = None
+    return runs
+
+
+def test_a_slow_checkpoint_is_written_before_the_replacement_starts(
+    tmp_path: Path, daemon: Daemon, cloud: LocalCloud
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    script = tmp_path / "slow_job.py"
+    script.write_text(SLOW_CHECKPOINT_JOB)
+    body = job_body("slow", ckpt, steps=1)
+    body["run"] = f"{sys.executable} {script} 400 3"
+    with api(daemon) as client:
+        assert client.post("/jobs", json=body).status_code == 201
+    instance = wait_until(lambda: running_instance(cloud, "slow", 1), 30, "attempt 1 running")
+    wait_until(lambda: (ckpt / "runs.log").exists() or None, 30, "the job to start")
+    # power-off well after the 3 s the job takes to checkpoint
+    cloud.interrupt(instance, grace_s=8)
+    wait_until(lambda: state_of(daemon, "slow")["state"] == "succeeded", 90, "the job to finish")
+
+    runs = runs_of(ckpt)
+    assert len(runs) == 2
+    (start1, exit1, from1, saved1), (start2, _exit2, from2, saved2) = runs
+    assert from1 == 0 and saved1 > 0
+    assert exit1 - start1 >= 3  # it did take its time to checkpoint
+    assert start2 > exit1  # the replacement started only after the old run exited
+    assert from2 == saved1  # and resumed from that checkpoint: nothing lost
+    assert saved2 == 400

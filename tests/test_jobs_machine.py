@@ -22,7 +22,9 @@ from optimizer.jobs.machine import (
     Stop,
     Terminate,
     decide,
+    fence,
     leftover,
+    power_off_time,
 )
 from optimizer.jobs.recovery import Failover, Failure, RecoverySettings
 from optimizer.model import Market
@@ -247,3 +249,27 @@ def test_the_fallback_reason_names_the_configured_window() -> None:
             job(state=JobState.PENDING, failures=preempted(*twice)), None, now=NOW, strategy=rec
         )
         assert f"{said}: falling back to on-demand" in d.reason
+
+
+def test_the_fence_holds_while_an_earlier_job_runs_and_lifts_when_it_is_over() -> None:
+    running = attempt(interruption_notice_at=NOW, power_off_at=NOW + timedelta(seconds=90))
+    assert fence([running], now=NOW) == "attempt 1's job has not exited yet"
+    assert fence([replace(running, exit_code=143)], now=NOW) is None
+    assert fence([replace(running, instance_gone=True)], now=NOW) is None
+    assert fence([running], now=NOW + timedelta(seconds=90)) is None  # powered off by now
+    assert fence([replace(running, job_started=False)], now=NOW) is None  # never ran
+    # no notice and no exit (a lost attempt not yet seen gone): the fence holds
+    assert fence([attempt()], now=NOW + timedelta(days=1)) is not None
+    assert fence([], now=NOW) is None
+
+
+def test_power_off_time_follows_the_notice() -> None:
+    at = "2026-11-30T12:02:00Z"
+    assert power_off_time({"action": "terminate", "time": at}, NOW) == NOW + timedelta(minutes=2)
+    # GCP's time is when the agent saw the preemption: 30 s later the instance goes
+    seen = {"action": "preempted", "time": "2026-11-30T12:00:00Z"}
+    assert power_off_time(seen, NOW) == NOW + timedelta(seconds=30)
+    assert power_off_time({"action": "rebalance", "time": at}, NOW) is None
+    assert power_off_time({"action": "terminate", "time": "soon"}, NOW) == NOW + timedelta(
+        minutes=2
+    )

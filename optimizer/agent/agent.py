@@ -90,6 +90,7 @@ class Agent:
         self._quit = threading.Event()  # stops the watcher and heartbeat threads
         self._notice_at: float | None = None
         self._notice_event: str | None = None
+        self._signalled = 0  # the exit status a signal while fenced gives
 
     # --- inputs ----------------------------------------------------------------------
 
@@ -221,7 +222,41 @@ class Agent:
                 return self._await_stop()
         if self._pending_stop():
             return self._stopped()
+        if assignment.fence is not None and not self._await_fence(assignment.fence):
+            return self._stopped() if self.stop_reason is not None else self._signalled
         return self._start_job(assignment)
+
+    def _await_fence(self, why: str) -> bool:
+        """Wait until the daemon lifts the fence (an earlier attempt's job still runs); False
+        if a stop or a signal came first. Polls every `fence_poll_s`, so the job starts
+        within that of the daemon seeing the old job exit."""
+        self.state = "fenced"
+        log.info("waiting before starting the job: %s", why)
+        backoff = Backoff(base=self.config.fence_poll_s, cap=5.0)
+        while True:
+            delay = self.config.fence_poll_s
+            try:
+                answer = self.client.poll()
+            except DaemonError as exc:
+                delay = backoff.next()
+                log.warning("fence poll failed (%s); retrying in %.1f s", exc, delay)
+            else:
+                backoff.reset()
+                commands = [c for c in answer.get("commands") or [] if isinstance(c, dict)]
+                self._on_commands(commands)
+                if not answer.get("fence"):
+                    log.info("fence lifted")
+                    return not self._pending_stop()
+            item = self._next(delay)
+            if item is None:
+                continue
+            kind, value = item
+            if kind == "command" and value.get("kind") == "stop":
+                self.stop_reason = str(value.get("reason") or "stop")
+                return False
+            if kind == "signal":
+                self._signalled = 128 + int(value)
+                return False
 
     def _probe(self, kind: str, expected: Any) -> tuple[str, dict[str, Any]]:
         log.info("running the %s probe", kind)

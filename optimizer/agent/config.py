@@ -46,6 +46,7 @@ class AgentConfig:
     stop_grace_s: float = 30.0  # a stop command without grace_s gets this long
     flush_s: float = 120.0  # how long the final events are retried before giving up
     self_stop_s: float = 10.0  # after an ending notice the daemon did not take
+    fence_poll_s: float = 0.25  # how often a fenced agent asks whether it may start the job
     probe_cpu_n: int | None = None
     probe_timeout_s: float | None = None
 
@@ -106,6 +107,7 @@ class AgentConfig:
             stop_grace_s=number("GPUOPT_AGENT_STOP_GRACE_S", 30.0) or 30.0,
             flush_s=number("GPUOPT_AGENT_FLUSH_S", 120.0) or 120.0,
             self_stop_s=number("GPUOPT_AGENT_SELF_STOP_S", 10.0) or 10.0,
+            fence_poll_s=number("GPUOPT_AGENT_FENCE_POLL_S", 0.25) or 0.25,
             probe_cpu_n=int(cpu_n) if cpu_n else None,
             probe_timeout_s=number("GPUOPT_PROBE_TIMEOUT_S", None),
         )
@@ -119,6 +121,7 @@ class Assignment:
     attempt: int
     restarts: int
     heartbeat_s: float
+    fence: str | None = None  # why the job must not start yet (None: it may)
 
     @classmethod
     def parse(cls, answer: Mapping[str, Any]) -> Assignment:
@@ -132,6 +135,7 @@ class Assignment:
             attempt=int(answer.get("attempt") or 1),
             restarts=int(answer.get("restarts") or 0),
             heartbeat_s=max(float(answer.get("heartbeat_s") or 10.0), 0.05),
+            fence=str(answer["fence"]) if answer.get("fence") else None,
         )
 
     def protocol_env(self) -> dict[str, str]:

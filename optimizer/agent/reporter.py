@@ -175,6 +175,10 @@ class DaemonClient:
     def register(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return self._post("/agent/v1/register", {"attempt_key": self.attempt_key, **body})
 
+    def poll(self) -> dict[str, Any]:
+        """An empty batch: the daemon's answer (commands, fence) without reporting anything."""
+        return self._post("/agent/v1/events", {"attempt_key": self.attempt_key, "events": []})
+
     def send(self, events: list[Event]) -> tuple[list[str], list[dict[str, Any]]]:
         """Post a batch: (the ids acknowledged, the commands that came back)."""
         answer = self._post(

@@ -3,6 +3,7 @@
 Agents authenticate with their attempt's per-instance token (only its SHA-256 is stored).
 Handlers record facts and wake the reconcile loop; every decision is made there. Commands
 ride on the answers: `stop` once the daemon has asked the attempt to stop or it has ended.
+So does the fence: why the agent must not start the job yet (null once it may).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from fastapi import APIRouter, Header, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from optimizer.api.state import ApiState, StateDep
+from optimizer.jobs.machine import fence, power_off_time
+from optimizer.jobs.reconcile import attempt_view
 from optimizer.store.jobs import AttemptRecord, token_sha256
 
 router = APIRouter(prefix="/agent/v1", tags=["agent"])
@@ -61,6 +64,35 @@ def _authorized(state: ApiState, key: str, authorization: str | None) -> Attempt
     return attempt
 
 
+def _fence(state: ApiState, attempt: AttemptRecord) -> str | None:
+    """Why the attempt's agent must wait before starting the job (None: it may start it).
+
+    The daemon lifts the fence once every earlier attempt's job has exited, its instance is
+    gone or its power-off time has passed (`machine.fence`), so two runs never overlap."""
+    if attempt.job_started_at is not None or attempt.ended:
+        return None
+    earlier = [
+        a
+        for a in state.store.jobs.attempts(attempt.job_id)
+        if a.number < attempt.number
+        and a.job_started_at is not None
+        and a.exit_code is None
+        and not a.instance_gone
+    ]
+    views = []
+    for a in earlier:
+        power_off = None
+        if a.notice_at is not None:
+            times = [
+                power_off_time(e["data"], e["at"])
+                for e in state.store.jobs.agent_events(a.key)
+                if e["kind"] == "interruption_notice"
+            ]
+            power_off = min((t for t in times if t is not None), default=None)
+        views.append(attempt_view(a, power_off_at=power_off))
+    return fence(views, now=state.clock())
+
+
 def _commands(attempt: AttemptRecord) -> list[dict[str, Any]]:
     if attempt.stop_sent_at is not None or attempt.ended:
         reason = attempt.end_reason or "stop requested"
@@ -100,6 +132,7 @@ def register(
         "restarts": job.restarts,
         "heartbeat_s": HEARTBEAT_S,
         "commands": _commands(attempt),
+        "fence": _fence(state, attempt),
     }
 
 
@@ -115,4 +148,4 @@ def events(
     if any(e.kind != "heartbeat" for e in body.events):
         state.wakeup.set()
     after = state.store.jobs.attempt(attempt.key) or attempt
-    return {"ack": acked, "commands": _commands(after)}
+    return {"ack": acked, "commands": _commands(after), "fence": _fence(state, after)}

@@ -15,9 +15,11 @@ same inputs always give the same answer.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Any
 
 from optimizer.jobs.recovery import Failover, Failure, GiveUp, Past, Pool, Strategy
 from optimizer.model import EventKind, Market
@@ -67,6 +69,7 @@ class AttemptView:
     instance_gone: bool = False  # the provider says the instance no longer runs
     preempted: bool = False  # … because the cloud took it back
     stop_sent: bool = False
+    power_off_at: datetime | None = None  # when the notice says the instance goes
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +284,50 @@ def decide(
         end_attempt=relaunch.why.value,
         restarts=restarts,
     )
+
+
+# How long after a notice an instance goes when the notice names no time: GCP gives 30 s
+# after preempting; an AWS notice without a readable time is taken at its two minutes.
+GCP_PREEMPT_WARNING = timedelta(seconds=30)
+DEFAULT_WARNING = timedelta(minutes=2)
+
+
+def power_off_time(notice: Mapping[str, Any], noticed_at: datetime) -> datetime | None:
+    """When the instance a notice announces goes away (None: a rebalance hint, it stays).
+
+    `notice` is the `interruption_notice` event's data (docs/agent-protocol.md): AWS names the
+    action's time; GCP's `time` is when the agent saw the preemption, 30 s before the end."""
+    action = notice.get("action")
+    if action == "rebalance":
+        return None
+    raw = notice.get("time")
+    at: datetime | None = None
+    if isinstance(raw, str):
+        try:
+            at = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+        except ValueError:
+            at = None
+        if at is not None and at.tzinfo is None:
+            at = None
+    if action == "preempted":
+        return (at or noticed_at) + GCP_PREEMPT_WARNING
+    return at or noticed_at + DEFAULT_WARNING
+
+
+def fence(earlier: Sequence[AttemptView], *, now: datetime) -> str | None:
+    """Why an attempt's agent must not start the job yet (None: the fence is lifted).
+
+    The job may run once at a time: an earlier attempt whose job started holds the fence until
+    its job has exited, its instance is gone, or the power-off its notice announced has
+    passed. The fence keeps a replacement from running while the old job still writes its
+    checkpoint to the same `checkpoint_dir`."""
+    for a in earlier:
+        if not a.job_started or a.exit_code is not None or a.instance_gone:
+            continue
+        if a.power_off_at is not None and now >= a.power_off_at:
+            continue
+        return f"attempt {a.number}'s job has not exited yet"
+    return None
 
 
 def leftover(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.launch import Launcher, LaunchOutcome
@@ -147,7 +147,7 @@ class JobReconciler:
         )
         decision = decide(
             view,
-            _view(current) if current else None,
+            attempt_view(current) if current else None,
             now=ctx.now,
             strategy=strategy,
             register_timeout=self.register_timeout,
@@ -261,7 +261,10 @@ class JobReconciler:
             if attempt.end_reason in ("succeeded", "failed") and attempt.exit_code is not None:
                 continue  # terminated when the job ended
             action = leftover(
-                _view(attempt), stop_sent_at=attempt.stop_sent_at, now=ctx.now, grace=STOP_GRACE
+                attempt_view(attempt),
+                stop_sent_at=attempt.stop_sent_at,
+                now=ctx.now,
+                grace=STOP_GRACE,
             )
             if action is not None:
                 self._terminate(ctx, attempt.key)
@@ -293,7 +296,8 @@ class JobReconciler:
             ctx.store.events.record_events(events, ctx.now)
 
 
-def _view(a: AttemptRecord) -> AttemptView:
+def attempt_view(a: AttemptRecord, *, power_off_at: datetime | None = None) -> AttemptView:
+    """An attempt as the state machine sees it."""
     return AttemptView(
         number=a.number,
         key=a.key,
@@ -307,7 +311,8 @@ def _view(a: AttemptRecord) -> AttemptView:
         instance_gone=a.instance_gone,
         preempted=a.preempted,
         stop_sent=a.stop_sent_at is not None,
+        power_off_at=power_off_at,
     )
 
 
-__all__ = ["JobReconciler"]
+__all__ = ["JobReconciler", "attempt_view"]
