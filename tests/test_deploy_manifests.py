@@ -799,3 +799,18 @@ def test_constraints_pin_every_runtime_dependency_but_no_gpu_stack() -> None:
         assert "==" not in requirement, f"pyproject.toml keeps ranges: {requirement}"
         assert _requirement_name(requirement) in pins, f"{requirement} is not pinned"
     assert not {n for n in pins if n == "torch" or n.startswith("nvidia")}, "no torch/CUDA pins"
+
+
+def test_security_policy_covers_the_threat_model_reporting_and_defaults() -> None:
+    text = (ROOT / "SECURITY.md").read_text()
+    for heading in (
+        "## Reporting a vulnerability",
+        "## Threat model",
+        "### Who can reach the API",
+        "### What an agent token allows",
+        "### What a policy author can do",
+        "### Where secrets live",
+        "## Hardening defaults",
+    ):
+        assert heading in text, heading
+    assert "deploy/constraints.txt" in text and CONSTRAINTS.is_file()
