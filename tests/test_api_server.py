@@ -166,6 +166,21 @@ JOB = {
 }
 
 
+def test_job_specs_that_could_never_run_are_refused(daemon) -> None:
+    bad = {
+        "must not contain a NUL byte": {**JOB, "env": {"T": "a\u0000b"}},
+        "at most 65536 (64 KiB)": {**JOB, "run": "x" * (64 * 1024 + 1)},
+        "at most 256 are allowed": {**JOB, "env": {f"V{i}": "x" for i in range(257)}},
+    }
+    with api(daemon) as client:
+        answers = {why: client.post("/jobs", json=spec) for why, spec in bad.items()}
+        listed = client.get("/jobs").json()
+    for why, answer in answers.items():
+        assert answer.status_code == 422, (why, answer.status_code)
+        assert why in answer.text, (why, answer.text[:300])
+    assert listed["jobs"] == []
+
+
 def test_jobs_submit_list_show_and_cancel(daemon) -> None:
     seen: list[list[str]] = []
     daemon.reconcile.add(lambda ctx: seen.append([j.name for j in ctx.jobs]))
