@@ -27,6 +27,7 @@ from operator import eq
 from typing import Any, NamedTuple
 
 from optimizer.model import Market, Offer
+from policies.budget import Committed
 from policies.rules import RULES, EvaluationError, Fit, RuleSet
 from policies.schema import Policy
 
@@ -320,6 +321,7 @@ def evaluate(
     now: datetime,
     *,
     measured: Mapping[str, Mapping[str, float]] | None = None,
+    committed: Committed | None = None,
 ) -> Ranking:
     """Rank the offers `policy` allows at `now`, and say why each other offer was rejected.
 
@@ -327,8 +329,12 @@ def evaluate(
     figure is present it replaces the hardware table's. `max_fraction_of_on_demand` compares
     a spot price with the cheapest on-demand price of the same provider, region and instance
     type among `offers` (any zone, any rule outcome except stale).
+
+    `committed` is what the policy has spent this month and the current prices of its live
+    attempts (`policies.budget`); the budget rule projects a launch on top of it. None:
+    nothing spent, nothing running.
     """
-    rules = RuleSet(policy, now, measured)
+    rules = RuleSet(policy, now, measured, committed)
     return _rank(rules, policy.name, offers)
 
 

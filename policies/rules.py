@@ -16,7 +16,7 @@ from fnmatch import fnmatchcase
 
 from optimizer import hardware
 from optimizer.model import Interconnect, Market
-from policies import regions
+from policies import budget, regions
 from policies.schema import Policy
 
 RULES: tuple[str, ...] = (
@@ -108,6 +108,7 @@ class RuleSet:
         policy: Policy,
         now: datetime,
         measured: Mapping[str, Mapping[str, float]] | None = None,
+        committed: budget.Committed | None = None,
     ) -> None:
         if now.tzinfo is None:
             raise EvaluationError("now must be timezone-aware (UTC)")
@@ -147,6 +148,8 @@ class RuleSet:
         self.max_fraction = bid.max_fraction_of_on_demand
         self.monthly_usd = policy.budget.monthly_usd
         self.hours_per_month = policy.budget.hours_per_month
+        self.committed = committed or budget.NOTHING
+        self.budget_hours = budget.hours_left(self.now, self.hours_per_month)
         caps = (self.max_usd_per_hour, self.max_usd_per_gpu_hour, self.max_fraction)
         self.prices_capped = self.monthly_usd is not None or any(c is not None for c in caps)
 
@@ -329,11 +332,18 @@ class RuleSet:
                     f"{usd(on_demand)}/h > {_n(fraction)}",
                 )
         if self.monthly_usd is not None:
-            monthly = usd_per_hour * self.hours_per_month
+            spend = self.committed
+            monthly = budget.projected(spend, usd_per_hour, self.now, self.hours_per_month)
             if monthly > self.monthly_usd * (1 + _SLACK):
+                live = (
+                    f" + {spend.live_attempts} live at {usd(spend.live_usd_per_hour)}/h"
+                    if spend.live_attempts
+                    else ""
+                )
                 return (
                     "budget",
-                    f"${monthly:,.0f}/month ({usd(usd_per_hour)}/h x "
-                    f"{_n(self.hours_per_month)} h) > budget ${self.monthly_usd:,.0f}/month",
+                    f"projected ${monthly:,.2f} this month (${spend.spent_usd:,.2f} spent"
+                    f"{live} + {usd(usd_per_hour)}/h, for {self.budget_hours:.1f} h) "
+                    f"> budget ${self.monthly_usd:,.2f}/month",
                 )
         return None

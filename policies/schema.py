@@ -57,8 +57,6 @@ def _all_markets() -> list[Market]:
 # The recovery strategies optimizer/jobs/recovery.py defines (it checks that they match).
 RECOVERY_STRATEGIES = ("failover", "eager-on-demand")
 
-HOURS_PER_MONTH = 730  # 365 x 24 / 12, the convention cloud price calculators use
-
 assert set(Dtype.__args__) == set(DTYPES), "Dtype must list the hardware table's dtypes"  # type: ignore[attr-defined]
 
 
@@ -221,8 +219,14 @@ class Placement(_Strict):
 
 class Budget(_Strict):
     monthly_usd: float | None = Field(None, gt=0, description="Spend cap per month, USD.")
-    hours_per_month: float = Field(
-        HOURS_PER_MONTH, gt=0, le=744, description="Hours a node is expected to run per month."
+    hours_per_month: float | None = Field(
+        None,
+        gt=0,
+        le=744,
+        description=(
+            "At most this many more hours a live or new attempt is projected to run this "
+            "month (work that runs part-time); null: to the end of the month."
+        ),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from optimizer.model import Interconnect, Market, Offer
 from policies import regions
+from policies.budget import Committed
 from policies.engine import RULES, Candidate, EvaluationError, Ranking, Rejection, evaluate
 from policies.schema import Policy
 from tests.helpers import make_offer
@@ -331,16 +333,31 @@ def test_fraction_of_on_demand_ignores_a_stale_on_demand_price() -> None:
     assert [r.rule for r in ranking.rejections] == ["stale", "bid.max_fraction_of_on_demand"]
 
 
-def test_budget_caps_the_monthly_cost() -> None:
-    pol = policy(budget={"monthly_usd": 5000})  # 730 h a month
-    assert accepted(pol, offer(usd_per_hour=5000 / 730))
-    rejection = only_rejection(evaluate(pol, [offer(usd_per_hour=7.0)], T0))
+def test_budget_projects_the_launch_to_the_end_of_the_month() -> None:
+    pol = policy(budget={"monthly_usd": 5000})
+    # T0 is 2026-04-23 12:00 UTC: 180 h to the end of April
+    assert accepted(pol, offer(usd_per_hour=5000 / 180))
+    rejection = only_rejection(evaluate(pol, [offer(usd_per_hour=28.0)], T0))
     assert (rejection.rule, rejection.reason) == (
         "budget",
-        "$5,110/month ($7/h x 730 h) > budget $5,000/month",
+        "projected $5,040.00 this month ($0.00 spent + $28/h, for 180.0 h) "
+        "> budget $5,000.00/month",
     )
-    assert accepted(
-        policy(budget={"monthly_usd": 5000, "hours_per_month": 700}), offer(usd_per_hour=7.0)
+    # hours_per_month caps how long an attempt is projected to run this month
+    capped = policy(budget={"monthly_usd": 5000, "hours_per_month": 100})
+    assert accepted(capped, offer(usd_per_hour=28.0))
+
+
+def test_budget_counts_what_is_spent_and_every_live_attempt() -> None:
+    pol = policy(budget={"monthly_usd": 5000})
+    spend = Committed(spent_usd=1000.0, live_usd_per_hour=10.0, live_attempts=1)
+    # 1000 + (10 + 12) x 180 = 4960 fits; 1000 + (10 + 13) x 180 = 5140 does not
+    assert accepted(pol, offer(usd_per_hour=12.0), committed=spend)
+    assert not accepted(pol, offer(usd_per_hour=12.0), committed=replace(spend, spent_usd=1100))
+    rejection = only_rejection(evaluate(pol, [offer(usd_per_hour=13.0)], T0, committed=spend))
+    assert rejection.reason == (
+        "projected $5,140.00 this month ($1,000.00 spent + 1 live at $10/h + $13/h, "
+        "for 180.0 h) > budget $5,000.00/month"
     )
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from optimizer.daemon.config import ProviderConfig
 from optimizer.daemon.providers import ProviderHandle
+from optimizer.jobs import budget as job_budget
 from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.launch import LaunchOutcome
 from optimizer.jobs.machine import Launch
@@ -20,6 +21,7 @@ from optimizer.jobs.reconcile import JobReconciler
 from optimizer.jobs.recovery import Failover, RecoverySettings
 from optimizer.store import Store
 from optimizer.store.tables import JobRecord, NewEvent
+from policies.engine import evaluate
 from policies.loader import parse_policy
 from providers.base import AuthError, CapacityError, InstanceRef, QuotaError, ThrottledError
 from tests.helpers import make_offer
@@ -192,3 +194,74 @@ def test_a_retry_whose_offer_is_no_longer_listed_ends_the_attempt(store: Store) 
     assert outcome is LaunchOutcome.OFFER_GONE and not outcome.pending
     ended = store.jobs.attempt(attempt.key)
     assert ended is not None and ended.end_reason == "offer gone"
+
+
+# NOW is 2026-11-30 12:00 UTC: 12 h left in November.
+def budget_policy(monthly_usd: float) -> Any:
+    return parse_policy(
+        "apiVersion: gpuopt/v1\nkind: Policy\nname: p\nworkload: {gpus: 1, gpu_memory_gib: 16}\n"
+        f"budget: {{monthly_usd: {monthly_usd}}}\n"
+    )
+
+
+def test_two_concurrent_jobs_under_one_budget_do_not_overshoot(store: Store) -> None:
+    # $7 a month: one job at $0.40/h to the month's end ($4.80) fits, two ($9.60) do not,
+    # though what is spent so far plus the second launch alone ($4.80) would.
+    policy = budget_policy(7)
+    store.jobs.add_job("k", "p", {"run": "x", "checkpoint_dir": "/k"})
+    reconciler = JobReconciler(lambda: "http://d")
+    ctx = context(store, FlakySource())
+    first = store.jobs.get_job("j")
+    second = store.jobs.get_job("k")
+    assert first is not None and second is not None
+    launched, _ = reconciler.launcher.walk(ctx, first, Launch(), policy, STRATEGY)
+    assert launched
+    launched, why = reconciler.launcher.walk(ctx, second, Launch(), policy, STRATEGY)
+    assert not launched
+    assert why == (
+        "budget: $0.00 spent this month under policy p, 1 attempt(s) running; the cheapest "
+        "launch projects $9.60 > $7.00"
+    )
+    assert store.jobs.attempts(second.id) == []
+    live = [a for a in store.jobs.policy_attempts("p", NOW) if a.ended_at is None]
+    assert sum(a.usd_per_hour for a in live) * 12 <= 7
+
+
+def test_a_jobs_own_live_attempt_does_not_hold_back_its_replacement(store: Store) -> None:
+    # An interrupted attempt still running out its notice is being replaced: it counts for
+    # what it spent, not for the rest of the month.
+    policy = budget_policy(7)
+    reconciler = JobReconciler(lambda: "http://d")
+    ctx = context(store, FlakySource())
+    job = job_of(store)
+    assert reconciler.launcher.walk(ctx, job, Launch(), policy, STRATEGY)[0]
+    launched, why = reconciler.launcher.walk(ctx, job, Launch(), policy, STRATEGY)
+    assert launched, why
+
+
+@pytest.mark.parametrize("cap", [4.0, 9.5, 10.5, 11.0, 100.0])
+def test_the_ranking_and_the_launch_check_agree(store: Store, cap: float) -> None:
+    # Job j runs at $0.40/h; what job k may launch on, by the launch walk and by the ranking
+    # of the same policy over the same offers, spend and instant (as GET /offers shows it).
+    policy = budget_policy(cap)
+    store.jobs.add_job("k", "p", {"run": "x", "checkpoint_dir": "/k"})
+    reconciler = JobReconciler(lambda: "http://d")
+    source = FlakySource()
+    ctx = context(store, source)
+    first = job_of(store)
+    if cap > 4.8:
+        assert reconciler.launcher.walk(ctx, first, Launch(), policy, STRATEGY)[0]
+    offers = store.prices.latest_offers()
+    spend = job_budget.committed(store, "p", NOW, offers)
+    ranking = evaluate(policy, offers, NOW, committed=spend)
+    second = store.jobs.get_job("k")
+    assert second is not None
+    launched, _ = reconciler.launcher.walk(ctx, second, Launch(), policy, STRATEGY)
+    assert launched == bool(ranking.candidates)
+    if launched:
+        assert ranking.best is not None
+        (attempt,) = store.jobs.attempts(second.id)
+        assert attempt.pool == ranking.best.offer.pool
+    else:
+        assert store.jobs.attempts(second.id) == []
+        assert ranking.rejection_counts() == {"budget": 3}

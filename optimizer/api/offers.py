@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query
 
 from optimizer.api.state import StateDep
+from optimizer.jobs import budget
 from optimizer.model import Market
 from policies.engine import evaluate
 
@@ -36,7 +37,11 @@ def offers(
     if loaded is None:
         known = ", ".join(sorted(state.policies.snapshot())) or "none"
         raise HTTPException(404, detail=f"no policy named {policy!r} is loaded (loaded: {known})")
-    ranking = evaluate(loaded.policy, state.store.prices.latest_offers(), state.clock())
+    offers, now = state.store.prices.latest_offers(), state.clock()
+    spend = None
+    if loaded.policy.budget.monthly_usd is not None:
+        spend = budget.committed(state.store, policy, now, offers)
+    ranking = evaluate(loaded.policy, offers, now, committed=spend)
     out = ranking.to_dict()
     if limit:
         out["candidates"] = out["candidates"][:limit]

@@ -1,47 +1,46 @@
-"""Monthly budget projection for a policy's launches (pure).
+"""What a policy is committed to this month, gathered from the store for the budget model.
 
-Projected spend = what the policy's attempts cost so far this calendar month (UTC), each at
-its launch price for the hours it ran inside the month, plus a new attempt at its price from
-now to the end of the month. gpuopt alerts at 80% of `budget.monthly_usd` and launches nothing
-that would take the projection past 100%.
+The model itself is `policies.budget` (pure, shared with the ranking's budget rule); this
+module reads its inputs: the policy's attempts this month, and the current price of each live
+attempt's pool among the latest offers (its launch price when the pool is no longer listed).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
-ALERT_FRACTION = 0.8
-
-
-@dataclass(frozen=True, slots=True)
-class Spend:
-    """(started, ended or None, USD per hour) of one attempt."""
-
-    started: datetime
-    ended: datetime | None
-    usd_per_hour: float
+from optimizer.model import Offer
+from optimizer.store import Store
+from policies import budget
 
 
-def month_bounds(now: datetime) -> tuple[datetime, datetime]:
-    start = datetime(now.year, now.month, 1, tzinfo=UTC)
-    end = datetime(now.year + (now.month == 12), now.month % 12 + 1, 1, tzinfo=UTC)
-    return start, end
+def committed(
+    store: Store,
+    policy: str,
+    now: datetime,
+    offers: Iterable[Offer],
+    *,
+    replacing: int | None = None,
+) -> budget.Committed:
+    """The policy's spend so far this month and its live attempts at their current prices.
 
-
-def spent_this_month(attempts: Iterable[Spend], now: datetime) -> float:
-    start, _ = month_bounds(now)
-    total = 0.0
-    for a in attempts:
-        begin = max(a.started, start)
-        finish = min(a.ended or now, now)
-        if finish > begin:
-            total += (finish - begin).total_seconds() / 3600 * a.usd_per_hour
-    return total
-
-
-def projected(spent: float, usd_per_hour: float, now: datetime) -> float:
-    """Spend so far plus a new attempt at `usd_per_hour` until the month ends."""
-    _, end = month_bounds(now)
-    return spent + (end - now).total_seconds() / 3600 * usd_per_hour
+    `replacing`: the id of a job about to launch its next attempt; its own live attempt (an
+    interrupted one, still running out its notice) is being replaced by the new one, so it
+    counts for what it has spent but not for the rest of the month.
+    """
+    prices: dict[tuple[str, str, str | None, str, str], float] = {}
+    for offer in offers:
+        pool = (offer.provider, offer.region, offer.zone, offer.instance_type, offer.market.value)
+        if offer.usd_per_hour < prices.get(pool, float("inf")):
+            prices[pool] = offer.usd_per_hour
+    start, _ = budget.month_bounds(now)
+    spends = []
+    for a in store.jobs.policy_attempts(policy, start):
+        ended = a.ended_at
+        if ended is None and a.job_id == replacing:
+            ended = now
+        provider, region, _zone, instance_type, market = a.pool
+        current = prices.get(a.pool, prices.get((provider, region, None, instance_type, market)))
+        spends.append(budget.Spend(a.started_at, ended, a.usd_per_hour, current))
+    return budget.committed(spends, now)

@@ -1,7 +1,8 @@
 """Launching an attempt: the walk over the ranked offers, and one launch call with its outcome.
 
 `Launcher.walk` takes the offers the policy ranks (minus pools in cooldown and pools the
-decision avoids), drops those the month's budget cannot pay for, and tries them in order:
+decision avoids; the ranking's budget rule, given what the policy has spent and runs now,
+drops those the month's budget cannot pay for), and tries them in order:
 each try writes its attempt row first (so a daemon killed mid-call retries with the same
 idempotency key), then calls the provider. `Launcher.launch` is one call, and says what
 happened as a `LaunchOutcome`; what a capacity, quota or credentials error costs the pool or
@@ -25,6 +26,7 @@ from optimizer.jobs.recovery import LaunchError, Pool, Strategy
 from optimizer.model import EventKind, Offer
 from optimizer.store.jobs import AttemptRecord, token_sha256
 from optimizer.store.tables import JobRecord
+from policies import budget as budget_model
 from policies.engine import evaluate
 from policies.schema import Policy
 from providers import registry
@@ -126,39 +128,40 @@ class Launcher:
         # An attempt records the zone its instance landed in, but a regional offer (on-demand
         # prices are per region) has no zone: avoid the offer's own, regional pool too.
         avoid |= {(p, r, None, t, m) for p, r, _zone, t, m in avoid}
-        offers = [o for o in ctx.store.prices.latest_offers() if pool_of(o) not in avoid]
-        ranking = evaluate(policy, offers, ctx.now)
+        listed = ctx.store.prices.latest_offers()
+        offers = [o for o in listed if pool_of(o) not in avoid]
+        cap = policy.budget.monthly_usd
+        spend = budget_model.NOTHING
+        if cap is not None:
+            spend = budget.committed(ctx.store, job.policy, ctx.now, listed, replacing=job.id)
+        ranking = evaluate(policy, offers, ctx.now, committed=spend)
         if not ranking.candidates:
+            over = ranking.rejected("budget")
+            if cap is not None and over:
+                cheapest = min(r.offer.usd_per_hour for r in over)
+                need = budget_model.projected(
+                    spend, cheapest, ctx.now, policy.budget.hours_per_month
+                )
+                running = (
+                    f", {spend.live_attempts} attempt(s) running" if spend.live_attempts else ""
+                )
+                return Walk(
+                    False,
+                    f"budget: ${spend.spent_usd:,.2f} spent this month under policy "
+                    f"{job.policy}{running}; the cheapest launch projects ${need:,.2f} "
+                    f"> ${cap:,.2f}",
+                )
             top = ", ".join(f"{rule} ({n})" for rule, n in ranking.rejection_counts().items())
             return Walk(
                 False,
                 f"no offer meets policy {job.policy}" + (f": rejected by {top}" if top else ""),
             )
         candidates = [c.offer for c in ranking.candidates]
-        cap = policy.budget.monthly_usd
         if cap is not None:
-            start, _ = budget.month_bounds(ctx.now)
-            spent = budget.spent_this_month(
-                (
-                    budget.Spend(a.started_at, a.ended_at, a.usd_per_hour)
-                    for a in ctx.store.jobs.policy_attempts(job.policy, start)
-                ),
-                ctx.now,
+            first = budget_model.projected(
+                spend, candidates[0].usd_per_hour, ctx.now, policy.budget.hours_per_month
             )
-            affordable = [
-                o for o in candidates if budget.projected(spent, o.usd_per_hour, ctx.now) <= cap
-            ]
-            if not affordable:
-                cheapest = min(o.usd_per_hour for o in candidates)
-                need = budget.projected(spent, cheapest, ctx.now)
-                return Walk(
-                    False,
-                    f"budget: ${spent:,.2f} spent this month under policy {job.policy}; the "
-                    f"cheapest launch projects ${need:,.2f} > ${cap:,.2f}",
-                )
-            candidates = affordable
-            first = budget.projected(spent, candidates[0].usd_per_hour, ctx.now)
-            if first > budget.ALERT_FRACTION * cap:
+            if first > budget_model.ALERT_FRACTION * cap:
                 self.emit(
                     ctx,
                     job,
@@ -166,7 +169,7 @@ class Launcher:
                         EventKind.BUDGET_THRESHOLD_CROSSED,
                         "warning",
                         f"policy {job.policy}: projected ${first:,.2f} this month is over "
-                        f"{budget.ALERT_FRACTION:.0%} of ${cap:,.2f}",
+                        f"{budget_model.ALERT_FRACTION:.0%} of ${cap:,.2f}",
                     ),
                     f"budget:{job.policy}:{ctx.now:%Y-%m}",
                 )

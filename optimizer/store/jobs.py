@@ -283,12 +283,16 @@ class Jobs:
         return out
 
     def policy_attempts(self, policy: str, since: datetime) -> list[AttemptRecord]:
-        """Attempts of the policy's jobs that ran at some point after `since`."""
+        """Attempts of the policy's jobs that ran at some point after `since`, and those not
+        ended (a launch under way counts before its instance is known)."""
         query = (
             select(_ATTEMPT)
             .join(_JOB, _JOB.c.id == _ATTEMPT.c.job_id)
-            .where(_JOB.c.policy == policy, _ATTEMPT.c.instance_id.is_not(None))
-            .where((_ATTEMPT.c.ended_at.is_(None)) | (_ATTEMPT.c.ended_at > since))
+            .where(_JOB.c.policy == policy)
+            .where(
+                _ATTEMPT.c.ended_at.is_(None)
+                | (_ATTEMPT.c.instance_id.is_not(None) & (_ATTEMPT.c.ended_at > since))
+            )
         )
         with self._db.connect() as conn:
             return [_attempt(r) for r in conn.execute(query).all()]

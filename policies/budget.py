@@ -1,0 +1,87 @@
+"""The one monthly budget model (pure): what a launch would bring a policy's month to.
+
+Projected spend for a launch at `usd_per_hour`, at `now` =
+  what the policy's attempts cost so far this calendar month (UTC), each at its launch price
+  for the hours it ran inside the month,
++ every live attempt of the policy at its current price, from now to the end of the month,
++ the new attempt at its price, from now to the end of the month.
+
+With `budget.hours_per_month` set, a live or new attempt is projected for at most that many
+more hours this month (work that runs part-time). The budget rule of the ranking and the
+launch check both read this module, and they agree because they take the same inputs: the
+policy, `now`, and a `Committed` (spend so far and the live attempts' prices), which the
+caller gathers from the store. gpuopt alerts at 80% of `budget.monthly_usd` and launches
+nothing whose projection passes 100%.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+ALERT_FRACTION = 0.8
+
+
+@dataclass(frozen=True, slots=True)
+class Spend:
+    """One attempt of the policy: when it started, when it ended (None: still live), its
+    launch price, and its current price (None: the launch price) for the rest of the month."""
+
+    started: datetime
+    ended: datetime | None
+    usd_per_hour: float
+    current_usd_per_hour: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """What a policy is committed to at one instant: USD spent so far this month, and the
+    summed current USD/h of its live attempts (which run on until the month ends)."""
+
+    spent_usd: float = 0.0
+    live_usd_per_hour: float = 0.0
+    live_attempts: int = 0
+
+
+NOTHING = Committed()
+
+
+def month_bounds(now: datetime) -> tuple[datetime, datetime]:
+    """The start and end of `now`'s calendar month, UTC."""
+    now = now.astimezone(UTC)
+    start = datetime(now.year, now.month, 1, tzinfo=UTC)
+    end = datetime(now.year + (now.month == 12), now.month % 12 + 1, 1, tzinfo=UTC)
+    return start, end
+
+
+def hours_left(now: datetime, hours_per_month: float | None = None) -> float:
+    """Hours an attempt running from `now` is projected to run this month."""
+    _, end = month_bounds(now)
+    left = (end - now).total_seconds() / 3600
+    return left if hours_per_month is None else min(left, hours_per_month)
+
+
+def committed(attempts: Iterable[Spend], now: datetime) -> Committed:
+    """Spend so far this month and the live attempts' current prices, at `now`."""
+    start, _ = month_bounds(now)
+    spent, live, count = 0.0, 0.0, 0
+    for a in attempts:
+        begin = max(a.started, start)
+        finish = min(a.ended or now, now)
+        if finish > begin:
+            spent += (finish - begin).total_seconds() / 3600 * a.usd_per_hour
+        if a.ended is None or a.ended > now:
+            count += 1
+            current = a.usd_per_hour if a.current_usd_per_hour is None else a.current_usd_per_hour
+            live += current
+    return Committed(spent, live, count)
+
+
+def projected(
+    spend: Committed, usd_per_hour: float, now: datetime, hours_per_month: float | None = None
+) -> float:
+    """The month's projected spend if an attempt at `usd_per_hour` launched at `now`."""
+    return spend.spent_usd + (spend.live_usd_per_hour + usd_per_hour) * hours_left(
+        now, hours_per_month
+    )
