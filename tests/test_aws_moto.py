@@ -275,3 +275,36 @@ def test_the_default_image_is_the_dlami_for_the_type_architecture(moto: None) ->
         "Instances"
     ]
     assert instance["ImageId"] == "ami-0123456789abcdef0"
+
+
+def test_the_agent_bootstrap_arrives_intact_as_user_data(session: Any, image: str) -> None:
+    """The script the daemon config's `agent:` section renders is what the instance reads."""
+    import base64
+
+    from optimizer.jobs.bootstrap import AgentInstall, AgentProxy, AgentSettings
+
+    agent = AgentSettings(
+        install=AgentInstall(version="0.4.1", index_url="https://pypi.internal/simple"),
+        images={"aws": image},
+        env={"HF_HOME": "/data/hf", "NOTE": 'it\'s $HOME & "quoted"'},
+        proxy=AgentProxy(https="http://proxy.internal:3128", no_proxy=("10.0.0.0/8",)),
+    )
+    script = agent.script(
+        daemon_url="https://gpuopt.example:8470",
+        token="tok-" + "x" * 40,
+        attempt_key="7-1",
+        cloud="aws",
+        metadata_kind="aws-imds",
+        expected_gpus=1,
+    )
+    assert "gpuopt[probes]==0.4.1" in script and "HTTPS_PROXY" in script
+    aws = AwsProvider(["us-east-1"], session=session, clock=Clock())
+    spec = LaunchSpec(job="job-7", attempt=1, bootstrap=script, image=agent.image("aws"))
+    ref = aws.launch(_offer(aws), spec, "7-1")
+
+    attribute = _ec2().describe_instance_attribute(InstanceId=ref.instance_id, Attribute="userData")
+    assert base64.b64decode(attribute["UserData"]["Value"]).decode() == script
+    (instance,) = _ec2().describe_instances(InstanceIds=[ref.instance_id])["Reservations"][0][
+        "Instances"
+    ]
+    assert instance["ImageId"] == image

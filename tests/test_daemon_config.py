@@ -135,3 +135,49 @@ def test_the_leader_lease_must_outlast_two_checks_and_stay_under_the_session_tim
     path.write_text("leader: {check_s: 1, lease_s: 4}\n")
     leader = load_config(path).leader
     assert (leader.check_s, leader.lease_s) == (1, 4)
+
+
+def test_the_agent_section_becomes_the_settings_the_job_reconciler_renders_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PROXY_PASSWORD", "s3cret-proxy")
+    path = tmp_path / "agent.yaml"
+    path.write_text(
+        "agent:\n"
+        "  install: {version: 0.4.1, index_url: 'https://pypi.internal/simple', extras: []}\n"
+        "  images: {aws: ami-0abc, gcp: projects/p/global/images/family/f}\n"
+        "  env: {HF_HOME: /data/hf}\n"
+        "  proxy: {https: 'http://ops:${PROXY_PASSWORD}@proxy:3128', no_proxy: [10.0.0.1]}\n"
+    )
+    config = load_config(path)
+    agent = config.agent.settings()
+    assert agent.install.version == "0.4.1" and agent.install.extras == ()
+    assert agent.install.index_url == "https://pypi.internal/simple"
+    assert agent.image("aws") == "ami-0abc" and agent.image("local") is None
+    assert agent.proxy.https == "http://ops:s3cret-proxy@proxy:3128"
+    assert "s3cret-proxy" in "".join(config.secrets())
+    assert "s3cret-proxy" not in repr(config)
+    assert load_config(None).agent.settings().install.requirement() == "gpuopt[probes]"
+
+
+def test_agent_section_problems_are_located(tmp_path: Path) -> None:
+    path = tmp_path / "bad-agent.yaml"
+    path.write_text(
+        "agent:\n"
+        "  install:\n"
+        "    version: 0.4.1\n"
+        "    wheel_url: https://files/gpuopt-0.4.1-py3-none-any.whl\n"
+        "    venv: relative/dir\n"
+        "  images: {local: img-1}\n"
+        "  env: {GPUOPT_AGENT_TOKEN: x}\n"
+        "  proxy: {http: 'socks5://p:1080'}\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert [str(p) for p in caught.value.problems] == [
+        f"{path}:4:16: agent.install.wheel_url: give version or wheel_url, not both",
+        f"{path}:5:11: agent.install.venv: must be an absolute path",
+        f"{path}:6:11: agent.images: local: its instances run on this host and take no image",
+        f"{path}:7:8: agent.env: GPUOPT_AGENT_TOKEN is set by the bootstrap; choose another name",
+        f"{path}:8:17: agent.proxy.http: must be an http:// or https:// URL on one line",
+    ]

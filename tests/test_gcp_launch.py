@@ -339,3 +339,33 @@ def test_terminate_deletes_and_tolerates_a_vm_already_gone(fake) -> None:
     gcp.terminate(InstanceRef("gcp", "us-central1", ZONE, "gpuopt-never-was"))
     [status] = gcp.describe([ref])
     assert (status.state, status.end_reason) == (InstanceState.TERMINATED, EndReason.USER)
+
+
+def test_the_agent_bootstrap_arrives_intact_as_the_startup_script(fake) -> None:
+    """The script the daemon config's `agent:` section renders is the instance's metadata."""
+    from optimizer.jobs.bootstrap import AgentInstall, AgentProxy, AgentSettings
+
+    image = "projects/my-images/global/images/family/gpuopt-agent"
+    agent = AgentSettings(
+        install=AgentInstall(wheel_url="https://files.internal/gpuopt-0.4.1-py3-none-any.whl"),
+        images={"gcp": image},
+        env={"NOTE": 'it\'s $HOME & "quoted"'},
+        proxy=AgentProxy(http="http://proxy.internal:3128"),
+    )
+    script = agent.script(
+        daemon_url="https://gpuopt.example:8470",
+        token="tok-" + "x" * 40,
+        attempt_key="7-1",
+        cloud="gcp",
+        metadata_kind="gcp-metadata",
+        expected_gpus=1,
+    )
+    assert "gpuopt[probes] @ https://files.internal/" in script
+    spec = LaunchSpec(job="job-7", attempt=1, bootstrap=script, image=agent.image("gcp"))
+    ref = provider(fake).launch(T4_SPOT, spec, KEY)
+
+    stored = fake.instances[(ZONE, ref.instance_id)]
+    metadata = {i["key"]: i["value"] for i in stored["metadata"]["items"]}
+    assert metadata["startup-script"] == script
+    assert "install-nvidia-driver" not in metadata  # a configured image brings its driver
+    assert stored["disks"][0]["initializeParams"]["sourceImage"] == image

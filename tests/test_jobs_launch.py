@@ -49,9 +49,11 @@ class FlakySource:
     def __init__(self, *errors: Exception) -> None:
         self.errors = list(errors)
         self.launched: list[tuple[str | None, str]] = []  # (zone, key) of every call
+        self.specs: list[Any] = []
 
     def launch(self, offer: Any, spec: Any, key: str) -> InstanceRef:
         self.launched.append((offer.zone, key))
+        self.specs.append(spec)
         if self.errors:
             raise self.errors.pop(0)
         return InstanceRef("aws", offer.region, offer.zone, f"i-{key}")
@@ -265,3 +267,25 @@ def test_the_ranking_and_the_launch_check_agree(store: Store, cap: float) -> Non
     else:
         assert store.jobs.attempts(second.id) == []
         assert ranking.rejection_counts() == {"budget": 3}
+
+
+def test_the_bootstrap_comes_from_the_agent_settings_and_expects_the_offers_gpus(
+    store: Store,
+) -> None:
+    from optimizer.jobs.bootstrap import AgentInstall, AgentSettings
+
+    source = FlakySource()
+    agent = AgentSettings(
+        install=AgentInstall(version="0.4.1", venv="/srv/gpuopt"),
+        images={"aws": "ami-0123456789abcdef0"},
+        env={"HF_HOME": "/data/hf"},
+    )
+    reconciler = JobReconciler(lambda: "http://d", agent=agent)
+    assert walk(reconciler, context(store, source))[0]
+    [spec] = source.specs
+    assert spec.image == "ami-0123456789abcdef0"
+    assert f"export GPUOPT_EXPECTED_GPUS={EAST_A.gpu_count}\n" in spec.bootstrap
+    assert "export HF_HOME=/data/hf\n" in spec.bootstrap
+    assert "/srv/gpuopt/bin/python -m pip install" in spec.bootstrap
+    assert "'gpuopt[probes]==0.4.1'" in spec.bootstrap
+    assert spec.bootstrap.endswith("exec /srv/gpuopt/bin/python -m optimizer.cli agent run\n")

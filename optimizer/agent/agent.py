@@ -215,7 +215,11 @@ class Agent:
         probes = str(assignment.job.get("probes") or "none")
         if probes != "none":
             self.state = "probing"
-            status, result = self._probe(probes, assignment.job.get("expected_gpus"))
+            # The job's own count, else the GPUs the offer sold (set by the bootstrap).
+            expected = assignment.job.get("expected_gpus")
+            if expected is None:
+                expected = self.config.expected_gpus
+            status, result = self._probe(probes, expected)
             self.queue.put("probe_result", {"status": status, "result": result})
             if status == "fail":
                 self.state = "probe_failed"

@@ -49,6 +49,7 @@ class AgentConfig:
     fence_poll_s: float = 0.25  # how often a fenced agent asks whether it may start the job
     probe_cpu_n: int | None = None
     probe_timeout_s: float | None = None
+    expected_gpus: int | None = None  # the offer's GPU count: the probe's default
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> AgentConfig:
@@ -94,6 +95,7 @@ class AgentConfig:
 
         agent_dir = get("GPUOPT_AGENT_DIR")
         cpu_n = number("GPUOPT_PROBE_CPU_N", None)
+        gpus = number("GPUOPT_EXPECTED_GPUS", None)
         return cls(
             daemon_url=get("GPUOPT_DAEMON_URL") or "",
             token=get("GPUOPT_AGENT_TOKEN") or "",
@@ -110,6 +112,7 @@ class AgentConfig:
             fence_poll_s=number("GPUOPT_AGENT_FENCE_POLL_S", 0.25) or 0.25,
             probe_cpu_n=int(cpu_n) if cpu_n else None,
             probe_timeout_s=number("GPUOPT_PROBE_TIMEOUT_S", None),
+            expected_gpus=int(gpus) if gpus else None,
         )
 
 

@@ -10,6 +10,7 @@ docs/daemon.md lists every key.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -29,6 +30,7 @@ from optimizer.alerts.config import AlertsConfig
 from optimizer.common.documents import load_document
 from optimizer.common.errors import LocatedError, Problem
 from optimizer.daemon import settings
+from optimizer.jobs.bootstrap import BOOTSTRAP_ENV, AgentInstall, AgentProxy, AgentSettings
 from optimizer.store import DatabaseUrlError, normalize_database_url
 from providers import registry
 
@@ -113,6 +115,161 @@ class LogConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
 
 
+def _secret(value: SecretStr | None) -> str | None:
+    return None if value is None else value.get_secret_value()
+
+
+def _one_line(value: str | None) -> str | None:
+    if value is not None and (not value.strip() or any(c in value for c in "\0\r\n")):
+        raise ValueError("must be a non-empty single line")
+    return value
+
+
+class AgentInstallConfig(_Section):
+    """How a cloud instance installs gpuopt: a virtual environment at `venv`, from
+    `wheel_url`, else the package index (`index_url`) at `version` (None: the newest)."""
+
+    version: str | None = Field(None, description="The gpuopt version to install.")
+    wheel_url: str | None = Field(None, description="A wheel to install instead of the index.")
+    index_url: str | None = Field(None, description="A package index instead of PyPI.")
+    extras: list[str] = Field(
+        default_factory=lambda: ["probes"], description="Extras to install (probes: torch)."
+    )
+    python: str = Field("python3", description="The interpreter that makes the venv.")
+    venv: str = Field("/opt/gpuopt", description="Where the agent's environment lives.")
+
+    @field_validator("version", "wheel_url", "index_url", "python", "venv")
+    @classmethod
+    def _single_line(cls, value: str | None) -> str | None:
+        return _one_line(value)
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[0-9A-Za-z][0-9A-Za-z.+!-]*", value):
+            raise ValueError(f"{value!r} is not a version (e.g. 0.4.1)")
+        return value
+
+    @field_validator("wheel_url")
+    @classmethod
+    def _wheel(cls, value: str | None, info: Any) -> str | None:
+        if value is None:
+            return value
+        if info.data.get("version") is not None:
+            raise ValueError("give version or wheel_url, not both")
+        if not value.split("?", 1)[0].endswith(".whl") or "://" not in value:
+            raise ValueError("must be a URL of a .whl file (https://… or file://…)")
+        return value
+
+    @field_validator("index_url")
+    @classmethod
+    def _index(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://", "file://")):
+            raise ValueError("must be an http(s) or file URL")
+        return value
+
+    @field_validator("extras")
+    @classmethod
+    def _extras(cls, value: list[str]) -> list[str]:
+        for extra in value:
+            if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", extra):
+                raise ValueError(f"{extra!r} is not an extra's name")
+        return value
+
+    @field_validator("venv")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must be an absolute path")
+        return value
+
+
+class AgentProxyConfig(_Section):
+    """An HTTP(S) proxy for the install and the agent (the metadata endpoints go direct); a
+    secret, since its URL may hold credentials."""
+
+    http: SecretStr | None = None
+    https: SecretStr | None = None
+    no_proxy: list[str] = Field(default_factory=list)
+
+    @field_validator("http", "https")
+    @classmethod
+    def _url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return value
+        text = value.get_secret_value()
+        if any(c in text for c in "\0\r\n") or not text.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL on one line")
+        return value
+
+    @field_validator("no_proxy")
+    @classmethod
+    def _hosts(cls, value: list[str]) -> list[str]:
+        for host in value:
+            if not host or any(c in host for c in " ,\0\r\n"):
+                raise ValueError(f"{host!r} is not a host name")
+        return value
+
+
+class AgentSetupConfig(_Section):
+    """How the agent gets onto a cloud instance (the AWS user data, the GCP startup script)."""
+
+    install: AgentInstallConfig = Field(default_factory=AgentInstallConfig)
+    images: dict[str, str] = Field(
+        default_factory=dict, description="A machine image per provider (AMI id, GCE image)."
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="For the agent and install.")
+    proxy: AgentProxyConfig = Field(default_factory=AgentProxyConfig)
+
+    @field_validator("images")
+    @classmethod
+    def _images(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, image in value.items():
+            entry = registry.find(name)
+            if entry is None or not entry.capabilities.launch:
+                launching = [n for n, e in registry.entries().items() if e.capabilities.launch]
+                raise ValueError(
+                    f"{name}: not a provider that launches; known: {', '.join(launching)}"
+                )
+            if entry.capabilities.agent_on_host:
+                raise ValueError(f"{name}: its instances run on this host and take no image")
+            _one_line(image)
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, item in value.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+            if name in BOOTSTRAP_ENV:
+                raise ValueError(f"{name} is set by the bootstrap; choose another name")
+            if any(c in item for c in "\0\r\n"):
+                raise ValueError(f"{name}: must be a single line")
+        return value
+
+    def settings(self) -> AgentSettings:
+        """The plain settings the job reconciler renders each bootstrap from."""
+        install = self.install
+        return AgentSettings(
+            install=AgentInstall(
+                version=install.version,
+                wheel_url=install.wheel_url,
+                index_url=install.index_url,
+                extras=tuple(install.extras),
+                python=install.python,
+                venv=install.venv,
+            ),
+            images=dict(self.images),
+            env=dict(self.env),
+            proxy=AgentProxy(
+                http=_secret(self.proxy.http),
+                https=_secret(self.proxy.https),
+                no_proxy=tuple(self.proxy.no_proxy),
+            ),
+        )
+
+
 def _default_providers() -> dict[str, ProviderConfig]:
     return {"local": ProviderConfig()}
 
@@ -132,6 +289,7 @@ class ConfigSchema(BaseModel):
     prices: PricesConfig = Field(default_factory=PricesConfig)
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    agent: AgentSetupConfig = Field(default_factory=AgentSetupConfig)
 
     @field_validator("providers")
     @classmethod
@@ -206,6 +364,9 @@ class DaemonConfig(BaseSettings, ConfigSchema):
     def secrets(self) -> list[str]:
         """Every secret value in the config, for log redaction and leak tests."""
         found = self.alerts.secrets()
+        for proxy in (self.agent.proxy.http, self.agent.proxy.https):
+            if proxy is not None:
+                found.append(proxy.get_secret_value())
         if self.api.token is not None:
             found.append(self.api.token.get_secret_value())
         if self.database_url is not None:

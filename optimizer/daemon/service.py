@@ -267,7 +267,8 @@ class Daemon:
         self._lead("reconcile", self.reconcile.tick, loops.reconcile_s, guards_overlap=True)
         self._lead("deliver", self.deliver.run_once, loops.deliver_s)
         self.reconcile.attach(lambda: self.scheduler.run_now("reconcile"))
-        self.reconcile.reconcilers.append(JobReconciler(self._api_url))
+        jobs = JobReconciler(self._api_url, agent=self.config.agent.settings())
+        self.reconcile.reconcilers.append(jobs)
         self.scheduler.start()
         self.server.start()
         self._started = True

@@ -12,10 +12,131 @@ from __future__ import annotations
 
 import re
 import shlex
+import sys
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 DEFAULT_INSTALL = "pip install 'gpuopt[probes]'"
-_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Set by the bootstrap itself; the agent settings' `env` may not name them.
+BOOTSTRAP_ENV = (
+    "GPUOPT_DAEMON_URL",
+    "GPUOPT_ATTEMPT_KEY",
+    "GPUOPT_CLOUD",
+    "GPUOPT_METADATA_KIND",
+    "GPUOPT_AGENT_TOKEN",
+    "GPUOPT_EXPECTED_GPUS",
+)
+# Metadata endpoints the agent must reach directly, whatever the proxy.
+METADATA_HOSTS = ("169.254.169.254", "metadata.google.internal")
+_EXTRA = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+
+
+@dataclass(frozen=True, slots=True)
+class AgentInstall:
+    """How a new instance gets gpuopt: into a virtual environment at `venv` (made with
+    `python -m venv` unless one is there already), from `wheel_url`, else the package index
+    (`index_url`, else pip's default) at `version` (None: the newest)."""
+
+    version: str | None = None
+    wheel_url: str | None = None
+    index_url: str | None = None
+    extras: tuple[str, ...] = ("probes",)
+    python: str = "python3"
+    venv: str = "/opt/gpuopt"
+
+    def requirement(self) -> str:
+        """The pip requirement: `gpuopt[probes]==1.2.0`, or `gpuopt[probes] @ <wheel URL>`."""
+        for extra in self.extras:
+            if not _EXTRA.match(extra):
+                raise ValueError(f"bad extra {extra!r}")
+        name = "gpuopt" + (f"[{','.join(self.extras)}]" if self.extras else "")
+        if self.wheel_url:
+            return f"{name} @ {_check('wheel_url', self.wheel_url)}"
+        if self.version:
+            return f"{name}=={_check('version', self.version)}"
+        return name
+
+    @property
+    def interpreter(self) -> str:
+        """The virtual environment's Python, which runs the agent."""
+        return f"{self.venv.rstrip('/')}/bin/python"
+
+    def command(self) -> str:
+        """One shell line: make the virtual environment if missing, then pip install."""
+        venv = shlex.quote(_check("venv", self.venv))
+        python = shlex.quote(self.interpreter)
+        pip = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        if self.index_url:
+            pip += ["--index-url", shlex.quote(_check("index_url", self.index_url))]
+        pip.append(shlex.quote(self.requirement()))
+        make = f"{shlex.quote(_check('python', self.python))} -m venv {venv}"
+        return f"{{ [ -x {python} ] || {make}; }} && {' '.join(pip)}"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentProxy:
+    """An HTTP(S) proxy for the install and the agent; `no_proxy` hosts go direct (the
+    cloud metadata endpoints always do)."""
+
+    http: str | None = None
+    https: str | None = None
+    no_proxy: tuple[str, ...] = ()
+
+    def env(self) -> dict[str, str]:
+        values: dict[str, str] = {}
+        if self.http:
+            values["HTTP_PROXY"] = values["http_proxy"] = self.http
+        if self.https:
+            values["HTTPS_PROXY"] = values["https_proxy"] = self.https
+        if values:
+            hosts = ",".join(dict.fromkeys((*self.no_proxy, *METADATA_HOSTS)))
+            values["NO_PROXY"] = values["no_proxy"] = hosts
+        return values
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSettings:
+    """How the agent gets onto a new instance (the daemon config's `agent:` section):
+    the install, the machine image per provider (None: the provider's default GPU image),
+    extra environment for the agent and the install, and a proxy."""
+
+    install: AgentInstall = field(default_factory=AgentInstall)
+    images: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    proxy: AgentProxy = field(default_factory=AgentProxy)
+
+    def image(self, provider: str) -> str | None:
+        return self.images.get(provider)
+
+    def script(
+        self,
+        *,
+        daemon_url: str,
+        token: str,
+        attempt_key: str,
+        cloud: str,
+        metadata_kind: str,
+        on_host: bool = False,
+        expected_gpus: int | None = None,
+    ) -> str:
+        """The bootstrap for one attempt. `on_host` (the registry's `agent_on_host`): the
+        instance runs on this host with this gpuopt, so nothing is installed and the agent
+        runs with this interpreter. `expected_gpus` becomes the probe's default GPU count
+        (GPUOPT_EXPECTED_GPUS; a job's own `expected_gpus` wins)."""
+        env = {**self.proxy.env(), **self.env}
+        if expected_gpus is not None:
+            env["GPUOPT_EXPECTED_GPUS"] = str(expected_gpus)
+        return bootstrap_script(
+            daemon_url=daemon_url,
+            token=token,
+            attempt_key=attempt_key,
+            cloud=cloud,
+            metadata_kind=metadata_kind,
+            install=None if on_host else self.install.command(),
+            python=sys.executable if on_host else self.install.interpreter,
+            env=env,
+        )
 
 
 def _check(name: str, value: str) -> str:

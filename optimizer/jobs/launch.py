@@ -12,14 +12,13 @@ the provider is the recovery strategy's answer (recovery.py).
 from __future__ import annotations
 
 import secrets
-import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import datetime
 from enum import Enum
 from typing import NamedTuple
 
 from optimizer.jobs import budget
-from optimizer.jobs.bootstrap import DEFAULT_INSTALL, bootstrap_script
+from optimizer.jobs.bootstrap import AgentSettings
 from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.machine import Alert, Launch, describe_pool
 from optimizer.jobs.recovery import LaunchError, Pool, Strategy
@@ -85,15 +84,14 @@ class Launcher:
         daemon_url: Callable[[], str],
         emit: Emit,
         *,
-        install: Mapping[str, str | None] | None = None,
-        agent_env: Mapping[str, str] | None = None,
+        agent: AgentSettings | None = None,
     ) -> None:
         self.daemon_url = daemon_url
         self.emit = emit
-        # How each cloud's bootstrap gets gpuopt, where not the default install; a provider
-        # whose instances run on this host (the registry's `agent_on_host`) already has it.
-        self.install = dict(install or {})
-        self.agent_env = dict(agent_env or {})
+        # How the bootstrap gets the agent onto a new instance (the daemon config's `agent:`);
+        # a provider whose instances run on this host (the registry's `agent_on_host`)
+        # already has gpuopt.
+        self.agent = agent or AgentSettings()
         self.disabled: dict[str, datetime] = {}  # provider -> until, after an AuthError
 
     def provider(self, ctx: ReconcileContext, name: str) -> Provider | None:
@@ -241,7 +239,8 @@ class Launcher:
         spec = LaunchSpec(
             job=job.name,
             attempt=attempt.number,
-            bootstrap=self._bootstrap(attempt, token),
+            bootstrap=self._bootstrap(attempt, token, offer),
+            image=self.agent.image(attempt.provider),
             max_usd_per_hour=None,
         )
         if not ctx.leading():
@@ -354,18 +353,19 @@ class Launcher:
             f"auth:{attempt.provider}",
         )
 
-    def _bootstrap(self, attempt: AttemptRecord, token: str) -> str:
+    def _bootstrap(self, attempt: AttemptRecord, token: str, offer: Offer) -> str:
         caps = registry.capabilities(attempt.provider)
         on_host = caps.agent_on_host
-        return bootstrap_script(
+        return self.agent.script(
             daemon_url=self.daemon_url(),
             token=token,
             attempt_key=attempt.key,
             cloud=attempt.provider,
             metadata_kind=caps.watcher or "",
-            install=self.install.get(attempt.provider, None if on_host else DEFAULT_INSTALL),
-            python=sys.executable if on_host else None,
-            env=self.agent_env,
+            on_host=on_host,
+            # The probe expects the GPUs the offer sells (a job's `expected_gpus` wins); an
+            # instance on this host has this host's GPUs, not the simulated offer's.
+            expected_gpus=None if on_host else offer.gpu_count,
         )
 
 

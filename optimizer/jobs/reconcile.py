@@ -14,10 +14,11 @@ out, with an alert.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
 
+from optimizer.jobs.bootstrap import AgentSettings
 from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.launch import Launcher, LaunchOutcome
 from optimizer.jobs.machine import (
@@ -57,11 +58,10 @@ class JobReconciler:
         self,
         daemon_url: Callable[[], str],
         *,
-        install: Mapping[str, str | None] | None = None,
-        agent_env: Mapping[str, str] | None = None,
+        agent: AgentSettings | None = None,
         register_timeout: timedelta = REGISTER_TIMEOUT,
     ) -> None:
-        self.launcher = Launcher(daemon_url, self._emit, install=install, agent_env=agent_env)
+        self.launcher = Launcher(daemon_url, self._emit, agent=agent)
         self.register_timeout = register_timeout
         # Events raised while acting on a job, recorded with its transition (one transaction).
         self._buffer: list[NewEvent] = []
