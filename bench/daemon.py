@@ -169,7 +169,9 @@ def _running_jobs(store: Any) -> Any:
             probe_status="pass",
             state="launched",
         )
-        store.jobs.transition_job(job.id, state="running", reason="attempt 1: running", at=now)
+        store.jobs.transition_job(
+            job.id, expected=job.state, state="running", reason="attempt 1: running", at=now
+        )
     registry = PolicyRegistry()
     text = "apiVersion: gpuopt/v1\nkind: Policy\nname: {}\n"
     registry.swap(

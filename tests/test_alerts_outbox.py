@@ -53,12 +53,19 @@ def test_a_job_transition_and_its_alerts_commit_together(
     monkeypatch.setattr(store_events, "_outbox_insert", broken)
     with pytest.raises(RuntimeError):
         store.jobs.transition_job(
-            job_id, state="failed", reason="r", events=[alert("job.failed")], at=T0
+            job_id,
+            expected="pending",
+            state="failed",
+            reason="r",
+            events=[alert("job.failed")],
+            at=T0,
         )
     assert store.jobs.get_job("train").state == "pending"  # type: ignore[union-attr]
     assert store.events.list_events() == []
     monkeypatch.setattr(store_events, "_outbox_insert", working)
-    store.jobs.transition_job(job_id, state="failed", reason="r", events=[alert("x")], at=T0)
+    store.jobs.transition_job(
+        job_id, expected="pending", state="failed", reason="r", events=[alert("x")], at=T0
+    )
     assert store.jobs.get_job("train").state == "failed"  # type: ignore[union-attr]
     assert [a.event.job_id for a in store.events.due_alerts(T0)] == [job_id]
 

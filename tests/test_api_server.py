@@ -196,14 +196,24 @@ def test_jobs_submit_list_show_and_cancel(daemon) -> None:
         assert client.get("/jobs", params={"state": "running"}).json()["jobs"] == []
         assert client.get("/jobs/train-1").json()["id"] == job["id"]
         assert client.get("/jobs/nope").status_code == 404
-        cancelled = client.post("/jobs/train-1/cancel")
+        assert client.get("/jobs/train-1").json()["cancel_requested_at"] is None
+        requested = client.post("/jobs/train-1/cancel")
+        # A cancel is a request: the answer is the job as it is, with the request recorded;
+        # the reconcile pass the request woke decides it.
+        assert requested.status_code == 200, requested.text
+        assert requested.json()["state"] == "pending"
+        assert requested.json()["cancel_requested_at"] is not None
+        wait_until(
+            lambda: client.get("/jobs/train-1").json()["state"] == "cancelled",
+            what="the reconcile pass that decides the cancel",
+        )
         again = client.post("/jobs/train-1/cancel")
         events = client.get("/events", params={"job": "train-1"}).json()["events"]
-    assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
     assert again.status_code == 409 and "cancelled" in again.json()["detail"]
-    # the job reconciler adds its own events (no offer here: job.deferred); the API's are these
-    api_kinds = [e["kind"] for e in events if e["kind"] in ("job.cancelled", "job.submitted")]
-    assert api_kinds == ["job.cancelled", "job.submitted"]
+    kinds = [e["kind"] for e in events if e["kind"] in ("job.cancelled", "job.submitted")]
+    assert kinds == ["job.cancelled", "job.submitted"]
+    cancelled = next(e for e in events if e["kind"] == "job.cancelled")
+    assert cancelled["data"] == {"job": "train-1", "state_before": "pending"}
 
 
 def test_job_submit_is_validated(daemon) -> None:

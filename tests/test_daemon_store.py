@@ -38,19 +38,24 @@ def test_a_job_and_its_event_are_one_transaction(store: Store) -> None:
     assert [a.job_name for a in store.events.due_alerts(T0)] == ["train"]
 
 
-def test_cancel_moves_only_jobs_that_have_not_ended(store: Store) -> None:
-    store.jobs.add_job("a", "small", {}, at=T0)
+def test_a_cancel_is_a_request_recorded_once_on_a_job_that_has_not_ended(store: Store) -> None:
+    a = store.jobs.add_job("a", "small", {}, at=T0)
     store.jobs.add_job("b", "other", {}, at=T0)
-    event = NewEvent("job.cancelled", "cancelled")
-    job, changed = store.jobs.cancel_job("a", event=event, at=T0 + timedelta(minutes=1))
-    assert changed and job is not None and job.state == "cancelled"
-    assert job.updated_at == T0 + timedelta(minutes=1)
-    assert store.jobs.cancel_job("a", event=event) == (job, False)
-    assert store.jobs.cancel_job("nope") == (None, False)
+    at = T0 + timedelta(minutes=1)
+    job, changed = store.jobs.request_cancel("a", at=at)
+    assert changed and job is not None
+    assert (job.state, job.cancel_requested_at, job.updated_at) == ("pending", at, at)
+    assert store.jobs.request_cancel("a") == (job, False)  # already asked
+    assert store.jobs.request_cancel("nope") == (None, False)
+    assert store.events.list_events() == []  # the reconciler records `job.cancelled`
+    # The reconciler decides the request; only then is the job cancelled.
+    cancelled = store.jobs.transition_job(
+        a, expected="pending", state="cancelled", reason="cancelled by request", at=at
+    )
+    assert cancelled is not None and cancelled.state == "cancelled"
     assert [j.name for j in store.jobs.live_jobs()] == ["b"]
     assert store.jobs.policies_in_use() == {"other"}
     assert store.jobs.job_counts() == {"cancelled": 1, "pending": 1}
-    assert [e.kind for e in store.events.list_events()] == ["job.cancelled"]
     assert [j.name for j in store.jobs.jobs_page(limit=1)] == ["b"]
     assert [j.name for j in store.jobs.jobs_page(state="cancelled")] == ["a"]
 
@@ -59,11 +64,28 @@ def test_the_store_ends_the_same_job_states_as_the_state_machine(store: Store) -
     assert {s.value for s in TERMINAL} == TERMINAL_JOB_STATES
     for state in JobState:
         job_id = store.jobs.add_job(state.value, "small", {}, at=T0)
-        store.jobs.transition_job(job_id, state=state, reason="", at=T0)
+        store.jobs.transition_job(job_id, expected="pending", state=state, reason="", at=T0)
     live = {s.value for s in JobState} - TERMINAL_JOB_STATES
     assert {job.name for job in store.jobs.live_jobs()} == live
-    assert {name for name in live if store.jobs.cancel_job(name)[1]} == live
-    assert not any(store.jobs.cancel_job(name)[1] for name in TERMINAL_JOB_STATES)
+    assert {name for name in live if store.jobs.request_cancel(name)[1]} == live
+    assert not any(store.jobs.request_cancel(name)[1] for name in TERMINAL_JOB_STATES)
+
+
+def test_a_state_write_is_compare_and_set_on_the_state_its_writer_read(store: Store) -> None:
+    job_id = store.jobs.add_job("a", "small", {}, at=T0)
+    event = NewEvent("job.state_changed", "pending -> provisioning")
+    moved = store.jobs.transition_job(
+        job_id, expected="pending", state="provisioning", reason="launched", events=[event], at=T0
+    )
+    assert moved is not None and moved.state == "provisioning"
+    # A writer that read `pending` before that write lost the race: nothing is written.
+    stale = store.jobs.transition_job(
+        job_id, expected="pending", state="failed", reason="stale", events=[event], at=T0
+    )
+    assert stale is None
+    job = store.jobs.get_job("a")
+    assert job is not None and (job.state, job.reason) == ("provisioning", "launched")
+    assert len(store.events.list_events()) == 1  # the lost write recorded no event
 
 
 def test_policy_versions_say_what_is_in_force(store: Store) -> None:

@@ -138,7 +138,11 @@ def test_a_deleted_policy_a_live_job_uses_stays_until_the_job_ends(
     assert len(deleted) == 1 and deleted[0].severity == "warning"
 
     assert w.run_once() == []  # still in use: still kept, no new alert
-    store.jobs.cancel_job("train")
+    train = store.jobs.get_job("train")
+    assert train is not None
+    store.jobs.transition_job(
+        train.id, expected="pending", state="cancelled", reason="cancelled", at=clock()
+    )
     assert w.run_once() == ["removed"]
     assert w.registry.snapshot() == {}
 

@@ -166,7 +166,9 @@ def test_projected_monthly_spend_stops_a_launch_past_the_budget(
     daemon.store.jobs.update_attempt(
         "earlier-1", instance_id="i-gone", ended_at=now, instance_gone=True, state="ended"
     )
-    daemon.store.jobs.cancel_job("earlier")
+    daemon.store.jobs.transition_job(
+        earlier, expected="pending", state="cancelled", reason="cancelled by request", at=now
+    )
     # a cap every offer passes on its own (price x 730 h), but not on top of what was spent
     write_policy(tmp_path / "policies", "local-eu.yaml", POLICY + "budget: {monthly_usd: 501}\n")
     wait_until(

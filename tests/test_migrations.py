@@ -132,6 +132,13 @@ def seed(db: Store) -> int:
 def make_like_72238f0(db: Store) -> None:
     """What gpuopt made before migrations: create_all over its tables, no revision."""
     SQLModel.metadata.create_all(db.engine, tables=OLD_TABLES)
+    drop_later_columns(db.engine)
+
+
+def drop_later_columns(engine: Engine) -> None:
+    """Take away what revisions after 0003 added to the tables create_all makes today."""
+    with engine.begin() as conn:
+        conn.execute(text("ALTER TABLE job DROP COLUMN cancel_requested_at"))
 
 
 def cli(*args: str, url: str) -> Any:
@@ -141,17 +148,17 @@ def cli(*args: str, url: str) -> Any:
 # -- head against the table definitions --------------------------------------------------------
 
 
-def test_head_and_history_are_the_two_hand_written_revisions() -> None:
-    assert migrate.head() == "0003"
-    assert [r.id for r in migrate.history()] == ["0001", "0002", "0003"]
+def test_head_and_history_are_the_hand_written_revisions() -> None:
+    assert migrate.head() == "0004"
+    assert [r.id for r in migrate.history()] == ["0001", "0002", "0003", "0004"]
 
 
 def test_migrations_to_head_make_exactly_the_table_definitions(store: Store) -> None:
     assert migrate.status(store.engine).state is State.EMPTY
     done = migrate.upgrade(store.engine)
-    assert (done.found.state, done.revision) == (State.EMPTY, "0003")
+    assert (done.found.state, done.revision) == (State.EMPTY, "0004")
     assert schema_diff(store.engine) == []
-    assert versions(store.engine) == ["0003"]
+    assert versions(store.engine) == ["0004"]
     assert migrate.status(store.engine).state is State.CURRENT
 
 
@@ -162,14 +169,14 @@ def test_create_all_makes_what_the_migrations_make(store: Store) -> None:
     assert tables(store.engine) <= {migrate.VERSION_TABLE}
     store.create_all()  # the fast path tests use: table definitions, stamped at head
     assert catalog(store.engine) == migrated
-    assert versions(store.engine) == ["0003"]
-    assert migrate.current(store.engine) == "0003"
+    assert versions(store.engine) == ["0004"]
+    assert migrate.current(store.engine) == "0004"
 
 
 def test_downgrade_to_base_and_upgrade_again(store: Store) -> None:
     migrate.upgrade(store.engine)
     back = migrate.downgrade(store.engine, "0001")
-    assert (back.found.revision, back.revision) == ("0003", "0001")
+    assert (back.found.revision, back.revision) == ("0004", "0001")
     assert "replica" not in tables(store.engine)
     assert {d[1].name for d in schema_diff(store.engine) if d[0] == "add_table"} == {"replica"}
     assert migrate.status(store.engine).state is State.OLDER
@@ -180,7 +187,7 @@ def test_downgrade_to_base_and_upgrade_again(store: Store) -> None:
 
     migrate.upgrade(store.engine)
     assert schema_diff(store.engine) == []
-    assert migrate.current(store.engine) == "0003"
+    assert migrate.current(store.engine) == "0004"
 
 
 def test_0003_renames_stored_event_kinds_and_the_downgrade_names_them_back(store: Store) -> None:
@@ -206,11 +213,36 @@ def test_0003_renames_stored_event_kinds_and_the_downgrade_names_them_back(store
     ]
 
 
+def test_0004_adds_the_cancel_request_to_jobs_and_the_downgrade_drops_it(store: Store) -> None:
+    migrate.upgrade(store.engine)
+    migrate.downgrade(store.engine, "0003")
+    assert "cancel_requested_at" not in columns(store.engine, "job")
+    job = seed(store)
+
+    migrate.upgrade(store.engine)
+    assert "cancel_requested_at" in columns(store.engine, "job")
+    found = store.jobs.get_job("train")
+    assert found is not None and found.id == job and found.cancel_requested_at is None
+    asked, recorded = store.jobs.request_cancel("train", at=T0)
+    assert recorded and asked is not None and asked.cancel_requested_at == T0
+
+    migrate.downgrade(store.engine, "0003")
+    assert "cancel_requested_at" not in columns(store.engine, "job")
+    with store.engine.connect() as conn:
+        rows = conn.execute(text("SELECT id, name, state FROM job")).all()
+    assert [tuple(r) for r in rows] == [(job, "train", "pending")]
+
+
+def columns(engine: Engine, table: str) -> set[str]:
+    with engine.connect() as conn:
+        return {c["name"] for c in inspect(conn).get_columns(table)}
+
+
 def test_a_failed_migration_leaves_nothing_behind(store: Store) -> None:
     with store.engine.begin() as conn:  # a stranger's index takes the name 0002 needs
         conn.execute(text("CREATE TABLE squatter (x INTEGER)"))
         conn.execute(text("CREATE INDEX ix_replica_heartbeat_at ON squatter (x)"))
-    with pytest.raises(SchemaError, match="the migration to 0003 failed and was rolled back"):
+    with pytest.raises(SchemaError, match="the migration to 0004 failed and was rolled back"):
         migrate.upgrade(store.engine)
     assert tables(store.engine) - {migrate.VERSION_TABLE} == {"squatter"}
     assert not versions(store.engine)
@@ -231,12 +263,12 @@ def test_an_unversioned_database_is_refused_then_upgraded_with_its_rows(store: S
         migrate.ensure_ready(store.engine)
     assert str(refused.value) == (
         "the database has no schema revision (an earlier gpuopt made its tables), this gpuopt "
-        "needs 0003: run gpuopt db upgrade"
+        "needs 0004: run gpuopt db upgrade"
     )
     assert catalog(store.engine) == before and versions(store.engine) is None
 
     done = migrate.upgrade(store.engine)
-    assert (done.found.state, done.adopted, done.revision) == (State.UNVERSIONED, "0001", "0003")
+    assert (done.found.state, done.adopted, done.revision) == (State.UNVERSIONED, "0001", "0004")
     assert migrate.ensure_ready(store.engine).state is State.CURRENT
     assert schema_diff(store.engine) == []
     assert store.jobs.get_job("train").id == job  # type: ignore[union-attr]
@@ -247,10 +279,11 @@ def test_an_unversioned_database_with_the_replica_table_is_recognised_as_0002(
     store: Store,
 ) -> None:
     SQLModel.metadata.create_all(store.engine)  # what a3190c4 made
+    drop_later_columns(store.engine)
     seed(store)
     done = migrate.upgrade(store.engine)
-    assert (done.adopted, done.revision) == ("0002", "0003")
-    assert versions(store.engine) == ["0003"]
+    assert (done.adopted, done.revision) == ("0002", "0004")
+    assert versions(store.engine) == ["0004"]
     assert store.jobs.get_job("train") is not None
 
 
@@ -258,6 +291,7 @@ def test_unversioned_tables_unlike_the_baseline_are_refused_untouched(store: Sto
     SQLModel.metadata.create_all(
         store.engine, tables=[t for t in OLD_TABLES if t.name != "poll_status"]
     )
+    drop_later_columns(store.engine)
     with store.engine.begin() as conn:
         conn.execute(text("ALTER TABLE job ADD COLUMN owner VARCHAR"))
     before = catalog(store.engine)
@@ -280,16 +314,16 @@ def test_a_database_at_0001_is_refused_until_gpuopt_db_upgrade(database: Databas
         with pytest.raises(SchemaError) as refused:
             migrate.ensure_ready(db.engine)
         assert str(refused.value) == (
-            "the database is at revision 0001, this gpuopt needs 0003: run gpuopt db upgrade"
+            "the database is at revision 0001, this gpuopt needs 0004: run gpuopt db upgrade"
         )
         assert "replica" not in tables(db.engine)
 
     done = cli("upgrade", url=database.url)
     assert done.exit_code == 0, done.output
-    assert done.stdout.endswith(": upgraded from 0001 to 0003\n")
+    assert done.stdout.endswith(": upgraded from 0001 to 0004\n")
 
     with database.open() as db:
-        assert migrate.ensure_ready(db.engine).revision == "0003"
+        assert migrate.ensure_ready(db.engine).revision == "0004"
         assert db.jobs.get_job("train").id == job  # type: ignore[union-attr]
         assert schema_diff(db.engine) == []
 
@@ -306,7 +340,7 @@ def test_a_newer_database_is_refused_and_left_alone(store: Store) -> None:
     before = (catalog(store.engine), versions(store.engine))
     newer = (
         "the database was migrated by a newer gpuopt: revision 0099 is unknown to this version "
-        "(head 0003); upgrade gpuopt"
+        "(head 0004); upgrade gpuopt"
     )
     for attempt in (migrate.ensure_ready, migrate.upgrade, Store.create_all):
         target = store if attempt is Store.create_all else store.engine
@@ -337,7 +371,7 @@ def test_the_daemon_refuses_a_newer_database_in_one_line(
     errors = [line for line in done.stderr.splitlines() if line.startswith("gpuopt: error:")]
     assert errors == [
         "gpuopt: error: the database was migrated by a newer gpuopt: revision 0099 is unknown "
-        "to this version (head 0003); upgrade gpuopt"
+        "to this version (head 0004); upgrade gpuopt"
     ]
     assert "Traceback" not in done.stderr
     assert "gpuopt: API at" not in done.stdout
@@ -347,9 +381,9 @@ def test_the_daemon_refuses_a_newer_database_in_one_line(
 
 def test_the_daemon_creates_an_empty_database_through_the_migrations(store: Store) -> None:
     assert migrate.ensure_ready(store.engine).state is State.CURRENT
-    assert versions(store.engine) == ["0003"]
+    assert versions(store.engine) == ["0004"]
     assert schema_diff(store.engine) == []
-    assert migrate.ensure_ready(store.engine).revision == "0003"  # and again: nothing to do
+    assert migrate.ensure_ready(store.engine).revision == "0004"  # and again: nothing to do
 
 
 # -- the command line --------------------------------------------------------------------------
@@ -358,24 +392,24 @@ def test_the_daemon_creates_an_empty_database_through_the_migrations(store: Stor
 def test_db_current_says_revision_head_and_status(database: Database) -> None:
     empty = cli("current", url=database.url)
     assert empty.exit_code == 0, empty.output
-    assert "revision  none\nhead      0003\nstatus    empty:" in empty.stdout
+    assert "revision  none\nhead      0004\nstatus    empty:" in empty.stdout
 
     created = cli("upgrade", url=database.url)
-    assert created.stdout.endswith(": created at 0003\n")
+    assert created.stdout.endswith(": created at 0004\n")
     again = cli("upgrade", url=database.url)
-    assert again.stdout.endswith(": already at 0003; nothing to do\n")
+    assert again.stdout.endswith(": already at 0004; nothing to do\n")
 
     shown = cli("current", "--json", url=database.url)
     assert json.loads(shown.stdout) == {
         "database": migrate.display_url(database.url),
-        "revision": "0003",
-        "head": "0003",
+        "revision": "0004",
+        "head": "0004",
         "state": "current",
-        "message": "the database is at 0003, the newest revision this gpuopt knows",
+        "message": "the database is at 0004, the newest revision this gpuopt knows",
     }
 
     down = cli("downgrade", "0001", url=database.url)
-    assert down.stdout.endswith(": downgraded from 0003 to 0001\n")
+    assert down.stdout.endswith(": downgraded from 0004 to 0001\n")
     older = cli("current", url=database.url)
     assert "status    older: the database is at revision 0001" in older.stdout
 
@@ -400,7 +434,7 @@ def test_db_history_lists_the_revisions_with_the_head_marked() -> None:
     shown = CliRunner().invoke(app, ["db", "history"])
     assert shown.exit_code == 0
     lines = shown.stdout.splitlines()
-    assert [line.split()[0] for line in lines] == ["0001", "0002", "0003"]
+    assert [line.split()[0] for line in lines] == ["0001", "0002", "0003", "0004"]
     assert lines[-1].endswith("(head)") and not lines[0].endswith("(head)")
 
 
@@ -412,9 +446,9 @@ def test_db_downgrade_refuses_base_and_unknown_revisions(database: Database) -> 
     unknown = cli("downgrade", "0042", url=database.url)
     assert unknown.exit_code == 2
     assert unknown.stderr == (
-        "gpuopt: error: unknown revision '0042'; this gpuopt knows 0001, 0002, 0003\n"
+        "gpuopt: error: unknown revision '0042'; this gpuopt knows 0001, 0002, 0003, 0004\n"
     )
-    assert cli("current", "--json", url=database.url).stdout.count('"0003"') == 2
+    assert cli("current", "--json", url=database.url).stdout.count('"0004"') == 2
 
 
 def test_an_unreachable_database_is_one_line_without_its_password() -> None:
@@ -477,7 +511,7 @@ def test_concurrent_upgrades_take_turns(database: Database) -> None:
     try:
         assert not [r for r in results if isinstance(r, Exception)], results
         assert sorted(r.found.state.value for r in results) == ["current", "empty"]
-        assert versions(stores[0].engine) == ["0003"]
+        assert versions(stores[0].engine) == ["0004"]
         assert schema_diff(stores[0].engine) == []
     finally:
         for db in stores:
@@ -491,6 +525,6 @@ def test_two_gpuopt_db_upgrade_processes_at_once(database: Database, tmp_path: P
     outs = [proc.communicate(timeout=60) for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], outs
     said = sorted(out.rsplit(": ", 1)[-1] for out, _err in outs)
-    assert said == ["already at 0003; nothing to do\n", "created at 0003\n"]
+    assert said == ["already at 0004; nothing to do\n", "created at 0004\n"]
     with database.open() as db:
-        assert versions(db.engine) == ["0003"]
+        assert versions(db.engine) == ["0004"]

@@ -1,5 +1,7 @@
 """/jobs: submit, list, show and cancel managed jobs. Submitting stores the job as
-`pending`; the reconcile loop runs it. Submit and cancel wake the reconcile loop."""
+`pending`; the reconcile loop runs it. Cancelling records a request on the job; the reconcile
+loop decides it (terminates the job's instance, moves the job to `cancelled`): the state
+machine is the only writer of job states. Submit and cancel wake the reconcile loop."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from optimizer.jobs.machine import JobState
 from optimizer.jobs.spec import JobSpec
 from optimizer.model import EventKind
 from optimizer.store import DuplicateJobError, JobRecord
+from optimizer.store.tables import TERMINAL_JOB_STATES
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -26,6 +29,9 @@ def job_view(job: JobRecord) -> dict[str, Any]:
         "restarts": job.restarts,
         "created_at": utc_text(job.created_at),
         "updated_at": utc_text(job.updated_at),
+        "cancel_requested_at": (
+            None if job.cancel_requested_at is None else utc_text(job.cancel_requested_at)
+        ),
         "spec": job.spec,
     }
 
@@ -88,18 +94,13 @@ def show_job(name: str, state: StateDep) -> dict[str, Any]:
 
 @router.post("/{name}/cancel")
 def cancel_job(name: str, state: StateDep) -> dict[str, Any]:
-    """Cancel a job that has not ended (409 once it has succeeded, failed or been cancelled)."""
-    current = _job(state, name)
-    event = state.emitter.draft(
-        EventKind.JOB_CANCELLED,
-        f"job {name} cancelled (was {current.state})",
-        policy=current.policy,
-        data={"job": name, "state_before": current.state},
-    )
-    job, changed = state.store.jobs.cancel_job(name, event=event)
+    """Ask for a job that has not ended to be cancelled (409 once it has succeeded, failed or
+    been cancelled): the answer is the job in its current state with `cancel_requested_at`
+    set; the reconcile loop, woken now, terminates its instance and moves it to `cancelled`."""
+    job, _ = state.store.jobs.request_cancel(name)
     if job is None:
         raise HTTPException(404, detail=f"no job named {name!r}")
-    if not changed:
+    if job.state in TERMINAL_JOB_STATES:
         raise HTTPException(409, detail=f"job {name!r} already ended ({job.state})")
     state.wakeup.set()
     return job_view(job)

@@ -72,6 +72,8 @@ def _print_job(job: dict[str, Any]) -> None:
     print(f"{job['name']}: {job['state']} (policy {job['policy']}, restarts {job['restarts']})")
     if job.get("reason"):
         print(f"  {job['reason']}")
+    if job.get("cancel_requested_at") and job["state"] != "cancelled":
+        print(f"  cancel requested at {job['cancel_requested_at']}; the daemon is stopping it")
 
 
 @app.command("submit")
@@ -120,7 +122,7 @@ def show(name: str, api: ApiOption = None, as_json: JsonOption = False) -> None:
 
 @app.command("cancel")
 def cancel(name: str, api: ApiOption = None) -> None:
-    """Cancel a job; its instance is terminated."""
+    """Cancel a job: the daemon terminates its instance and moves it to `cancelled`."""
     _print_job(_call("POST", f"/jobs/{name}/cancel", api))
 
 

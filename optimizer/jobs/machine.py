@@ -218,7 +218,14 @@ def decide(
         return Decision(
             JobState.CANCELLED,
             "cancelled by request",
-            (*stop, Alert(EventKind.JOB_CANCELLED, "info", f"job {job.name} cancelled")),
+            (
+                *stop,
+                Alert(
+                    EventKind.JOB_CANCELLED,
+                    "info",
+                    f"job {job.name} cancelled (was {job.state.value})",
+                ),
+            ),
             end_attempt="user" if attempt is not None else None,
         )
 

@@ -139,6 +139,7 @@ class JobReconciler:
             state=JobState(job.state),
             restarts=job.restarts,
             probes=job.spec.get("probes", "quick"),
+            cancel_requested=job.cancel_requested_at is not None,
             failures=tuple(
                 (Failure(a.end_reason), a.ended_at)
                 for a in attempts
@@ -215,14 +216,23 @@ class JobReconciler:
                         data={"from": job.state, "to": state.value, "reason": reason},
                     )
                 )
-            ctx.store.jobs.transition_job(
+            moved = ctx.store.jobs.transition_job(
                 job.id,
+                expected=job.state,
                 state=state.value,
                 reason=reason,
                 restarts=decision.restarts,
                 events=events,
                 at=ctx.now,
             )
+            if moved is None:
+                # Someone moved the job since this pass read it: write nothing; the next
+                # pass decides again from what is stored.
+                log.info(
+                    "job %s left %s while this pass decided it; deciding again next pass",
+                    job.name,
+                    job.state,
+                )
 
     # -- acting --------------------------------------------------------------------------------
 
@@ -241,7 +251,8 @@ class JobReconciler:
 
     def _clean_up(self, ctx: ReconcileContext) -> None:
         """Terminate instances of ended attempts once their job exited or the grace passed,
-        and those of jobs that ended outside a pass (cancelled through the API)."""
+        and open attempts of jobs that ended while their attempt stayed open (a state write
+        from elsewhere; cancels are decided in a pass and end the attempt themselves)."""
         live = {job.id for job in ctx.jobs if JobState(job.state) in LIVE}
         for attempt in ctx.store.jobs.open_attempts():
             if attempt.instance_id is None:
@@ -275,12 +286,15 @@ class JobReconciler:
     def _draft(
         self, ctx: ReconcileContext, job: JobRecord, alert: Alert, dedupe: str | None = None
     ) -> NewEvent:
+        data = {"job": job.name}
+        if alert.kind is EventKind.JOB_CANCELLED:
+            data["state_before"] = job.state
         return ctx.emitter.draft(
             alert.kind,
             alert.message,
             severity=alert.severity,
             policy=job.policy,
-            data={"job": job.name},
+            data=data,
             dedupe_key=dedupe,
         )
 

@@ -184,40 +184,53 @@ class Jobs:
         with self._db.connect() as conn:
             return set(conn.execute(query).scalars())
 
-    def cancel_job(
-        self, name: str, *, event: NewEvent | None = None, at: datetime | None = None
+    def request_cancel(
+        self, name: str, *, at: datetime | None = None
     ) -> tuple[JobRecord | None, bool]:
-        """Set a job `cancelled` unless it already ended: (the job after, whether it changed)."""
+        """Record a cancel request on a job that has not ended: (the job after, whether this
+        call recorded it). The state stays as it is: the reconciler decides the request
+        (optimizer.jobs.machine), terminates the job's instance and moves it to `cancelled`.
+        A second request, or one for a job that already ended, changes nothing."""
         now = self._db.now(at)
         with self._db.begin() as conn:
             changed = conn.execute(
                 update(_JOB)
-                .where(_JOB.c.name == name, _JOB.c.state.not_in(_TERMINAL_STATES))
-                .values(state="cancelled", reason="cancelled by request", updated_at=now)
+                .where(
+                    _JOB.c.name == name,
+                    _JOB.c.state.not_in(_TERMINAL_STATES),
+                    _JOB.c.cancel_requested_at.is_(None),
+                )
+                .values(cancel_requested_at=now, updated_at=now)
             ).rowcount
             row = conn.execute(select(_JOB).where(_JOB.c.name == name)).first()
-            if row is None:
-                return None, False
-            if changed and event is not None:
-                write_event(conn, replace(event, job_id=row.id), now)
+        if row is None:
+            return None, False
         return job_record(row), bool(changed)
 
     def transition_job(
         self,
         job_id: int,
         *,
+        expected: str,
         state: str,
         reason: str,
         restarts: int | None = None,
         events: Iterable[NewEvent] = (),
         at: datetime,
-    ) -> JobRecord:
-        """Move a job to `state`, recording the events (with their alerts) in one transaction."""
+    ) -> JobRecord | None:
+        """Move a job from `expected` (the state its caller read) to `state`, recording the
+        events (with their alerts) in one transaction. Compare-and-set: when the job is no
+        longer in `expected`, nothing is written and None is returned (the caller lost a race;
+        the next pass decides again from what is stored)."""
         values: dict[str, Any] = {"state": state, "reason": reason, "updated_at": at}
         if restarts is not None:
             values["restarts"] = restarts
         with self._db.begin() as conn:
-            conn.execute(update(_JOB).where(_JOB.c.id == job_id).values(**values))
+            moved = conn.execute(
+                update(_JOB).where(_JOB.c.id == job_id, _JOB.c.state == expected).values(**values)
+            ).rowcount
+            if not moved:
+                return None
             write_events(conn, (replace(event, job_id=job_id) for event in events), at)
             row = conn.execute(select(_JOB).where(_JOB.c.id == job_id)).one()
         return job_record(row)

@@ -111,6 +111,9 @@ class Job(SQLModel, table=True):
     restarts: int = 0
     created_at: datetime = Field(sa_type=UTCDateTime)
     updated_at: datetime = Field(sa_type=UTCDateTime)
+    # When a cancel was asked for (the API); the reconciler decides it and moves the job to
+    # `cancelled` (optimizer.jobs.machine is the only writer of job states).
+    cancel_requested_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
 class Attempt(SQLModel, table=True):
@@ -302,6 +305,7 @@ class JobRecord:
     restarts: int
     created_at: datetime
     updated_at: datetime
+    cancel_requested_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
