@@ -181,3 +181,27 @@ def test_agent_section_problems_are_located(tmp_path: Path) -> None:
         f"{path}:7:8: agent.env: GPUOPT_AGENT_TOKEN is set by the bootstrap; choose another name",
         f"{path}:8:17: agent.proxy.http: must be an http:// or https:// URL on one line",
     ]
+
+
+def test_a_public_address_needs_a_token_of_at_least_32_characters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "public.yaml"
+    path.write_text("api: {host: 0.0.0.0, token: abcde}\n")
+    result = CliRunner().invoke(app, ["config", "check", str(path)])
+    assert result.exit_code == 2
+    assert (
+        f"{path}: api.token: must be at least 32 characters to listen on 0.0.0.0 "
+        "(a non-loopback address); this one has 5"
+    ) in result.stderr
+    assert "abcde" not in result.stderr
+    monkeypatch.setenv("GPUOPT_API__TOKEN", "x" * 31)
+    result = CliRunner().invoke(app, ["config", "check", str(path)])
+    assert result.exit_code == 2 and "GPUOPT_API__TOKEN: api.token: must be at least 32" in (
+        result.stderr
+    )
+    monkeypatch.setenv("GPUOPT_API__TOKEN", "x" * 32)
+    assert CliRunner().invoke(app, ["config", "check", str(path)]).exit_code == 0
+    path.write_text("api: {host: 127.0.0.1, token: abcde}\n")  # loopback: any token will do
+    monkeypatch.delenv("GPUOPT_API__TOKEN")
+    assert CliRunner().invoke(app, ["config", "check", str(path)]).exit_code == 0

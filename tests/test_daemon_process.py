@@ -83,3 +83,14 @@ def test_a_port_in_use_is_one_clear_line(tmp_path: Path) -> None:
     assert result.stderr.strip().splitlines()[-1] == (
         f"gpuopt: error: cannot listen on 127.0.0.1:{port}: Address already in use"
     )
+
+
+def test_a_public_address_with_a_short_token_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "weak.yaml"
+    config.write_text("api: {token: abcde}\n")
+    result = run_to_exit(tmp_path, "--config", str(config), "--host", "0.0.0.0", "--port", "0")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"gpuopt: error: {config}: api.token: must be at least 32 characters to listen on "
+        "0.0.0.0 (a non-loopback address); this one has 5"
+    ]

@@ -38,6 +38,8 @@ CONFIG_FILE_NAME = "gpuopt.yaml"
 CONFIG_ENV = "GPUOPT_CONFIG"
 ENV_PREFIX = "GPUOPT_"
 DEFAULT_PORT = 8470
+MAX_BODY_BYTES = 1 << 20  # 1 MiB
+MIN_REMOTE_TOKEN = 32  # characters an API token needs to listen beyond loopback
 
 
 class ConfigError(LocatedError):
@@ -74,6 +76,12 @@ class ApiConfig(_Section):
         None, description="How people reach the API, for links in alerts."
     )
     access_log: bool = False
+    max_body_bytes: int = Field(
+        MAX_BODY_BYTES,
+        ge=1024,
+        le=1 << 30,
+        description="Larger request bodies are refused with 413 before they are read.",
+    )
 
 
 class LoopsConfig(_Section):
@@ -392,6 +400,9 @@ def config_problems(config: DaemonConfig) -> list[str]:
             f"{where}: api.token: required to listen on {config.api.host} (a non-loopback "
             "address); set it or GPUOPT_API__TOKEN"
         )
+    weak = weak_token_problem(config)
+    if weak:
+        problems.append(weak)
     if not config.enabled_providers():
         problems.append(f"{where}: providers: no provider is enabled; nothing will be polled")
     try:
@@ -399,6 +410,24 @@ def config_problems(config: DaemonConfig) -> list[str]:
     except DatabaseUrlError as exc:
         problems.append(f"{where}: {exc}")
     return problems
+
+
+def weak_token_problem(config: DaemonConfig) -> str | None:
+    """A located problem when the API would listen beyond loopback with a token shorter than
+    MIN_REMOTE_TOKEN characters (one anyone on the network could guess), else None."""
+    from optimizer.daemon.server import is_loopback
+
+    token = config.api.token
+    if is_loopback(config.api.host) or token is None:
+        return None
+    length = len(token.get_secret_value().strip())
+    if length >= MIN_REMOTE_TOKEN:
+        return None
+    where = _env_name(("api", "token"), os.environ) or config.source or "<config>"
+    return (
+        f"{where}: api.token: must be at least {MIN_REMOTE_TOKEN} characters to listen on "
+        f"{config.api.host} (a non-loopback address); this one has {length}"
+    )
 
 
 def default_config_path(environ: Mapping[str, str] | None = None) -> Path | None:

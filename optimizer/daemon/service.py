@@ -30,7 +30,7 @@ from optimizer.alerts.outbox import Emitter
 from optimizer.alerts.routing import Router
 from optimizer.clock import Clock, utc_now
 from optimizer.daemon import settings
-from optimizer.daemon.config import DaemonConfig, ProviderConfig
+from optimizer.daemon.config import DaemonConfig, ProviderConfig, weak_token_problem
 from optimizer.daemon.errors import DaemonError
 from optimizer.daemon.leader import Election, PostgresElection, make_leadership
 from optimizer.daemon.logsetup import quiet_libraries
@@ -220,6 +220,9 @@ class Daemon:
                 f"refusing to listen on {self.config.api.host} without an API token: set "
                 "api.token in the config or GPUOPT_API__TOKEN (or bind 127.0.0.1)"
             )
+        weak = weak_token_problem(self.config)
+        if weak:
+            raise DaemonError(weak)
         return resolve_token(self.config)
 
     # -- lifecycle ---------------------------------------------------------------------------
