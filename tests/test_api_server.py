@@ -73,14 +73,19 @@ def test_every_operator_endpoint_needs_the_token(daemon, path: str) -> None:
         assert client.get(path).status_code == 200
 
 
-def test_health_readiness_metrics_and_docs_are_open(daemon) -> None:
+def test_health_readiness_and_metrics_are_open_and_the_docs_need_the_token(daemon) -> None:
     with api(daemon, token=None) as anonymous:
         assert anonymous.get("/healthz").json()["status"] == "ok"
         ready = anonymous.get("/readyz").json()
         assert ready["ready"] is True and ready["checks"]["store"] == "ok"
         metrics = anonymous.get("/metrics").text
-        assert anonymous.get("/docs").status_code == 200
-        schema = anonymous.get("/openapi.json").json()
+        assert anonymous.get("/docs").status_code == 401
+        assert anonymous.get("/openapi.json").status_code == 401
+    with api(daemon) as client:
+        docs = client.get("/docs")
+        schema = client.get("/openapi.json").json()
+    assert docs.status_code == 200 and "/jobs" in docs.text and "/openapi.json" in docs.text
+    assert "<script" not in docs.text and "http" not in docs.text.replace("http-equiv", "")
     assert "gpuopt_info{" in metrics and "torch_loaded=" in metrics  # the process check: bench
     assert 'gpuopt_offers{market="spot",provider="aws"} 4.0' in metrics
     assert (
@@ -281,3 +286,75 @@ def test_secrets_never_appear_in_logs_or_api_output(
         assert secret not in logged
         for body in bodies:
             assert secret not in body  # …but never the URLs, secrets or the token
+
+
+BIG = 2**70
+
+
+@pytest.mark.parametrize(
+    "path",
+    [f"/jobs?before={BIG}", f"/events?before={BIG}", f"/events/{BIG}", f"/events/-{BIG}"],
+)
+def test_integers_past_64_bits_are_a_422_not_a_500(daemon, path: str) -> None:
+    with api(daemon) as client:
+        answer = client.get(path)
+    assert answer.status_code == 422, answer.text
+    assert str(BIG) not in answer.text
+
+
+def test_a_body_over_the_limit_is_refused_with_413_before_it_is_read(daemon) -> None:
+    big = b"x" * (2 << 20)  # 2 MiB, over the 1 MiB default
+    with api(daemon) as client, api(daemon, token=None) as anonymous:
+        declared = client.post("/jobs", content=big, headers={"content-type": "application/json"})
+        streamed = client.post(
+            "/jobs",
+            content=iter([big[i : i + 65536] for i in range(0, len(big), 65536)]),
+            headers={"content-type": "application/json"},
+        )
+        agent = anonymous.post("/agent/v1/register", content=big)
+        unauthenticated = anonymous.post("/jobs", content=big)
+    assert declared.status_code == 413, declared.text
+    assert "limit" in declared.json()["detail"]
+    assert "content-length" not in streamed.request.headers  # chunked: counted as it came
+    assert streamed.status_code == 413, streamed.text
+    assert len(declared.content) < 200 and len(streamed.content) < 200
+    # without a token the answer is 401, whatever the body
+    assert agent.status_code == 401 and unauthenticated.status_code == 401
+    assert len(agent.content) < 200
+
+
+def test_the_body_limit_is_a_config_key(tmp_path: Path) -> None:
+    write_policy(tmp_path / "policies", "small.yaml", policy_text("small", memory=16))
+    config = make_config(tmp_path, api={"max_body_bytes": 4096})
+    with running(config) as d, api(d) as client:
+        over = client.post("/jobs", json={"name": "a", "policy": "small", "run": "x" * 5000})
+        under = client.post("/jobs", json={"name": "a", "policy": "small", "run": "x" * 100})
+    assert over.status_code == 413
+    assert under.status_code != 413
+
+
+def test_agent_endpoints_authenticate_before_parsing(daemon) -> None:
+    with api(daemon, token=None) as anonymous, api(daemon, token="not-an-agent-token") as wrong:
+        bad_json = anonymous.post("/agent/v1/register", content=b"{not json")
+        invalid = wrong.post("/agent/v1/register", json={"attempt_key": ""})
+        events = wrong.post("/agent/v1/events", json={"events": "nope"})
+    # a request without a valid agent token never reaches the parser: 401, not 422
+    for answer in (bad_json, invalid, events):
+        assert answer.status_code == 401, answer.text
+        assert answer.json() == {"detail": "invalid agent token"}
+
+
+def test_validation_errors_never_echo_the_submitted_values(daemon) -> None:
+    marker = "ECHO-ME-" + "q" * 5000
+    with api(daemon) as client:
+        answer = client.post(
+            "/jobs",
+            json={"name": marker, "policy": 12345678987654321, "run": [marker], "x": marker},
+        )
+        query = client.get("/jobs", params={"limit": marker})
+    assert answer.status_code == 422 and query.status_code == 422
+    for reply in (answer, query):
+        assert "ECHO-ME" not in reply.text and "12345678987654321" not in reply.text
+        for item in reply.json()["detail"]:
+            assert set(item) == {"loc", "msg", "type"}
+    assert len(answer.content) < 4000

@@ -93,6 +93,15 @@ def _fence(state: ApiState, attempt: AttemptRecord) -> str | None:
     return fence(views, now=state.clock())
 
 
+def known_agent(state: ApiState, authorization: str | None) -> bool:
+    """True when the header carries some attempt's agent token: checked before the body is
+    read (the handler then checks it is the token of the attempt the body names)."""
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return False
+    return state.store.jobs.attempt_by_token(token_sha256(token.strip())) is not None
+
+
 def _commands(attempt: AttemptRecord) -> list[dict[str, Any]]:
     if attempt.stop_sent_at is not None or attempt.ended:
         reason = attempt.end_reason or "stop requested"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Path, Query
 
-from optimizer.api.state import StateDep, utc_text
+from optimizer.api.state import MAX_ID, MIN_ID, StateDep, utc_text
 from optimizer.model import event_kind
 from optimizer.store import EventRecord
 
@@ -35,7 +35,10 @@ def list_events(
     ] = None,
     job: Annotated[str | None, Query(description="Only this job's events (by name).")] = None,
     policy: str | None = None,
-    before: Annotated[int | None, Query(description="Only events with an id below this.")] = None,
+    before: Annotated[
+        int | None,
+        Query(ge=MIN_ID, le=MAX_ID, description="Only events with an id below this."),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
     """Events newest first; page with `before=<smallest id seen>`."""
@@ -56,7 +59,9 @@ def list_events(
 
 
 @router.get("/events/{event_id}")
-def show_event(event_id: int, state: StateDep) -> dict[str, Any]:
+def show_event(
+    event_id: Annotated[int, Path(ge=MIN_ID, le=MAX_ID)], state: StateDep
+) -> dict[str, Any]:
     event = state.store.events.get_event(event_id)
     if event is None:
         raise HTTPException(404, detail=f"no event {event_id}")

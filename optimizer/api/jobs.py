@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, status
 
-from optimizer.api.state import ApiState, StateDep, utc_text
+from optimizer.api.state import MAX_ID, MIN_ID, ApiState, StateDep, utc_text
 from optimizer.jobs.machine import JobState
 from optimizer.jobs.spec import JobSpec
 from optimizer.model import EventKind
@@ -47,7 +47,9 @@ def _job(state: ApiState, name: str) -> JobRecord:
 def list_jobs(
     state: StateDep,
     job_state: Annotated[JobState | None, Query(alias="state")] = None,
-    before: Annotated[int | None, Query(description="Only jobs with an id below this.")] = None,
+    before: Annotated[
+        int | None, Query(ge=MIN_ID, le=MAX_ID, description="Only jobs with an id below this.")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
     """Jobs newest first."""

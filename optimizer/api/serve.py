@@ -32,4 +32,8 @@ def daemon_app(daemon: Daemon) -> FastAPI:
         started_at=daemon.started_at,
     )
     state.extras["replica"] = daemon.leadership.replica
-    return create_app(state, routers=[(agent.router, [])])
+    return create_app(
+        state,
+        routers=[(agent.router, [])],
+        max_body_bytes=daemon.config.api.max_body_bytes,
+    )

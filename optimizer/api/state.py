@@ -18,6 +18,10 @@ from optimizer.daemon.metrics import Metrics
 from optimizer.daemon.policies import PolicyRegistry
 from optimizer.store import Store
 
+# Ids are 64-bit integers in the store: a number past them is a 422, not a database error.
+MAX_ID = 2**63 - 1
+MIN_ID = -(2**63)
+
 
 def _always_ready() -> tuple[bool, dict[str, Any]]:
     return True, {}

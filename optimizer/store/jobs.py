@@ -275,6 +275,17 @@ class Jobs:
             row = conn.execute(select(_ATTEMPT).where(_ATTEMPT.c.idempotency_key == key)).first()
         return None if row is None else _attempt(row)
 
+    def attempt_by_token(self, sha256: str) -> AttemptRecord | None:
+        """The attempt whose agent token has this SHA-256 (agents are authenticated by it
+        before their request is read)."""
+        if not sha256:
+            return None
+        with self._db.connect() as conn:
+            row = conn.execute(
+                select(_ATTEMPT).where(_ATTEMPT.c.token_sha256 == sha256).limit(1)
+            ).first()
+        return None if row is None else _attempt(row)
+
     def attempts(self, job_id: int) -> list[AttemptRecord]:
         """One job's attempts in number order."""
         return self.attempts_of([job_id]).get(job_id, [])
