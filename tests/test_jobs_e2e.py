@@ -297,15 +297,41 @@ def test_a_slow_checkpoint_is_written_before_the_replacement_starts(
         assert client.post("/jobs", json=body).status_code == 201
     instance = wait_until(lambda: running_instance(cloud, "slow", 1), 30, "attempt 1 running")
     wait_until(lambda: (ckpt / "runs.log").exists() or None, 30, "the job to start")
-    # power-off well after the 3 s the job takes to checkpoint
-    cloud.interrupt(instance, grace_s=8)
+    # a power-off far off: the old job runs on until the replacement is ready, then gets
+    # SIGTERM (a hot handover), and takes 3 s to checkpoint
+    record = cloud.interrupt(instance, grace_s=60)
+    assert record.interruption is not None
     wait_until(lambda: state_of(daemon, "slow")["state"] == "succeeded", 90, "the job to finish")
 
     runs = runs_of(ckpt)
     assert len(runs) == 2
     (start1, exit1, from1, saved1), (start2, _exit2, from2, saved2) = runs
     assert from1 == 0 and saved1 > 0
+    assert exit1 < record.interruption.kill_at - 30  # stopped for the replacement, not the end
     assert exit1 - start1 >= 3  # it did take its time to checkpoint
     assert start2 > exit1  # the replacement started only after the old run exited
     assert from2 == saved1  # and resumed from that checkpoint: nothing lost
     assert saved2 == 400
+
+
+def test_a_notice_shorter_than_the_replacement_still_lets_the_old_job_checkpoint(
+    tmp_path: Path, daemon: Daemon, cloud: LocalCloud
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    script = tmp_path / "slow_job.py"
+    script.write_text(SLOW_CHECKPOINT_JOB)
+    body = job_body("short", ckpt, steps=1, checkpoint_allowance_s=6)
+    body["run"] = f"{sys.executable} {script} 600 1"
+    with api(daemon) as client:
+        assert client.post("/jobs", json=body).status_code == 201
+    instance = wait_until(lambda: running_instance(cloud, "short", 1), 30, "attempt 1 running")
+    wait_until(lambda: (ckpt / "runs.log").exists() or None, 30, "the job to start")
+    # 6 s to the power-off: within the job's allowance at once, so the daemon stops the old
+    # job as soon as it hears of the notice, before any replacement could be ready
+    record = cloud.interrupt(instance, grace_s=6)
+    assert record.interruption is not None
+    wait_until(lambda: state_of(daemon, "short")["state"] == "succeeded", 90, "the job to finish")
+
+    (_, exit1, _, saved1), (start2, _, from2, saved2) = runs_of(ckpt)
+    assert exit1 < record.interruption.kill_at  # checkpointed before the power-off
+    assert start2 > exit1 and from2 == saved1 > 0 and saved2 == 600

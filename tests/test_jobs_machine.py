@@ -23,6 +23,7 @@ from optimizer.jobs.machine import (
     Terminate,
     decide,
     fence,
+    handover,
     leftover,
     power_off_time,
 )
@@ -98,15 +99,39 @@ def test_nonzero_exit_fails_the_job_without_relaunch() -> None:
     assert any(isinstance(a, Alert) and a.severity == "error" for a in d.actions)
 
 
-def test_interruption_notice_stops_the_job_cools_the_pool_and_relaunches_elsewhere() -> None:
+def test_interruption_notice_cools_the_pool_and_relaunches_elsewhere_hot() -> None:
     d = decide(job(), attempt(interruption_notice_at=NOW), now=NOW, strategy=REC)
     assert d.state is JobState.PROVISIONING
     assert d.restarts == 1 and d.end_attempt == "preempted"
-    assert kinds(d) == ["Stop", "Cooldown", "Launch", "Alert"]
+    # the old job keeps running while the replacement boots (`handover` stops it)
+    assert kinds(d) == ["Cooldown", "Launch", "Alert"]
     reason = "spot capacity reclaimed on aws eu-west-1/euw1-az1 p4d.24xlarge spot"
-    assert d.actions[0] == Stop("7-1", reason)
-    assert d.actions[1] == Cooldown(POOL, NOW + timedelta(minutes=10), reason)
-    assert d.actions[2] == Launch(avoid=frozenset({POOL}), markets=None)
+    assert d.actions[0] == Cooldown(POOL, NOW + timedelta(minutes=10), reason)
+    assert d.actions[1] == Launch(avoid=frozenset({POOL}), markets=None)
+
+
+def test_the_old_job_is_stopped_when_its_replacement_is_ready_or_the_power_off_is_near() -> None:
+    old = attempt(interruption_notice_at=NOW, power_off_at=NOW + timedelta(minutes=2))
+    booting = attempt(number=2, key="7-2", registered=False, probe_status=None, job_started=False)
+    probing = replace(booting, registered=True)
+    ready = replace(probing, probe_status="pass")
+    allowance = timedelta(seconds=20)
+
+    def stop(new: AttemptView | None, at: datetime, probes: str = "quick") -> Stop | None:
+        return handover(old, new, now=at, probes=probes, allowance=allowance)
+
+    assert stop(booting, NOW) is None and stop(probing, NOW) is None and stop(None, NOW) is None
+    assert stop(ready, NOW) == Stop("7-1", "interrupted; attempt 2 is ready to take over")
+    assert stop(probing, NOW, probes="none") is not None  # no probe: ready once registered
+    near = Stop("7-1", "interrupted; the power-off is near")
+    assert stop(booting, NOW + timedelta(seconds=99)) is None
+    assert stop(booting, NOW + timedelta(seconds=100)) == near  # 2 min less the allowance
+    # stopped already, gone, exited: nothing more; a job that never started: at once
+    assert handover(replace(old, stop_sent=True), ready, now=NOW, probes="quick") is None
+    assert handover(replace(old, instance_gone=True), ready, now=NOW, probes="quick") is None
+    assert handover(replace(old, exit_code=143), ready, now=NOW, probes="quick") is None
+    unstarted = replace(old, job_started=False)
+    assert handover(unstarted, None, now=NOW, probes="quick") is not None
 
 
 def test_an_exit_after_the_notice_is_still_an_interruption() -> None:

@@ -20,6 +20,7 @@ def test_minimal_spec_and_defaults() -> None:
     assert spec.name == "train-resnet" and spec.policy == "resnet50-training"
     assert spec.probes == "quick" and spec.setup is None and spec.max_restarts is None
     assert spec.env == {"WANDB_PROJECT": "resnet"}
+    assert spec.checkpoint_allowance_s == 20
 
 
 @pytest.mark.parametrize(
@@ -31,6 +32,8 @@ def test_minimal_spec_and_defaults() -> None:
         ("env: {GPUOPT_RESTARTS: '9'}\n", "env: GPUOPT_RESTARTS is set by gpuopt"),
         ("env: {'1BAD': x}\n", "is not an environment variable name"),
         ("env: {N: 3}\n", "env.N: must be text"),
+        ("checkpoint_allowance_s: 0\n", "j.yaml:5:25: checkpoint_allowance_s: must be > 0"),
+        ("checkpoint_allowance_s: soon\n", "j.yaml:5:25: checkpoint_allowance_s:"),
     ],
 )
 def test_bad_fields_are_located(extra: str, expected: str) -> None:

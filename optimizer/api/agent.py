@@ -15,8 +15,8 @@ from fastapi import APIRouter, Header, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from optimizer.api.state import ApiState, StateDep
-from optimizer.jobs.machine import fence, power_off_time
-from optimizer.jobs.reconcile import attempt_view
+from optimizer.jobs.machine import fence
+from optimizer.jobs.reconcile import attempt_view, power_off_at
 from optimizer.store.jobs import AttemptRecord, token_sha256
 
 router = APIRouter(prefix="/agent/v1", tags=["agent"])
@@ -79,17 +79,7 @@ def _fence(state: ApiState, attempt: AttemptRecord) -> str | None:
         and a.exit_code is None
         and not a.instance_gone
     ]
-    views = []
-    for a in earlier:
-        power_off = None
-        if a.notice_at is not None:
-            times = [
-                power_off_time(e["data"], e["at"])
-                for e in state.store.jobs.agent_events(a.key)
-                if e["kind"] == "interruption_notice"
-            ]
-            power_off = min((t for t in times if t is not None), default=None)
-        views.append(attempt_view(a, power_off_at=power_off))
+    views = [attempt_view(a, power_off_at=power_off_at(state.store, a)) for a in earlier]
     return fence(views, now=state.clock())
 
 
@@ -103,7 +93,9 @@ def known_agent(state: ApiState, authorization: str | None) -> bool:
 
 
 def _commands(attempt: AttemptRecord) -> list[dict[str, Any]]:
-    if attempt.stop_sent_at is not None or attempt.ended:
+    # An interrupted attempt's job keeps running until the daemon stops it (a hot handover).
+    handing_over = attempt.end_reason == "preempted" and attempt.notice_at is not None
+    if attempt.stop_sent_at is not None or (attempt.ended and not handing_over):
         reason = attempt.end_reason or "stop requested"
         return [{"kind": "stop", "reason": reason, "grace_s": STOP_GRACE_S}]
     return []

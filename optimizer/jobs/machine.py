@@ -269,14 +269,12 @@ def decide(
             restarts=restarts,
         )
 
-    # A preempted job gets SIGTERM so it can checkpoint; its instance is terminated once the
-    # job has exited (see `leftover`). A sick or silent instance is terminated at once.
+    # A preempted job keeps running while its replacement boots and probes (a hot handover):
+    # `handover` says when it gets SIGTERM to checkpoint, and its instance is terminated once
+    # the job has exited (see `leftover`). A sick or silent instance is terminated at once.
     ending: list[Action] = []
-    if not attempt.instance_gone:
-        if not relaunch.stop_job:
-            ending.append(Terminate(attempt.key, relaunch.message))
-        elif not attempt.stop_sent:
-            ending.append(Stop(attempt.key, relaunch.message))
+    if not attempt.instance_gone and not relaunch.stop_job:
+        ending.append(Terminate(attempt.key, relaunch.message))
 
     told = f"{relaunch.message}; relaunching (restart {restarts}){where.note}"
     return Decision(
@@ -334,6 +332,46 @@ def fence(earlier: Sequence[AttemptView], *, now: datetime) -> str | None:
         if a.power_off_at is not None and now >= a.power_off_at:
             continue
         return f"attempt {a.number}'s job has not exited yet"
+    return None
+
+
+DEFAULT_CHECKPOINT_ALLOWANCE = timedelta(seconds=20)
+
+
+def handing_over(old: AttemptView) -> bool:
+    """Whether an interrupted attempt's job may still be running unstopped (a hot handover)."""
+    return (
+        old.interruption_notice_at is not None
+        and not old.stop_sent
+        and not old.instance_gone
+        and old.exit_code is None
+    )
+
+
+def handover(
+    old: AttemptView,
+    new: AttemptView | None,
+    *,
+    now: datetime,
+    probes: str,
+    allowance: timedelta = DEFAULT_CHECKPOINT_ALLOWANCE,
+) -> Stop | None:
+    """When an interrupted attempt's job gets SIGTERM to checkpoint: once its replacement
+    (`new`, the job's current attempt) is ready to start the job, or once the power-off is
+    within the job's checkpoint `allowance`, whichever comes first; at once if the job never
+    started. None: keep it running (or it is already stopped or over)."""
+    if not handing_over(old):
+        return None
+    if not old.job_started:
+        return Stop(old.key, "interrupted before the job started")
+    if (
+        new is not None
+        and new.registered
+        and (probes == "none" or new.probe_status in ("pass", "warn"))
+    ):
+        return Stop(old.key, f"interrupted; attempt {new.number} is ready to take over")
+    if old.power_off_at is not None and now >= old.power_off_at - allowance:
+        return Stop(old.key, "interrupted; the power-off is near")
     return None
 
 

@@ -34,10 +34,14 @@ from optimizer.jobs.machine import (
     Stop,
     Terminate,
     decide,
+    handing_over,
+    handover,
     leftover,
+    power_off_time,
 )
 from optimizer.jobs.recovery import Failure, Strategy, strategy_for
 from optimizer.model import EventKind
+from optimizer.store import Store
 from optimizer.store.jobs import AttemptRecord
 from optimizer.store.tables import JobRecord, NewEvent
 from policies.schema import Policy
@@ -254,7 +258,10 @@ class JobReconciler:
         and open attempts of jobs that ended while their attempt stayed open (a state write
         from elsewhere; cancels are decided in a pass and end the attempt themselves)."""
         live = {job.id for job in ctx.jobs if JobState(job.state) in LIVE}
-        for attempt in ctx.store.jobs.open_attempts():
+        jobs = {job.id: job for job in ctx.jobs}
+        attempts = ctx.store.jobs.open_attempts()
+        opened = [a for a in attempts if not a.ended]
+        for attempt in attempts:
             if attempt.instance_id is None:
                 continue
             if not attempt.ended and attempt.job_id not in live:
@@ -271,6 +278,22 @@ class JobReconciler:
                 continue
             if attempt.end_reason in ("succeeded", "failed") and attempt.exit_code is not None:
                 continue  # terminated when the job ended
+            old = attempt_view(attempt, power_off_at=power_off_at(ctx.store, attempt))
+            if handing_over(old) and attempt.job_id in live:
+                job = jobs.get(attempt.job_id)
+                spec = job.spec if job is not None else {}
+                current = next((a for a in opened if a.job_id == attempt.job_id), None)
+                stop = handover(
+                    old,
+                    attempt_view(current) if current is not None else None,
+                    now=ctx.now,
+                    probes=spec.get("probes", "quick"),
+                    allowance=timedelta(seconds=float(spec.get("checkpoint_allowance_s") or 20.0)),
+                )
+                if stop is not None:
+                    ctx.store.jobs.update_attempt(attempt.key, stop_sent_at=ctx.now)
+                    log.info("stopping %s: %s", attempt.key, stop.reason)
+                continue  # its instance is left to the stop's grace
             action = leftover(
                 attempt_view(attempt),
                 stop_sent_at=attempt.stop_sent_at,
@@ -310,6 +333,18 @@ class JobReconciler:
             ctx.store.events.record_events(events, ctx.now)
 
 
+def power_off_at(store: Store, a: AttemptRecord) -> datetime | None:
+    """When the instance of an attempt with an interruption notice goes (None: no notice)."""
+    if a.notice_at is None:
+        return None
+    times = [
+        power_off_time(e["data"], e["at"])
+        for e in store.jobs.agent_events(a.key)
+        if e["kind"] == "interruption_notice"
+    ]
+    return min((t for t in times if t is not None), default=None)
+
+
 def attempt_view(a: AttemptRecord, *, power_off_at: datetime | None = None) -> AttemptView:
     """An attempt as the state machine sees it."""
     return AttemptView(
@@ -329,4 +364,4 @@ def attempt_view(a: AttemptRecord, *, power_off_at: datetime | None = None) -> A
     )
 
 
-__all__ = ["JobReconciler", "attempt_view"]
+__all__ = ["JobReconciler", "attempt_view", "power_off_at"]

@@ -12,6 +12,7 @@ checkpoint_dir: s3://team-ckpt/resnet      # handed to the job as GPUOPT_CHECKPO
 env: {WANDB_PROJECT: resnet}   # at most 256 variables; no NUL bytes (nor in run/setup/workdir)
 probes: quick                  # quick | deep | none
 max_restarts: 20               # optional; the policy's recovery.max_restarts otherwise
+checkpoint_allowance_s: 20     # optional: seconds the job needs to checkpoint after SIGTERM
 ```
 """
 
@@ -68,6 +69,13 @@ class JobSpec(BaseModel):
         None, ge=0, le=64, description="GPUs the probe must find (default: the offer's)."
     )
     max_restarts: int | None = Field(None, ge=0, le=1000)
+    checkpoint_allowance_s: float = Field(
+        20.0,
+        gt=0,
+        le=3600,
+        description="How long the job needs to checkpoint after SIGTERM: after an "
+        "interruption notice it is stopped at the latest this long before the power-off.",
+    )
 
     @field_validator("run", "checkpoint_dir")
     @classmethod
