@@ -4,13 +4,20 @@ A real daemon (in-process, ephemeral port) runs the example training job on the 
 cloud, whose instances are real agent processes. The bench interrupts the running attempt
 through the local metadata endpoint several times and measures, per interruption:
 
+- job downtime (the headline): from the old job's exit (its agent's `job_exited`) to the
+  replacement's job start (its agent's `job_started`). The handover is hot: the replacement
+  boots while the old job runs, and the old job is stopped once the replacement is ready (or
+  the power-off is within the job's checkpoint allowance), so this is about the time the
+  daemon takes to see the exit and lift the replacement's fence;
 - notice → launch: from the notice being posted to the replacement attempt's launch call
   (its row is written just before the call);
 - notice → running: to the replacement's agent reporting the job started again;
 - steps lost: steps the old attempt had finished (its last log line) minus the step the new
   attempt resumed from (its checkpoint).
 
-Targets (issue): notice → launch <= 2 s, notice → running <= 15 s. Writes
+Targets (issue): job downtime <= 1 s, notice → launch <= 2 s, notice → running <= 15 s
+(the notice's grace, `--grace-s`, is 30 s by default: longer than the job's 20 s checkpoint
+allowance, so the old job runs on until the replacement is ready). Writes
 bench/results/recovery.json.
 
     python bench/recovery.py [--interruptions 3]
@@ -69,7 +76,7 @@ def _latest_step(ckpt: Path) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--interruptions", type=int, default=3)
-    parser.add_argument("--grace-s", type=float, default=5.0)
+    parser.add_argument("--grace-s", type=float, default=30.0)
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -114,6 +121,16 @@ def main() -> None:
                     started = wait_until(
                         lambda k=nxt.key: daemon.store.jobs.attempt(k).job_started_at, 60, "running"
                     ).timestamp()
+                    old = wait_until(
+                        lambda k=record.key: [
+                            e
+                            for e in daemon.store.jobs.agent_events(k)
+                            if e["kind"] == "job_exited"
+                        ],
+                        60,
+                        "the old job's exit",
+                    )
+                    exited = old[0]["at"].timestamp()
                     nxt = daemon.store.jobs.attempt(nxt.key)  # now with its instance id
                     wait_until(
                         lambda i=nxt.instance_id: _resumed_from(base, i) is not None, 60, "resume"
@@ -124,6 +141,8 @@ def main() -> None:
                     rows.append(
                         {
                             "interruption": n,
+                            "job_downtime_s": round(started - exited, 3),
+                            "overlap": started < exited,
                             "notice_to_launch_s": round(launched - notice, 3),
                             "notice_to_running_s": round(started - notice, 3),
                             "steps_done_by_old_attempt": done_steps,
@@ -138,6 +157,7 @@ def main() -> None:
             cloud.kill_all()
             cloud.close()
 
+    down = [r["job_downtime_s"] for r in rows]
     launch = [r["notice_to_launch_s"] for r in rows]
     run = [r["notice_to_running_s"] for r in rows]
     result = {
@@ -147,11 +167,20 @@ def main() -> None:
         "cores": len(os.sched_getaffinity(0)),
         "grace_s": args.grace_s,
         "interruptions": rows,
+        "job_downtime_s": {"median": statistics.median(down), "max": max(down)},
         "notice_to_launch_s": {"median": statistics.median(launch), "max": max(launch)},
         "notice_to_running_s": {"median": statistics.median(run), "max": max(run)},
-        "targets": {"notice_to_launch_s": 2.0, "notice_to_running_s": 15.0},
+        "targets": {
+            "job_downtime_s": 1.0,
+            "notice_to_launch_s": 2.0,
+            "notice_to_running_s": 15.0,
+        },
     }
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(
+        f"job downtime: median {result['job_downtime_s']['median']} s, "
+        f"max {result['job_downtime_s']['max']} s (target 1 s)"
+    )
     print(
         f"notice -> launch: median {result['notice_to_launch_s']['median']} s, "
         f"max {result['notice_to_launch_s']['max']} s (target 2 s)"
