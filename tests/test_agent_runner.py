@@ -33,6 +33,21 @@ def script(tmp_path: Path, name: str, text: str) -> str:
     return f"{sys.executable} {path}"
 
 
+def group_runs(pgid: int, program: bytes) -> bool:
+    """Whether a process of the group `pgid` has exec'd `program`."""
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.getpgid(int(name)) != pgid:
+                    continue
+                argv0 = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")[0]
+            except (ProcessLookupError, OSError):
+                continue
+            if Path(argv0.decode(errors="replace")).name.encode() == program:
+                return True
+    return False
+
+
 def log_has(log: Path, text: str) -> bool:
     return log.exists() and text in log.read_text()
 
@@ -60,8 +75,12 @@ def test_the_job_runs_in_its_own_process_group(tmp_path: Path) -> None:
         on_started=lambda pid, phase: started.append(pid),
     ).start()
     wait_until(lambda: started, what="job start")
-    # A SIGTERM that lands before the shell has set its traps ends it by the signal, not 143.
+    # A SIGTERM that lands before the shell has set its traps ends it by the signal, not 143;
+    # one that lands before `sleep` has been exec'd (not yet forked, or forked but still the
+    # shell's copy) never reaches sleep, and the shell (as POSIX shells do) runs its trap only
+    # once `sleep 30` has finished: so wait until sleep itself runs in the job's group.
     wait_until(lambda: log_has(log, "trapped"), what="the traps to be set")
+    wait_until(lambda: group_runs(started[0], b"sleep"), what="sleep in the job's group")
     assert os.getpgid(started[0]) == started[0] != os.getpgid(0)
     runner.stop(5)
     end = runner.wait(10)
