@@ -8,7 +8,7 @@ and writes from what it read, as a pass that was already running would."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -22,11 +22,12 @@ from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.reconcile import STOP_GRACE, JobReconciler
 from optimizer.model import EventKind, Offer
 from optimizer.store import Store
-from optimizer.store.tables import JobRecord, NewEvent
+from optimizer.store.tables import JobRecord
 from policies.loader import parse_policy
 from policies.schema import Policy
 from providers.base import InstanceRef, InstanceState, InstanceStatus, LaunchSpec
 from tests.helpers import make_offer
+from tests.helpers.jobs import Drafter
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
 POLICY = parse_policy(
@@ -71,21 +72,6 @@ class FakeCloud:
 @dataclass(frozen=True)
 class InForce:
     policy: Policy
-
-
-class Drafter:
-    def draft(
-        self,
-        kind: EventKind,
-        message: str,
-        *,
-        severity: str = "info",
-        policy: str | None = None,
-        job_id: int | None = None,
-        data: Mapping[str, Any] | None = None,
-        dedupe_key: str | None = None,
-    ) -> NewEvent:
-        return NewEvent(kind, message, severity, job_id, policy, data, (), dedupe_key)
 
 
 class World:

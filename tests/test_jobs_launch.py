@@ -20,11 +20,12 @@ from optimizer.jobs.machine import Launch
 from optimizer.jobs.reconcile import JobReconciler
 from optimizer.jobs.recovery import Failover, RecoverySettings
 from optimizer.store import Store
-from optimizer.store.tables import JobRecord, NewEvent
+from optimizer.store.tables import JobRecord
 from policies.engine import evaluate
 from policies.loader import parse_policy
 from providers.base import AuthError, CapacityError, InstanceRef, QuotaError, ThrottledError
 from tests.helpers import make_offer
+from tests.helpers.jobs import Drafter
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
 POLICY = parse_policy(
@@ -57,11 +58,6 @@ class FlakySource:
         if self.errors:
             raise self.errors.pop(0)
         return InstanceRef("aws", offer.region, offer.zone, f"i-{key}")
-
-
-class Drafter:
-    def draft(self, kind: str, message: str, **fields: Any) -> NewEvent:
-        return NewEvent(kind=kind, message=message, severity=fields.get("severity", "info"))
 
 
 @pytest.fixture

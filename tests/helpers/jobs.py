@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,8 @@ from pytest_httpserver import HTTPServer
 from optimizer.alerts.webhook import verify_signature
 from optimizer.clock import Clock
 from optimizer.daemon.service import Daemon
+from optimizer.model import EventKind
+from optimizer.store.tables import NewEvent
 from providers.local import LocalCloud
 from tests.helpers.cloud import local_cloud
 from tests.helpers.daemon import api, make_config, running
@@ -127,3 +129,20 @@ def hook_alerts(httpserver: HTTPServer) -> list[dict[str, Any]]:
         )
         out.append(json.loads(body))
     return out
+
+
+class Drafter:
+    """The reconcile context's event drafter without the alert router: events as recorded."""
+
+    def draft(
+        self,
+        kind: EventKind,
+        message: str,
+        *,
+        severity: str = "info",
+        policy: str | None = None,
+        job_id: int | None = None,
+        data: Mapping[str, Any] | None = None,
+        dedupe_key: str | None = None,
+    ) -> NewEvent:
+        return NewEvent(kind, message, severity, job_id, policy, data, (), dedupe_key)
