@@ -27,7 +27,9 @@ from optimizer.store.migrate import SchemaError, State
 from tests.helpers import run_gpuopt, start_gpuopt
 
 T0 = datetime(2026, 1, 15, 12, 0, tzinfo=UTC)
-OLD_TABLES = [t for name, t in SQLModel.metadata.tables.items() if name != "replica"]
+OLD_TABLES = [
+    t for name, t in SQLModel.metadata.tables.items() if name not in ("replica", "job_log")
+]
 
 
 @dataclass
@@ -136,9 +138,11 @@ def make_like_72238f0(db: Store) -> None:
 
 
 def drop_later_columns(engine: Engine) -> None:
-    """Take away what revisions after 0003 added to the tables create_all makes today."""
+    """Take away what revisions after 0003 added to what create_all makes today."""
     with engine.begin() as conn:
         conn.execute(text("ALTER TABLE job DROP COLUMN cancel_requested_at"))
+        conn.execute(text("ALTER TABLE job DROP COLUMN removed_at"))
+        conn.execute(text("DROP TABLE IF EXISTS job_log"))
 
 
 def cli(*args: str, url: str) -> Any:
@@ -148,17 +152,20 @@ def cli(*args: str, url: str) -> Any:
 # -- head against the table definitions --------------------------------------------------------
 
 
+HEAD = "0005"
+
+
 def test_head_and_history_are_the_hand_written_revisions() -> None:
-    assert migrate.head() == "0004"
-    assert [r.id for r in migrate.history()] == ["0001", "0002", "0003", "0004"]
+    assert migrate.head() == HEAD
+    assert [r.id for r in migrate.history()] == ["0001", "0002", "0003", "0004", HEAD]
 
 
 def test_migrations_to_head_make_exactly_the_table_definitions(store: Store) -> None:
     assert migrate.status(store.engine).state is State.EMPTY
     done = migrate.upgrade(store.engine)
-    assert (done.found.state, done.revision) == (State.EMPTY, "0004")
+    assert (done.found.state, done.revision) == (State.EMPTY, HEAD)
     assert schema_diff(store.engine) == []
-    assert versions(store.engine) == ["0004"]
+    assert versions(store.engine) == [HEAD]
     assert migrate.status(store.engine).state is State.CURRENT
 
 
@@ -169,16 +176,16 @@ def test_create_all_makes_what_the_migrations_make(store: Store) -> None:
     assert tables(store.engine) <= {migrate.VERSION_TABLE}
     store.create_all()  # the fast path tests use: table definitions, stamped at head
     assert catalog(store.engine) == migrated
-    assert versions(store.engine) == ["0004"]
-    assert migrate.current(store.engine) == "0004"
+    assert versions(store.engine) == [HEAD]
+    assert migrate.current(store.engine) == HEAD
 
 
 def test_downgrade_to_base_and_upgrade_again(store: Store) -> None:
     migrate.upgrade(store.engine)
     back = migrate.downgrade(store.engine, "0001")
-    assert (back.found.revision, back.revision) == ("0004", "0001")
+    assert (back.found.revision, back.revision) == (HEAD, "0001")
     assert "replica" not in tables(store.engine)
-    assert {d[1].name for d in schema_diff(store.engine) if d[0] == "add_table"} == {"replica"}
+    assert {d[1].name for d in schema_diff(store.engine) if d[0] == "add_table"} == {"replica", "job_log"}
     assert migrate.status(store.engine).state is State.OLDER
 
     migrate.downgrade(store.engine, "base")
@@ -187,7 +194,7 @@ def test_downgrade_to_base_and_upgrade_again(store: Store) -> None:
 
     migrate.upgrade(store.engine)
     assert schema_diff(store.engine) == []
-    assert migrate.current(store.engine) == "0004"
+    assert migrate.current(store.engine) == HEAD
 
 
 def test_0003_renames_stored_event_kinds_and_the_downgrade_names_them_back(store: Store) -> None:
@@ -238,11 +245,31 @@ def columns(engine: Engine, table: str) -> set[str]:
         return {c["name"] for c in inspect(conn).get_columns(table)}
 
 
+def test_0005_adds_job_logs_and_removal_and_the_downgrade_drops_them(store: Store) -> None:
+    migrate.upgrade(store.engine)
+    migrate.downgrade(store.engine, "0004")
+    assert "job_log" not in tables(store.engine)
+    assert "removed_at" not in columns(store.engine, "job")
+    job = seed(store)
+
+    migrate.upgrade(store.engine)
+    assert "job_log" in tables(store.engine)
+    assert {"seq", "stream", "text", "nbytes"} <= columns(store.engine, "job_log")
+    found = store.jobs.get_job("train")
+    assert found is not None and found.id == job and found.removed_at is None
+
+    migrate.downgrade(store.engine, "0004")
+    assert "job_log" not in tables(store.engine)
+    assert "removed_at" not in columns(store.engine, "job")
+    with store.engine.connect() as conn:
+        assert conn.execute(text("SELECT name FROM job")).scalars().all() == ["train"]
+
+
 def test_a_failed_migration_leaves_nothing_behind(store: Store) -> None:
     with store.engine.begin() as conn:  # a stranger's index takes the name 0002 needs
         conn.execute(text("CREATE TABLE squatter (x INTEGER)"))
         conn.execute(text("CREATE INDEX ix_replica_heartbeat_at ON squatter (x)"))
-    with pytest.raises(SchemaError, match="the migration to 0004 failed and was rolled back"):
+    with pytest.raises(SchemaError, match="the migration to 0005 failed and was rolled back"):
         migrate.upgrade(store.engine)
     assert tables(store.engine) - {migrate.VERSION_TABLE} == {"squatter"}
     assert not versions(store.engine)
@@ -263,12 +290,12 @@ def test_an_unversioned_database_is_refused_then_upgraded_with_its_rows(store: S
         migrate.ensure_ready(store.engine)
     assert str(refused.value) == (
         "the database has no schema revision (an earlier gpuopt made its tables), this gpuopt "
-        "needs 0004: run gpuopt db upgrade"
+        "needs 0005: run gpuopt db upgrade"
     )
     assert catalog(store.engine) == before and versions(store.engine) is None
 
     done = migrate.upgrade(store.engine)
-    assert (done.found.state, done.adopted, done.revision) == (State.UNVERSIONED, "0001", "0004")
+    assert (done.found.state, done.adopted, done.revision) == (State.UNVERSIONED, "0001", "0005")
     assert migrate.ensure_ready(store.engine).state is State.CURRENT
     assert schema_diff(store.engine) == []
     assert store.jobs.get_job("train").id == job  # type: ignore[union-attr]
@@ -282,8 +309,8 @@ def test_an_unversioned_database_with_the_replica_table_is_recognised_as_0002(
     drop_later_columns(store.engine)
     seed(store)
     done = migrate.upgrade(store.engine)
-    assert (done.adopted, done.revision) == ("0002", "0004")
-    assert versions(store.engine) == ["0004"]
+    assert (done.adopted, done.revision) == ("0002", "0005")
+    assert versions(store.engine) == ["0005"]
     assert store.jobs.get_job("train") is not None
 
 
@@ -314,16 +341,16 @@ def test_a_database_at_0001_is_refused_until_gpuopt_db_upgrade(database: Databas
         with pytest.raises(SchemaError) as refused:
             migrate.ensure_ready(db.engine)
         assert str(refused.value) == (
-            "the database is at revision 0001, this gpuopt needs 0004: run gpuopt db upgrade"
+            "the database is at revision 0001, this gpuopt needs 0005: run gpuopt db upgrade"
         )
         assert "replica" not in tables(db.engine)
 
     done = cli("upgrade", url=database.url)
     assert done.exit_code == 0, done.output
-    assert done.stdout.endswith(": upgraded from 0001 to 0004\n")
+    assert done.stdout.endswith(": upgraded from 0001 to 0005\n")
 
     with database.open() as db:
-        assert migrate.ensure_ready(db.engine).revision == "0004"
+        assert migrate.ensure_ready(db.engine).revision == "0005"
         assert db.jobs.get_job("train").id == job  # type: ignore[union-attr]
         assert schema_diff(db.engine) == []
 
@@ -340,7 +367,7 @@ def test_a_newer_database_is_refused_and_left_alone(store: Store) -> None:
     before = (catalog(store.engine), versions(store.engine))
     newer = (
         "the database was migrated by a newer gpuopt: revision 0099 is unknown to this version "
-        "(head 0004); upgrade gpuopt"
+        "(head 0005); upgrade gpuopt"
     )
     for attempt in (migrate.ensure_ready, migrate.upgrade, Store.create_all):
         target = store if attempt is Store.create_all else store.engine
@@ -371,7 +398,7 @@ def test_the_daemon_refuses_a_newer_database_in_one_line(
     errors = [line for line in done.stderr.splitlines() if line.startswith("gpuopt: error:")]
     assert errors == [
         "gpuopt: error: the database was migrated by a newer gpuopt: revision 0099 is unknown "
-        "to this version (head 0004); upgrade gpuopt"
+        "to this version (head 0005); upgrade gpuopt"
     ]
     assert "Traceback" not in done.stderr
     assert "gpuopt: API at" not in done.stdout
@@ -381,9 +408,9 @@ def test_the_daemon_refuses_a_newer_database_in_one_line(
 
 def test_the_daemon_creates_an_empty_database_through_the_migrations(store: Store) -> None:
     assert migrate.ensure_ready(store.engine).state is State.CURRENT
-    assert versions(store.engine) == ["0004"]
+    assert versions(store.engine) == ["0005"]
     assert schema_diff(store.engine) == []
-    assert migrate.ensure_ready(store.engine).revision == "0004"  # and again: nothing to do
+    assert migrate.ensure_ready(store.engine).revision == "0005"  # and again: nothing to do
 
 
 # -- the command line --------------------------------------------------------------------------
@@ -392,24 +419,24 @@ def test_the_daemon_creates_an_empty_database_through_the_migrations(store: Stor
 def test_db_current_says_revision_head_and_status(database: Database) -> None:
     empty = cli("current", url=database.url)
     assert empty.exit_code == 0, empty.output
-    assert "revision  none\nhead      0004\nstatus    empty:" in empty.stdout
+    assert "revision  none\nhead      0005\nstatus    empty:" in empty.stdout
 
     created = cli("upgrade", url=database.url)
-    assert created.stdout.endswith(": created at 0004\n")
+    assert created.stdout.endswith(": created at 0005\n")
     again = cli("upgrade", url=database.url)
-    assert again.stdout.endswith(": already at 0004; nothing to do\n")
+    assert again.stdout.endswith(": already at 0005; nothing to do\n")
 
     shown = cli("current", "--json", url=database.url)
     assert json.loads(shown.stdout) == {
         "database": migrate.display_url(database.url),
-        "revision": "0004",
-        "head": "0004",
+        "revision": "0005",
+        "head": "0005",
         "state": "current",
-        "message": "the database is at 0004, the newest revision this gpuopt knows",
+        "message": "the database is at 0005, the newest revision this gpuopt knows",
     }
 
     down = cli("downgrade", "0001", url=database.url)
-    assert down.stdout.endswith(": downgraded from 0004 to 0001\n")
+    assert down.stdout.endswith(": downgraded from 0005 to 0001\n")
     older = cli("current", url=database.url)
     assert "status    older: the database is at revision 0001" in older.stdout
 
@@ -434,7 +461,7 @@ def test_db_history_lists_the_revisions_with_the_head_marked() -> None:
     shown = CliRunner().invoke(app, ["db", "history"])
     assert shown.exit_code == 0
     lines = shown.stdout.splitlines()
-    assert [line.split()[0] for line in lines] == ["0001", "0002", "0003", "0004"]
+    assert [line.split()[0] for line in lines] == ["0001", "0002", "0003", "0004", "0005"]
     assert lines[-1].endswith("(head)") and not lines[0].endswith("(head)")
 
 
@@ -446,9 +473,9 @@ def test_db_downgrade_refuses_base_and_unknown_revisions(database: Database) -> 
     unknown = cli("downgrade", "0042", url=database.url)
     assert unknown.exit_code == 2
     assert unknown.stderr == (
-        "gpuopt: error: unknown revision '0042'; this gpuopt knows 0001, 0002, 0003, 0004\n"
+        "gpuopt: error: unknown revision '0042'; this gpuopt knows 0001, 0002, 0003, 0004, 0005\n"
     )
-    assert cli("current", "--json", url=database.url).stdout.count('"0004"') == 2
+    assert cli("current", "--json", url=database.url).stdout.count('"0005"') == 2
 
 
 def test_an_unreachable_database_is_one_line_without_its_password() -> None:
@@ -511,7 +538,7 @@ def test_concurrent_upgrades_take_turns(database: Database) -> None:
     try:
         assert not [r for r in results if isinstance(r, Exception)], results
         assert sorted(r.found.state.value for r in results) == ["current", "empty"]
-        assert versions(stores[0].engine) == ["0004"]
+        assert versions(stores[0].engine) == ["0005"]
         assert schema_diff(stores[0].engine) == []
     finally:
         for db in stores:
@@ -525,6 +552,6 @@ def test_two_gpuopt_db_upgrade_processes_at_once(database: Database, tmp_path: P
     outs = [proc.communicate(timeout=60) for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], outs
     said = sorted(out.rsplit(": ", 1)[-1] for out, _err in outs)
-    assert said == ["already at 0004; nothing to do\n", "created at 0004\n"]
+    assert said == ["already at 0005; nothing to do\n", "created at 0005\n"]
     with database.open() as db:
-        assert versions(db.engine) == ["0004"]
+        assert versions(db.engine) == ["0005"]

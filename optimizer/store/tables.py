@@ -114,6 +114,9 @@ class Job(SQLModel, table=True):
     # When a cancel was asked for (the API); the reconciler decides it and moves the job to
     # `cancelled` (optimizer.jobs.machine is the only writer of job states).
     cancel_requested_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # When `gpuopt jobs rm` took the ended job off the lists; the row stays (its attempts,
+    # events and costs point at its id) and its name is freed (the store renames it).
+    removed_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
 class Attempt(SQLModel, table=True):
@@ -159,6 +162,31 @@ class AgentEvent(SQLModel, table=True):
     kind: str
     at: datetime = Field(sa_type=UTCDateTime)
     data: str | None = Field(default=None, sa_type=Text)
+
+
+class JobLog(SQLModel, table=True):
+    """A chunk of an attempt's job output (stdout or stderr), as its agent shipped it.
+
+    `seq` numbers the attempt's chunks from 0; it is unique with the attempt, so a retried
+    batch is stored once. `nbytes` is the chunk's size in UTF-8, for the per-job cap.
+    """
+
+    __tablename__ = "job_log"
+    __table_args__ = (
+        UniqueConstraint("attempt_id", "seq", name="uq_job_log_attempt_seq"),
+        Index("ix_job_log_job_id", "job_id", "id"),
+    )
+
+    id: int | None = Field(
+        default=None, primary_key=True, sa_type=BigInteger().with_variant(Integer, "sqlite")
+    )
+    job_id: int = Field(foreign_key="job.id")
+    attempt_id: int = Field(foreign_key="attempt.id")
+    seq: int
+    stream: str  # stdout | stderr
+    at: datetime = Field(sa_type=UTCDateTime)
+    text: str = Field(sa_type=Text)
+    nbytes: int
 
 
 class PoolCooldown(SQLModel, table=True):
@@ -306,6 +334,7 @@ class JobRecord:
     created_at: datetime
     updated_at: datetime
     cancel_requested_at: datetime | None = None
+    removed_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
