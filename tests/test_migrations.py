@@ -185,7 +185,10 @@ def test_downgrade_to_base_and_upgrade_again(store: Store) -> None:
     back = migrate.downgrade(store.engine, "0001")
     assert (back.found.revision, back.revision) == (HEAD, "0001")
     assert "replica" not in tables(store.engine)
-    assert {d[1].name for d in schema_diff(store.engine) if d[0] == "add_table"} == {"replica", "job_log"}
+    assert {d[1].name for d in schema_diff(store.engine) if d[0] == "add_table"} == {
+        "replica",
+        "job_log",
+    }
     assert migrate.status(store.engine).state is State.OLDER
 
     migrate.downgrade(store.engine, "base")
