@@ -35,17 +35,26 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "optimizer.probes": BASE,
     "optimizer.agent": BASE | {"optimizer.probes"},
     "optimizer.store": BASE,
+    "optimizer.costs": BASE,  # the ledger's pure model and the clouds' billing rules
     "optimizer.alerts": BASE | {"optimizer.store"},
     # jobs record their events through the store, not through alerts
-    "optimizer.jobs": BASE | {"optimizer.store", "policies", "providers"},
+    "optimizer.jobs": BASE | {"optimizer.store", "optimizer.costs", "policies", "providers"},
     "optimizer.daemon": BASE
-    | {"optimizer.jobs", "optimizer.alerts", "optimizer.store", "policies", "providers"},
+    | {
+        "optimizer.jobs",
+        "optimizer.alerts",
+        "optimizer.store",
+        "optimizer.costs",
+        "policies",
+        "providers",
+    },
     "optimizer.api": BASE
     | {
         "optimizer.daemon",
         "optimizer.jobs",
         "optimizer.alerts",
         "optimizer.store",
+        "optimizer.costs",
         "policies",
         "providers",
     },
@@ -56,6 +65,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
         "optimizer.jobs",
         "optimizer.alerts",
         "optimizer.store",
+        "optimizer.costs",
         "optimizer.agent",
         "optimizer.probes",
         "policies",
@@ -240,6 +250,7 @@ FORBIDDEN_SAMPLES = {
     "optimizer.probes": "from optimizer.agent import Agent",
     "optimizer.agent": "from providers.local.procs import power_off",
     "optimizer.store": "from optimizer.jobs.machine import JobState",
+    "optimizer.costs": "from optimizer.store import Store",
     "optimizer.alerts": "from optimizer.daemon.metrics import Metrics",
     "optimizer.jobs": "from optimizer.daemon.errors import DaemonError",
     "optimizer.daemon": "from optimizer.api.serve import daemon_app",
