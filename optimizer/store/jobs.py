@@ -74,6 +74,10 @@ class AttemptRecord:
     stop_sent_at: datetime | None
     instance_gone: bool
     preempted: bool
+    launched_at: datetime | None = None
+    terminated_at: datetime | None = None
+    terminated_by: str | None = None
+    disk_gib: float | None = None
 
     @property
     def pool(self) -> Pool:

@@ -150,6 +150,12 @@ class Attempt(SQLModel, table=True):
     stop_sent_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     instance_gone: bool = False
     preempted: bool = False
+    # Billing facts (the cost ledger): the instance's launch and termination as the provider
+    # reports them, who ended it (`cloud` | `gpuopt`) and the root volume's size.
+    launched_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    terminated_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    terminated_by: str | None = None
+    disk_gib: float | None = None
 
 
 class AgentEvent(SQLModel, table=True):
@@ -187,6 +193,62 @@ class JobLog(SQLModel, table=True):
     at: datetime = Field(sa_type=UTCDateTime)
     text: str = Field(sa_type=Text)
     nbytes: int
+
+
+class CostLine(SQLModel, table=True):
+    """An ended attempt's cost in one calendar month, frozen when the attempt ends.
+
+    `on_demand_usd` is None when no on-demand price of the type and region was known.
+    """
+
+    __tablename__ = "cost_line"
+    __table_args__ = (
+        UniqueConstraint("attempt_id", "period_start", name="uq_cost_line_attempt_period"),
+        Index("ix_cost_line_period", "period_start"),
+    )
+
+    id: int | None = Field(
+        default=None, primary_key=True, sa_type=BigInteger().with_variant(Integer, "sqlite")
+    )
+    attempt_id: int = Field(foreign_key="attempt.id")
+    job_id: int = Field(foreign_key="job.id")
+    policy: str
+    provider: str
+    region: str
+    zone: str = ""
+    instance_type: str
+    market: str
+    period_start: datetime = Field(sa_type=UTCDateTime)
+    period_end: datetime = Field(sa_type=UTCDateTime)
+    billed_seconds: float
+    spend_usd: float
+    storage_usd: float
+    on_demand_usd: float | None = None
+    overhead_seconds: float
+    overhead_usd: float
+    refunded: bool = False
+    frozen_at: datetime = Field(sa_type=UTCDateTime)
+
+
+class PriceHourly(SQLModel, table=True):
+    """Price history past the raw retention: one pool's points in one hour, summarized."""
+
+    __tablename__ = "price_hourly"
+    __table_args__ = (UniqueConstraint(*POOL_COLUMNS, "hour", name="uq_price_hourly_pool_hour"),)
+
+    id: int | None = Field(
+        default=None, primary_key=True, sa_type=BigInteger().with_variant(Integer, "sqlite")
+    )
+    provider: str
+    region: str
+    zone: str = ""
+    instance_type: str
+    market: str
+    hour: datetime = Field(sa_type=UTCDateTime)
+    min_usd: float
+    median_usd: float
+    max_usd: float
+    points: int
 
 
 class PoolCooldown(SQLModel, table=True):
