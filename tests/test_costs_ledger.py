@@ -6,7 +6,17 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from optimizer.costs import Cost, Usage, cost, integral_usd, month_windows, total
+from optimizer.costs import (
+    Cost,
+    GroupBy,
+    Line,
+    Usage,
+    cost,
+    group_lines,
+    integral_usd,
+    month_windows,
+    total,
+)
 from optimizer.costs.billing import AWS, GCP
 from optimizer.costs.ledger import gaps, storage_usd
 
@@ -148,3 +158,39 @@ def test_gaps_and_the_step_integral_on_edges() -> None:
     assert integral_usd([(at(0), 4.0)], 1.0, at(0), at(30)) == pytest.approx(2.0)
     assert integral_usd([(at(30), 4.0)], 1.0, at(0), at(30)) == pytest.approx(0.5)
     assert integral_usd([], 1.0, at(10), at(0)) == 0.0
+
+
+def line(job: str, month: int, spend: float, market: str = "spot") -> Line:
+    start = datetime(2026, month, 1, tzinfo=UTC)
+    return Line(
+        job_id=1,
+        job=job,
+        policy="p",
+        attempt=1,
+        provider="aws",
+        region="us-east-1",
+        zone=None,
+        instance_type="p5.48xlarge",
+        market=market,
+        instance_id=None,
+        launched=start,
+        ended=None,
+        period_start=start,
+        period_end=datetime(2026, month + 1, 1, tzinfo=UTC),
+        cost=Cost(billed_seconds=3600, spend_usd=spend, on_demand_usd=2 * spend),
+    )
+
+
+def test_lines_group_by_month_and_job_with_summed_costs() -> None:
+    lines = [line("a", 2, 1.0), line("b", 1, 2.0), line("a", 1, 4.0, market="on_demand")]
+    months = group_lines(lines, GroupBy.MONTH)
+    assert [(g.key, g.cost.spend_usd, len(g.lines)) for g in months] == [
+        ("2026-01", 6.0, 2),
+        ("2026-02", 1.0, 1),
+    ]
+    jobs = group_lines(lines, GroupBy.JOB)
+    assert [(g.key, g.cost.spend_usd, g.cost.savings_usd) for g in jobs] == [
+        ("a", 5.0, 5.0),
+        ("b", 2.0, 2.0),
+    ]
+    assert [g.key for g in group_lines(lines, GroupBy.MARKET)] == ["on_demand", "spot"]

@@ -2,13 +2,18 @@
 
 from optimizer.costs.billing import RULES, BillingRule, rule_for
 from optimizer.costs.ledger import Cost, Usage, cost, integral_usd, month_windows, total
+from optimizer.costs.lines import Group, GroupBy, Line, group_lines
 
 __all__ = [
     "RULES",
     "BillingRule",
     "Cost",
+    "Group",
+    "GroupBy",
+    "Line",
     "Usage",
     "cost",
+    "group_lines",
     "integral_usd",
     "month_windows",
     "rule_for",
