@@ -1,0 +1,199 @@
+"""The ledger as a FinOps FOCUS 1.1 dataset, so FinOps tools import it as they import a bill.
+
+Each cost line (one attempt in one month) gives a `Usage` row for the instance and, when it
+had a root volume, one for the volume. What gpuopt cannot know it says plainly:
+- BillingAccountId is the account the caller names (default `gpuopt:<provider>`): gpuopt does
+  not read the cloud account a launch used.
+- ListCost is the on-demand baseline for the instance row (the list price over the same
+  seconds); where no on-demand price was known it is the billed cost.
+- ContractedCost and EffectiveCost equal BilledCost: gpuopt knows no negotiated rates, and no
+  commitment is amortized here.
+- A spot instance the cloud interrupted inside its free window bills 0, with the credit named
+  in ChargeDescription.
+gpuopt's own facts ride in custom columns (`x_` prefix, after the FOCUS columns) and in Tags.
+Column rules: FOCUS_Spec v1.1 (6108d40), specification/columns/*.md and attributes/*.md.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from optimizer.costs.lines import Line
+
+FOCUS_VERSION = "1.1"
+
+COLUMNS: tuple[str, ...] = (
+    # FOCUS columns: the 21 Mandatory ones, then what gpuopt can fill of the others.
+    "BilledCost",
+    "BillingAccountId",
+    "BillingAccountName",
+    "BillingCurrency",
+    "BillingPeriodEnd",
+    "BillingPeriodStart",
+    "ChargeCategory",
+    "ChargeClass",
+    "ChargeDescription",
+    "ChargePeriodEnd",
+    "ChargePeriodStart",
+    "ContractedCost",
+    "EffectiveCost",
+    "InvoiceIssuerName",
+    "ListCost",
+    "PricingQuantity",
+    "PricingUnit",
+    "ProviderName",
+    "PublisherName",
+    "ServiceCategory",
+    "ServiceName",
+    "AvailabilityZone",
+    "ChargeFrequency",
+    "ConsumedQuantity",
+    "ConsumedUnit",
+    "ListUnitPrice",
+    "PricingCategory",
+    "RegionId",
+    "ResourceId",
+    "ResourceName",
+    "ResourceType",
+    "ServiceSubcategory",
+    "SkuId",
+    "Tags",
+    # gpuopt's own
+    "x_Job",
+    "x_Policy",
+    "x_Attempt",
+    "x_OnDemandCost",
+    "x_OverheadCost",
+    "x_OverheadSeconds",
+)
+
+# Who bills, and the services' own names.
+_PROVIDERS = {
+    "aws": ("Amazon Web Services", "Amazon Elastic Compute Cloud", "Amazon Elastic Block Store"),
+    "gcp": ("Google Cloud", "Compute Engine", "Compute Engine"),
+    "local": ("gpuopt local cloud", "Local instances", "Local volumes"),
+}
+
+
+def focus_datetime(at: datetime) -> str:
+    """FOCUS Date/Time: UTC, ISO 8601 extended with a Z (`YYYY-MM-DDTHH:mm:ssZ`)."""
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def focus_number(value: float) -> str:
+    """FOCUS Numeric: a plain decimal, no sign for positives, no exponent, no symbols."""
+    text = f"{value:.10f}".rstrip("0").rstrip(".")
+    return "0" if text in ("", "-0") else text
+
+
+def _charge_period(line: Line) -> tuple[datetime, datetime]:
+    start = max(line.launched, line.period_start)
+    seconds = line.cost.billed_seconds
+    if seconds <= 0 and line.ended is not None:  # credited: the time it ran
+        seconds = max((min(line.ended, line.period_end) - start).total_seconds(), 0.0)
+    return start, min(start + timedelta(seconds=seconds), line.period_end)
+
+
+def rows(lines: Iterable[Line], *, account: str | None = None) -> Iterator[dict[str, Any]]:
+    """FOCUS rows (None = null) for `lines`, instance first then volume, in line order."""
+    for line in lines:
+        issuer, compute, storage = _PROVIDERS.get(
+            line.provider, (line.provider, f"{line.provider} compute", f"{line.provider} disks")
+        )
+        start, end = _charge_period(line)
+        hours = (end - start).total_seconds() / 3600
+        tags = {
+            "gpuopt/job": line.job,
+            "gpuopt/policy": line.policy,
+            "gpuopt/attempt": line.attempt,
+            "gpuopt/market": line.market,
+        }
+        c = line.cost
+        base = {
+            "BillingAccountId": account or f"gpuopt:{line.provider}",
+            "BillingAccountName": None,
+            "BillingCurrency": "USD",
+            "BillingPeriodStart": focus_datetime(line.period_start),
+            "BillingPeriodEnd": focus_datetime(line.period_end),
+            "ChargeCategory": "Usage",
+            "ChargeClass": None,
+            "ChargePeriodStart": focus_datetime(start),
+            "ChargePeriodEnd": focus_datetime(end),
+            "InvoiceIssuerName": issuer,
+            "ProviderName": issuer,
+            "PublisherName": issuer,
+            "ChargeFrequency": "Usage-Based",
+            "AvailabilityZone": line.zone,
+            "RegionId": line.region,
+            "PricingCategory": "Spot" if line.market == "spot" else "Standard",
+            "Tags": json.dumps(tags, sort_keys=True),
+            "x_Job": line.job,
+            "x_Policy": line.policy,
+            "x_Attempt": str(line.attempt),
+        }
+        resource = line.instance_id or f"{line.job}/{line.attempt}"
+        list_cost = c.on_demand_usd if c.baseline_known else c.spend_usd
+        credit = " (interrupted by the cloud in its free window: not charged)" if c.refunded else ""
+        yield base | {
+            "BilledCost": focus_number(c.spend_usd),
+            "ContractedCost": focus_number(c.spend_usd),
+            "EffectiveCost": focus_number(c.spend_usd),
+            "ListCost": focus_number(list_cost),
+            "ListUnitPrice": focus_number(list_cost / hours) if hours > 0 else None,
+            "ChargeDescription": (
+                f"{line.instance_type} {line.market.replace('_', '-')} instance{credit}"
+            ),
+            "PricingQuantity": focus_number(hours),
+            "PricingUnit": "Hours",
+            "ConsumedQuantity": focus_number(hours) if hours > 0 else None,
+            "ConsumedUnit": "Hours" if hours > 0 else None,
+            "ServiceCategory": "Compute",
+            "ServiceSubcategory": "Virtual Machines",
+            "ServiceName": compute,
+            "ResourceId": resource,
+            "ResourceName": f"{line.job} attempt {line.attempt}",
+            "ResourceType": "Virtual Machine",
+            "SkuId": line.instance_type,
+            "x_OnDemandCost": focus_number(c.on_demand_usd) if c.baseline_known else None,
+            "x_OverheadCost": focus_number(c.overhead_usd),
+            "x_OverheadSeconds": focus_number(c.overhead_seconds),
+        }
+        if c.storage_usd > 0:
+            yield base | {
+                "BilledCost": focus_number(c.storage_usd),
+                "ContractedCost": focus_number(c.storage_usd),
+                "EffectiveCost": focus_number(c.storage_usd),
+                "ListCost": focus_number(c.storage_usd),
+                "ListUnitPrice": None,
+                "ChargeDescription": f"root volume of {line.instance_type}",
+                "PricingQuantity": focus_number(hours),
+                "PricingUnit": "Hours",
+                "ConsumedQuantity": focus_number(hours) if hours > 0 else None,
+                "ConsumedUnit": "Hours" if hours > 0 else None,
+                "PricingCategory": "Standard",
+                "ServiceCategory": "Storage",
+                "ServiceSubcategory": "Block Storage",
+                "ServiceName": storage,
+                "ResourceId": f"{resource}/root-volume",
+                "ResourceName": f"{line.job} attempt {line.attempt} root volume",
+                "ResourceType": "Volume",
+                "SkuId": None,
+                "x_OnDemandCost": None,
+                "x_OverheadCost": None,
+                "x_OverheadSeconds": None,
+            }
+
+
+def write_csv(lines: Iterable[Line], *, account: str | None = None) -> str:
+    """The FOCUS dataset as CSV text: a header of COLUMNS, nulls as empty fields."""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for row in rows(lines, account=account):
+        writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
+    return out.getvalue()
