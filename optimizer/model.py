@@ -135,6 +135,7 @@ class EventKind(StrEnum):
     # Jobs
     JOB_SUBMITTED = "job.submitted"
     JOB_CANCELLED = "job.cancelled"
+    JOB_REMOVED = "job.removed"
     JOB_STATE_CHANGED = "job.state_changed"
     JOB_DEFERRED = "job.deferred"
     JOB_POLICY_MISSING = "job.policy_missing"

@@ -221,6 +221,54 @@ def test_jobs_submit_list_show_and_cancel(daemon) -> None:
     assert cancelled["data"] == {"job": "train-1", "state_before": "pending"}
 
 
+def test_an_ended_job_is_removed_and_its_name_taken_again(daemon) -> None:
+    with api(daemon) as client:
+        first = client.post("/jobs", json=JOB).json()
+        live = client.delete("/jobs/train-1")
+        taken_live = client.post("/jobs", json=JOB)
+        client.post("/jobs/train-1/cancel")
+        wait_until(
+            lambda: client.get("/jobs/train-1").json()["state"] == "cancelled",
+            what="the reconcile pass that decides the cancel",
+        )
+        taken_ended = client.post("/jobs", json=JOB)
+        removed = client.delete("/jobs/train-1")
+        again = client.delete("/jobs/train-1")
+        listed = client.get("/jobs").json()["jobs"]
+        shown = client.get("/jobs/train-1")
+        rerun = client.post("/jobs", json=JOB)
+        old_events = client.get("/events", params={"kind": "job.removed"}).json()["events"]
+        new_events = client.get("/events", params={"job": "train-1"}).json()["events"]
+    # Not ended: refused, naming the state and the way out.
+    assert live.status_code == 409
+    assert live.json()["detail"] == (
+        "job 'train-1' is pending: only an ended job can be removed; cancel it first "
+        "(`gpuopt jobs cancel train-1`) and remove it once it has ended"
+    )
+    assert taken_live.status_code == 409
+    assert taken_live.json()["detail"].startswith(
+        "a job named 'train-1' already exists (pending): submit it under another name "
+        "(`gpuopt jobs submit FILE --name NEW`), or cancel it"
+    )
+    assert taken_ended.status_code == 409
+    assert taken_ended.json()["detail"].endswith(
+        "or remove the ended job first (`gpuopt jobs rm train-1`)"
+    )
+    # Ended: removed, off the lists, its name free, its events under its id.
+    assert removed.status_code == 200, removed.text
+    gone = removed.json()
+    assert (gone["id"], gone["name"], gone["state"]) == (first["id"], "train-1", "cancelled")
+    assert gone["removed_at"] is not None
+    assert again.status_code == 404 and listed == [] and shown.status_code == 404
+    assert rerun.status_code == 201 and rerun.json()["id"] != first["id"]
+    [event] = old_events
+    assert event["job_id"] == first["id"]
+    assert event["data"] == {"job": "train-1", "state": "cancelled"}
+    # The name now finds the re-run's events only.
+    assert {e["job_id"] for e in new_events} == {rerun.json()["id"]}
+    assert "job.submitted" in [e["kind"] for e in new_events]
+
+
 def test_job_submit_is_validated(daemon) -> None:
     with api(daemon) as client:
         unknown_policy = client.post("/jobs", json={**JOB, "policy": "huge"})

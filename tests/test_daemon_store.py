@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from optimizer.jobs.machine import TERMINAL, JobState
-from optimizer.store import DuplicateJobError, Store
+from optimizer.store import DuplicateJobError, JobNotEndedError, Store
 from optimizer.store.tables import (
     TERMINAL_JOB_STATES,
     NewEvent,
@@ -58,6 +58,42 @@ def test_a_cancel_is_a_request_recorded_once_on_a_job_that_has_not_ended(store: 
     assert store.jobs.job_counts() == {"cancelled": 1, "pending": 1}
     assert [j.name for j in store.jobs.jobs_page(limit=1)] == ["b"]
     assert [j.name for j in store.jobs.jobs_page(state="cancelled")] == ["a"]
+
+
+def test_removing_an_ended_job_frees_its_name_and_keeps_its_row_and_events(
+    store: Store,
+) -> None:
+    first = store.jobs.add_job("train", "small", {"run": "x"}, at=T0)
+    with pytest.raises(DuplicateJobError) as taken:
+        store.jobs.add_job("train", "small", {}, at=T0)
+    assert taken.value.state == "pending" and "(pending)" in str(taken.value)
+    event = NewEvent("job.removed", "train removed", alerts=("ops",))
+    # Not ended: refused with its state, nothing written.
+    with pytest.raises(JobNotEndedError) as live:
+        store.jobs.remove_job("train", event=event, at=T0)
+    assert live.value.state == "pending"
+    assert store.jobs.get_job("train") is not None and store.events.list_events() == []
+    store.jobs.transition_job(first, expected="pending", state="failed", reason="x", at=T0)
+
+    at = T0 + timedelta(minutes=5)
+    removed = store.jobs.remove_job("train", event=event, at=at)
+    assert removed is not None and removed.id == first
+    assert (removed.removed_at, removed.state, removed.given_name) == (at, "failed", "train")
+    assert removed.name == f"train~removed~{first}"
+    assert store.jobs.remove_job("train", event=event) is None  # gone from the names
+    assert store.jobs.get_job("train") is None
+    assert store.jobs.get_job_by_id(first) == removed  # the row stays, under its id
+    assert store.jobs.list_jobs() == [] and store.jobs.jobs_page() == []
+    assert store.jobs.job_counts() == {}
+    [recorded] = store.events.list_events()
+    assert (recorded.kind, recorded.job_id) == ("job.removed", first)
+    assert [a.job_name for a in store.events.due_alerts(at)] == ["train"]  # not the row's name
+
+    # The name is free: a re-run is a new job with a new id; the old one keeps its events.
+    second = store.jobs.add_job("train", "small", {"run": "y"}, at=at)
+    assert second != first
+    assert [j.id for j in store.jobs.list_jobs()] == [second]
+    assert [e.job_id for e in store.events.list_events(job_id=first)] == [first]
 
 
 def test_the_store_ends_the_same_job_states_as_the_state_machine(store: Store) -> None:

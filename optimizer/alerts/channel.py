@@ -34,6 +34,7 @@ TITLES: dict[str, str] = {
     EventKind.PROVIDER_AUTH_FAILED: "Provider refused a launch",
     EventKind.JOB_SUBMITTED: "Job submitted",
     EventKind.JOB_CANCELLED: "Job cancelled",
+    EventKind.JOB_REMOVED: "Job removed",
     EventKind.JOB_STATE_CHANGED: "Job state changed",
     EventKind.JOB_DEFERRED: "Job waiting to launch",
     EventKind.JOB_POLICY_MISSING: "Job's policy not loaded",

@@ -1,7 +1,9 @@
-"""/jobs: submit, list, show and cancel managed jobs. Submitting stores the job as
+"""/jobs: submit, list, show, cancel and remove managed jobs. Submitting stores the job as
 `pending`; the reconcile loop runs it. Cancelling records a request on the job; the reconcile
 loop decides it (terminates the job's instance, moves the job to `cancelled`): the state
-machine is the only writer of job states. Submit and cancel wake the reconcile loop."""
+machine is the only writer of job states. Submit and cancel wake the reconcile loop.
+Removing takes an ended job off the lists and frees its name; its row, attempts and events
+stay under its id."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from optimizer.api.state import MAX_ID, MIN_ID, ApiState, StateDep, utc_text
 from optimizer.jobs.machine import JobState
 from optimizer.jobs.spec import JobSpec
 from optimizer.model import EventKind
-from optimizer.store import DuplicateJobError, JobRecord
+from optimizer.store import DuplicateJobError, JobNotEndedError, JobRecord
 from optimizer.store.tables import TERMINAL_JOB_STATES
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -22,7 +24,7 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 def job_view(job: JobRecord) -> dict[str, Any]:
     return {
         "id": job.id,
-        "name": job.name,
+        "name": job.given_name,
         "policy": job.policy,
         "state": job.state,
         "reason": job.reason,
@@ -32,6 +34,7 @@ def job_view(job: JobRecord) -> dict[str, Any]:
         "cancel_requested_at": (
             None if job.cancel_requested_at is None else utc_text(job.cancel_requested_at)
         ),
+        "removed_at": None if job.removed_at is None else utc_text(job.removed_at),
         "spec": job.spec,
     }
 
@@ -84,9 +87,20 @@ def submit_job(spec: JobSpec, state: StateDep) -> dict[str, Any]:
     try:
         state.store.jobs.add_job(spec.name, spec.policy, body, event=event)
     except DuplicateJobError as exc:
-        raise HTTPException(409, detail=str(exc)) from None
+        raise HTTPException(409, detail=_taken(exc)) from None
     state.wakeup.set()
     return job_view(_job(state, spec.name))
+
+
+def _taken(exc: DuplicateJobError) -> str:
+    """The 409 for a name in use, with the ways out."""
+    other = "submit it under another name (`gpuopt jobs submit FILE --name NEW`)"
+    if exc.state in TERMINAL_JOB_STATES:
+        return f"{exc}: {other}, or remove the ended job first (`gpuopt jobs rm {exc.name}`)"
+    return (
+        f"{exc}: {other}, or cancel it (`gpuopt jobs cancel {exc.name}`) and remove it "
+        f"once it has ended (`gpuopt jobs rm {exc.name}`)"
+    )
 
 
 @router.get("/{name}")
@@ -106,3 +120,37 @@ def cancel_job(name: str, state: StateDep) -> dict[str, Any]:
         raise HTTPException(409, detail=f"job {name!r} already ended ({job.state})")
     state.wakeup.set()
     return job_view(job)
+
+
+@router.delete("/{name}")
+def remove_job(name: str, state: StateDep) -> dict[str, Any]:
+    """Remove an ended job (409 while it has not ended: cancel it first): it leaves the lists
+    and its name is free for a new job; its attempts, events and costs stay under its id. The
+    answer is the removed job, `removed_at` set; `job.removed` is recorded with it."""
+    job = _job(state, name)
+    if job.state not in TERMINAL_JOB_STATES:
+        raise HTTPException(409, detail=_not_ended(job, job.state))
+    # An ended job stays in its state, so the event drafted from this read is the truth;
+    # the store's write is still a compare-and-set on the job having ended.
+    event = state.emitter.draft(
+        EventKind.JOB_REMOVED,
+        f"job {name} removed ({job.state})",
+        policy=job.policy,
+        data={"job": name, "state": job.state},
+    )
+    try:
+        removed = state.store.jobs.remove_job(name, event=event)
+    except JobNotEndedError as exc:
+        raise HTTPException(409, detail=_not_ended(job, exc.state)) from None
+    if removed is None:  # removed by another request since the read
+        raise HTTPException(404, detail=f"no job named {name!r}")
+    return job_view(removed)
+
+
+def _not_ended(job: JobRecord, job_state: str) -> str:
+    then = "remove it once it has ended"
+    if job.cancel_requested_at is not None:
+        step = f"its cancel is under way: {then}"
+    else:
+        step = f"cancel it first (`gpuopt jobs cancel {job.name}`) and {then}"
+    return f"job {job.name!r} is {job_state}: only an ended job can be removed; {step}"

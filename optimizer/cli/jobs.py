@@ -1,4 +1,5 @@
-"""`gpuopt jobs …`: submit, list, show, cancel and follow managed jobs through the daemon's API.
+"""`gpuopt jobs …`: submit, list, show, cancel, remove and follow managed jobs through the
+daemon's API.
 
 The API address is `--api` or `GPUOPT_API_URL` (default http://127.0.0.1:8470); the token is
 `GPUOPT_API_TOKEN` or the file the daemon writes, `<data dir>/api-token`.
@@ -79,16 +80,30 @@ def _print_job(job: dict[str, Any]) -> None:
 @app.command("submit")
 def submit(
     file: Annotated[Path, typer.Argument(help="Job spec YAML.", show_default=False)],
+    name: Annotated[
+        str | None,
+        typer.Option("--name", help="Submit under this name instead of the spec's (a re-run)."),
+    ] = None,
     api: ApiOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Check a job spec and hand it to the daemon."""
-    from optimizer.jobs.spec import JobSpecError, load_job_spec
+    import re
 
+    from optimizer.jobs.spec import JobSpecError, load_job_spec
+    from policies.schema import NAME_PATTERN
+
+    if name is not None and not re.fullmatch(NAME_PATTERN, name):
+        fail(
+            f"--name {name!r}: a job name is 1-63 lowercase letters, digits and dashes, "
+            "starting and ending with a letter or digit"
+        )
     try:
         spec = load_job_spec(file)
     except JobSpecError as exc:
         fail(*exc.problems, prefixed=False)
+    if name is not None:
+        spec = spec.model_copy(update={"name": name})
     job = _call("POST", "/jobs", api, json=spec.model_dump(mode="json", by_alias=True))
     if as_json:
         print(json.dumps(job, indent=2))
@@ -124,6 +139,14 @@ def show(name: str, api: ApiOption = None, as_json: JsonOption = False) -> None:
 def cancel(name: str, api: ApiOption = None) -> None:
     """Cancel a job: the daemon terminates its instance and moves it to `cancelled`."""
     _print_job(_call("POST", f"/jobs/{name}/cancel", api))
+
+
+@app.command("rm")
+def remove(name: str, api: ApiOption = None) -> None:
+    """Remove an ended job: it leaves the lists and its name is free for a new submit; its
+    events and costs stay under its id."""
+    job = _call("DELETE", f"/jobs/{name}", api)
+    print(f"removed {job['name']} ({job['state']}; its events stay under job id {job['id']})")
 
 
 @app.command("events")

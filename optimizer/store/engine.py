@@ -76,11 +76,22 @@ def is_sqlite_url(url: str) -> bool:
 
 
 class DuplicateJobError(StoreError):
-    """A job with this name already exists."""
+    """A job with this name already exists (`state`: the state it is in, when known)."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__(f"a job named {name!r} already exists")
+    def __init__(self, name: str, state: str | None = None) -> None:
+        held = f" ({state})" if state else ""
+        super().__init__(f"a job named {name!r} already exists{held}")
         self.name = name
+        self.state = state
+
+
+class JobNotEndedError(StoreError):
+    """A job that has not ended cannot be removed."""
+
+    def __init__(self, name: str, state: str) -> None:
+        super().__init__(f"job {name!r} is {state}; only an ended job can be removed")
+        self.name = name
+        self.state = state
 
 
 def table(model: type[SQLModel]) -> Table:

@@ -23,7 +23,15 @@ from optimizer.store.engine import (
     inserted_id,
     table,
 )
-from optimizer.store.tables import AlertOutbox, Event, EventRecord, Job, NewEvent, OutboxItem
+from optimizer.store.tables import (
+    AlertOutbox,
+    Event,
+    EventRecord,
+    Job,
+    NewEvent,
+    OutboxItem,
+    given_name,
+)
 
 PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
 ALERT_STATES = (PENDING, DELIVERED, FAILED)
@@ -209,7 +217,10 @@ class Events:
                 if ids
                 else []
             )
-        found = {row.id: (event_record(row), row.job_name) for row in events}
+        found = {
+            row.id: (event_record(row), None if row.job_name is None else given_name(row.job_name))
+            for row in events
+        }
         return [
             OutboxItem(
                 id=row.id,

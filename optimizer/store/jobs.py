@@ -21,6 +21,7 @@ from optimizer.model import Offer
 from optimizer.store.engine import (
     Database,
     DuplicateJobError,
+    JobNotEndedError,
     chunks,
     inserted_id,
     job_record,
@@ -28,6 +29,7 @@ from optimizer.store.engine import (
 )
 from optimizer.store.events import write_event, write_events
 from optimizer.store.tables import (
+    REMOVED_MARK,
     TERMINAL_JOB_STATES,
     AgentEvent,
     Attempt,
@@ -137,15 +139,17 @@ class Jobs:
                 if event is not None:
                     write_event(conn, replace(event, job_id=job_id), now)
         except IntegrityError as err:
-            if self.get_job(name) is not None:
-                raise DuplicateJobError(name) from err
+            held = self.get_job(name)
+            if held is not None:
+                raise DuplicateJobError(name, held.state) from err
             raise
         return job_id
 
     def get_job(self, name: str) -> JobRecord | None:
-        """The job with this name, or None."""
+        """The job with this name, or None (a removed job has given its name up)."""
+        query = select(_JOB).where(_JOB.c.name == name, _JOB.c.removed_at.is_(None))
         with self._db.connect() as conn:
-            row = conn.execute(select(_JOB).where(_JOB.c.name == name)).first()
+            row = conn.execute(query).first()
         return None if row is None else job_record(row)
 
     def get_job_by_id(self, job_id: int) -> JobRecord | None:
@@ -154,9 +158,10 @@ class Jobs:
         return None if row is None else job_record(row)
 
     def list_jobs(self) -> list[JobRecord]:
-        """Every job, oldest first."""
+        """Every job not removed, oldest first."""
+        query = select(_JOB).where(_JOB.c.removed_at.is_(None)).order_by(_JOB.c.id)
         with self._db.connect() as conn:
-            return [job_record(row) for row in conn.execute(select(_JOB).order_by(_JOB.c.id))]
+            return [job_record(row) for row in conn.execute(query)]
 
     def live_jobs(self) -> list[JobRecord]:
         """Jobs not yet succeeded, failed or cancelled, oldest first."""
@@ -167,8 +172,10 @@ class Jobs:
     def jobs_page(
         self, *, state: str | None = None, before_id: int | None = None, limit: int = 100
     ) -> list[JobRecord]:
-        """Jobs newest first, optionally in one state; page with `before_id`."""
-        query = select(_JOB).order_by(_JOB.c.id.desc()).limit(limit)
+        """Jobs not removed, newest first, optionally in one state; page with `before_id`."""
+        query = (
+            select(_JOB).where(_JOB.c.removed_at.is_(None)).order_by(_JOB.c.id.desc()).limit(limit)
+        )
         if state is not None:
             query = query.where(_JOB.c.state == state)
         if before_id is not None:
@@ -177,8 +184,12 @@ class Jobs:
             return [job_record(row) for row in conn.execute(query)]
 
     def job_counts(self) -> dict[str, int]:
-        """Jobs per state (states with no job left out)."""
-        query = select(_JOB.c.state, func.count()).group_by(_JOB.c.state)
+        """Jobs not removed, per state (states with no job left out)."""
+        query = (
+            select(_JOB.c.state, func.count())
+            .where(_JOB.c.removed_at.is_(None))
+            .group_by(_JOB.c.state)
+        )
         with self._db.connect() as conn:
             return {state: int(n) for state, n in conn.execute(query)}
 
@@ -210,6 +221,46 @@ class Jobs:
         if row is None:
             return None, False
         return job_record(row), bool(changed)
+
+    def remove_job(
+        self, name: str, *, at: datetime | None = None, event: NewEvent | None = None
+    ) -> JobRecord | None:
+        """Take an ended job off the lists and free its name: one compare-and-set on its
+        state being an ended one, which renames the row `<name>~removed~<id>`, sets
+        `removed_at` and records `event` (its job_id filled in here) in the same
+        transaction. The row stays: its attempts, events and costs keep pointing at its id.
+
+        Returns the removed job, or None when no job has this name; raises JobNotEndedError
+        (naming its state) for a job that has not ended.
+        """
+        now = self._db.now(at)
+        with self._db.begin() as conn:
+            row = conn.execute(
+                select(_JOB).where(_JOB.c.name == name, _JOB.c.removed_at.is_(None))
+            ).first()
+            if row is None:
+                return None
+            job_id = row.id
+            moved = conn.execute(
+                update(_JOB)
+                .where(
+                    _JOB.c.id == job_id,
+                    _JOB.c.removed_at.is_(None),
+                    _JOB.c.state.in_(_TERMINAL_STATES),
+                )
+                .values(name=f"{name}{REMOVED_MARK}{job_id}", removed_at=now, updated_at=now)
+            ).rowcount
+            if not moved:
+                # Not ended (a job never leaves an ended state, so the state read is current),
+                # or removed by a concurrent call since the read.
+                again = conn.execute(select(_JOB).where(_JOB.c.id == job_id)).one()
+                if again.removed_at is not None:
+                    return None
+                raise JobNotEndedError(name, again.state)
+            if event is not None:
+                write_event(conn, replace(event, job_id=job_id), now)
+            removed = conn.execute(select(_JOB).where(_JOB.c.id == job_id)).one()
+        return job_record(removed)
 
     def transition_job(
         self,

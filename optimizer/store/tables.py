@@ -23,6 +23,14 @@ POOL_COLUMNS: tuple[str, ...] = ("provider", "region", "zone", "instance_type", 
 # queries and never cancels such a job. The state machine (optimizer.jobs.machine) names the
 # same three; tests/test_daemon_store.py holds the two together.
 TERMINAL_JOB_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+# A removed job's row is renamed `<name>~removed~<id>`: no job name has a `~` (the pattern in
+# policies/schema.py), so its name is free for a new job and no new job can take this one.
+REMOVED_MARK = "~removed~"
+
+
+def given_name(stored: str) -> str:
+    """The name a job was submitted under, from its row's name (renamed once removed)."""
+    return stored.split(REMOVED_MARK, 1)[0]
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -397,6 +405,11 @@ class JobRecord:
     updated_at: datetime
     cancel_requested_at: datetime | None = None
     removed_at: datetime | None = None
+
+    @property
+    def given_name(self) -> str:
+        """The name the job was submitted under (a removed job's row is renamed)."""
+        return given_name(self.name)
 
 
 @dataclass(frozen=True, slots=True)
