@@ -130,7 +130,7 @@ def rows(lines: Iterable[Line], *, account: str | None = None) -> Iterator[dict[
             "ChargeFrequency": "Usage-Based",
             "AvailabilityZone": line.zone,
             "RegionId": line.region,
-            "PricingCategory": "Spot" if line.market == "spot" else "Standard",
+            "PricingCategory": "Dynamic" if line.market == "spot" else "Standard",
             "Tags": json.dumps(tags, sort_keys=True),
             "x_Job": line.job,
             "x_Policy": line.policy,
