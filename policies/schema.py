@@ -98,15 +98,21 @@ class Workload(_Strict):
         None, gt=0, le=4096, description="Per-GPU memory needed before the buffer, GiB."
     )
     model: ModelSpec | None = Field(
-        None, description="Derive per-GPU memory from a model; with gpu_memory_gib the larger wins."
+        None,
+        description="Derive per-GPU memory from a model; with gpu_memory_gib the larger wins.",
+        examples=[{"parameters": "7B", "precision": "bf16", "optimizer": "adamw"}],
     )
     min_tflops: dict[Dtype, float] = Field(
-        default_factory=dict, description="Whole-node dense TFLOPS per dtype, before the buffer."
+        default_factory=dict,
+        description="Whole-node dense TFLOPS per dtype, before the buffer.",
+        examples=[{"bf16": 100}],
     )
     fp64: bool = Field(False, description="Needs real FP64 units (>= 5 TFLOPS per GPU).")
     interconnect: Literal["any", "nvlink"] = "any"
     gpu_models: list[str] = Field(
-        default_factory=list, description="Only these GPU models (canonical names or aliases)."
+        default_factory=list,
+        description="Only these GPU models (canonical names or aliases).",
+        examples=[["A100-80GB", "H100-80GB"]],
     )
     cpu_memory_gib: float = Field(0, ge=0, description="Host RAM per node, GiB.")
     vcpus: int = Field(0, ge=0, description="vCPUs per node.")
@@ -182,8 +188,8 @@ class Bid(_Strict):
 
 
 class RegionRules(_Strict):
-    allow: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
-    deny: list[str] = Field(default_factory=list)
+    allow: list[str] = Field(default_factory=lambda: ["*"], min_length=1, examples=[["eu-*"]])
+    deny: list[str] = Field(default_factory=list, examples=[["eu-south-*"]])
 
     @field_validator("allow", "deny")
     @classmethod
@@ -197,13 +203,21 @@ class RegionRules(_Strict):
 
 
 class Placement(_Strict):
-    providers: list[ProviderName] = Field(default_factory=_all_providers, min_length=1)
-    regions: RegionRules = Field(default_factory=RegionRules)
+    providers: list[ProviderName] = Field(
+        default_factory=_all_providers, min_length=1, examples=[["aws", "gcp"]]
+    )
+    regions: RegionRules = Field(
+        default_factory=RegionRules,
+        description="Region globs: allow (default every region), then deny.",
+        examples=[{"allow": ["eu-*", "europe-*"], "deny": ["eu-south-*"]}],
+    )
     compliance: str | None = Field(
         None, description="eu (alias gdpr) = EU/EEA member states only; us, uk, ch; or null."
     )
     countries: list[str] = Field(
-        default_factory=list, description="ISO 3166-1 alpha-2 codes the region must be in."
+        default_factory=list,
+        description="ISO 3166-1 alpha-2 codes the region must be in.",
+        examples=[["DE", "FR"]],
     )
 
     @field_validator("compliance")
@@ -286,7 +300,9 @@ class Policy(_Strict):
     kind: Literal["Policy"]
     name: str = Field(pattern=NAME_PATTERN, description="[a-z0-9-], unique.")
     description: str = ""
-    workload: Workload = Field(default_factory=Workload)
+    workload: Workload = Field(
+        default_factory=Workload, examples=[{"type": "training", "gpus": 1, "gpu_memory_gib": 24}]
+    )
     buffer: float = Field(
         0.20, ge=0, lt=1, description="Headroom on memory and throughput, 0 <= buffer < 1."
     )
@@ -294,15 +310,21 @@ class Policy(_Strict):
         default_factory=_all_markets,
         min_length=1,
         description="Allowed markets, in order of preference (breaks price ties).",
+        examples=[["spot", "on_demand"]],
     )
     rank_by: Literal["price", "price_per_tflop"] = "price"
     max_price_age_hours: float | None = Field(
         None, gt=0, description="Reject prices observed longer ago than this."
     )
-    bid: Bid = Field(default_factory=Bid)
-    placement: Placement = Field(default_factory=Placement)
-    budget: Budget = Field(default_factory=Budget)
-    recovery: Recovery = Field(default_factory=Recovery)
+    bid: Bid = Field(default_factory=Bid, examples=[{"max_usd_per_gpu_hour": 2.5}])
+    placement: Placement = Field(
+        default_factory=Placement,
+        examples=[{"providers": ["aws", "gcp"], "regions": {"allow": ["eu-*", "europe-*"]}}],
+    )
+    budget: Budget = Field(default_factory=Budget, examples=[{"monthly_usd": 5000}])
+    recovery: Recovery = Field(
+        default_factory=Recovery, examples=[{"strategy": "failover", "max_restarts": 20}]
+    )
 
     @field_validator("markets")
     @classmethod

@@ -16,6 +16,10 @@ from optimizer.alerts.routing import Route
 
 CHANNEL_NAME = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 MIN_SECRET_CHARS = 16
+# The shape of the section, for error messages and the schema (not a working webhook).
+_CHANNELS_EXAMPLE = {"ops": {"type": "slack", "url": "https://hooks.slack.com/services/T0/B0/x"}}
+_ROUTES_EXAMPLE = [{"kinds": ["job_*"], "min_severity": "warning", "channels": ["ops"]}]
+ALERTS_EXAMPLE = {"channels": _CHANNELS_EXAMPLE, "routes": _ROUTES_EXAMPLE}
 
 
 class _Section(BaseModel):
@@ -84,9 +88,9 @@ class RetryConfig(_Section):
 
 
 class AlertsConfig(_Section):
-    channels: dict[str, ChannelConfig] = Field(default_factory=dict)
-    routes: list[Route] = Field(default_factory=list)
-    retry: RetryConfig = Field(default_factory=RetryConfig)
+    channels: dict[str, ChannelConfig] = Field(default_factory=dict, examples=[_CHANNELS_EXAMPLE])
+    routes: list[Route] = Field(default_factory=list, examples=[_ROUTES_EXAMPLE])
+    retry: RetryConfig = Field(default_factory=RetryConfig, examples=[{"max_attempts": 12}])
 
     @field_validator("channels")
     @classmethod

@@ -31,10 +31,12 @@ class Route(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kinds: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
-    exclude_kinds: list[str] = Field(default_factory=list)
+    kinds: list[str] = Field(
+        default_factory=lambda: ["*"], min_length=1, examples=[["job_*", "budget_*"]]
+    )
+    exclude_kinds: list[str] = Field(default_factory=list, examples=[["job_submitted"]])
     min_severity: Severity = "info"
-    channels: list[str] | None = None
+    channels: list[str] | None = Field(None, examples=[["ops"]])
 
     def matches(self, kind: str, severity: str) -> bool:
         names = (kind, *legacy_names(kind))

@@ -18,21 +18,21 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from optimizer.common.errors import LocatedError, Problem
+from optimizer.common.validation import FieldPath, findings, in_file_order, without
 
 MAX_BYTES = 1 << 20  # a page or two of YAML; anything this big is a mistake or an attack
 MAX_NODES = 10_000  # nodes built, aliases counted each time they are used
 _ENV = re.compile(r"\$(\$?)\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
-FieldPath = tuple[str | int, ...]
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -173,75 +173,39 @@ def _problem(path: str, message: str, mark: yaml.Mark | None, field: FieldPath =
     return Problem(path, message, mark.line + 1, mark.column + 1, _dotted(field))
 
 
-# Plain words for pydantic's error types; the others keep pydantic's message.
-_MESSAGES = {
-    "extra_forbidden": "unknown field",
-    "missing": "required field is missing",
-    "greater_than": "must be > {gt}",
-    "greater_than_equal": "must be >= {ge}",
-    "less_than": "must be < {lt}",
-    "less_than_equal": "must be <= {le}",
-    "int_type": "must be a whole number",
-    "float_type": "must be a number",
-    "string_type": "must be text",
-    "bool_type": "must be true or false",
-    "list_type": "must be a list",
-    "dict_type": "must be a mapping",
-    "model_type": "must be a mapping",
-    "model_attributes_type": "must be a mapping",
-    "too_short": "must not be empty",
-    "string_pattern_mismatch": (
-        "must be 1-63 lowercase letters, digits and dashes, starting and ending with a letter "
-        "or digit"
-    ),
-}
-
-
-def _plain_number(value: Any) -> Any:
-    return int(value) if isinstance(value, float) and value.is_integer() else value
+def _mark(marks: dict[FieldPath, _Marks], field: FieldPath, on_key: bool) -> yaml.Mark | None:
+    """The nearest position the file has for `field`: the field, else its closest parent
+    (at its key, where the field itself is missing)."""
+    probe = field
+    while probe and probe not in marks:
+        probe = probe[:-1]
+    found = marks.get(probe)
+    if found is None:
+        return None
+    return found.key if (on_key or probe != field) and found.key else found.value
 
 
 def _validation_problems(
-    path: str, error: ValidationError, marks: dict[FieldPath, _Marks]
-) -> Iterator[Problem]:
-    for item in error.errors(include_url=False):
-        loc: list[str | int] = list(item["loc"])
-        on_key = item["type"] == "extra_forbidden"
-        if loc and loc[-1] == "[key]":  # a bad key inside a dict field (e.g. min_tflops)
-            loc.pop()
-            on_key = True
-        message = item["msg"]
-        for prefix in ("Value error, ", "Assertion failed, "):
-            message = message.removeprefix(prefix)
-        ctx = {k: _plain_number(v) for k, v in item.get("ctx", {}).items()}
-        message = _MESSAGES.get(item["type"], message).format(**ctx)
-        message = message.replace("Input should be", "must be")
-        field = tuple(loc)
-        # Point at the nearest position the file has: the field, else its closest parent.
-        probe = field
-        while probe and probe not in marks:
-            probe = probe[:-1]
-        found = marks.get(probe)
-        mark = None
-        if found is not None:
-            mark = found.key if (on_key or probe != field) and found.key else found.value
-        yield _problem(path, message, mark, field)
+    path: str, error: ValidationError, marks: dict[FieldPath, _Marks], model: type[BaseModel]
+) -> list[Problem]:
+    located = (
+        _problem(path, f.message, _mark(marks, f.field, f.on_key), f.field)
+        for f in findings(error, model)
+    )
+    return in_file_order(located)
 
 
-def parse_document(
+def _build(
     text: str | bytes,
-    model: type[M],
     *,
     path: str,
     interpolate: bool,
-    environ: Mapping[str, str] | None = None,
-    what: str = "document",
-    error: type[LocatedError] = LocatedError,
-) -> M:
-    """Parse one YAML document into `model`; raises `error` listing every problem found.
-
-    `interpolate`: replace `${VAR}` from `environ` (default: the process's environment); when
-    False, a `${` in any value is an error and nothing is read from the environment."""
+    environ: Mapping[str, str] | None,
+    what: str,
+    error: type[LocatedError],
+) -> tuple[Any, _Builder]:
+    """One YAML document to plain values and where each came from; raises `error` for
+    anything that is not a document of mappings, lists and plain values."""
     size = len(text.encode("utf-8") if isinstance(text, str) else text)
     if size > MAX_BYTES:
         raise error([Problem(path, f"file is {size} bytes; a {what} may be at most 1 MiB")])
@@ -276,13 +240,86 @@ def parse_document(
     env = (os.environ if environ is None else environ) if interpolate else None
     builder = _Builder(path, env, error, what, text)
     try:
-        data = builder.build(root, ())
+        return builder.build(root, ()), builder
     except RecursionError:
         raise error([too_deep]) from None
+
+
+def parse_document(
+    text: str | bytes,
+    model: type[M],
+    *,
+    path: str,
+    interpolate: bool,
+    environ: Mapping[str, str] | None = None,
+    what: str = "document",
+    error: type[LocatedError] = LocatedError,
+) -> M:
+    """Parse one YAML document into `model`; raises `error` listing every problem found, in
+    file order.
+
+    `interpolate`: replace `${VAR}` from `environ` (default: the process's environment); when
+    False, a `${` in any value is an error and nothing is read from the environment."""
+    data, builder = _build(
+        text, path=path, interpolate=interpolate, environ=environ, what=what, error=error
+    )
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise error(list(_validation_problems(path, exc, builder.marks))) from None
+        raise error(_validation_problems(path, exc, builder.marks, model)) from None
+
+
+_MAX_PRUNES = 32  # each round takes out at least one value; documents nest far less deep
+
+
+@dataclass(frozen=True)
+class Checked(Generic[M]):
+    """A document checked in full: every problem, in file order, and the model built from
+    the values that were valid (each bad one left at its default), for the checks that need
+    a whole model; `value` is None when not even that could be built."""
+
+    path: str
+    problems: list[Problem]
+    value: M | None
+    marks: dict[FieldPath, _Marks] = field(default_factory=dict, repr=False)
+
+    def problem(self, message: str, at: FieldPath, near: FieldPath | None = None) -> Problem:
+        """A problem about field `at`, located where the file has `near` (default: `at`), or
+        else its closest parent."""
+        return _problem(self.path, message, _mark(self.marks, near or at, on_key=True), at)
+
+
+def check_document(
+    text: str | bytes,
+    model: type[M],
+    *,
+    path: str,
+    interpolate: bool,
+    environ: Mapping[str, str] | None = None,
+    what: str = "document",
+    error: type[LocatedError] = LocatedError,
+) -> Checked[M]:
+    """Like `parse_document`, but returns every problem instead of raising, with a model of
+    what was valid, so a checker can go on to the checks that need one."""
+    try:
+        data, builder = _build(
+            text, path=path, interpolate=interpolate, environ=environ, what=what, error=error
+        )
+    except LocatedError as exc:
+        return Checked(path, in_file_order(exc.problems), None)
+    problems: list[Problem] | None = None
+    for _ in range(_MAX_PRUNES):
+        try:
+            value = model.model_validate(data)
+        except ValidationError as exc:
+            if problems is None:  # the first round's problems are the document's own
+                problems = _validation_problems(path, exc, builder.marks, model)
+            data = without(data, [tuple(e["loc"]) for e in exc.errors()])
+            if data is None:
+                break
+        else:
+            return Checked(path, problems or [], value, builder.marks)
+    return Checked(path, problems or [], None, builder.marks)
 
 
 class NotARegularFile(OSError):
@@ -324,16 +361,7 @@ def read_limited(path: str | Path, limit: int = MAX_BYTES) -> bytes:
         return stream.read(limit + 1)
 
 
-def load_document(
-    path: str | Path,
-    model: type[M],
-    *,
-    interpolate: bool,
-    environ: Mapping[str, str] | None = None,
-    what: str = "document",
-    error: type[LocatedError] = LocatedError,
-) -> M:
-    """Read and parse one YAML file; every failure is `error` naming the file."""
+def _read(path: str | Path, what: str, error: type[LocatedError]) -> bytes:
     name = str(path)
     try:
         raw = read_limited(path)
@@ -345,6 +373,44 @@ def load_document(
         raise error([Problem(name, "permission denied")]) from None
     if len(raw) > MAX_BYTES:
         raise error([Problem(name, f"file is over 1 MiB; a {what} may be at most 1 MiB")])
+    return raw
+
+
+def load_document(
+    path: str | Path,
+    model: type[M],
+    *,
+    interpolate: bool,
+    environ: Mapping[str, str] | None = None,
+    what: str = "document",
+    error: type[LocatedError] = LocatedError,
+) -> M:
+    """Read and parse one YAML file; every failure is `error` naming the file."""
     return parse_document(
-        raw, model, path=name, interpolate=interpolate, environ=environ, what=what, error=error
+        _read(path, what, error),
+        model,
+        path=str(path),
+        interpolate=interpolate,
+        environ=environ,
+        what=what,
+        error=error,
+    )
+
+
+def check_file(
+    path: str | Path,
+    model: type[M],
+    *,
+    interpolate: bool,
+    environ: Mapping[str, str] | None = None,
+    what: str = "document",
+    error: type[LocatedError] = LocatedError,
+) -> Checked[M]:
+    """Read and check one YAML file (`check_document`); an unreadable file is one problem."""
+    try:
+        raw = _read(path, what, error)
+    except LocatedError as exc:
+        return Checked(str(path), exc.problems, None)
+    return check_document(
+        raw, model, path=str(path), interpolate=interpolate, environ=environ, what=what, error=error
     )

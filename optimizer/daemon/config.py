@@ -26,7 +26,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from optimizer.alerts.config import AlertsConfig
+from optimizer.alerts.config import ALERTS_EXAMPLE, AlertsConfig
 from optimizer.common.documents import load_document
 from optimizer.common.errors import LocatedError, Problem
 from optimizer.daemon import settings
@@ -54,7 +54,7 @@ class ProviderConfig(_Section):
     """One provider's polling. Regions empty = every region the provider knows."""
 
     enabled: bool = True
-    regions: list[str] = Field(default_factory=list)
+    regions: list[str] = Field(default_factory=list, examples=[["us-east-1", "eu-west-1"]])
     spot_interval_s: float = Field(600, ge=1, description="Spot prices: every 10 minutes.")
     on_demand_interval_s: float = Field(
         86_400, ge=1, description="On-demand prices and specs: daily."
@@ -141,7 +141,9 @@ class AgentInstallConfig(_Section):
     wheel_url: str | None = Field(None, description="A wheel to install instead of the index.")
     index_url: str | None = Field(None, description="A package index instead of PyPI.")
     extras: list[str] = Field(
-        default_factory=lambda: ["probes"], description="Extras to install (probes: torch)."
+        default_factory=lambda: ["probes"],
+        description="Extras to install (probes: torch).",
+        examples=[["probes"]],
     )
     python: str = Field("python3", description="The interpreter that makes the venv.")
     venv: str = Field("/opt/gpuopt", description="Where the agent's environment lives.")
@@ -198,7 +200,7 @@ class AgentProxyConfig(_Section):
 
     http: SecretStr | None = None
     https: SecretStr | None = None
-    no_proxy: list[str] = Field(default_factory=list)
+    no_proxy: list[str] = Field(default_factory=list, examples=[["10.0.0.1", "internal.example"]])
 
     @field_validator("http", "https")
     @classmethod
@@ -222,12 +224,22 @@ class AgentProxyConfig(_Section):
 class AgentSetupConfig(_Section):
     """How the agent gets onto a cloud instance (the AWS user data, the GCP startup script)."""
 
-    install: AgentInstallConfig = Field(default_factory=AgentInstallConfig)
-    images: dict[str, str] = Field(
-        default_factory=dict, description="A machine image per provider (AMI id, GCE image)."
+    install: AgentInstallConfig = Field(
+        default_factory=AgentInstallConfig, examples=[{"version": "0.4.1"}]
     )
-    env: dict[str, str] = Field(default_factory=dict, description="For the agent and install.")
-    proxy: AgentProxyConfig = Field(default_factory=AgentProxyConfig)
+    images: dict[str, str] = Field(
+        default_factory=dict,
+        description="A machine image per provider (AMI id, GCE image).",
+        examples=[{"aws": "ami-0abc"}],
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="For the agent and install.",
+        examples=[{"HF_HOME": "/data/hf"}],
+    )
+    proxy: AgentProxyConfig = Field(
+        default_factory=AgentProxyConfig, examples=[{"https": "http://proxy:3128"}]
+    )
 
     @field_validator("images")
     @classmethod
@@ -290,14 +302,19 @@ class ConfigSchema(BaseModel):
     data_dir: Path | None = None
     database_url: SecretStr | None = None
     policy_dir: Path | None = None
-    providers: dict[str, ProviderConfig] = Field(default_factory=_default_providers)
-    api: ApiConfig = Field(default_factory=ApiConfig)
-    loops: LoopsConfig = Field(default_factory=LoopsConfig)
-    leader: LeaderConfig = Field(default_factory=LeaderConfig)
-    prices: PricesConfig = Field(default_factory=PricesConfig)
-    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
-    log: LogConfig = Field(default_factory=LogConfig)
-    agent: AgentSetupConfig = Field(default_factory=AgentSetupConfig)
+    providers: dict[str, ProviderConfig] = Field(
+        default_factory=_default_providers,
+        examples=[{"aws": {"regions": ["us-east-1"]}, "local": {"enabled": False}}],
+    )
+    api: ApiConfig = Field(default_factory=ApiConfig, examples=[{"port": 8470}])
+    loops: LoopsConfig = Field(default_factory=LoopsConfig, examples=[{"reconcile_s": 15}])
+    leader: LeaderConfig = Field(default_factory=LeaderConfig, examples=[{"check_s": 2}])
+    prices: PricesConfig = Field(default_factory=PricesConfig, examples=[{"drop_fraction": 0.2}])
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig, examples=[ALERTS_EXAMPLE])
+    log: LogConfig = Field(default_factory=LogConfig, examples=[{"format": "json"}])
+    agent: AgentSetupConfig = Field(
+        default_factory=AgentSetupConfig, examples=[{"images": {"aws": "ami-0abc"}}]
+    )
 
     @field_validator("providers")
     @classmethod

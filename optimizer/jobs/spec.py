@@ -62,7 +62,9 @@ class JobSpec(BaseModel):
     workdir: str | None = Field(None, description="Where the commands run on the instance.")
     checkpoint_dir: str = Field(min_length=1, description="A path or bucket URI for the job.")
     env: dict[str, _EnvValue] = Field(
-        default_factory=dict, description=f"At most {MAX_ENV_KEYS} variables."
+        default_factory=dict,
+        description=f"At most {MAX_ENV_KEYS} variables.",
+        examples=[{"WANDB_PROJECT": "resnet"}],
     )
     probes: Literal["quick", "deep", "none"] = "quick"
     expected_gpus: int | None = Field(
