@@ -103,7 +103,8 @@ def test_config_check_refuses_a_public_address_without_a_token(tmp_path: Path) -
     path.write_text("api: {host: 0.0.0.0}\n")
     result = CliRunner().invoke(app, ["config", "check", str(path)])
     assert result.exit_code == 2
-    assert f"{path}: api.token: required to listen on 0.0.0.0" in result.stderr
+    # Located at the host that makes a token necessary.
+    assert f"{path}:1:7: api.token: required to listen on 0.0.0.0" in result.stderr
 
 
 def test_config_show_masks_every_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -191,7 +192,7 @@ def test_a_public_address_needs_a_token_of_at_least_32_characters(
     result = CliRunner().invoke(app, ["config", "check", str(path)])
     assert result.exit_code == 2
     assert (
-        f"{path}: api.token: must be at least 32 characters to listen on 0.0.0.0 "
+        f"{path}:1:22: api.token: must be at least 32 characters to listen on 0.0.0.0 "
         "(a non-loopback address); this one has 5"
     ) in result.stderr
     assert "abcde" not in result.stderr
@@ -205,3 +206,58 @@ def test_a_public_address_needs_a_token_of_at_least_32_characters(
     path.write_text("api: {host: 127.0.0.1, token: abcde}\n")  # loopback: any token will do
     monkeypatch.delenv("GPUOPT_API__TOKEN")
     assert CliRunner().invoke(app, ["config", "check", str(path)]).exit_code == 0
+
+
+def test_config_check_reports_every_problem_at_once_in_file_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One section's schema error used to hide the other sections' problems, the file's
+    # problems hid the variables', and both hid what the daemon would refuse.
+    path = tmp_path / "many.yaml"
+    path.write_text(
+        "api:\n"
+        "  host: 0.0.0.0\n"  # the daemon would refuse: no token
+        "  port: 70000\n"
+        "providers:\n"
+        "  local: {enabled: false}\n"  # the daemon would refuse: nothing to poll
+        "loops: {watch_s: -1}\n"
+        "agent:\n"
+        "  env: {1bad: x}\n"
+        "alerts: {channels: [ops]}\n"
+    )
+    monkeypatch.setenv("GPUOPT_LEADER__CHECK_S", "often")
+    result = CliRunner().invoke(app, ["config", "check", str(path)])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        f"{path}:2:3: api.token: required to listen on 0.0.0.0 (a non-loopback address); "
+        "set it or GPUOPT_API__TOKEN",
+        f"{path}:3:9: api.port: must be <= 65535",
+        f"{path}:4:1: providers: no provider is enabled; nothing will be polled",
+        f"{path}:6:18: loops.watch_s: must be > 0",
+        f"{path}:8:8: agent.env: '1bad' is not an environment variable name",
+        f"{path}:9:20: alerts.channels: must be a mapping; for example: channels: {{ops: "
+        "{type: slack, url: 'https://hooks.slack.com/services/T0/B0/x'}}",
+        "GPUOPT_LEADER__CHECK_S: leader.check_s: must be a valid number, unable to parse string "
+        "as a number",
+    ]
+    # The daemon reads the config the same way: every schema and variable problem at once.
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert [p.field for p in caught.value.problems] == [
+        "api.port",
+        "loops.watch_s",
+        "agent.env",
+        "alerts.channels",
+        "leader.check_s",
+    ]
+
+
+def test_config_check_does_not_report_a_bad_value_twice(tmp_path: Path) -> None:
+    # A token that is not text is reported once: not again as "required" once set aside.
+    path = tmp_path / "token.yaml"
+    path.write_text("api: {host: 0.0.0.0, token: [a, b]}\n")
+    result = CliRunner().invoke(app, ["config", "check", str(path)])
+    assert result.exit_code == 2
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"{path}:1:29: api.token: ")
+    assert "required" not in line

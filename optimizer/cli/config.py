@@ -26,17 +26,15 @@ FileArg = Annotated[
 
 @app.command("check")
 def check(file: FileArg = None) -> None:
-    """Validate the config; every problem is printed as file:line:col: field: message (exit 2)."""
-    from optimizer.daemon.config import ConfigError, config_problems, load_config
+    """Validate the config; every problem at once, each as file:line:col: field: message (or
+    VARIABLE: field: message), in file order (exit 2)."""
+    from optimizer.daemon.config import check_config, default_config_path
 
-    try:
-        config = load_config(file)
-    except ConfigError as exc:
-        fail(*exc.problems, prefixed=False)
-    problems = config_problems(config)
+    problems = check_config(file)
     if problems:
         fail(*problems, prefixed=False)
-    print(f"{config.source or 'defaults and environment'}: ok")
+    source = file if file is not None else default_config_path()
+    print(f"{source or 'defaults and environment'}: ok")
 
 
 @app.command("show")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,11 +25,17 @@ from pydantic import (
     ValidationError,
     field_validator,
 )
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from optimizer.alerts.config import ALERTS_EXAMPLE, AlertsConfig
-from optimizer.common.documents import load_document
+from optimizer.common.documents import Checked, check_file
 from optimizer.common.errors import LocatedError, Problem
+from optimizer.common.validation import findings, in_file_order
 from optimizer.daemon import settings
 from optimizer.jobs.bootstrap import BOOTSTRAP_ENV, AgentInstall, AgentProxy, AgentSettings
 from optimizer.store import DatabaseUrlError, normalize_database_url
@@ -290,6 +297,18 @@ class AgentSetupConfig(_Section):
         )
 
 
+# Variables a check found bad: left out while it builds the config from the rest.
+_IGNORED_ENV: ContextVar[frozenset[str]] = ContextVar("_IGNORED_ENV", default=frozenset())
+
+
+class _Environment(EnvSettingsSource):
+    """The `GPUOPT_*` variables less those in `_IGNORED_ENV` (names in lower case)."""
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        ignored = _IGNORED_ENV.get()
+        return {k: v for k, v in super()._load_env_vars().items() if k.lower() not in ignored}
+
+
 def _default_providers() -> dict[str, ProviderConfig]:
     return {"local": ProviderConfig()}
 
@@ -363,6 +382,8 @@ class DaemonConfig(BaseSettings, ConfigSchema):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # The file's values arrive as init arguments; the environment outranks them.
+        if _IGNORED_ENV.get():
+            env_settings = _Environment(settings_cls)
         return (env_settings, init_settings)
 
     # -- derived values ----------------------------------------------------------------------
@@ -406,32 +427,44 @@ class DaemonConfig(BaseSettings, ConfigSchema):
         return [s for s in found if s]
 
 
-def config_problems(config: DaemonConfig) -> list[str]:
-    """What the schema cannot see but the daemon would refuse, one line each."""
+def config_problems(
+    config: DaemonConfig, checked: Checked[ConfigSchema] | None = None
+) -> list[Problem]:
+    """What the schema cannot see but the daemon would refuse, each located where it was
+    set: the variable, else the file's line (`checked`, the file's check), else the file."""
     from optimizer.daemon.server import is_loopback
 
-    where = config.source or "<config>"
+    def at(field: tuple[str, ...], message: str, near: tuple[str, ...] | None = None) -> Problem:
+        named = _env_name(field, os.environ) or (near and _env_name(near, os.environ))
+        if named:
+            return Problem(named, message, field=".".join(field))
+        if checked is not None:
+            return checked.problem(message, field, near)
+        return Problem(config.source or "<config>", message, field=".".join(field))
+
     problems = []
     if not is_loopback(config.api.host) and config.api.token is None:
         problems.append(
-            f"{where}: api.token: required to listen on {config.api.host} (a non-loopback "
-            "address); set it or GPUOPT_API__TOKEN"
+            at(
+                ("api", "token"),
+                f"required to listen on {config.api.host} (a non-loopback address); set it or "
+                "GPUOPT_API__TOKEN",
+                near=("api", "host"),
+            )
         )
-    weak = weak_token_problem(config)
+    weak = _weak_token(config)
     if weak:
-        problems.append(weak)
+        problems.append(at(("api", "token"), weak))
     if not config.enabled_providers():
-        problems.append(f"{where}: providers: no provider is enabled; nothing will be polled")
+        problems.append(at(("providers",), "no provider is enabled; nothing will be polled"))
     try:
         config.effective_database_url  # noqa: B018 (normalizing it is the check)
     except DatabaseUrlError as exc:
-        problems.append(f"{where}: {exc}")
+        problems.append(at(("database_url",), str(exc).removeprefix("database_url ")))
     return problems
 
 
-def weak_token_problem(config: DaemonConfig) -> str | None:
-    """A located problem when the API would listen beyond loopback with a token shorter than
-    MIN_REMOTE_TOKEN characters (one anyone on the network could guess), else None."""
+def _weak_token(config: DaemonConfig) -> str | None:
     from optimizer.daemon.server import is_loopback
 
     token = config.api.token
@@ -440,11 +473,20 @@ def weak_token_problem(config: DaemonConfig) -> str | None:
     length = len(token.get_secret_value().strip())
     if length >= MIN_REMOTE_TOKEN:
         return None
-    where = _env_name(("api", "token"), os.environ) or config.source or "<config>"
     return (
-        f"{where}: api.token: must be at least {MIN_REMOTE_TOKEN} characters to listen on "
-        f"{config.api.host} (a non-loopback address); this one has {length}"
+        f"must be at least {MIN_REMOTE_TOKEN} characters to listen on {config.api.host} "
+        f"(a non-loopback address); this one has {length}"
     )
+
+
+def weak_token_problem(config: DaemonConfig) -> str | None:
+    """A located problem when the API would listen beyond loopback with a token shorter than
+    MIN_REMOTE_TOKEN characters (one anyone on the network could guess), else None."""
+    weak = _weak_token(config)
+    if weak is None:
+        return None
+    where = _env_name(("api", "token"), os.environ) or config.source or "<config>"
+    return f"{where}: api.token: {weak}"
 
 
 def default_config_path(environ: Mapping[str, str] | None = None) -> Path | None:
@@ -469,30 +511,76 @@ def _env_name(loc: tuple[Any, ...], environ: Mapping[str, str]) -> str | None:
 
 def _env_problems(error: ValidationError, source: str) -> list[Problem]:
     problems = []
-    for item in error.errors(include_url=False, include_input=False):
-        loc = tuple(item["loc"])
-        field = ".".join(str(p) for p in loc)
-        message = item["msg"].removeprefix("Value error, ").replace("Input should be", "must be")
-        where = _env_name(loc, os.environ) or source
-        problems.append(Problem(where, message, field=field))
+    for finding in findings(error, DaemonConfig):
+        where = _env_name(finding.field, os.environ) or source
+        field = ".".join(str(p) for p in finding.field)
+        problems.append(Problem(where, finding.message, field=field))
     return problems
+
+
+def _with_environment(
+    file_values: dict[str, Any], source: str | None
+) -> tuple[DaemonConfig | None, list[Problem]]:
+    """The file's values with the environment on top, and the variables' problems; with bad
+    variables the config is built without them (None when that fails too), so a check can go
+    on to what the daemon would refuse."""
+    try:
+        config = DaemonConfig(**file_values)
+    except ValidationError as exc:
+        problems = _env_problems(exc, source or "<defaults>")
+    else:
+        config._source = source
+        return config, []
+    bad = {p.path for p in problems}
+    if not all(name.startswith(ENV_PREFIX) for name in bad):
+        return None, problems
+    ignored = _IGNORED_ENV.set(frozenset(name.lower() for name in bad))
+    try:
+        config = DaemonConfig(**file_values)
+    except ValidationError:
+        return None, problems
+    finally:
+        _IGNORED_ENV.reset(ignored)
+    config._source = source
+    return config, problems
+
+
+def _gather(
+    path: str | Path | None,
+) -> tuple[DaemonConfig | None, list[Problem], Checked[ConfigSchema] | None]:
+    """The config built from everything that was valid, every schema and environment
+    problem, and the file's check (None without a file)."""
+    chosen = Path(path) if path is not None else default_config_path()
+    if chosen is None:
+        config, problems = _with_environment({}, None)
+        return config, problems, None
+    checked = check_file(chosen, ConfigSchema, interpolate=True, what="config", error=ConfigError)
+    values = checked.value.model_dump(exclude_unset=True) if checked.value is not None else {}
+    config, problems = _with_environment(values, str(chosen))
+    if checked.value is None:
+        config = None  # a file that could not be read at all leaves nothing to check further
+    return config, [*checked.problems, *problems], checked
+
+
+def _under(field: str, fields: set[str]) -> bool:
+    return any(field == f or field.startswith((f + ".", f + "[")) for f in fields)
+
+
+def check_config(path: str | Path | None = None) -> list[Problem]:
+    """Every problem at once, as `gpuopt config check` lists them: the file's in file order,
+    then the variables', then what the daemon would refuse (`config_problems`) about what
+    is left (a value already reported bad is not reported again)."""
+    config, problems, checked = _gather(path)
+    if config is not None:
+        bad = {p.field for p in problems if p.field}
+        problems += [p for p in config_problems(config, checked) if not _under(p.field, bad)]
+    return in_file_order(problems)
 
 
 def load_config(path: str | Path | None = None) -> DaemonConfig:
     """Read the config file (if any) and the environment; raises ConfigError with every
     problem located. `path` None means `default_config_path()`."""
-    chosen = Path(path) if path is not None else default_config_path()
-    file_values: dict[str, Any] = {}
-    source = None
-    if chosen is not None:
-        source = str(chosen)
-        schema = load_document(
-            chosen, ConfigSchema, interpolate=True, what="config", error=ConfigError
-        )
-        file_values = schema.model_dump(exclude_unset=True)
-    try:
-        config = DaemonConfig(**file_values)
-    except ValidationError as exc:
-        raise ConfigError(_env_problems(exc, source or "<defaults>")) from None
-    config._source = source
+    config, problems, _ = _gather(path)
+    if problems or config is None:
+        raise ConfigError(problems)
     return config
