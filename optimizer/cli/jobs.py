@@ -8,65 +8,20 @@ The API address is `--api` or `GPUOPT_API_URL` (default http://127.0.0.1:8470); 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from optimizer.cli.common import error, fail
+from optimizer.cli.client import ApiOption
+from optimizer.cli.client import call as _call
+from optimizer.cli.common import fail
 
 app = typer.Typer(
     help="Submit and follow managed jobs (through the daemon's API).", no_args_is_help=True
 )
 
-ApiOption = Annotated[
-    str | None, typer.Option("--api", help="Daemon API URL (default $GPUOPT_API_URL).")
-]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the API's JSON.")]
-
-
-def _token() -> str:
-    from optimizer.daemon import settings
-
-    token = os.environ.get("GPUOPT_API_TOKEN", "").strip()
-    if token:
-        return token
-    path = settings.data_dir() / "api-token"
-    try:
-        return path.read_text().strip()
-    except OSError:
-        fail(f"no API token: set GPUOPT_API_TOKEN or start the daemon (it writes {path})")
-
-
-def _call(method: str, path: str, api: str | None, **kwargs: Any) -> Any:
-    import httpx
-
-    base = (api or os.environ.get("GPUOPT_API_URL") or "http://127.0.0.1:8470").rstrip("/")
-    try:
-        response = httpx.request(
-            method,
-            base + path,
-            headers={"Authorization": f"Bearer {_token()}"},
-            timeout=30,
-            **kwargs,
-        )
-    except httpx.HTTPError as exc:
-        fail(f"cannot reach the daemon at {base}: {exc.__class__.__name__} (is it running?)")
-    if response.status_code >= 400:
-        try:
-            detail = response.json().get("detail", response.text)
-        except ValueError:
-            detail = response.text
-        if isinstance(detail, list):
-            detail = "; ".join(
-                f"{'.'.join(map(str, d.get('loc', [])[1:]))}: {d.get('msg')}" for d in detail
-            )
-        if response.status_code >= 500:  # the daemon failed, not the request
-            error(f"{response.status_code}: {detail}")
-            raise typer.Exit(1)
-        fail(f"{response.status_code}: {detail}")
-    return response.json()
 
 
 def _print_job(job: dict[str, Any]) -> None:
