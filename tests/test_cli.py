@@ -243,7 +243,7 @@ def bad_input_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "jobs": (["jobs", "submit", str(missing)], f"{missing}: no such file"),
         "local": (
             ["local", "interrupt", "i-local-9999", "--state-dir", str(tmp / "cloud")],
-            "gpuopt: error: no local instance 'i-local-9999'",
+            f"gpuopt: error: no local cloud at {tmp / 'cloud'} (--state-dir)",
         ),
         "agent": (
             ["agent", "run"],

@@ -191,7 +191,7 @@ def test_two_local_clouds_on_one_host_never_touch_each_others_processes(
         assert all(proc_start_ticks(pid) is None for pid in pids_two)
 
 
-def test_terminate_sends_sigterm_then_ends_the_instance_as_user(cloud: LocalCloud) -> None:
+def test_terminate_sends_sigterm_then_ends_the_instance_as_gpuopts_doing(cloud: LocalCloud) -> None:
     script = "trap 'echo got-term; exit 0' TERM; echo trapped; sleep 60 & wait"
     ref = cloud.launch(offer(cloud), spec(script), "j/1")
     console = cloud.state.disk(ref.instance_id) / "console.log"
@@ -199,7 +199,7 @@ def test_terminate_sends_sigterm_then_ends_the_instance_as_user(cloud: LocalClou
     wait_until(lambda: "trapped" in console.read_text(), what="the trap to be set")
     cloud.terminate(ref)
     status = ended(cloud, ref)
-    assert status.end_reason is EndReason.USER and status.detail == "terminated by user"
+    assert status.end_reason is EndReason.USER and status.detail == "terminated by gpuopt"
     assert "got-term" in console.read_text()
     cloud.terminate(ref)  # terminating again is harmless
 

@@ -3,20 +3,26 @@
 These commands act on the local cloud's state directory (`<data dir>/local-cloud` unless
 `--state-dir` says otherwise), which the daemon's local cloud reads: an interruption written
 here shows on the instance's metadata endpoint at once, and the daemon's local cloud powers
-the instance off when its grace period ends.
+the instance off when its grace period ends. `list` and `interrupt` never create that
+directory: a missing one is an error naming it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from optimizer.cli.common import fail
+from optimizer.daemon.settings import DATA_DIR_ENV
+
+if TYPE_CHECKING:
+    from providers.local.state import InstanceRecord
 
 app = typer.Typer(
     help="The local cloud: list instances, inject interruptions and launch failures.",
@@ -40,10 +46,29 @@ def default_state_dir() -> Path:
     return data_dir() / "local-cloud"
 
 
-def _cloud(state_dir: Path | None):  # -> LocalCloud, imported lazily
+def _existing(state_dir: Path | None) -> Path:
+    """The state directory, which must exist: a command that only reads or changes instances
+    never creates one (a mistyped GPUOPT_DATA_DIR would otherwise look like an empty cloud)."""
+    root = state_dir or default_state_dir()
+    if not root.is_dir():
+        named = os.environ.get(DATA_DIR_ENV, "").strip()
+        if state_dir is not None:
+            where = "--state-dir"
+        elif named:
+            where = f"from {DATA_DIR_ENV}={named}"
+        else:
+            where = f"the default data directory; {DATA_DIR_ENV} is not set"
+        fail(
+            f"no local cloud at {root} ({where}); a daemon creates it when it first launches "
+            "an instance there"
+        )
+    return root
+
+
+def _cloud(state_dir: Path):  # -> LocalCloud, imported lazily
     from providers.local import LocalCloud
 
-    return LocalCloud(state_dir or default_state_dir())
+    return LocalCloud(state_dir)
 
 
 def _when(t: float | None) -> str:
@@ -59,27 +84,41 @@ def list_instances(
     all_: Annotated[bool, typer.Option("--all", help="Include ended instances.")] = False,
 ) -> None:
     """List the local cloud's instances (running ones unless --all)."""
-    records = [r for r in _cloud(state_dir).instances() if all_ or not r.ended]
+    from optimizer.cli.render import columns
+
+    root = _existing(state_dir)
+    records = [r for r in _cloud(root).instances() if all_ or not r.ended]
     if as_json:
         json.dump([r.to_json() for r in records], sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
     if not records:
-        print("no instances" if all_ else "no running instances (--all shows ended ones)")
+        print(
+            f"no instances in {root}"
+            if all_
+            else f"no running instances in {root} (--all shows ended ones)"
+        )
         return
-    header = f"{'INSTANCE':<15} {'STATE':<20} {'TYPE':<20} {'ZONE':<18} {'MARKET':<9} {'$/h':>9}  "
-    print(header + "JOB / DETAIL")
+    rows = []
     for r in records:
         detail = r.detail
         if r.interruption is not None and not r.ended:
             detail = f"interrupted: power-off at {_when(r.interruption.kill_at)}"
-        job = f"{r.job} #{r.attempt}" if r.job else r.key
         price = f"{r.usd_per_hour:.4f}" + (" sim" if r.market == "spot" else "")
-        state = f"{r.state} ({r.end_reason})" if r.ended and r.end_reason else r.state
-        print(
-            f"{r.id:<15} {state:<20} {r.instance_type:<20} {r.zone:<18} {r.market:<9} "
-            f"{price:>9}  {job}{'  ' + detail if detail else ''}"
-        )
+        job = f"{r.job} #{r.attempt}" if r.job else r.key
+        rows.append([r.id, _state(r), r.instance_type, r.zone, r.market, price, job, detail or "-"])
+    headers = ["INSTANCE", "STATE", "TYPE", "ZONE", "MARKET", "$/h", "JOB", "DETAIL"]
+    columns(headers, rows, right=["$/h"])
+
+
+def _state(record: InstanceRecord) -> str:
+    """`running`, `terminated (preempted)`, `terminated (by gpuopt)`…"""
+    if not record.ended or not record.end_reason:
+        return record.state
+    # Only gpuopt (the daemon) calls terminate(), which sets stop_at; other ends that count
+    # as the user's are the instance shutting itself down.
+    who = "by gpuopt" if record.end_reason == "user" and record.stop_at is not None else None
+    return f"{record.state} ({who or record.end_reason})"
 
 
 @app.command("interrupt")
@@ -101,7 +140,7 @@ def interrupt(
     """Interrupt a spot instance: post the notice now, power it off after the grace period."""
     if action not in ("terminate", "stop", "hibernate"):
         fail(f"--action must be terminate, stop or hibernate, not {action!r}")
-    cloud = _cloud(state_dir)
+    cloud = _cloud(_existing(state_dir))
     try:
         record = cloud.interrupt(instance, grace_s=grace, action=action)
     except (KeyError, ValueError) as exc:
@@ -132,5 +171,10 @@ def fail_next(
 
     if error not in FAULTS:
         fail(f"--error must be one of {', '.join(FAULTS)}, not {error!r}")
-    _cloud(state_dir).fail_next(match, error, times=times)
-    print(f"the next {times} launch(es) matching {match!r} will fail with a {error} error")
+    # Allowed before any daemon ran (it creates the folder), so it says where it wrote.
+    root = state_dir or default_state_dir()
+    _cloud(root).fail_next(match, error, times=times)
+    print(
+        f"the next {times} launch(es) matching {match!r} will fail with a {error} error "
+        f"(recorded in {root})"
+    )

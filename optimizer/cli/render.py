@@ -122,3 +122,31 @@ def _rejections(console: Console, ranking: Any, examples: int = 3) -> None:
             lines.append(f"… and {len(rejected) - examples} more")
         table.add_row(rule, str(len(rejected)), "\n".join(lines))
     console.print(table)
+
+
+def columns(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], *, right: Sequence[str] = ()
+) -> None:
+    """Rows under upper-case headers in aligned columns without borders (a listing, as
+    `kubectl get` prints one). On a terminal the last column wraps to fit; piped output is
+    never wrapped or cut, and carries no trailing spaces."""
+    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+    for i, header in enumerate(headers):
+        last = i == len(headers) - 1
+        table.add_column(
+            header,
+            justify="right" if header in right else "left",
+            no_wrap=not last,
+            overflow="fold" if last else "ellipsis",
+        )
+    for row in rows:
+        table.add_row(*row)
+    console = Console()
+    if console.is_terminal:
+        console.print(table)
+        return
+    wide = Console(width=10_000, color_system=None)
+    with wide.capture() as captured:
+        wide.print(table)
+    for line in captured.get().splitlines():
+        print(line.rstrip())

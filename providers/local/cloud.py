@@ -346,7 +346,9 @@ class LocalCloud:
             notice = record.interruption
             return EndReason.PREEMPTED, f"spot {notice.action} at {iso(notice.kill_at)}"
         if record.stop_at is not None:
-            return EndReason.USER, "terminated by user"
+            # Only terminate() sets stop_at, and only gpuopt calls it (the daemon ending an
+            # attempt); a person ends an instance with an interruption instead.
+            return EndReason.USER, "terminated by gpuopt"
         if record.pid is None:
             return EndReason.FAILED, "the instance process never started"
         if exit_code == 0:

@@ -1,0 +1,134 @@
+"""`gpuopt local list` as a person reads it: where it looked when there is nothing there, and
+an aligned table that says who ended each instance (the cloud, or gpuopt)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pytest_httpserver import HTTPServer
+
+from optimizer.clock import Clock, utc_now
+from optimizer.daemon.service import Daemon
+from providers.local import LocalCloud
+from tests.helpers import api, wait_until
+from tests.helpers.jobs import e2e_cloud, e2e_daemon, job_body, running_instance, state_of
+
+pytestmark = pytest.mark.usefixtures("daemon_env")
+
+
+def gpuopt(*args: str, data_dir: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUOPT_")}
+    env["GPUOPT_DATA_DIR"] = str(data_dir)
+    return subprocess.run(
+        [sys.executable, "-m", "optimizer.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    "args", [["list"], ["list", "--all", "--json"], ["interrupt", "i-local-0001"]]
+)
+def test_a_wrong_data_dir_is_named_and_nothing_is_created(tmp_path: Path, args: list[str]) -> None:
+    wrong = tmp_path / "typo"
+    done = gpuopt("local", *args, data_dir=wrong)
+    assert done.returncode == 2, done.stdout
+    assert done.stderr.splitlines() == [
+        f"gpuopt: error: no local cloud at {wrong / 'local-cloud'} (from GPUOPT_DATA_DIR="
+        f"{wrong}); a daemon creates it when it first launches an instance there"
+    ]
+    assert done.stdout == ""
+    assert not wrong.exists()
+
+
+def test_an_existing_cloud_without_instances_says_where_it_looked(tmp_path: Path) -> None:
+    (tmp_path / "local-cloud").mkdir()
+    done = gpuopt("local", "list", data_dir=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (
+        f"no running instances in {tmp_path / 'local-cloud'} (--all shows ended ones)\n"
+    )
+    everything = gpuopt("local", "list", "--all", data_dir=tmp_path)
+    assert everything.stdout == f"no instances in {tmp_path / 'local-cloud'}\n"
+
+
+def cells(line: str, starts: list[int]) -> list[str]:
+    """A table line cut at the header's column starts."""
+    ends = [*starts[1:], len(line)]
+    return [line[a:b].strip() for a, b in zip(starts, ends, strict=True)]
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return utc_now
+
+
+@pytest.fixture
+def cloud(tmp_path: Path, clock: Clock) -> Iterator[LocalCloud]:
+    with e2e_cloud(tmp_path, clock) as local:
+        yield local
+
+
+@pytest.fixture
+def daemon(
+    tmp_path: Path, cloud: LocalCloud, httpserver: HTTPServer, clock: Clock
+) -> Iterator[Daemon]:
+    with e2e_daemon(tmp_path, cloud, httpserver, clock) as d:
+        yield d
+
+
+@pytest.mark.slow
+def test_local_list_is_aligned_and_says_gpuopt_ended_what_the_daemon_terminated(
+    tmp_path: Path, daemon: Daemon, cloud: LocalCloud
+) -> None:
+    # One instance the daemon terminates (its job is cancelled), one a person interrupts.
+    with api(daemon) as client:
+        body = job_body("stopped", tmp_path / "ckpt", steps=1, run="sleep 60")
+        assert client.post("/jobs", json=body).status_code == 201
+        stopped = wait_until(lambda: running_instance(cloud, "stopped", 1), 30, "the instance")
+        assert client.post("/jobs/stopped/cancel").status_code == 200
+    wait_until(lambda: state_of(daemon, "stopped")["state"] == "cancelled", 30, "the cancel")
+    wait_until(
+        lambda: next(r for r in cloud.instances() if r.id == stopped).ended, 30, "the power-off"
+    )
+    with api(daemon) as client:
+        body = job_body("preempted", tmp_path / "ckpt2", steps=1, run="sleep 60")
+        assert client.post("/jobs", json=body).status_code == 201
+        preempted = wait_until(lambda: running_instance(cloud, "preempted", 1), 30, "instance 2")
+        interrupted = gpuopt("local", "interrupt", preempted, "--grace", "0", data_dir=tmp_path)
+        assert interrupted.returncode == 0, interrupted.stderr
+        wait_until(
+            lambda: next(r for r in cloud.instances() if r.id == preempted).ended,
+            30,
+            "the interruption's power-off",
+        )
+        assert client.post("/jobs/preempted/cancel").status_code == 200  # no relaunch needed
+
+    listed = gpuopt("local", "list", "--all", data_dir=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    header, *lines = listed.stdout.splitlines()
+    names = header.split()
+    assert names == ["INSTANCE", "STATE", "TYPE", "ZONE", "MARKET", "$/h", "JOB", "DETAIL"]
+    left = [header.index(n) for n in names if n != "$/h"]
+    price_end = header.index("$/h") + len("$/h")  # right-aligned: cells end where it ends
+    for line in lines:
+        assert line == line.rstrip()
+        for at in left[1:]:
+            assert line[at - 1] == " " and line[at] != " ", (header, line)
+        assert line[price_end - 1] != " " and line[price_end] == " ", (header, line)
+    rows = {}
+    for line in lines:
+        instance, state, *_, job, detail = cells(line, left)
+        rows[instance] = (state, job, detail)
+    assert rows[stopped] == ("terminated (by gpuopt)", "stopped #1", "terminated by gpuopt")
+    state, job, detail = rows[preempted]
+    assert (state, job) == ("terminated (preempted)", "preempted #1")
+    assert detail.startswith("spot terminate at ")
