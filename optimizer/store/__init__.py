@@ -1,7 +1,8 @@
 """The store: gpuopt's durable state on SQLite or PostgreSQL, one repository per aggregate.
 
     store = Store(url)
-    store.prices     offers, price history, latest prices, the providers' spec cache
+    store.prices     offers, price history (raw and hourly tiers, their retention), latest
+                     prices, the providers' spec cache
     store.jobs       jobs, attempts, what agents report, pool cooldowns
     store.events     events and the alert outbox
     store.policies   policy versions, price-signal state, poll status
@@ -33,6 +34,7 @@ from optimizer.store.engine import (
     utc_now,
 )
 from optimizer.store.events import Events
+from optimizer.store.history import PricePoint, PruneBatch, Retention, Tier
 from optimizer.store.jobs import AttemptRecord, Jobs, token_sha256
 from optimizer.store.policies import Policies
 from optimizer.store.prices import Prices
@@ -57,9 +59,13 @@ __all__ = [
     "OutboxItem",
     "PolicyVersionRecord",
     "PollStatusRecord",
+    "PricePoint",
+    "PruneBatch",
     "ReplicaRecord",
+    "Retention",
     "Store",
     "StoreError",
+    "Tier",
     "is_sqlite_url",
     "normalize_database_url",
     "sqlite_file",

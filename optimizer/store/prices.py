@@ -1,5 +1,8 @@
 """The prices repository: price history, each pool's latest price, and the providers' spec cache.
 
+Price history has two tiers, raw points and hourly summaries; `history.py` holds how they
+are read together and how points age from one to the next (`prune_history`).
+
 Bulk paths use SQLAlchemy Core over plain dicts (executemany), because building ORM objects
 costs more than the insert itself; every write is one transaction.
 """
@@ -14,7 +17,9 @@ from typing import Any
 from sqlalchemy import Insert, Row, delete, func, insert, select
 
 from optimizer.model import OFFER_FIELDS, Market, Offer
+from optimizer.store import history
 from optimizer.store.engine import Database, aware, chunks, dialect_insert, table
+from optimizer.store.history import PoolKey, PricePoint, PruneBatch, Retention
 from optimizer.store.tables import POOL_COLUMNS, LatestPrice, PriceHistory, SpecCacheEntry
 
 # Rows per executemany call: big enough to amortize the round trip, small enough that one
@@ -131,26 +136,67 @@ class Prices:
         market: Market | str,
         since: datetime | None = None,
         until: datetime | None = None,
+        *,
+        prior: bool = False,
     ) -> list[tuple[datetime, float]]:
-        """One pool's (observed_at, usd_per_hour) in time order, for since <= t < until."""
-        t = _HISTORY
-        query = (
-            select(t.c.observed_at, t.c.usd_per_hour)
-            .where(
-                t.c.provider == provider,
-                t.c.region == region,
-                t.c.zone == (zone or ""),
-                t.c.instance_type == instance_type,
-                t.c.market == Market(market).value,
-            )
-            .order_by(t.c.observed_at, t.c.id)
+        """One pool's prices in effect, (at, usd_per_hour) oldest first, for since <= at <
+        until, across both tiers (`price_points` says how); with `prior`, first the last
+        point before `since` (the price in effect at `since`). What the ledger integrates."""
+        points = self.price_points(
+            provider, region, zone, instance_type, market, since, until, prior=prior
         )
-        if since is not None:
-            query = query.where(t.c.observed_at >= aware(since, "since"))
-        if until is not None:
-            query = query.where(t.c.observed_at < aware(until, "until"))
+        return [(p.at, p.usd_per_hour) for p in points]
+
+    def price_points(
+        self,
+        provider: str,
+        region: str,
+        zone: str | None,
+        instance_type: str,
+        market: Market | str,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        *,
+        prior: bool = False,
+        limit: int | None = None,
+    ) -> list[PricePoint]:
+        """One pool's points in effect over [since, until), oldest first: raw points where
+        they are kept, and for older hours each hour's summary, in effect from the start of
+        the hour at its median. With `prior`, first the last point before `since`; `limit`
+        keeps the oldest `limit` points of the range (the prior one aside)."""
+        pool = (provider, region, zone or "", instance_type, Market(market).value)
+        start = None if since is None else aware(since, "since")
+        end = None if until is None else aware(until, "until")
+        if limit is not None and limit < 1:
+            raise ValueError("limit must be at least 1")
         with self._db.connect() as conn:
-            return [(row.observed_at, row.usd_per_hour) for row in conn.execute(query)]
+            return history.points_in_effect(conn, pool, start, end, prior=prior, limit=limit)
+
+    def prune_history(
+        self,
+        retention: Retention,
+        *,
+        now: datetime | None = None,
+        after: PoolKey | None = None,
+        max_rows: int = 20_000,
+        max_pools: int = 500,
+    ) -> PruneBatch:
+        """One batch of the retention pass, one transaction: for the pools after `after` (in
+        key order), summarize raw points past `retention.raw` into hourly rows and remove
+        them, and remove hourly rows past `retention.hourly`; stops after about `max_rows`
+        removed rows or `max_pools` pools. Call again with `after=batch.after` until
+        `batch.done`. `now` defaults to the store's clock."""
+        at = self._db.now(now, "now")
+        with self._db.begin() as conn:
+            return history.prune_batch(
+                conn,
+                self._db.dialect,
+                retention,
+                at,
+                after=after,
+                max_rows=max_rows,
+                max_pools=max_pools,
+            )
 
     # -- provider spec cache (providers.base.SpecCache) -------------------------------------
 
