@@ -1,4 +1,4 @@
-"""The daemon: config, the five loops on a scheduler, the API server, signals.
+"""The daemon: config, the loops on a scheduler, the API server, signals.
 
 Exports are resolved on first use, so importing one daemon module (the config, for
 `gpuopt config check`) does not load the whole service.

@@ -13,6 +13,7 @@ import os
 import re
 from collections.abc import Mapping
 from contextvars import ContextVar
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,7 +39,7 @@ from optimizer.common.errors import LocatedError, Problem
 from optimizer.common.validation import findings, in_file_order
 from optimizer.daemon import settings
 from optimizer.jobs.bootstrap import BOOTSTRAP_ENV, AgentInstall, AgentProxy, AgentSettings
-from optimizer.store import DatabaseUrlError, normalize_database_url
+from optimizer.store import DatabaseUrlError, Retention, normalize_database_url
 from providers import registry
 
 CONFIG_FILE_NAME = "gpuopt.yaml"
@@ -95,6 +96,7 @@ class LoopsConfig(_Section):
     reconcile_s: float = Field(15, gt=0)
     deliver_s: float = Field(5, gt=0)
     watch_s: float = Field(2, gt=0)
+    retention_s: float = Field(3600, gt=0, description="Price history pruning (leader only).")
     misfire_grace_s: float = Field(60, gt=0)
 
 
@@ -119,10 +121,35 @@ class LeaderConfig(_Section):
         return value
 
 
+class RetentionConfig(_Section):
+    """How long price history is kept: raw points, then hourly min/median/max per pool."""
+
+    raw_days: float = Field(14, gt=0, description="Raw price points are kept this long.")
+    hourly_days: float = Field(
+        400, gt=0, description="History reaches back this far, hourly past raw_days."
+    )
+    batch_rows: int = Field(
+        20_000, ge=100, le=1_000_000, description="Rows one pruning transaction removes at most."
+    )
+
+    @field_validator("hourly_days")
+    @classmethod
+    def _longer_than_raw(cls, value: float, info: Any) -> float:
+        raw = info.data.get("raw_days")
+        if raw is not None and value <= raw:
+            raise ValueError(f"must be more than prices.retention.raw_days ({raw:g})")
+        return value
+
+    def retention(self) -> Retention:
+        """The store's plain retention values."""
+        return Retention(timedelta(days=self.raw_days), timedelta(days=self.hourly_days))
+
+
 class PricesConfig(_Section):
     drop_fraction: float = Field(
         0.20, gt=0, lt=1, description="Alert when a policy's best offer gets this much cheaper."
     )
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
 
 
 class LogConfig(_Section):

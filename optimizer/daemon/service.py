@@ -38,6 +38,7 @@ from optimizer.daemon.loops.deliver import DeliverLoop
 from optimizer.daemon.loops.poll import PollLoop
 from optimizer.daemon.loops.queue import QueueLoop, queue_handles
 from optimizer.daemon.loops.reconcile import ReconcileLoop
+from optimizer.daemon.loops.retention import RetentionLoop
 from optimizer.daemon.loops.watch import PolicyWatcher
 from optimizer.daemon.metrics import Metrics
 from optimizer.daemon.policies import PolicyRegistry
@@ -160,6 +161,13 @@ class Daemon:
             metrics=self.metrics,
             leading=lambda: self.leadership.is_leader,
         )
+        self.retention = RetentionLoop(
+            self.store,
+            clock,
+            config.prices.retention.retention(),
+            batch_rows=config.prices.retention.batch_rows,
+            leading=lambda: self.leadership.is_leader,
+        )
         self.queues = [
             QueueLoop(handle, self.store, clock, wake=self.reconcile.wakeup.set)
             for handle in queue_handles(self.handles)
@@ -269,6 +277,7 @@ class Daemon:
         # tick() refuses to overlap itself, so a wake-up is never dropped as a second instance
         self._lead("reconcile", self.reconcile.tick, loops.reconcile_s, guards_overlap=True)
         self._lead("deliver", self.deliver.run_once, loops.deliver_s)
+        self._lead("retention", self.retention.run_once, loops.retention_s)
         self.reconcile.attach(lambda: self.scheduler.run_now("reconcile"))
         jobs = JobReconciler(self._api_url, agent=self.config.agent.settings())
         self.reconcile.reconcilers.append(jobs)
@@ -329,6 +338,7 @@ class Daemon:
     def stop(self) -> None:
         """Let each loop finish its current iteration, stop serving, close everything."""
         log.info("stopping: waiting for the loops' current iterations")
+        self.retention.stop()  # a long pruning pass ends after its current batch
         self.scheduler.shutdown(wait=True)
         self.leadership.stop()  # after the loops; the release lets a follower take over at once
         self.server.stop()

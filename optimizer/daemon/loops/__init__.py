@@ -1,4 +1,4 @@
-"""The daemon's five loops (poll, reconcile, deliver, watch, queue).
+"""The daemon's loops (poll, reconcile, deliver, watch, queue, retention).
 
 Each has `run_once()` (one iteration) for the scheduler.
 """
@@ -6,6 +6,7 @@ Each has `run_once()` (one iteration) for the scheduler.
 from optimizer.daemon.loops.deliver import DeliverLoop
 from optimizer.daemon.loops.poll import PollLoop
 from optimizer.daemon.loops.reconcile import ReconcileLoop, Wakeup
+from optimizer.daemon.loops.retention import RetentionLoop
 from optimizer.daemon.loops.watch import PolicyWatcher
 
 __all__ = [
@@ -13,5 +14,6 @@ __all__ = [
     "PolicyWatcher",
     "PollLoop",
     "ReconcileLoop",
+    "RetentionLoop",
     "Wakeup",
 ]

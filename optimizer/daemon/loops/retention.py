@@ -1,0 +1,105 @@
+"""The retention loop: age price history from raw points to hourly summaries to nothing.
+
+Leader only, like every writer. A pass works through the pools in bounded batches
+(`Prices.prune_history`, one transaction each), so a large backlog never holds a long lock;
+between batches it checks that the daemon is not stopping and that this replica still leads,
+and otherwise ends the pass early (the next pass picks up where the data says: a batch
+leaves nothing half done). Every batch of a pass uses the time the pass started.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from optimizer.clock import Clock
+from optimizer.store import PruneBatch, Retention, Store
+
+log = logging.getLogger(__name__)
+
+# Pools visited per batch at most, so a pass with nothing to do is still many short reads.
+MAX_POOLS_PER_BATCH = 500
+
+
+@dataclass
+class RetentionReport:
+    """One pass's totals."""
+
+    batches: int = 0
+    pools: int = 0
+    summarized: int = 0
+    hours: int = 0
+    dropped: int = 0
+    expired: int = 0
+    complete: bool = False  # the pass reached the last pool (not stopped early)
+    seconds: float = 0.0
+
+    def add(self, batch: PruneBatch) -> None:
+        self.batches += 1
+        self.pools += batch.pools
+        self.summarized += batch.summarized
+        self.hours += batch.hours
+        self.dropped += batch.dropped
+        self.expired += batch.expired
+
+
+class RetentionLoop:
+    """Prunes price history to `retention`; `run_once()` is one pass, `stop()` ends a pass
+    in progress after its current batch."""
+
+    name = "retention"
+
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        retention: Retention,
+        *,
+        batch_rows: int = 20_000,
+        leading: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.retention = retention
+        self.batch_rows = batch_rows
+        self.leading = leading
+        self._stopping = threading.Event()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def run_once(self) -> RetentionReport:
+        report = RetentionReport()
+        started = time.perf_counter()
+        now = self.clock()
+        after = None
+        while not self._stopping.is_set() and self.leading():
+            batch = self.store.prices.prune_history(
+                self.retention,
+                now=now,
+                after=after,
+                max_rows=self.batch_rows,
+                max_pools=MAX_POOLS_PER_BATCH,
+            )
+            report.add(batch)
+            if batch.done:
+                report.complete = True
+                break
+            after = batch.after
+        report.seconds = time.perf_counter() - started
+        if report.summarized or report.dropped or report.expired:
+            log.info(
+                "price history: %d raw points summarized into %d hourly rows, %d raw points "
+                "and %d hourly rows past retention removed (%d batches, %.1f s%s)",
+                report.summarized,
+                report.hours,
+                report.dropped,
+                report.expired,
+                report.batches,
+                report.seconds,
+                "" if report.complete else "; stopped early, the next pass goes on",
+            )
+        return report
