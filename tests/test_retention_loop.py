@@ -136,9 +136,9 @@ def test_retention_config_is_validated_with_located_errors(
     with pytest.raises(ConfigError) as caught:
         load_config(path)
     assert [str(p) for p in caught.value.problems] == [
-        f"{path}:2:22: loops.retention_s: must be > 0",
         f"{path}:1:32: prices.retention.raw_days: must be > 0",
         f"{path}:1:47: prices.retention.batch_rows: must be >= 100",
+        f"{path}:2:22: loops.retention_s: must be > 0",
     ]
     path.write_text("prices: {retention: {raw_days: 7}}\n")
     monkeypatch.setenv("GPUOPT_PRICES__RETENTION__HOURLY_DAYS", "90")
