@@ -1,8 +1,8 @@
 """The one monthly budget model (pure): what a launch would bring a policy's month to.
 
 Projected spend for a launch at `usd_per_hour`, at `now` =
-  what the policy's attempts cost so far this calendar month (UTC), each at its launch price
-  for the hours it ran inside the month,
+  what the policy's attempts cost so far this calendar month (UTC), as the cost ledger
+  prices them (docs/costs.md: billed time, spot prices in effect, refunds, root volumes),
 + every live attempt of the policy at its current price, from now to the end of the month,
 + the new attempt at its price, from now to the end of the month.
 
@@ -10,8 +10,8 @@ With `budget.hours_per_month` set, a live or new attempt is projected for at mos
 more hours this month (work that runs part-time). The budget rule of the ranking and the
 launch check both read this module, and they agree because they take the same inputs: the
 policy, `now`, and a `Committed` (spend so far and the live attempts' prices), which the
-caller gathers from the store. gpuopt alerts at 80% of `budget.monthly_usd` and launches
-nothing whose projection passes 100%.
+caller gathers from the ledger (optimizer/jobs/budget.py). gpuopt alerts at 80% of
+`budget.monthly_usd` and launches nothing whose projection passes 100%.
 """
 
 from __future__ import annotations
@@ -24,14 +24,16 @@ ALERT_FRACTION = 0.8
 
 
 @dataclass(frozen=True, slots=True)
-class Spend:
-    """One attempt of the policy: when it started, when it ended (None: still live), its
-    launch price, and its current price (None: the launch price) for the rest of the month."""
+class Live:
+    """A live attempt of the policy: its launch price, and its pool's current price (None:
+    the launch price) for the rest of the month."""
 
-    started: datetime
-    ended: datetime | None
     usd_per_hour: float
     current_usd_per_hour: float | None = None
+
+    @property
+    def price(self) -> float:
+        return self.usd_per_hour if self.current_usd_per_hour is None else self.current_usd_per_hour
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,20 +64,11 @@ def hours_left(now: datetime, hours_per_month: float | None = None) -> float:
     return left if hours_per_month is None else min(left, hours_per_month)
 
 
-def committed(attempts: Iterable[Spend], now: datetime) -> Committed:
-    """Spend so far this month and the live attempts' current prices, at `now`."""
-    start, _ = month_bounds(now)
-    spent, live, count = 0.0, 0.0, 0
-    for a in attempts:
-        begin = max(a.started, start)
-        finish = min(a.ended or now, now)
-        if finish > begin:
-            spent += (finish - begin).total_seconds() / 3600 * a.usd_per_hour
-        if a.ended is None or a.ended > now:
-            count += 1
-            current = a.usd_per_hour if a.current_usd_per_hour is None else a.current_usd_per_hour
-            live += current
-    return Committed(spent, live, count)
+def committed(spent_usd: float, live: Iterable[Live]) -> Committed:
+    """What the policy is committed to: `spent_usd` so far this month (the ledger's figure)
+    and its live attempts, each at its current price."""
+    attempts = list(live)
+    return Committed(spent_usd, sum(a.price for a in attempts), len(attempts))
 
 
 def projected(

@@ -152,8 +152,9 @@ def test_a_failed_probe_relaunches_on_another_offer(
 def test_projected_monthly_spend_stops_a_launch_past_the_budget(
     tmp_path: Path, daemon: Daemon, clock: Clock
 ) -> None:
-    # $500 already spent this month under the policy: an earlier job ran 10 h at $50/h
-    now = clock()
+    # $500 already spent this month under the policy: an earlier job ran 10 h at $50/h,
+    # ending before the daemon's first poll (no observed price of its pool inside its hours)
+    now = clock() - timedelta(hours=1)
     earlier = daemon.store.jobs.add_job("earlier", "local-eu", {"run": "x", "checkpoint_dir": "/x"})
     offer = make_offer(
         provider="local",

@@ -216,9 +216,10 @@ def test_two_concurrent_jobs_under_one_budget_do_not_overshoot(store: Store) -> 
     assert launched
     launched, why = reconciler.launcher.walk(ctx, second, Launch(), policy, STRATEGY)
     assert not launched
+    # the first attempt's instance bills its 60 s minimum from its launch: $0.0067 spent
     assert why == (
-        "budget: $0.00 spent this month under policy p, 1 attempt(s) running; the cheapest "
-        "launch projects $9.60 > $7.00"
+        "budget: $0.01 spent this month under policy p, 1 attempt(s) running; the cheapest "
+        "launch projects $9.61 > $7.00"
     )
     assert store.jobs.attempts(second.id) == []
     live = [a for a in store.jobs.policy_attempts("p", NOW) if a.ended_at is None]

@@ -1,7 +1,16 @@
 """Cost accounting: each cloud's billing rules and the ledger's pure model (docs/costs.md)."""
 
 from optimizer.costs.billing import RULES, BillingRule, rule_for
-from optimizer.costs.ledger import Cost, Usage, cost, integral_usd, month_windows, total
+from optimizer.costs.ledger import (
+    Cost,
+    Usage,
+    billed_span,
+    cost,
+    integral_usd,
+    month_windows,
+    monthly,
+    total,
+)
 from optimizer.costs.lines import Group, GroupBy, Line, group_lines
 
 __all__ = [
@@ -12,10 +21,12 @@ __all__ = [
     "GroupBy",
     "Line",
     "Usage",
+    "billed_span",
     "cost",
     "group_lines",
     "integral_usd",
     "month_windows",
+    "monthly",
     "rule_for",
     "total",
 ]

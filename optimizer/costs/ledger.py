@@ -164,6 +164,14 @@ def storage_usd(gib: float, usd_per_gib_month: float, span: Interval) -> float:
     return total
 
 
+def billed_span(usage: Usage, now: datetime, rule: BillingRule | None = None) -> Interval:
+    """The billed time: launch to termination (to `now` while live), at least the minimum."""
+    rule = rule or rule_for(usage.provider)
+    end = usage.terminated if usage.terminated is not None else now
+    end = max(end, usage.launched + timedelta(seconds=rule.minimum_s))
+    return usage.launched, end
+
+
 def cost(
     usage: Usage,
     now: datetime,
@@ -180,10 +188,8 @@ def cost(
     itself on-demand).
     """
     rule = rule or rule_for(usage.provider)
-    end = usage.terminated if usage.terminated is not None else now
-    if end < usage.launched:
-        end = usage.launched
-    billed = (usage.launched, max(end, usage.launched + timedelta(seconds=rule.minimum_s)))
+    billed = billed_span(usage, now, rule)
+    end = max(usage.terminated if usage.terminated is not None else now, usage.launched)
     refunded = (
         usage.market == "spot"
         and usage.interrupted_by_cloud
@@ -236,3 +242,19 @@ def total(costs: Iterable[Cost]) -> Cost:
     for c in costs:
         out = out + c
     return out
+
+
+def monthly(
+    usage: Usage,
+    now: datetime,
+    *,
+    prices: PricePoints = (),
+    on_demand: PricePoints = (),
+    rule: BillingRule | None = None,
+) -> list[tuple[Interval, Cost]]:
+    """The attempt's cost in each calendar month (UTC) its billed time touches, oldest first."""
+    rule = rule or rule_for(usage.provider)
+    return [
+        (month, cost(usage, now, prices=prices, on_demand=on_demand, window=month, rule=rule))
+        for month in month_windows(*billed_span(usage, now, rule))
+    ]

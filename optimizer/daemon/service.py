@@ -46,6 +46,7 @@ from optimizer.daemon.prices import PriceWatch
 from optimizer.daemon.providers import ProviderHandle, make_handles, provider_secrets
 from optimizer.daemon.scheduler import LoopScheduler
 from optimizer.daemon.server import ApiServer, is_loopback
+from optimizer.jobs.ledger import CostFreezer
 from optimizer.jobs.reconcile import JobReconciler
 from optimizer.model import EventKind, Market
 from optimizer.store import Store
@@ -281,6 +282,8 @@ class Daemon:
         self.reconcile.attach(lambda: self.scheduler.run_now("reconcile"))
         jobs = JobReconciler(self._api_url, agent=self.config.agent.settings())
         self.reconcile.reconcilers.append(jobs)
+        # last in the pass: the attempts the pass ended have their cost lines frozen
+        self.reconcile.reconcilers.append(CostFreezer())
         self.scheduler.start()
         self.server.start()
         self._started = True

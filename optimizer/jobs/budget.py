@@ -1,8 +1,10 @@
-"""What a policy is committed to this month, gathered from the store for the budget model.
+"""What a policy is committed to this month, gathered from the ledger for the budget model.
 
 The model itself is `policies.budget` (pure, shared with the ranking's budget rule); this
-module reads its inputs: the policy's attempts this month, and the current price of each live
-attempt's pool among the latest offers (its launch price when the pool is no longer listed).
+module reads its inputs: the policy's month-to-date spend as the cost ledger prices it
+(optimizer/jobs/ledger.py: frozen lines plus live attempts up to now, root volumes included),
+and every live attempt at its pool's current price among the latest offers (its launch price
+when the pool is no longer listed). The projection prices instances only.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
+from optimizer.jobs.ledger import Ledger
 from optimizer.model import Offer
 from optimizer.store import Store
 from policies import budget
@@ -34,13 +37,13 @@ def committed(
         pool = (offer.provider, offer.region, offer.zone, offer.instance_type, offer.market.value)
         if offer.usd_per_hour < prices.get(pool, float("inf")):
             prices[pool] = offer.usd_per_hour
-    start, _ = budget.month_bounds(now)
-    spends = []
+    start, end = budget.month_bounds(now)
+    spent = Ledger(store).total(since=start, until=end, policy=policy, now=now).total_usd
+    live = []
     for a in store.jobs.policy_attempts(policy, start):
-        ended = a.ended_at
-        if ended is None and a.job_id == replacing:
-            ended = now
+        if a.ended_at is not None or a.job_id == replacing:
+            continue
         provider, region, _zone, instance_type, market = a.pool
         current = prices.get(a.pool, prices.get((provider, region, None, instance_type, market)))
-        spends.append(budget.Spend(a.started_at, ended, a.usd_per_hour, current))
-    return budget.committed(spends, now)
+        live.append(budget.Live(a.usd_per_hour, current))
+    return budget.committed(spent, live)

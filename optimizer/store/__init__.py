@@ -7,6 +7,7 @@
     store.events     events and the alert outbox
     store.policies   policy versions, price-signal state, poll status
     store.replicas   the daemon processes sharing this database
+    store.costs      the cost ledger's frozen lines and the attempts it prices
 
 The repositories share one engine and clock (`engine.Database`). Every public write is one
 transaction; a write that causes events (a job transition, a policy change) records them and
@@ -21,6 +22,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Self
 
+from optimizer.store.costs import BilledAttempt, CostLineRecord, Costs, CostTotals, LineFilter
 from optimizer.store.engine import (
     Database,
     DatabaseUrlError,
@@ -50,11 +52,15 @@ from optimizer.store.tables import (
 
 __all__ = [
     "AttemptRecord",
+    "BilledAttempt",
+    "CostLineRecord",
+    "CostTotals",
     "DatabaseUrlError",
     "DuplicateJobError",
     "EventRecord",
     "JobNotEndedError",
     "JobRecord",
+    "LineFilter",
     "NewEvent",
     "OutboxItem",
     "PolicyVersionRecord",
@@ -97,6 +103,7 @@ class Store:
         self.events = Events(db)
         self.policies = Policies(db)
         self.replicas = Replicas(db)
+        self.costs = Costs(db)
 
     def create_all(self) -> None:
         """Create an empty database's schema at the newest revision, stamped so (a database

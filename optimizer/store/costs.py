@@ -1,0 +1,301 @@
+"""The costs repository: the ledger's reads of attempts and its frozen cost lines.
+
+An ended attempt's lines (one per calendar month it billed in) are written once, when its
+termination is known (`freeze`), and read back as they were (`frozen_lines`), so its numbers
+never change when the price points behind them are downsampled. Attempts without frozen
+lines (live, or ended with the termination not yet known) are read with what the ledger
+needs to price them (`unfrozen`); the ledger (optimizer/jobs/ledger.py) computes theirs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, Select, and_, func, or_, select
+
+from optimizer.store.engine import Database, aware, chunks, dialect_insert, table
+from optimizer.store.jobs import ATTEMPT_IDS_PER_QUERY, AttemptRecord
+from optimizer.store.tables import AgentEvent, Attempt, CostLine, Job
+
+_ATTEMPT = table(Attempt)
+_JOB = table(Job)
+_LINE = table(CostLine)
+_AGENT_EVENT = table(AgentEvent)
+_ATTEMPT_FIELDS = [f.name for f in fields(AttemptRecord)]
+
+
+@dataclass(frozen=True, slots=True)
+class BilledAttempt:
+    """An attempt that got an instance, with what pricing it needs beyond its row: its job's
+    name and policy, and when its job's process exited (the agent's `job_exited` event)."""
+
+    attempt: AttemptRecord
+    job: str
+    policy: str
+    job_exited_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CostLineRecord:
+    """One stored cost line: an ended attempt's cost in one calendar month (UTC), with the
+    attempt's identity read back with it (job name, attempt number, instance, launch and end).
+    `on_demand_usd` is None where no on-demand price of the type and region was known."""
+
+    attempt_id: int
+    job_id: int
+    job: str
+    policy: str
+    attempt: int
+    provider: str
+    region: str
+    zone: str | None
+    instance_type: str
+    market: str
+    instance_id: str | None
+    launched: datetime
+    ended: datetime | None
+    period_start: datetime
+    period_end: datetime
+    billed_seconds: float
+    spend_usd: float
+    storage_usd: float
+    on_demand_usd: float | None
+    overhead_seconds: float
+    overhead_usd: float
+    refunded: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CostTotals:
+    """Sums over stored lines; `priced_lines` of the `lines` had an on-demand baseline."""
+
+    lines: int = 0
+    billed_seconds: float = 0.0
+    spend_usd: float = 0.0
+    storage_usd: float = 0.0
+    on_demand_usd: float = 0.0
+    overhead_seconds: float = 0.0
+    overhead_usd: float = 0.0
+    priced_lines: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LineFilter:
+    """Which lines a query wants: lines whose month overlaps [since, until), of one job (by
+    id), policy, provider or market; None means any."""
+
+    since: datetime | None = None
+    until: datetime | None = None
+    job_id: int | None = None
+    policy: str | None = None
+    provider: str | None = None
+    market: str | None = None
+
+
+def _attempt_record(m: Any) -> AttemptRecord:
+    values = {name: m[name] for name in _ATTEMPT_FIELDS if name != "key"}
+    values["key"] = m["idempotency_key"]
+    values["zone"] = values["zone"] or None
+    return AttemptRecord(**values)
+
+
+def _where(query: Select[Any], f: LineFilter, policy_column: Any) -> Select[Any]:
+    conditions: list[ColumnElement[bool]] = []
+    if f.job_id is not None:
+        conditions.append(_ATTEMPT.c.job_id == f.job_id)
+    if f.policy is not None:
+        conditions.append(policy_column == f.policy)
+    if f.provider is not None:
+        conditions.append(_ATTEMPT.c.provider == f.provider)
+    if f.market is not None:
+        conditions.append(_ATTEMPT.c.market == f.market)
+    return query.where(*conditions) if conditions else query
+
+
+class Costs:
+    """Frozen cost lines in and out, and the attempts the ledger still prices itself."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    # -- attempts the ledger prices ----------------------------------------------------------
+
+    def unfrozen(self, f: LineFilter = LineFilter()) -> list[BilledAttempt]:
+        """Attempts with an instance and no frozen line (live, or ended with the termination
+        not yet known), filtered by job, policy, provider and market (not by time: the ledger
+        clips them to the window once priced), in job and attempt order."""
+        frozen = select(_LINE.c.id).where(_LINE.c.attempt_id == _ATTEMPT.c.id).exists()
+        query = _where(self._billed_query().where(~frozen), f, _JOB.c.policy)
+        return self._billed(query)
+
+    def to_freeze(self, now: datetime, settle: timedelta) -> list[BilledAttempt]:
+        """Ended attempts with an instance and no frozen line whose termination is known: the
+        provider reported it (`terminated_at`), or the instance is gone and `settle` has
+        passed since the attempt ended without a report (its end is then the attempt's)."""
+        frozen = select(_LINE.c.id).where(_LINE.c.attempt_id == _ATTEMPT.c.id).exists()
+        settled = aware(now, "now") - settle
+        query = self._billed_query().where(
+            ~frozen,
+            _ATTEMPT.c.ended_at.is_not(None),
+            or_(
+                _ATTEMPT.c.terminated_at.is_not(None),
+                and_(_ATTEMPT.c.instance_gone.is_(True), _ATTEMPT.c.ended_at <= settled),
+            ),
+        )
+        return self._billed(query)
+
+    def _billed_query(self) -> Select[Any]:
+        return (
+            select(_ATTEMPT, _JOB.c.name.label("job_name"), _JOB.c.policy.label("job_policy"))
+            .join(_JOB, _JOB.c.id == _ATTEMPT.c.job_id)
+            .where(_ATTEMPT.c.instance_id.is_not(None))
+            .order_by(_ATTEMPT.c.job_id, _ATTEMPT.c.number)
+        )
+
+    def _billed(self, query: Select[Any]) -> list[BilledAttempt]:
+        with self._db.connect() as conn:
+            rows = [row._mapping for row in conn.execute(query)]
+            records = [(_attempt_record(m), m["job_name"], m["job_policy"]) for m in rows]
+            exits = self._exits(conn, [a.key for a, _, _ in records])
+        return [BilledAttempt(a, job, policy, exits.get(a.key)) for a, job, policy in records]
+
+    @staticmethod
+    def _exits(conn: Any, keys: Sequence[str]) -> dict[str, datetime]:
+        """When each attempt's job process exited, by attempt key (its first `job_exited`)."""
+        out: dict[str, datetime] = {}
+        for chunk in chunks(keys, ATTEMPT_IDS_PER_QUERY):
+            query = (
+                select(_AGENT_EVENT.c.attempt_key, func.min(_AGENT_EVENT.c.at))
+                .where(_AGENT_EVENT.c.kind == "job_exited", _AGENT_EVENT.c.attempt_key.in_(chunk))
+                .group_by(_AGENT_EVENT.c.attempt_key)
+            )
+            # min() and coalesce() take their arguments' column type: UTC datetimes back.
+            out.update((key, at) for key, at in conn.execute(query))
+        return out
+
+    # -- frozen lines ------------------------------------------------------------------------
+
+    def freeze(self, lines: Iterable[CostLineRecord], at: datetime) -> int:
+        """Store ended attempts' lines (one per attempt and month) in one transaction; a line
+        already stored stays as it is (idempotent). Returns the number of rows written."""
+        rows = [_line_row(line, aware(at, "at")) for line in lines]
+        if not rows:
+            return 0
+        # RETURNING counts the rows written on both engines (an executemany's rowcount is -1
+        # on psycopg); a conflicting row returns nothing.
+        stmt = (
+            dialect_insert(self._db.dialect, _LINE)
+            .on_conflict_do_nothing(index_elements=["attempt_id", "period_start"])
+            .returning(_LINE.c.id)
+        )
+        with self._db.begin() as conn:
+            return len(conn.execute(stmt, rows).all())
+
+    def frozen_lines(self, f: LineFilter = LineFilter()) -> list[CostLineRecord]:
+        """Frozen lines whose month overlaps [since, until), filtered, oldest month first (then
+        by job and attempt): one indexed query, however many attempts."""
+        a, j, c = _ATTEMPT, _JOB, _LINE
+        query = (
+            select(
+                c,
+                j.c.name.label("job_name"),
+                a.c.number,
+                a.c.instance_id,
+                func.coalesce(a.c.launched_at, a.c.started_at).label("launched"),
+                func.coalesce(a.c.terminated_at, a.c.ended_at).label("ended"),
+            )
+            .join(a, a.c.id == c.c.attempt_id)
+            .join(j, j.c.id == c.c.job_id)
+            .order_by(c.c.period_start, c.c.job_id, a.c.number)
+        )
+        if f.since is not None:
+            query = query.where(c.c.period_end > aware(f.since, "since"))
+        if f.until is not None:
+            query = query.where(c.c.period_start < aware(f.until, "until"))
+        query = _where(query, f, c.c.policy)
+        with self._db.connect() as conn:
+            return [_line(row._mapping) for row in conn.execute(query)]
+
+    def frozen_total(self, f: LineFilter = LineFilter()) -> CostTotals:
+        """The sum of the frozen lines `frozen_lines(f)` returns, summed by the database."""
+        c = _LINE
+        query = select(
+            func.count(),
+            func.coalesce(func.sum(c.c.billed_seconds), 0.0),
+            func.coalesce(func.sum(c.c.spend_usd), 0.0),
+            func.coalesce(func.sum(c.c.storage_usd), 0.0),
+            func.coalesce(func.sum(c.c.on_demand_usd), 0.0),
+            func.coalesce(func.sum(c.c.overhead_seconds), 0.0),
+            func.coalesce(func.sum(c.c.overhead_usd), 0.0),
+            func.count(c.c.on_demand_usd),
+        ).join(_ATTEMPT, _ATTEMPT.c.id == c.c.attempt_id)
+        if f.since is not None:
+            query = query.where(c.c.period_end > aware(f.since, "since"))
+        if f.until is not None:
+            query = query.where(c.c.period_start < aware(f.until, "until"))
+        query = _where(query, f, c.c.policy)
+        with self._db.connect() as conn:
+            n, billed, spend, storage, baseline, idle_s, idle, known = conn.execute(query).one()
+        return CostTotals(
+            lines=int(n),
+            billed_seconds=float(billed),
+            spend_usd=float(spend),
+            storage_usd=float(storage),
+            on_demand_usd=float(baseline),
+            overhead_seconds=float(idle_s),
+            overhead_usd=float(idle),
+            priced_lines=int(known),
+        )
+
+
+def _line_row(line: CostLineRecord, at: datetime) -> dict[str, Any]:
+    return {
+        "attempt_id": line.attempt_id,
+        "job_id": line.job_id,
+        "policy": line.policy,
+        "provider": line.provider,
+        "region": line.region,
+        "zone": line.zone or "",
+        "instance_type": line.instance_type,
+        "market": line.market,
+        "period_start": aware(line.period_start, "period_start"),
+        "period_end": aware(line.period_end, "period_end"),
+        "billed_seconds": line.billed_seconds,
+        "spend_usd": line.spend_usd,
+        "storage_usd": line.storage_usd,
+        "on_demand_usd": line.on_demand_usd,
+        "overhead_seconds": line.overhead_seconds,
+        "overhead_usd": line.overhead_usd,
+        "refunded": line.refunded,
+        "frozen_at": at,
+    }
+
+
+def _line(m: Any) -> CostLineRecord:
+    return CostLineRecord(
+        attempt_id=m["attempt_id"],
+        job_id=m["job_id"],
+        job=m["job_name"],
+        policy=m["policy"],
+        attempt=m["number"],
+        provider=m["provider"],
+        region=m["region"],
+        zone=m["zone"] or None,
+        instance_type=m["instance_type"],
+        market=m["market"],
+        instance_id=m["instance_id"],
+        launched=m["launched"],
+        ended=m["ended"],
+        period_start=m["period_start"],
+        period_end=m["period_end"],
+        billed_seconds=m["billed_seconds"],
+        spend_usd=m["spend_usd"],
+        storage_usd=m["storage_usd"],
+        on_demand_usd=m["on_demand_usd"],
+        overhead_seconds=m["overhead_seconds"],
+        overhead_usd=m["overhead_usd"],
+        refunded=bool(m["refunded"]),
+    )
