@@ -269,18 +269,13 @@ class Ledger:
                     yield line
 
     def _points(self, pool: Pool, usage: Usage, now: datetime) -> PricePoints:
-        """The pool's price points in effect over the attempt's billed time: the last one at
-        or before its launch, then every one until its end."""
+        """The pool's price points in effect over the attempt's billed time, across the raw
+        and the hourly tier: the one in effect at its launch, then every one until its end."""
         provider, region, zone, instance_type, market = pool
-        _, end = billed_span(usage, now)
-        points = self.store.prices.price_history(
-            provider, region, zone, instance_type, market, until=end
+        start, end = billed_span(usage, now)
+        return self.store.prices.price_history(
+            provider, region, zone, instance_type, market, start, end, prior=True
         )
-        first = 0
-        for i, (at, _) in enumerate(points):
-            if at <= usage.launched:
-                first = i
-        return points[first:]
 
 
 class CostFreezer:
