@@ -168,7 +168,7 @@ def test_a_wrong_shape_is_said_with_an_example_that_is_valid(
     wrong = problems_of(model, placed(path, 7))
     [said] = [p for p in wrong if p.startswith(f"{field}: ")]
     assert said.startswith(f"{field}: must be a {shape}")
-    assert f"; for example: {path[-1]}: " in said
+    assert f"; for example: {path[-1]}: " in said, f"{said} (give the field examples=[...])"
     example = yaml.safe_load(said.split("; for example: ", 1)[1])[path[-1]]
     # The example in its place raises no problem at that field or under it.
     right = problems_of(model, placed(path, example))

@@ -149,7 +149,9 @@ class PricesConfig(_Section):
     drop_fraction: float = Field(
         0.20, gt=0, lt=1, description="Alert when a policy's best offer gets this much cheaper."
     )
-    retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    retention: RetentionConfig = Field(
+        default_factory=RetentionConfig, examples=[{"raw_days": 14, "hourly_days": 400}]
+    )
 
 
 class LogConfig(_Section):
