@@ -245,6 +245,13 @@ def bad_input_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
             ["local", "interrupt", "i-local-9999", "--state-dir", str(tmp / "cloud")],
             f"gpuopt: error: no local cloud at {tmp / 'cloud'} (--state-dir)",
         ),
+        "prices": (
+            [
+                *("prices", "history", "--provider", "aws", "--region", "us-east-1"),
+                *("--instance-type", "g5.xlarge", "--since", "last tuesday"),
+            ],
+            "gpuopt: error: --since: 'last tuesday' is not an ISO 8601 time",
+        ),
         "agent": (
             ["agent", "run"],
             "gpuopt: error: missing environment variable(s): "
@@ -253,7 +260,18 @@ def bad_input_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
     }
 
 
-GROUPS = ["offers", "policy", "probe", "config", "daemon", "db", "jobs", "local", "agent"]
+GROUPS = [
+    "offers",
+    "policy",
+    "probe",
+    "config",
+    "daemon",
+    "db",
+    "jobs",
+    "local",
+    "agent",
+    "prices",
+]
 
 
 @pytest.fixture

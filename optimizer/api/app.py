@@ -21,7 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from optimizer import __version__
-from optimizer.api import events, health, jobs, metrics, offers, policies, replicas
+from optimizer.api import events, health, jobs, metrics, offers, policies, prices, replicas
 from optimizer.api.auth import require_token
 from optimizer.api.gate import AuthGate
 from optimizer.api.limits import BodyLimit
@@ -30,6 +30,7 @@ from optimizer.api.state import ApiState
 OPEN: tuple[APIRouter, ...] = (health.router, metrics.router)
 PROTECTED: tuple[APIRouter, ...] = (
     offers.router,
+    prices.router,
     policies.router,
     jobs.router,
     events.router,

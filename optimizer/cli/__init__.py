@@ -8,7 +8,19 @@ from __future__ import annotations
 
 import typer
 
-from optimizer.cli import agent, config, daemon, db, jobs, local, offers, policy, probe, version
+from optimizer.cli import (
+    agent,
+    config,
+    daemon,
+    db,
+    jobs,
+    local,
+    offers,
+    policy,
+    prices,
+    probe,
+    version,
+)
 
 app = typer.Typer(
     name="gpuopt",
@@ -28,6 +40,7 @@ app.add_typer(agent.app, name="agent")
 app.add_typer(local.app, name="local")
 app.command("version")(version.version)
 app.command("offers")(offers.offers)
+app.add_typer(prices.app, name="prices")
 
 __all__ = ["app", "main"]
 
