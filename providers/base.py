@@ -77,10 +77,20 @@ class InstanceRef:
 
 @dataclass(frozen=True, slots=True)
 class InstanceStatus:
+    """One instance as the provider describes it.
+
+    `launched_at` is when the instance started, and `terminated_at` when it ended (once it
+    has), as the cloud itself reports them: billing runs between the two (docs/costs.md,
+    "Billing facts", says which field each adapter reads). Either is None when the cloud
+    does not say.
+    """
+
     ref: InstanceRef
     state: InstanceState
     end_reason: EndReason | None = None
     detail: str = ""  # the cloud's own words: state reason code, spot request status …
+    launched_at: datetime | None = None
+    terminated_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

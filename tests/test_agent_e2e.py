@@ -6,11 +6,13 @@ from __future__ import annotations
 import secrets
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from optimizer.common.procs import proc_start_ticks
 from optimizer.jobs.bootstrap import bootstrap_script
 from optimizer.model import Market
 from providers.base import EndReason, InstanceState, LaunchSpec
@@ -104,19 +106,27 @@ def test_interruption_notice_leads_to_stop_checkpoint_and_acked_events(
     assert registration["instance_id"] == ref.instance_id
     assert registration["provider"] == "local"
 
-    cloud.interrupt(ref.instance_id)
+    notice = cloud.interrupt(ref.instance_id, grace_s=15).interruption
+    assert notice is not None
     wait_until(lambda: "interruption_notice" in daemon.kinds(), timeout=5, what="the notice")
     wait_until(lambda: "stopped" in daemon.kinds(), timeout=15, what="stopped")
     exited = daemon.of_kind("job_exited")[0]["data"]
     assert exited["exit_code"] == 143 and exited["stopped"] is True
-    # The instance's process (the agent) ends on its own, long before the 30 s power-off,
-    # and the cloud reports the end as a preemption.
+    # The instance's process (the agent) ends on its own, long before the power-off; the
+    # instance stays up, idle, as a VM would, until the cloud powers it off at the notice's
+    # time, and reports the end as a preemption.
+    agent = cloud.state.load(ref.instance_id)
+    assert agent is not None and agent.pid is not None
+    wait_until(lambda: proc_start_ticks(agent.pid) is None, timeout=15, what="the agent to exit")
+    idle = status(cloud, ref)
+    assert (idle.state, idle.end_reason) == (InstanceState.RUNNING, EndReason.PREEMPTED)
     end = wait_until(
         lambda: (s := status(cloud, ref)).state is InstanceState.TERMINATED and s,
-        timeout=15,
-        what="the instance to end",
+        timeout=30,
+        what="the power-off",
     )
     assert end.end_reason is EndReason.PREEMPTED
+    assert end.terminated_at == datetime.fromtimestamp(notice.kill_at, UTC)
 
     kinds = daemon.kinds()
     assert kinds.index("job_started") < kinds.index("interruption_notice") < kinds.index("stopped")

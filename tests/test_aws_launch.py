@@ -3,6 +3,7 @@ produces: spot reclaims, StateReason codes, spot request status codes, capacity 
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -282,3 +283,66 @@ def test_the_request_builder_tags_and_sizes_the_instance() -> None:
     for spec in request["TagSpecifications"]:
         tags = {t["Key"]: t["Value"] for t in spec["Tags"]}
         assert tags == {"gpuopt:job": "job-7", "gpuopt:attempt": "1", "gpuopt:token": "tok"}
+
+
+def test_describe_reads_the_launch_time_and_the_time_a_user_ended_it() -> None:
+    """LaunchTime is the launch; StateTransitionReason carries the time of a user-initiated
+    transition, in the GMT format EC2 writes (and moto's UTC one); a spot reclaim whose reason
+    names no time has none, and neither has a running instance."""
+    launched = datetime(2026, 11, 30, 9, 15, 2, tzinfo=UTC)
+    rows = [
+        ("terminated", "Client.UserInitiatedShutdown", "User initiated (2026-11-30 10:00:00 GMT)"),
+        (
+            "shutting-down",
+            "Client.UserInitiatedShutdown",
+            "User initiated (2026-11-30 10:01:00 UTC)",
+        ),
+        ("terminated", "Server.SpotInstanceTermination", ""),
+        ("running", None, ""),
+    ]
+    session = StubSession()
+    ec2 = session.stub("ec2")
+    refs = [InstanceRef("aws", REGION, "use1-az1", f"i-{n:017x}") for n in range(len(rows))]
+    instances = []
+    for ref, (state, reason, transition) in zip(refs, rows, strict=True):
+        instance: dict[str, Any] = {
+            "InstanceId": ref.instance_id,
+            "State": {"Name": state, "Code": 16},
+            "LaunchTime": launched,
+            "StateTransitionReason": transition,
+        }
+        if reason:
+            instance["StateReason"] = {"Code": reason, "Message": f"{reason}: words"}
+        instances.append(instance)
+    ec2.add_response(
+        "describe_instances",
+        {"Reservations": [{"Instances": instances}]},
+        {"Filters": [{"Name": "instance-id", "Values": sorted(r.instance_id for r in refs)}]},
+    )
+    statuses = AwsProvider([REGION], session=session, clock=Clock()).describe(refs)
+    session.assert_done()
+    assert [s.launched_at for s in statuses] == [launched] * 4
+    assert [s.terminated_at for s in statuses] == [
+        datetime(2026, 11, 30, 10, 0, tzinfo=UTC),
+        datetime(2026, 11, 30, 10, 1, tzinfo=UTC),
+        None,
+        None,
+    ]
+    assert statuses[2].end_reason is EndReason.PREEMPTED
+
+
+def test_termination_time_wants_a_timestamp_in_the_reason() -> None:
+    ended = InstanceState.TERMINATED
+    assert L.termination_time({"StateTransitionReason": "User initiated"}, ended) is None
+    assert L.termination_time({"StateTransitionReason": "User initiated (soon GMT)"}, ended) is None
+    assert L.termination_time({}, ended) is None
+    text = "Server.SpotInstanceTermination: Spot Instance termination (2026-12-01 00:00:05 GMT)"
+    assert L.termination_time({"StateTransitionReason": text}, ended) == datetime(
+        2026, 12, 1, 0, 0, 5, tzinfo=UTC
+    )
+    running = {"StateTransitionReason": "User initiated (2026-11-30 10:00:00 GMT)"}
+    assert L.termination_time(running, InstanceState.RUNNING) is None  # a stop, then a start
+    assert L.launch_time({"LaunchTime": "2026-11-30T09:00:00.000Z"}) == datetime(
+        2026, 11, 30, 9, tzinfo=UTC
+    )
+    assert L.launch_time({"LaunchTime": "yesterday"}) is None and L.launch_time({}) is None

@@ -308,3 +308,43 @@ def test_the_agent_bootstrap_arrives_intact_as_user_data(session: Any, image: st
         "Instances"
     ]
     assert instance["ImageId"] == image
+
+
+def test_describe_reports_the_times_ec2_keeps(session: Any, image: str) -> None:
+    """The launch and a user termination as moto records them, and a spot reclaim (moto has
+    none: the backend is edited as REFERENCE.md §3 describes) whose reason names no time."""
+    aws = AwsProvider(["us-east-1"], session=session, clock=Clock())
+    ref = aws.launch(_offer(aws), _spec(image), "times")
+    reclaimed = aws.launch(_offer(aws), _spec(image), "reclaimed")
+
+    def ec2_says(instance_id: str) -> dict[str, Any]:
+        reply = _ec2().describe_instances(InstanceIds=[instance_id])
+        instance: dict[str, Any] = reply["Reservations"][0]["Instances"][0]
+        return instance
+
+    (running,) = aws.describe([ref])
+    assert running.launched_at == ec2_says(ref.instance_id)["LaunchTime"]
+    assert running.launched_at is not None and running.launched_at.tzinfo is not None
+    assert running.terminated_at is None
+
+    aws.terminate(ref)
+    (gone,) = aws.describe([ref])
+    reason = ec2_says(ref.instance_id)["StateTransitionReason"]  # "User initiated (… UTC)"
+    assert gone.terminated_at is not None
+    assert gone.terminated_at.strftime("(%Y-%m-%d %H:%M:%S UTC)") in reason
+    assert gone.launched_at == running.launched_at
+
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.ec2.models import ec2_backends
+    from moto.ec2.models.instances import StateReason
+
+    instance = ec2_backends[DEFAULT_ACCOUNT_ID]["us-east-1"].get_instance(reclaimed.instance_id)
+    instance._state.name, instance._state.code = "terminated", 48
+    instance.state_reason = StateReason(
+        "Server.SpotInstanceTermination: Spot instance termination",
+        "Server.SpotInstanceTermination",
+    )
+    (taken,) = aws.describe([reclaimed])
+    assert (taken.state, taken.end_reason) == (InstanceState.TERMINATED, EndReason.PREEMPTED)
+    assert taken.launched_at == ec2_says(reclaimed.instance_id)["LaunchTime"]
+    assert taken.terminated_at is None  # the reconciler falls back to the notice's time

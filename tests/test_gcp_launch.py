@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("google.cloud.compute_v1")
 from google.auth.credentials import AnonymousCredentials
 
+from optimizer.clock import ManualClock
 from optimizer.model import Interconnect, Market, Offer
 from providers.base import (
     AuthError,
@@ -339,6 +340,50 @@ def test_terminate_deletes_and_tolerates_a_vm_already_gone(fake) -> None:
     gcp.terminate(InstanceRef("gcp", "us-central1", ZONE, "gpuopt-never-was"))
     [status] = gcp.describe([ref])
     assert (status.state, status.end_reason) == (InstanceState.TERMINATED, EndReason.USER)
+
+
+def test_describe_reports_the_vms_own_start_and_stop_times(fake) -> None:
+    """Launched at lastStartTimestamp; a stopped preempted VM ended at lastStopTimestamp, a
+    deleted one when its preemption operation finished; a VM deleted by someone else has no
+    end time here (the reconciler takes the time it saw it gone)."""
+    clock = ManualClock(T0)
+    fake.clock = clock
+    gcp = provider(fake)
+    stopped = gcp.launch(T4_SPOT, SPEC, "a:1")
+    clock.advance(seconds=40)
+    deleted = gcp.launch(T4_SPOT, SPEC, "b:1")
+    vanished = gcp.launch(T4_SPOT, SPEC, "c:1")
+    assert [s.launched_at for s in gcp.describe([stopped, deleted])] == [
+        T0,
+        T0 + timedelta(seconds=40),
+    ]
+    assert fake.instances[(ZONE, stopped.instance_id)]["lastStartTimestamp"].endswith("Z")
+    clock.advance(minutes=30)
+    fake.preempt(ZONE, stopped.instance_id, delete=False)
+    clock.advance(seconds=5)
+    fake.preempt(ZONE, deleted.instance_id)
+    del fake.instances[(ZONE, vanished.instance_id)]
+    one, two, three = gcp.describe([stopped, deleted, vanished])
+    assert (one.state, one.end_reason) == (InstanceState.TERMINATED, EndReason.PREEMPTED)
+    assert (one.launched_at, one.terminated_at) == (T0, T0 + timedelta(minutes=30, seconds=40))
+    assert two.end_reason is EndReason.PREEMPTED and two.launched_at is None  # gone with it
+    assert two.terminated_at == T0 + timedelta(minutes=30, seconds=45)
+    assert three.end_reason is EndReason.USER and three.terminated_at is None
+
+
+def test_timestamps_in_any_offset_read_as_utc() -> None:
+    from providers.gcp.launch import Preemption, Times, instance_status, timestamp
+
+    assert timestamp("2026-05-04T02:00:00.123-07:00") == datetime(
+        2026, 5, 4, 9, 0, 0, 123000, tzinfo=UTC
+    )
+    assert timestamp("") is None and timestamp("soon") is None
+    assert timestamp("2026-05-04T09:00:00") is None  # no offset: not what the API writes
+    ref = InstanceRef("gcp", "us-central1", ZONE, "vm")
+    created_only = instance_status(ref, "RUNNING", times=Times(created="2026-05-04T09:00:00Z"))
+    assert created_only.launched_at == T0
+    open_op = Preemption("vm", "2026-05-04T09:10:00Z")  # not done yet: its start
+    assert open_op.ended_at == T0 + timedelta(minutes=10)
 
 
 def test_the_agent_bootstrap_arrives_intact_as_the_startup_script(fake) -> None:

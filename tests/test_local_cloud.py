@@ -4,11 +4,13 @@ interruptions, terminations and exits end them with the right reason; faults are
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -318,3 +320,85 @@ def test_another_process_leaves_the_end_to_the_launcher_that_knows_the_status(
     finally:
         local.kill_all()
         local.close()
+
+
+# --- billing facts: launch and termination times, and who ended the instance -----------------
+
+
+def test_describe_reports_the_launch_and_the_interruptions_power_off_time(
+    clocked_cloud: tuple[LocalCloud, ManualClock], tmp_path: Path
+) -> None:
+    """An AWS spot VM whose agent exits after a notice idles until EC2 powers it off; so does
+    a local instance, which then ends at the notice's power-off time exactly."""
+    cloud, clock = clocked_cloud
+    ref = cloud.launch(offer(cloud), spec("sleep 60"), "j/1")
+    running = cloud.describe([ref])[0]
+    assert running.launched_at == T0 and running.terminated_at is None
+    clock.advance(seconds=10)
+    cloud.interrupt(ref.instance_id, grace_s=120)
+    record = cloud.state.load(ref.instance_id)
+    assert record is not None and record.pid is not None
+    os.kill(record.pid, 15)  # the guest's own process ends: the agent exiting after its job
+    wait_until(lambda: proc_start_ticks(record.pid) is None, what="the process to exit")
+    clock.advance(seconds=60)  # still before the power-off
+    idle = cloud.describe([ref])[0]
+    assert (idle.state, idle.end_reason) == (InstanceState.RUNNING, EndReason.PREEMPTED)
+    assert idle.detail.startswith("marked-for-termination")
+    clock.advance(seconds=61)  # 1 s past it
+    status = ended(cloud, ref)
+    assert status.end_reason is EndReason.PREEMPTED
+    power_off = T0 + timedelta(seconds=130)
+    assert (status.launched_at, status.terminated_at) == (T0, power_off)
+    final = cloud.state.load(ref.instance_id)
+    assert final is not None and final.exit_code == -15  # what the guest's process ended with
+
+    listed = gpuopt(
+        "local",
+        "list",
+        "--all",
+        "--json",
+        "--state-dir",
+        str(tmp_path / "cloud"),
+        data_dir=tmp_path,
+    )
+    assert listed.returncode == 0, listed.stderr
+    (row,) = json.loads(listed.stdout)
+    assert row["launched_at"] == T0.timestamp()
+    assert row["terminated_at"] == power_off.timestamp()
+    assert row["end_reason"] == "preempted"
+
+
+def test_a_terminate_during_a_notice_is_the_users_and_ends_billing_at_the_call(
+    clocked_cloud: tuple[LocalCloud, ManualClock],
+) -> None:
+    cloud, clock = clocked_cloud
+    ref = cloud.launch(offer(cloud), spec("sleep 60"), "j/1")
+    clock.advance(seconds=20)
+    cloud.interrupt(ref.instance_id, grace_s=120)
+    clock.advance(seconds=5)
+    cloud.terminate(ref)  # before the power-off: the user ends it, and pays for it
+    status = ended(cloud, ref)  # sleep dies of the SIGTERM at once
+    assert status.end_reason is EndReason.USER and status.detail == "terminated by gpuopt"
+    assert status.launched_at == T0
+    assert status.terminated_at == T0 + timedelta(seconds=25)
+
+
+def test_a_plain_terminate_and_an_exit_report_their_own_times(
+    clocked_cloud: tuple[LocalCloud, ManualClock],
+) -> None:
+    cloud, clock = clocked_cloud
+    kept = cloud.launch(offer(cloud), spec("sleep 60"), "j/1")
+    clock.advance(seconds=3)
+    done = cloud.launch(offer(cloud), spec("exit 0"), "j/2")
+    clock.advance(seconds=4)
+    cloud.terminate(kept)
+    clock.advance(seconds=2)
+    stopped = ended(cloud, kept)
+    assert (stopped.launched_at, stopped.terminated_at) == (T0, T0 + timedelta(seconds=7))
+    exited = ended(cloud, done)
+    assert exited.launched_at == T0 + timedelta(seconds=3)
+    # an instance that shut itself down ended when the cloud saw its process gone
+    record = cloud.state.load(done.instance_id)
+    assert record is not None and record.ended_at is not None
+    assert exited.terminated_at == datetime.fromtimestamp(record.ended_at, UTC)
+    assert T0 + timedelta(seconds=3) <= exited.terminated_at <= T0 + timedelta(seconds=9)

@@ -212,6 +212,8 @@ class InstanceOps:
             state,
             L.end_reason(state, reason, spot_status),
             L.detail_text(reason, spot_status),
+            launched_at=L.launch_time(instance),
+            terminated_at=L.termination_time(instance, state),
         )
 
     def terminate(self, ref: InstanceRef) -> None:

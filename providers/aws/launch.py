@@ -6,8 +6,10 @@ The request builder and the status mapping are pure; `AwsProvider` does the call
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from optimizer.model import Market, Offer
@@ -198,6 +200,38 @@ def end_reason(
     if state is InstanceState.TERMINATED and reason_code:
         return EndReason.FAILED  # a code this table lacks: AWS ended it for its own reason
     return None
+
+
+# `StateTransitionReason` carries the time of a user-initiated transition in parentheses, e.g.
+# "User initiated (2026-11-30 10:00:00 GMT)" (the field is documented only as "the reason for
+# the most recent state transition"; the format is what EC2 returns, and moto writes UTC).
+_TRANSITION_TIME = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
+
+
+def launch_time(instance: Mapping[str, Any]) -> datetime | None:
+    """`LaunchTime`: when the instance last entered `running` (botocore parses it)."""
+    raw = instance.get("LaunchTime")
+    if isinstance(raw, datetime):
+        return raw.astimezone(UTC) if raw.tzinfo else raw.replace(tzinfo=UTC)
+    if isinstance(raw, str):
+        try:
+            parsed = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        return parsed.astimezone(UTC) if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    return None
+
+
+def termination_time(instance: Mapping[str, Any], state: InstanceState) -> datetime | None:
+    """When the instance was ended, from the timestamp `StateTransitionReason` carries; None
+    while it runs, and when the reason names no time (EC2 does not promise one for a spot
+    interruption: the reconciler then uses the notice's action time, docs/costs.md)."""
+    if state not in (InstanceState.STOPPING, InstanceState.TERMINATED):
+        return None
+    found = _TRANSITION_TIME.search(str(instance.get("StateTransitionReason") or ""))
+    if found is None:
+        return None
+    return datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
 
 
 def detail_text(reason_code: str | None, spot_status: str | None) -> str:

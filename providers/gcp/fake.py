@@ -185,6 +185,7 @@ class FakeGcp:
                 self.instances.pop((zone, name), None)
             elif instance is not None:
                 instance["status"] = "TERMINATED"
+                instance["lastStopTimestamp"] = self._now()
             op = self._operation_record(
                 project, zone, name, "compute.instances.preempted", user="system"
             )
@@ -342,6 +343,7 @@ class FakeGcp:
                     "zone": op["zone"],
                     "selfLink": op["targetLink"],
                     "creationTimestamp": op["insertTime"],
+                    "lastStartTimestamp": op["insertTime"],  # RUNNING at once, here
                     "_project": project,
                 }
             )

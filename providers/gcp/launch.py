@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from providers.base import EndReason, InstanceRef, InstanceState, InstanceStatus, LaunchSpec
@@ -127,6 +128,32 @@ class Preemption:
 
     instance: str
     at: str  # the operation's insertTime (RFC 3339)
+    ended: str = ""  # its endTime, once the operation is done ("" before)
+
+    @property
+    def ended_at(self) -> datetime | None:
+        """When GCP finished taking the VM back: the end time, else the start."""
+        return timestamp(self.ended) or timestamp(self.at)
+
+
+@dataclass(frozen=True, slots=True)
+class Times:
+    """An instance's own timestamps (RFC 3339 strings, "" when unset)."""
+
+    created: str = ""  # creationTimestamp
+    started: str = ""  # lastStartTimestamp
+    stopped: str = ""  # lastStopTimestamp
+
+
+def timestamp(text: str | None) -> datetime | None:
+    """An RFC 3339 timestamp as the Compute API writes it, in UTC; None if unset or unreadable."""
+    if not text:
+        return None
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed.astimezone(UTC) if parsed.tzinfo else None
 
 
 def instance_status(
@@ -134,12 +161,25 @@ def instance_status(
     status: str | None,
     status_message: str = "",
     preemption: Preemption | None = None,
+    times: Times = Times(),
 ) -> InstanceStatus:
-    """The InstanceStatus for one instance; `status` None means the instance is gone."""
+    """The InstanceStatus for one instance; `status` None means the instance is gone.
+
+    Launched at its last start (a VM bills from `RUNNING`), else its creation; ended at its
+    last stop, else, for a preempted VM, when the preemption operation finished. A VM that is
+    gone without a preemption has no end time here (the reconciler uses the time it saw it
+    gone)."""
     preempted = f"preempted at {preemption.at}" if preemption else ""
+    ended = preemption.ended_at if preemption is not None else None
     if status is None:
         if preemption is not None:
-            return InstanceStatus(ref, InstanceState.TERMINATED, EndReason.PREEMPTED, preempted)
+            return InstanceStatus(
+                ref,
+                InstanceState.TERMINATED,
+                EndReason.PREEMPTED,
+                preempted,
+                terminated_at=ended,
+            )
         # Not found and no preemption recorded: someone deleted it.
         return InstanceStatus(ref, InstanceState.TERMINATED, EndReason.USER, "instance not found")
     state = _STATES.get(status.upper(), InstanceState.PENDING)
@@ -149,4 +189,10 @@ def instance_status(
         reason = EndReason.PREEMPTED
     elif state is InstanceState.TERMINATED:
         reason = EndReason.USER
-    return InstanceStatus(ref, state, reason, detail)
+    launched = timestamp(times.started) or timestamp(times.created)
+    terminated = None
+    if state is InstanceState.TERMINATED:
+        terminated = timestamp(times.stopped) or ended
+    return InstanceStatus(
+        ref, state, reason, detail, launched_at=launched, terminated_at=terminated
+    )

@@ -331,13 +331,22 @@ class GcpProvider:
                     target = basename(op.target_link)  # compare basenames (REFERENCE §2.5)
                     seen = preemptions.get(target)
                     if seen is None or op.insert_time > seen.at:
-                        preemptions[target] = gce.Preemption(target, op.insert_time)
+                        preemptions[target] = gce.Preemption(target, op.insert_time, op.end_time)
         out: dict[InstanceRef, InstanceStatus] = {}
         for ref in refs:
             instance = listed.get(ref.instance_id)
             status = instance.status if instance is not None else None
             message = instance.status_message if instance is not None else ""
-            out[ref] = gce.instance_status(ref, status, message, preemptions.get(ref.instance_id))
+            times = gce.Times()
+            if instance is not None:
+                times = gce.Times(
+                    instance.creation_timestamp,
+                    instance.last_start_timestamp,
+                    instance.last_stop_timestamp,
+                )
+            out[ref] = gce.instance_status(
+                ref, status, message, preemptions.get(ref.instance_id), times
+            )
         return out
 
     def terminate(self, ref: InstanceRef) -> None:

@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 from optimizer.common.environ import basic_env
@@ -48,6 +49,10 @@ from providers.local.state import InstanceRecord, Interruption, StateDir
 log = logging.getLogger(__name__)
 
 LAUNCHER_WAIT_S = 2.0  # how long another process waits for the launcher to record an end
+
+
+def _utc(epoch: float | None) -> datetime | None:
+    return None if epoch is None else datetime.fromtimestamp(epoch, UTC)
 
 
 class LocalCloud:
@@ -192,7 +197,9 @@ class LocalCloud:
             if record is None or record.ended:
                 return
             if record.stop_at is None:
-                record.stop_at = self.clock() + self.terminate_grace_s
+                now = self.clock()
+                record.stop_requested_at = now
+                record.stop_at = now + self.terminate_grace_s
                 record.state = InstanceState.STOPPING.value
                 self.state.save(record)
             if alive(record):
@@ -247,6 +254,15 @@ class LocalCloud:
         """Power off every instance at once (test teardown, `gpuopt local` clean-up)."""
         for record in self.state.all():
             if not record.ended:
+                with self._lock, self.state.locked():
+                    fresh = self.state.load(record.id)
+                    if fresh is None or fresh.ended:
+                        continue
+                    now = self.clock()
+                    if fresh.stop_at is None:  # as a terminate whose grace is over at once
+                        fresh.stop_requested_at = now
+                    fresh.stop_at = now
+                    self.state.save(fresh)
                 power_off(record)
                 proc = self._procs.get(record.id)
                 if proc is not None:
@@ -293,9 +309,17 @@ class LocalCloud:
         record.state = InstanceState.RUNNING.value
         self.state.save(record)
 
-    def _end(self, record: InstanceRecord, reason: EndReason, detail: str) -> None:
+    def _end(
+        self,
+        record: InstanceRecord,
+        reason: EndReason,
+        detail: str,
+        terminated_at: float | None = None,
+    ) -> None:
+        now = self.clock()
         record.state = InstanceState.TERMINATED.value
-        record.end_reason, record.detail, record.ended_at = reason.value, detail, self.clock()
+        record.end_reason, record.detail, record.ended_at = reason.value, detail, now
+        record.terminated_at = now if terminated_at is None else terminated_at
         self.state.save(record)
 
     def _refresh(self, instance_id: str) -> InstanceRecord | None:
@@ -319,6 +343,15 @@ class LocalCloud:
                 running = False
             if running:
                 return record
+            if self._idle(record, now):
+                # The guest's processes ended during an interruption notice (the agent exits
+                # once its job has): a VM would stay up, idle, until the cloud powers it
+                # off, and so does this one.
+                if proc is not None and record.exit_code is None:
+                    record.exit_code = proc.returncode
+                record.extra.setdefault("idle_since", now)
+                self.state.save(record)
+                return record
             if proc is None and self._launcher_elsewhere(record):
                 # The process that launched it holds its exit status and records the end
                 # within a tick; step in only if it does not.
@@ -327,10 +360,10 @@ class LocalCloud:
                     self.state.save(record)
                     return record
             power_off(record)  # the machine is gone: so is anything it left running
-            exit_code = proc.returncode if proc is not None else None
-            record.exit_code = exit_code
-            reason, detail = self._why(record, exit_code)
-            self._end(record, reason, detail)
+            if proc is not None:
+                record.exit_code = proc.returncode
+            reason, detail, terminated_at = self._why(record, record.exit_code, now)
+            self._end(record, reason, detail, terminated_at)
             self._procs.pop(record.id, None)
             return record
 
@@ -341,36 +374,68 @@ class LocalCloud:
             return False
         return proc_start_ticks(launcher[0]) == launcher[1]
 
-    def _why(self, record: InstanceRecord, exit_code: int | None) -> tuple[EndReason, str]:
+    @staticmethod
+    def _user_ended(record: InstanceRecord) -> bool:
+        """Whether a terminate call ended the instance (before any interruption's power-off)."""
+        asked = record.stop_requested_at
+        if asked is None and record.stop_at is not None:  # a record from an older version
+            asked = record.stop_at
+        if asked is None:
+            return False
+        return record.interruption is None or asked < record.interruption.kill_at
+
+    @staticmethod
+    def _idle(record: InstanceRecord, now: float) -> bool:
+        """Whether the instance stays up with nothing running: an interruption is announced
+        for later and nobody asked to terminate it."""
+        notice = record.interruption
+        return (
+            notice is not None
+            and now < notice.kill_at
+            and record.stop_at is None
+            and record.pid is not None
+        )
+
+    def _why(
+        self, record: InstanceRecord, exit_code: int | None, now: float
+    ) -> tuple[EndReason, str, float]:
+        """Why the instance ended, in words, and when billing stopped (see `terminated_at`)."""
+        if self._user_ended(record):
+            # Only terminate() sets stop_at, and only gpuopt calls it (the daemon ending an
+            # attempt; kill_all at clean-up); a person ends an instance with an interruption.
+            asked = record.stop_requested_at or record.stop_at or now
+            return EndReason.USER, "terminated by gpuopt", min(asked, now)
         if record.interruption is not None:
             notice = record.interruption
-            return EndReason.PREEMPTED, f"spot {notice.action} at {iso(notice.kill_at)}"
-        if record.stop_at is not None:
-            # Only terminate() sets stop_at, and only gpuopt calls it (the daemon ending an
-            # attempt); a person ends an instance with an interruption instead.
-            return EndReason.USER, "terminated by gpuopt"
+            detail = f"spot {notice.action} at {iso(notice.kill_at)}"
+            return EndReason.PREEMPTED, detail, min(notice.kill_at, now)
         if record.pid is None:
-            return EndReason.FAILED, "the instance process never started"
+            return EndReason.FAILED, "the instance process never started", now
         if exit_code == 0:
-            return EndReason.USER, "the instance shut itself down (exit status 0)"
+            return EndReason.USER, "the instance shut itself down (exit status 0)", now
         if exit_code is None:
-            return EndReason.FAILED, "the instance process ended (exit status unknown here)"
+            return EndReason.FAILED, "the instance process ended (exit status unknown here)", now
         if exit_code < 0:
-            return EndReason.FAILED, f"the instance process was killed by signal {-exit_code}"
-        return EndReason.FAILED, f"the instance process exited with status {exit_code}"
+            detail = f"the instance process was killed by signal {-exit_code}"
+            return EndReason.FAILED, detail, now
+        return EndReason.FAILED, f"the instance process exited with status {exit_code}", now
 
     def _status(self, ref: InstanceRef, record: InstanceRecord) -> InstanceStatus:
         state = InstanceState(record.state)
+        launched = _utc(record.launched_at)
         if state is InstanceState.TERMINATED:
             reason = EndReason(record.end_reason) if record.end_reason else None
-            return InstanceStatus(ref, state, reason, record.detail)
+            ended = _utc(record.terminated_at if record.terminated_at else record.ended_at)
+            return InstanceStatus(ref, state, reason, record.detail, launched, ended)
+        if state is InstanceState.STOPPING and self._user_ended(record):
+            return InstanceStatus(ref, state, EndReason.USER, "terminating", launched)
         if record.interruption is not None:  # AWS shows marked-for-termination meanwhile
             notice = record.interruption
             detail = f"marked-for-termination: spot {notice.action} at {iso(notice.kill_at)}"
-            return InstanceStatus(ref, state, EndReason.PREEMPTED, detail)
+            return InstanceStatus(ref, state, EndReason.PREEMPTED, detail, launched)
         if state is InstanceState.STOPPING:
-            return InstanceStatus(ref, state, EndReason.USER, "terminating")
-        return InstanceStatus(ref, state)
+            return InstanceStatus(ref, state, EndReason.USER, "terminating", launched)
+        return InstanceStatus(ref, state, launched_at=launched)
 
     def _tick_loop(self) -> None:
         while not self._stop.wait(self.tick_s):

@@ -40,7 +40,8 @@ class Interruption:
 
 @dataclass
 class InstanceRecord:
-    """One local instance. Times are epoch seconds."""
+    """One local instance. Times are epoch seconds; `launched_at` is the launch call's (the
+    instance's process starts then)."""
 
     id: str
     key: str  # the launch idempotency key
@@ -60,8 +61,13 @@ class InstanceRecord:
     mark: str = ""  # GPUOPT_LOCAL_INSTANCE of its processes (procs.instance_mark)
     exit_code: int | None = None
     interruption: Interruption | None = None
+    stop_requested_at: float | None = None  # when terminate() was called
     stop_at: float | None = None  # terminate(): SIGKILL deadline after the SIGTERM
-    ended_at: float | None = None
+    ended_at: float | None = None  # when this cloud recorded the end
+    # The termination as the cloud reports it for billing, as AWS does: the terminate call's
+    # time (shutting-down is not billed), an interruption's power-off time, or when the
+    # instance's process ended by itself.
+    terminated_at: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
