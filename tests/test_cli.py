@@ -241,6 +241,10 @@ def bad_input_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
             "gpuopt db downgrade does not do that",
         ),
         "jobs": (["jobs", "submit", str(missing)], f"{missing}: no such file"),
+        "costs": (
+            ["costs", "--since", "last week"],
+            "gpuopt: error: --since: expected a month (2026-03), a date (2026-03-14) or an ISO",
+        ),
         "local": (
             ["local", "interrupt", "i-local-9999", "--state-dir", str(tmp / "cloud")],
             f"gpuopt: error: no local cloud at {tmp / 'cloud'} (--state-dir)",
@@ -271,6 +275,7 @@ GROUPS = [
     "local",
     "agent",
     "prices",
+    "costs",
 ]
 
 

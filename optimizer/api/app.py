@@ -21,7 +21,17 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from optimizer import __version__
-from optimizer.api import events, health, jobs, metrics, offers, policies, prices, replicas
+from optimizer.api import (
+    costs,
+    events,
+    health,
+    jobs,
+    metrics,
+    offers,
+    policies,
+    prices,
+    replicas,
+)
 from optimizer.api.auth import require_token
 from optimizer.api.gate import AuthGate
 from optimizer.api.limits import BodyLimit
@@ -35,6 +45,7 @@ PROTECTED: tuple[APIRouter, ...] = (
     jobs.router,
     events.router,
     replicas.router,
+    costs.router,
 )
 MAX_BODY_BYTES = 1 << 20  # api.max_body_bytes's default
 _MSG_CHARS = 300

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, status
 
+from optimizer.api.costs import job_attempts
 from optimizer.api.state import MAX_ID, MIN_ID, ApiState, StateDep, utc_text
 from optimizer.jobs.machine import JobState
 from optimizer.jobs.spec import JobSpec
@@ -105,7 +106,9 @@ def _taken(exc: DuplicateJobError) -> str:
 
 @router.get("/{name}")
 def show_job(name: str, state: StateDep) -> dict[str, Any]:
-    return job_view(_job(state, name))
+    """The job, and its attempts each with its cost lines (docs/costs.md)."""
+    job = _job(state, name)
+    return {**job_view(job), "attempts": job_attempts(state, job.id)}
 
 
 @router.post("/{name}/cancel")

@@ -11,6 +11,7 @@ import typer
 from optimizer.cli import (
     agent,
     config,
+    costs,
     daemon,
     db,
     jobs,
@@ -41,6 +42,7 @@ app.add_typer(local.app, name="local")
 app.command("version")(version.version)
 app.command("offers")(offers.offers)
 app.add_typer(prices.app, name="prices")
+app.command("costs")(costs.costs)
 
 __all__ = ["app", "main"]
 

@@ -150,3 +150,66 @@ def columns(
         wide.print(table)
     for line in captured.get().splitlines():
         print(line.rstrip())
+
+
+def _usd(value: float) -> str:
+    return f"{value:,.2f}"
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:,.2f}"
+
+
+def costs_table(
+    groups: Sequence[dict[str, Any]], totals: dict[str, Any], *, by: str, note: str
+) -> None:
+    """`gpuopt costs`: one row per group, a totals row, and the savings line under it."""
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=250)
+    if not groups:
+        console.print("No costs in this window.")
+        return
+    table = Table(title=f"Costs by {by} (USD; hours billed)", show_footer=False)
+    table.add_column(by, no_wrap=True)
+    for header in (
+        "spend",
+        "storage",
+        "on-demand",
+        "saved",
+        "saved %",
+        "net %",
+        "billed h",
+        "overhead h",
+        "overhead",
+        "attempts",
+    ):
+        table.add_column(header, justify="right", no_wrap=True)
+
+    def cells(row: dict[str, Any]) -> list[str]:
+        known = "" if row.get("baseline_known", True) else "*"
+        return [
+            _usd(row["spend_usd"]),
+            _usd(row["storage_usd"]),
+            _usd(row["on_demand_usd"]) + known,
+            _usd(row["savings_usd"]),
+            _share(row["savings_fraction"]),
+            _share(row["net_savings_fraction"]),
+            _hours(row["billed_seconds"]),
+            _hours(row["overhead_seconds"]),
+            _usd(row["overhead_usd"]),
+            str(row.get("attempt_count", "")),
+        ]
+
+    for row in groups:
+        table.add_row(str(row["group"]), *cells(row))
+    table.add_section()
+    table.add_row("total", *cells(totals), style="bold")
+    console.print(table)
+    if not totals.get("baseline_known", True):
+        console.print("* some attempts had no on-demand price of their type and region")
+    console.print(note)

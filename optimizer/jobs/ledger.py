@@ -148,15 +148,18 @@ class Ledger:
         since: datetime | None = None,
         until: datetime | None = None,
         job: str | None = None,
+        job_id: int | None = None,
         policy: str | None = None,
         provider: str | None = None,
         market: str | None = None,
         now: datetime | None = None,
     ) -> list[Line]:
         """Cost lines (one attempt in one calendar month) whose month overlaps [since, until),
-        of one job (by name), policy, provider or market (None: any), oldest month first,
-        then by job and attempt. Frozen lines come from one query; the rest are priced now."""
-        where = self._filter(since, until, job, policy, provider, market)
+        of one job (by name, or by id), policy, provider or market (None: any), oldest month
+        first, then by job and attempt. Frozen lines come from one query; the rest (live
+        attempts, and ended ones whose termination is not known yet) are priced as of `now`
+        (the clock's time when None)."""
+        where = self._filter(since, until, job, job_id, policy, provider, market)
         if where is None:
             return []
         frozen = [line_of(r) for r in self.store.costs.frozen_lines(where)]
@@ -171,6 +174,7 @@ class Ledger:
         since: datetime | None = None,
         until: datetime | None = None,
         job: str | None = None,
+        job_id: int | None = None,
         policy: str | None = None,
         provider: str | None = None,
         market: str | None = None,
@@ -178,7 +182,7 @@ class Ledger:
     ) -> Cost:
         """The sum of `lines(...)` with the same arguments, the frozen part summed by the
         database (what a budget check or a counter needs, without building every line)."""
-        where = self._filter(since, until, job, policy, provider, market)
+        where = self._filter(since, until, job, job_id, policy, provider, market)
         if where is None:
             return Cost()
         sums = self.store.costs.frozen_total(where)
@@ -249,14 +253,15 @@ class Ledger:
         since: datetime | None,
         until: datetime | None,
         job: str | None,
+        job_id: int | None,
         policy: str | None,
         provider: str | None,
         market: str | None,
     ) -> LineFilter | None:
-        job_id = None
+        """The store's filter; None when the job named matches no job (no lines)."""
         if job is not None:
             found = self.store.jobs.get_job(job)
-            if found is None:
+            if found is None or (job_id is not None and found.id != job_id):
                 return None
             job_id = found.id
         return LineFilter(since, until, job_id, policy, provider, market)

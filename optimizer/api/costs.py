@@ -1,0 +1,121 @@
+"""/costs: the cost ledger's lines grouped by job, policy, provider, market or month.
+
+The JSON is `optimizer.costs.report.report`: one object per group with its spend, storage,
+on-demand baseline, savings, billed and overhead time (docs/costs.md), and, grouped by job,
+each attempt. `gpuopt costs --json` prints the same list.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query
+
+from optimizer.api.state import ApiState, StateDep, utc_text
+from optimizer.costs import GroupBy, Line
+from optimizer.costs.report import TimeError, figures, parse_time, report
+from optimizer.jobs.ledger import Ledger
+from optimizer.model import Market
+
+router = APIRouter(tags=["costs"])
+
+_TIME = "A month (2026-03), a date (2026-03-14) or an ISO 8601 time; UTC unless it says."
+
+
+def ledger_lines(
+    state: ApiState,
+    *,
+    since: str | None = None,
+    until: str | None = None,
+    job: str | None = None,
+    policy: str | None = None,
+    provider: str | None = None,
+    market: Market | None = None,
+) -> list[Line]:
+    """The ledger's lines for the query's filters; 422 for a bad time, 404 for no such job."""
+    try:
+        start = None if since is None else parse_time(since, "since")
+        end = None if until is None else parse_time(until, "until")
+    except TimeError as exc:
+        raise HTTPException(422, detail=str(exc)) from None
+    if job is not None and state.store.jobs.get_job(job) is None:
+        raise HTTPException(404, detail=f"no job named {job!r}")
+    return Ledger(state.store, state.clock).lines(
+        since=start,
+        until=end,
+        job=job,
+        policy=policy,
+        provider=provider,
+        market=None if market is None else market.value,
+    )
+
+
+@router.get("/costs")
+def costs(
+    state: StateDep,
+    by: Annotated[GroupBy, Query(description="Group the lines by this.")] = GroupBy.JOB,
+    since: Annotated[
+        str | None, Query(description=f"Lines of the months ending after this. {_TIME}")
+    ] = None,
+    until: Annotated[
+        str | None, Query(description=f"Lines of the months starting before this. {_TIME}")
+    ] = None,
+    job: Annotated[str | None, Query(description="Only this job's lines (by name).")] = None,
+    policy: Annotated[str | None, Query(description="Only this policy's lines.")] = None,
+    provider: Annotated[str | None, Query(description="Only this provider's lines.")] = None,
+    market: Annotated[Market | None, Query(description="Only this market's lines.")] = None,
+) -> list[dict[str, Any]]:
+    """What the attempts cost, per group: a list of objects (`group`, `spend_usd`,
+    `storage_usd`, `total_usd`, `on_demand_usd`, `savings_usd`, `savings_fraction`,
+    `net_savings_fraction`, `billed_seconds`, `overhead_seconds`, `overhead_usd`,
+    `baseline_known`, `attempt_count`, and with `by=job` the `attempts`). A line is one
+    attempt in one calendar month (UTC); `since`/`until` select the months they overlap."""
+    lines = ledger_lines(
+        state,
+        since=since,
+        until=until,
+        job=job,
+        policy=policy,
+        provider=provider,
+        market=market,
+    )
+    return report(lines, by)
+
+
+def job_attempts(state: ApiState, job_id: int) -> list[dict[str, Any]]:
+    """A job's attempts in number order, each with its cost lines (one per month it billed
+    in; none for an attempt that never got an instance). Read by `GET /jobs/{name}`."""
+    lines: dict[int, list[Line]] = {}
+    for line in Ledger(state.store, state.clock).lines(job_id=job_id):
+        lines.setdefault(line.attempt, []).append(line)
+    return [
+        {
+            "number": a.number,
+            "provider": a.provider,
+            "region": a.region,
+            "zone": a.zone,
+            "instance_type": a.instance_type,
+            "market": a.market,
+            "usd_per_hour": a.usd_per_hour,
+            "instance_id": a.instance_id,
+            "state": a.state,
+            "end_reason": a.end_reason,
+            "started_at": utc_text(a.started_at),
+            "ended_at": utc_text(a.ended_at),
+            "launched_at": utc_text(a.launched_at),
+            "terminated_at": utc_text(a.terminated_at),
+            "terminated_by": a.terminated_by,
+            "cost_lines": [
+                {
+                    "month": line.month,
+                    "period_start": utc_text(line.period_start),
+                    "period_end": utc_text(line.period_end),
+                    "frozen": line.frozen,
+                    "refunded": line.cost.refunded,
+                    **figures([line.cost]),
+                }
+                for line in lines.get(a.number, [])
+            ],
+        }
+        for a in state.store.jobs.attempts(job_id)
+    ]
