@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,48 @@ def test_offers_with_a_policy_is_the_engines_ranking_with_rejections(daemon) -> 
     assert len(limited["candidates"]) == 1 and limited["rejected_by_rule"] == {"gpu_memory": 2}
     assert unknown.status_code == 404 and "small" in unknown.json()["detail"]
     assert plain["count"] == 1 and plain["offers"][0]["market"] == "on_demand"
+
+
+def test_offers_under_a_policy_leave_out_pools_in_cooldown_as_a_launch_does(daemon) -> None:
+    cooled = ("aws", "us-east-1", "use1-az2", "g5.xlarge", "spot")  # the $0.35 offer
+    until = datetime.now(UTC) + timedelta(hours=1)
+    daemon.store.jobs.add_cooldown(cooled, until, "interrupted")
+    with api(daemon) as client:
+        ranked = client.get("/offers", params={"policy": "small"}).json()
+        second = client.get("/offers", params={"policy": "small", "limit": 1, "offset": 1})
+        mixed = client.get("/offers", params={"policy": "small", "market": "spot"})
+    assert [c["offer"]["usd_per_hour"] for c in ranked["candidates"]] == [0.40, 1.01]
+    counts = ranked["cooling_down"], ranked["candidate_count"], ranked["rejection_count"]
+    assert counts == (1, 2, 2)
+    page = second.json()
+    assert [c["rank"] for c in page["candidates"]] == [2]
+    assert page["rejections"] == ranked["rejections"][1:]
+    assert page["rejected_by_rule"] == {"gpu_memory": 2}  # counts stay whole
+    assert mixed.status_code == 422 and "without a policy" in mixed.json()["detail"]
+
+
+def test_offers_come_a_hundred_a_page_cheapest_first_and_page_by_offset(tmp_path: Path) -> None:
+    # 250 pools, four to a price: pages must not repeat or skip one of a tie.
+    offers = FakeSource(
+        [
+            make_offer(zone=f"use1-az{n % 4}", instance_type=f"g{n}.x", usd_per_hour=1 + n // 4)
+            for n in range(250)
+        ]
+    )
+    with running(make_config(tmp_path), sources={"local": offers}) as d, api(d) as client:
+        wait_until(lambda: client.get("/readyz").status_code == 200, what="readiness")
+        first = client.get("/offers").json()
+        pages = [
+            client.get("/offers", params={"offset": start, "limit": 100}).json()
+            for start in (0, 100, 200)
+        ]
+        bounds = [client.get("/offers", params={"limit": n}).status_code for n in (0, 1001)]
+    assert first["count"] == 250 and first["offers"] == pages[0]["offers"]
+    assert [len(p["offers"]) for p in pages] == [100, 100, 50]
+    rows = [o for p in pages for o in p["offers"]]
+    assert len({(o["zone"], o["instance_type"]) for o in rows}) == 250
+    assert [o["usd_per_hour"] for o in rows] == sorted(o.usd_per_hour for o in offers.offers)
+    assert bounds == [422, 422]
 
 
 def test_policies_list_and_show(daemon, tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 from functools import partial
@@ -107,6 +108,26 @@ def test_regional_pool_keeps_one_latest_row(store: Store) -> None:
 
     assert store.prices.latest_offers() == [second]
     assert count_rows(store, LatestPrice) == 1
+
+
+def test_cheapest_offers_pages_through_every_offer_once_cheapest_first(store: Store) -> None:
+    # 25 pools, prices with ties (five pools per price), so the order needs its tiebreak.
+    offers = [
+        make_offer(zone=f"use1-az{n % 5}", instance_type=f"p{n // 5}.x", usd_per_hour=n % 5 + 1.0)
+        for n in range(25)
+    ]
+    offers.append(make_offer(zone=None, market=Market.ON_DEMAND, usd_per_hour=0.5))
+    store.prices.record_offers(offers)
+    pages = [store.prices.cheapest_offers(limit=10, offset=start) for start in (0, 10, 20, 30)]
+    assert [count for count, _ in pages] == [26, 26, 26, 26]
+    assert [len(rows) for _, rows in pages] == [10, 10, 6, 0]
+    seen = [o for _, rows in pages for o in rows]
+    assert Counter(o.pool for o in seen) == Counter(o.pool for o in offers)  # each once
+    assert [o.usd_per_hour for o in seen] == sorted(o.usd_per_hour for o in offers)
+    tied = [o.pool for o in seen if o.usd_per_hour == 1.0]
+    assert tied == sorted(tied)  # equal prices in pool order
+    assert store.prices.cheapest_offers(market="on_demand") == (1, [offers[-1]])
+    assert store.prices.cheapest_offers(region="eu-west-1") == (0, [])
 
 
 def test_latest_offers_filters_by_provider_region_and_market(store: Store) -> None:

@@ -1,4 +1,9 @@
-"""/offers: the latest stored offers, or one policy's ranking over them with rejections."""
+"""/offers: the latest stored offers, or one policy's ranking over them with rejections.
+
+Both page like /jobs: `limit` (1-1000, default 100) per list. Offers are ordered by price and
+rankings by rank, not by id, so the next page is asked for by position (`offset`) rather than
+with `before`; the counts say how many there are in all.
+"""
 
 from __future__ import annotations
 
@@ -6,45 +11,61 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
 
-from optimizer.api.state import StateDep
-from optimizer.jobs import budget
+from optimizer.api.state import StateDep, utc_text
+from optimizer.jobs.ranking import launch_ranking
 from optimizer.model import Market
-from policies.engine import evaluate
 
 router = APIRouter(tags=["offers"])
+
+MAX_PAGE = 1000  # as /jobs and /events
 
 
 @router.get("/offers")
 def offers(
     state: StateDep,
-    policy: Annotated[str | None, Query(description="Rank under this loaded policy.")] = None,
+    policy: Annotated[
+        str | None, Query(description="Rank under this loaded policy, as a launch would.")
+    ] = None,
     provider: Annotated[str | None, Query(description="Without a policy: this provider.")] = None,
     region: Annotated[str | None, Query(description="Without a policy: this region.")] = None,
     market: Annotated[Market | None, Query(description="Without a policy: this market.")] = None,
     limit: Annotated[
-        int, Query(ge=0, description="At most this many candidates/rejections/offers (0 = all).")
+        int, Query(ge=1, le=MAX_PAGE, description="At most this many offers (per list).")
+    ] = 100,
+    offset: Annotated[
+        int, Query(ge=0, description="Skip this many first; the next page is offset + limit.")
     ] = 0,
 ) -> dict[str, Any]:
-    """With `policy`: the engine's ranking (candidates best first, every rejection with its
-    rule and reason, counts per rule) over the latest offers of every provider. Without:
-    the latest offers, cheapest first."""
+    """With `policy`: the ranking the next launch under it would walk (the latest offers of
+    every provider less the pools in cooldown, with the policy's spend this month and live
+    attempts for the budget rule): candidates best first, every rejection with its rule and
+    reason, counts per rule. Without: the latest offers, cheapest first."""
     if policy is None:
-        rows = state.store.prices.latest_offers(provider=provider, region=region, market=market)
-        rows.sort(key=lambda o: (o.usd_per_hour, o.pool))
-        shown = rows[:limit] if limit else rows
-        return {"count": len(rows), "offers": [o.to_dict() for o in shown]}
+        count, rows = state.store.prices.cheapest_offers(
+            provider=provider, region=region, market=market, limit=limit, offset=offset
+        )
+        return {"count": count, "offers": [o.to_dict() for o in rows]}
+    if provider is not None or region is not None or market is not None:
+        raise HTTPException(
+            422, detail="provider, region and market filter the offers without a policy only"
+        )
     loaded = state.policies.get(policy)
     if loaded is None:
         known = ", ".join(sorted(state.policies.snapshot())) or "none"
         raise HTTPException(404, detail=f"no policy named {policy!r} is loaded (loaded: {known})")
-    offers, now = state.store.prices.latest_offers(), state.clock()
-    spend = None
-    if loaded.policy.budget.monthly_usd is not None:
-        spend = budget.committed(state.store, policy, now, offers)
-    ranking = evaluate(loaded.policy, offers, now, committed=spend)
-    out = ranking.to_dict()
-    if limit:
-        out["candidates"] = out["candidates"][:limit]
-        out["rejections"] = out["rejections"][:limit]
-    out["policy_status"] = loaded.status
-    return out
+    found = launch_ranking(state.store, policy, loaded.policy, state.clock())
+    ranking = found.ranking
+    stop = offset + limit
+    return {
+        "policy": ranking.policy_name,
+        "evaluated_at": utc_text(ranking.evaluated_at),
+        "dtype": ranking.dtype,
+        "candidate_count": len(ranking.candidates),
+        "candidates": [c.to_dict() for c in ranking.candidates[offset:stop]],
+        "rejection_count": sum(ranking.rejection_counts().values()),
+        "rejected_by_rule": ranking.rejection_counts(),
+        "rejections": [r.to_dict() for r in ranking.rejections[offset:stop]],
+        "cooling_down": found.held_back,
+        "policy_status": loaded.status,
+        "policy_sha256": loaded.sha256,
+    }

@@ -1,8 +1,9 @@
 """Launching an attempt: the walk over the ranked offers, and one launch call with its outcome.
 
-`Launcher.walk` takes the offers the policy ranks (minus pools in cooldown and pools the
-decision avoids; the ranking's budget rule, given what the policy has spent and runs now,
-drops those the month's budget cannot pay for), and tries them in order:
+`Launcher.walk` takes the offers the policy ranks (`ranking.launch_ranking`, which
+`GET /offers?policy=` shows too: minus pools in cooldown and pools the decision avoids; the
+ranking's budget rule, given what the policy has spent and runs now, drops those the month's
+budget cannot pay for), and tries them in order:
 each try writes its attempt row first (so a daemon killed mid-call retries with the same
 idempotency key), then calls the provider. `Launcher.launch` is one call, and says what
 happened as a `LaunchOutcome`; what a capacity, quota or credentials error costs the pool or
@@ -17,16 +18,15 @@ from datetime import datetime
 from enum import Enum
 from typing import NamedTuple
 
-from optimizer.jobs import budget
 from optimizer.jobs.bootstrap import AgentSettings
 from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.machine import Alert, Launch, describe_pool
-from optimizer.jobs.recovery import LaunchError, Pool, Strategy
+from optimizer.jobs.ranking import launch_ranking, pool_of
+from optimizer.jobs.recovery import LaunchError, Strategy
 from optimizer.model import EventKind, Offer
 from optimizer.store.jobs import AttemptRecord, token_sha256
 from optimizer.store.tables import JobRecord
 from policies import budget as budget_model
-from policies.engine import evaluate
 from policies.schema import Policy
 from providers import registry
 from providers.base import (
@@ -122,17 +122,10 @@ class Launcher:
         """Launch the next attempt on the best allowed offer."""
         if launch.markets is not None:
             policy = policy.model_copy(update={"markets": [m.value for m in launch.markets]})
-        avoid = set(launch.avoid) | ctx.store.jobs.cooled_pools(ctx.now)
-        # An attempt records the zone its instance landed in, but a regional offer (on-demand
-        # prices are per region) has no zone: avoid the offer's own, regional pool too.
-        avoid |= {(p, r, None, t, m) for p, r, _zone, t, m in avoid}
-        listed = ctx.store.prices.latest_offers()
-        offers = [o for o in listed if pool_of(o) not in avoid]
-        cap = policy.budget.monthly_usd
-        spend = budget_model.NOTHING
-        if cap is not None:
-            spend = budget.committed(ctx.store, job.policy, ctx.now, listed, replacing=job.id)
-        ranking = evaluate(policy, offers, ctx.now, committed=spend)
+        found = launch_ranking(
+            ctx.store, job.policy, policy, ctx.now, avoid=launch.avoid, replacing=job.id
+        )
+        ranking, spend, cap = found.ranking, found.spend, policy.budget.monthly_usd
         if not ranking.candidates:
             over = ranking.rejected("budget")
             if cap is not None and over:
@@ -378,10 +371,6 @@ def end(ctx: ReconcileContext, attempt: AttemptRecord, why: str) -> None:
         end_reason=why,
         instance_gone=attempt.instance_id is None,
     )
-
-
-def pool_of(offer: Offer) -> Pool:
-    return (offer.provider, offer.region, offer.zone, offer.instance_type, offer.market.value)
 
 
 def offer_of(ctx: ReconcileContext, attempt: AttemptRecord) -> Offer | None:

@@ -119,6 +119,30 @@ class Prices:
         with self._db.connect() as conn:
             return [_offer(row) for row in conn.execute(query)]
 
+    def cheapest_offers(
+        self,
+        *,
+        provider: str | None = None,
+        region: str | None = None,
+        market: Market | str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> tuple[int, list[Offer]]:
+        """One page of the latest offers, cheapest first (ties in pool order), optionally
+        filtered, and how many match in all."""
+        where = []
+        if provider is not None:
+            where.append(_LATEST.c.provider == provider)
+        if region is not None:
+            where.append(_LATEST.c.region == region)
+        if market is not None:
+            where.append(_LATEST.c.market == Market(market).value)
+        order = (_LATEST.c.usd_per_hour, *(_LATEST.c[name] for name in POOL_COLUMNS))
+        page = select(_LATEST).where(*where).order_by(*order).limit(limit).offset(offset)
+        with self._db.connect() as conn:
+            total = conn.execute(select(func.count()).select_from(_LATEST).where(*where)).scalar()
+            return int(total or 0), [_offer(row) for row in conn.execute(page)]
+
     def offer_counts(self) -> dict[tuple[str, str], int]:
         """Latest offers per (provider, market)."""
         query = select(_LATEST.c.provider, _LATEST.c.market, func.count()).group_by(

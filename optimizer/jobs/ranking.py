@@ -1,0 +1,63 @@
+"""The ranking a launch walks: one policy over the latest offers, as the daemon sees them now.
+
+One function for the launcher and for `GET /offers?policy=`, so what the API shows is what the
+next launch would try: the latest stored offers of every provider, less the pools in cooldown
+(and those a launch's decision avoids), ranked by the engine with the policy's spend this
+month and its live attempts for the budget rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from optimizer.jobs import budget
+from optimizer.model import Offer
+from optimizer.store import Store
+from optimizer.store.jobs import Pool
+from policies import budget as budget_model
+from policies.engine import Ranking, evaluate
+from policies.schema import Policy
+
+
+def pool_of(offer: Offer) -> Pool:
+    """The capacity pool an offer prices, as the store keys pools."""
+    return (offer.provider, offer.region, offer.zone, offer.instance_type, offer.market.value)
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchRanking:
+    """The ranking, the spend it was given, and how many offers sat out in cooled pools."""
+
+    ranking: Ranking
+    spend: budget_model.Committed
+    held_back: int  # offers left out: their pool is in cooldown, or the launch avoids it
+
+
+def launch_ranking(
+    store: Store,
+    policy_name: str,
+    policy: Policy,
+    now: datetime,
+    *,
+    avoid: Iterable[Pool] = (),
+    replacing: int | None = None,
+) -> LaunchRanking:
+    """Rank the latest offers under `policy` as a launch does (module docstring).
+
+    `avoid`: pools this launch keeps away from besides those in cooldown; `replacing`: the
+    job about to launch its next attempt (its own live attempt is being replaced, see
+    optimizer.jobs.budget.committed).
+    """
+    held = set(avoid) | store.jobs.cooled_pools(now)
+    # An attempt records the zone its instance landed in, but a regional offer (on-demand
+    # prices are per region) has no zone: avoid the offer's own, regional pool too.
+    held |= {(p, r, None, t, m) for p, r, _zone, t, m in held}
+    listed = store.prices.latest_offers()
+    offers = [o for o in listed if pool_of(o) not in held]
+    spend = budget_model.NOTHING
+    if policy.budget.monthly_usd is not None:
+        spend = budget.committed(store, policy_name, now, listed, replacing=replacing)
+    ranking = evaluate(policy, offers, now, committed=spend)
+    return LaunchRanking(ranking, spend, len(listed) - len(offers))
