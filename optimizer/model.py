@@ -105,6 +105,19 @@ class Offer:
         out["observed_at"] = self.observed_at.isoformat().replace("+00:00", "Z")
         return out
 
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> Offer:
+        """The offer `to_dict` wrote (an API answer's offer, say); OfferError if it is not one."""
+        try:
+            fields = {name: values[name] for name in cls.__dataclass_fields__ if name in values}
+            observed = str(fields["observed_at"]).replace("Z", "+00:00")
+            fields["observed_at"] = datetime.fromisoformat(observed)
+            return cls(**fields)
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, OfferError):
+                raise
+            raise OfferError(f"not an offer: {exc.__class__.__name__}: {exc}") from None
+
 
 OFFER_FIELDS: tuple[str, ...] = tuple(Offer.__dataclass_fields__)
 

@@ -45,7 +45,7 @@ class Capabilities:
     # configured (`interruption_queue_url`): the source is an InterruptionQueue
     placement_scores: bool = False  # fetch spot placement scores when asked (`placement_scores`)
     live_offers: bool = False  # `gpuopt offers --provider NAME` asks it live (else its
-    # snapshot rows)
+    # snapshot rows); the local cloud's live offers are its simulated prices of the moment
     watcher: str | None = None  # the metadata watcher kind its instances' agent runs
     agent_on_host: bool = False  # its instances run on this host with this gpuopt: the
     # bootstrap installs nothing and starts the agent with this interpreter
@@ -152,7 +152,9 @@ def secret_env() -> tuple[str, ...]:
 # The built-in providers: one `register` each.
 register(
     ProviderEntry(
-        "local", Capabilities(launch=True, watcher="aws-imds", agent_on_host=True), local.build
+        "local",
+        Capabilities(launch=True, live_offers=True, watcher="aws-imds", agent_on_host=True),
+        local.build,
     )
 )
 register(

@@ -80,3 +80,14 @@ def test_offer_is_immutable_and_validated() -> None:
     assert offer("x", 1.0, zone="").zone is None
     assert row.usd_per_gpu_hour == 5.0
     assert ROWS[4].usd_per_gpu_hour == pytest.approx(0.1125)
+
+
+def test_an_offer_read_back_from_its_json_is_the_same_offer() -> None:
+    regional = make_offer(zone=None, market=Market.ON_DEMAND, placement_score=7.5)
+    for offer in (make_offer(), regional):
+        assert Offer.from_dict(offer.to_dict()) == offer
+    broken = {**make_offer().to_dict(), "observed_at": "yesterday"}
+    with pytest.raises(OfferError, match="not an offer: ValueError"):
+        Offer.from_dict(broken)
+    with pytest.raises(OfferError, match="usd_per_hour must be a finite number"):
+        Offer.from_dict({**make_offer().to_dict(), "usd_per_hour": -1})

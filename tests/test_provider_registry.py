@@ -40,12 +40,14 @@ pytestmark = pytest.mark.usefixtures("daemon_env")
 def test_the_built_in_providers_and_what_each_declares() -> None:
     assert registry.names() == ("local", "aws", "gcp")
     local, aws, gcp = (registry.capabilities(n) for n in ("local", "aws", "gcp"))
-    assert local == Capabilities(launch=True, watcher="aws-imds", agent_on_host=True)
+    assert local == Capabilities(
+        launch=True, live_offers=True, watcher="aws-imds", agent_on_host=True
+    )
     assert aws.launch and aws.interruption_queue and aws.placement_scores and aws.live_offers
     assert (aws.watcher, gcp.watcher) == ("aws-imds", "gcp-metadata")
     assert gcp.launch and gcp.live_offers and not gcp.interruption_queue
     assert not gcp.placement_scores
-    assert live_providers() == ("aws", "gcp")  # what `gpuopt offers --provider` asks live
+    assert live_providers() == ("local", "aws", "gcp")  # what `gpuopt offers --provider` asks
 
 
 def built(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> OfferSource:
@@ -85,7 +87,7 @@ def test_every_declared_watcher_kind_is_one_the_agent_has() -> None:
 
 def test_providers_that_cannot_run_here_say_why() -> None:
     with pytest.raises(ProviderDisabled, match="data directory"):
-        registry.build("local", ProviderSettings())  # the CLI has no data directory
+        registry.build("local", ProviderSettings())  # its state lives in a data directory
 
 
 def test_credentials_come_from_the_registry() -> None:

@@ -1,16 +1,22 @@
-"""`gpuopt offers`: list GPU offers, cheapest first, optionally ranked under a policy."""
+"""`gpuopt offers`: list GPU offers, cheapest first, optionally ranked under a policy (by the
+daemon when one answers: optimizer/cli/ranked.py)."""
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from optimizer.cli.client import ApiOption
 from optimizer.cli.common import fail
+
+if TYPE_CHECKING:
+    from optimizer.model import Offer
 
 
 class MarketChoice(StrEnum):
@@ -39,7 +45,8 @@ def offers(
         list[str] | None,
         typer.Option(
             "--provider",
-            help="aws or gcp: query that cloud live (credentials needed; else its snapshot rows).",
+            help="local: the local cloud's simulated prices; aws or gcp: query that cloud live "
+            "(credentials needed; else its snapshot rows). Repeatable.",
         ),
     ] = None,
     market: Annotated[MarketChoice | None, typer.Option("--market", help="Only this market.")] = (
@@ -58,11 +65,18 @@ def offers(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of offers.")] = False,
     policy: Annotated[
         Path | None,
-        typer.Option("--policy", help="Rank the offers under this policy file.", dir_okay=True),
+        typer.Option(
+            "--policy",
+            help="Rank under this policy file (or a policy the daemon has loaded, by name): "
+            "the daemon ranks its live offers as its next launch would; with no daemon, the "
+            "file is ranked here.",
+            dir_okay=True,
+        ),
     ] = None,
     explain: Annotated[
         bool, typer.Option("--explain", help="With --policy: show why offers were rejected.")
     ] = False,
+    api: ApiOption = None,
 ) -> None:
     """List GPU offers, cheapest first, from the configured providers or a catalog file."""
     from optimizer import hardware
@@ -80,22 +94,12 @@ def offers(
         else:
             gpu_models.append(spec.name)
 
+    from providers import registry
+
     providers = [p.lower() for p in provider or ()]
-    if catalog is not None:
-        file_source = CatalogFileSource(catalog)
-        try:
-            rows = file_source.fetch_offers()
-        except CatalogError as exc:
-            fail(str(exc))
-        source_name = file_source.name
-    else:
-        from optimizer.cli.sources import gather
-
-        gathered = gather(providers, region or ())
-        for note in gathered.notes:
-            print(f"gpuopt: {note}", file=sys.stderr)
-        rows, source_name = gathered.offers, ", ".join(gathered.names)
-
+    for name in providers:
+        if registry.find(name) is None:
+            fail(f"--provider: unknown provider {name!r}; known: {', '.join(registry.names())}")
     query = OfferQuery(
         gpu_models=tuple(gpu_models),
         min_gpu_memory_gib=min_gpu_memory,
@@ -105,9 +109,39 @@ def offers(
         market=Market(market.value.replace("-", "_")) if market else None,
         max_usd_per_hour=max_price,
     )
+    if policy is not None and catalog is None:
+        from optimizer.cli import ranked
+
+        ranked.show(
+            ranked.policy_arg(policy),
+            query,
+            limit=limit,
+            explain=explain,
+            as_json=as_json,
+            api=api,
+            gather=lambda: _gather(providers, region or ()),
+        )
+        return
+    if catalog is not None:
+        file_source = CatalogFileSource(catalog)
+        try:
+            rows = file_source.fetch_offers()
+        except CatalogError as exc:
+            fail(str(exc))
+        source_name = file_source.name
+    else:
+        rows, source_name = _gather(providers, region or ())
+
     chosen = select(rows, query)
     if policy is not None:
-        _ranked(policy, chosen, limit=limit, explain=explain, as_json=as_json, source=source_name)
+        from optimizer.cli import ranked
+        from optimizer.cli.ranking_view import RankingView
+
+        arg = ranked.policy_arg(policy)
+        if arg.policy is None:
+            fail(f"--policy {policy}: no such file")
+        view = RankingView.of(ranked.evaluate_here(arg.policy, chosen))
+        ranked.render(view, limit=limit, explain=explain, as_json=as_json, source=source_name)
         return
     if explain:
         fail("--explain needs --policy FILE")
@@ -122,28 +156,12 @@ def offers(
     offers_table(shown, total=len(chosen), source=source_name)
 
 
-def _ranked(
-    path: Path, offers: list, *, limit: int, explain: bool, as_json: bool, source: str
-) -> None:
-    from datetime import UTC, datetime
+def _gather(providers: list[str], regions: Sequence[str]) -> tuple[list[Offer], str]:
+    """The offers of the providers asked for (the snapshot when none), each source that
+    could not run said in one line on stderr."""
+    from optimizer.cli.sources import gather
 
-    from policies.engine import evaluate
-    from policies.loader import PolicyError, load_policy
-
-    try:
-        loaded = load_policy(path)
-    except PolicyError as exc:
-        fail(*exc.problems)
-    ranking = evaluate(loaded, offers, datetime.now(UTC))
-    if as_json:
-        out = ranking.to_dict()
-        if limit:
-            out["candidates"] = out["candidates"][:limit]
-        if not explain:
-            out.pop("rejections", None)
-        json.dump(out, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-        return
-    from optimizer.cli.render import ranking_table
-
-    ranking_table(ranking, limit=limit, explain=explain, source=source)
+    gathered = gather(providers, regions)
+    for note in gathered.notes:
+        print(f"gpuopt: {note}", file=sys.stderr)
+    return gathered.offers, ", ".join(gathered.names)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
 from optimizer.model import Offer
+
+if TYPE_CHECKING:
+    from optimizer.cli.ranking_view import RankingView
 
 
 def offers_table(offers: Sequence[Offer], *, total: int, source: str) -> None:
@@ -59,19 +62,24 @@ def offers_table(offers: Sequence[Offer], *, total: int, source: str) -> None:
     console.print(table)
 
 
-def ranking_table(ranking: Any, *, limit: int, explain: bool, source: str) -> None:
+def ranking_table(ranking: RankingView, *, limit: int, explain: bool, source: str) -> None:
     """Ranked candidates of a policy evaluation and, with `explain`, its rejections by rule."""
     console = Console()
     if not console.is_terminal:
         console = Console(width=250)
     shown = ranking.candidates[:limit] if limit else ranking.candidates
-    total = len(ranking.candidates) + sum(ranking.rejection_counts().values())
     title = (
-        f"policy {ranking.policy_name}: {len(ranking.candidates)} of {total} offers qualify, "
-        f"best first (source: {source})"
+        f"policy {ranking.policy_name}: {ranking.candidate_count} of {ranking.total} offers "
+        f"qualify, best first (source: {source})"
     )
+    if ranking.cooling_down:
+        console.print(
+            f"{ranking.cooling_down} offers left out: their pools are in cooldown after a "
+            "failed or interrupted launch, and a launch would not use them now."
+        )
     if not shown:
-        console.print(f"{title}\nNo offer meets the policy; run with --explain to see why.")
+        why = "the rejections by rule follow." if explain else "run with --explain to see why."
+        console.print(f"{title}\nNo offer meets the policy; {why}")
     else:
         table = Table(title=title)
         per_tflop = any(c.usd_per_tflop_hour is not None for c in shown)
@@ -104,23 +112,25 @@ def ranking_table(ranking: Any, *, limit: int, explain: bool, source: str) -> No
         _rejections(console, ranking)
 
 
-def _rejections(console: Console, ranking: Any, examples: int = 3) -> None:
+def _rejections(console: Console, ranking: RankingView, examples: int = 3) -> None:
     by_rule = ranking.rejections_by_rule()
     if not by_rule:
         console.print("No offer was rejected.")
         return
-    table = Table(title=f"{len(ranking.rejections)} rejected offers, by the first rule they failed")
+    total = sum(ranking.rejection_counts.values())
+    table = Table(title=f"{total} rejected offers, by the first rule they failed")
     table.add_column("rule")
     table.add_column("offers", justify="right")
     table.add_column("examples")
     for rule, rejected in by_rule.items():
+        count = ranking.rejection_counts.get(rule, len(rejected))
         lines = [
             f"{r.offer.instance_type} {r.offer.region} {r.offer.market.value}: {r.reason}"
             for r in rejected[:examples]
         ]
-        if len(rejected) > examples:
-            lines.append(f"… and {len(rejected) - examples} more")
-        table.add_row(rule, str(len(rejected)), "\n".join(lines))
+        if count > examples:
+            lines.append(f"… and {count - min(examples, len(rejected))} more")
+        table.add_row(rule, str(count), "\n".join(lines))
     console.print(table)
 
 

@@ -1,7 +1,9 @@
 """Which offer sources a command reads: live clouds when asked for and usable, else the snapshot.
 
 A cloud that cannot run here (no credentials, no project) is reported in one line and its
-part of the bundled snapshot stands in, so gpuopt keeps working without credentials.
+part of the bundled snapshot stands in, so gpuopt keeps working without credentials. The
+local cloud's offers are its simulated prices at this moment, the same the daemon's local
+cloud lists (the spot walk is a function of the seed, the pool and the time).
 """
 
 from __future__ import annotations
@@ -45,14 +47,17 @@ def expand_regions(provider: str, globs: Sequence[str]) -> list[str] | None:
 def _live(provider: str) -> tuple[OfferSource | None, str | None]:
     """A live source for the provider, or (None, why it cannot run here).
 
-    Built as the daemon builds it (the registry's builder, the same settings and endpoints),
-    without a spec cache.
+    Built as the daemon builds it (the registry's builder, the same settings and endpoints,
+    the daemon's data directory, where the local cloud would keep its state: reading its
+    offers creates nothing there), without a spec cache.
     """
+    from optimizer.daemon.settings import data_dir
+
     entry = registry.find(provider)
     if entry is None or not entry.capabilities.live_offers:
         return None, f"no live adapter for {provider!r}"
     try:
-        return entry.build(ProviderSettings()), None
+        return entry.build(ProviderSettings(data_dir=data_dir())), None
     except ProviderDisabled as exc:
         return None, str(exc)
 

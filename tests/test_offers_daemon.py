@@ -1,0 +1,190 @@
+"""`gpuopt offers --policy` asks the daemon what it would pick, as users run it: a real
+`gpuopt daemon` on loopback with the local cloud, and each CLI command as a process. Without
+a daemon the policy is ranked here, with a one-line note; `--provider local` reads the local
+cloud's simulated offers; an unknown provider is refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from optimizer.store import Store
+from providers.local import LocalCloud
+from tests.helpers import DaemonProcess, run_gpuopt, wait_until
+
+pytestmark = pytest.mark.usefixtures("daemon_env")
+ROOT = Path(__file__).resolve().parents[1]
+POLICY = ROOT / "examples" / "local-train-policy.yaml"  # name: local-train, providers: [local]
+JOB = """\
+name: probe-free
+policy: local-train
+run: sleep 120
+checkpoint_dir: {ckpt}
+probes: none
+"""
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Iterator[Path]:
+    data = tmp_path / "data"
+    (data / "policies").mkdir(parents=True)
+    shutil.copy(POLICY, data / "policies" / POLICY.name)
+    yield data
+    LocalCloud(data / "local-cloud").kill_all()  # the instances this test's daemon started
+
+
+@pytest.fixture
+def daemon(data: Path) -> Iterator[DaemonProcess]:
+    process = DaemonProcess(data)
+    try:
+        wait_until(process.healthy, 60, "the daemon to serve")
+        yield process
+    finally:
+        process.stop()
+
+
+def gpuopt(data: Path, *args: str, api: str) -> subprocess.CompletedProcess[str]:
+    """`gpuopt <args>` as in a second terminal: the data directory (and the token the daemon
+    wrote there) and GPUOPT_API_URL."""
+    return run_gpuopt(data, *args, env={"GPUOPT_API_URL": api, "COLUMNS": "250"})
+
+
+def ranked(data: Path, api: str, *args: str) -> dict[str, Any]:
+    done = gpuopt(data, "offers", "--policy", str(POLICY), "--json", *args, api=api)
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout))
+
+
+def pool(offer: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(offer[k] for k in ("provider", "region", "zone", "instance_type", "market"))
+
+
+def test_the_daemon_ranks_its_live_offers_as_its_next_launch_walks_them(
+    data: Path, daemon: DaemonProcess
+) -> None:
+    table = gpuopt(data, "offers", "--policy", str(POLICY), "--explain", api=daemon.url)
+    assert table.returncode == 0 and table.stderr == "", table.stderr
+    assert f"(source: daemon at {daemon.url}: live offers, ranked as a launch would)" in (
+        " ".join(table.stdout.split())  # the title may wrap
+    )
+    assert "run with --explain" not in table.stdout
+    assert "rejected offers, by the first rule they failed" in table.stdout
+
+    before = ranked(data, daemon.url, "--limit", "3")
+    assert before["source"].startswith(f"daemon at {daemon.url}")
+    assert before["candidate_count"] > 3 and before["cooling_down"] == 0
+    assert [c["rank"] for c in before["candidates"]] == [1, 2, 3]
+    assert {c["offer"]["provider"] for c in before["candidates"]} == {"local"}
+    best = before["candidates"][0]["offer"]
+
+    # The best pool refuses the next launch: the daemon cools it and launches on the next.
+    where = best["zone"] or best["region"]
+    assert gpuopt(data, "local", "fail-next", where, api=daemon.url).returncode == 0
+    spec = data.parent / "job.yaml"
+    spec.write_text(JOB.format(ckpt=data.parent / "ckpt"))
+    submitted = gpuopt(data, "jobs", "submit", str(spec), api=daemon.url)
+    assert submitted.returncode == 0, submitted.stderr
+    with Store(f"sqlite:///{data / 'gpuopt.db'}") as store:
+        job = store.jobs.get_job("probe-free")
+        assert job is not None
+        first, second = wait_until(
+            lambda: (a := store.jobs.attempts(job.id))[1:] and a, 30, "the second launch"
+        )
+    assert (first.pool, first.end_reason) == (pool(best), "capacity")
+
+    # What `offers --policy` shows now is where that launch went: the cooled pool sits out.
+    after = ranked(data, daemon.url, "--limit", "0")
+    assert after["cooling_down"] == 1
+    assert pool(after["candidates"][0]["offer"]) == second.pool
+    assert pool(best) not in {pool(c["offer"]) for c in after["candidates"]}
+    assert gpuopt(data, "jobs", "cancel", "probe-free", api=daemon.url).returncode == 0
+
+
+def test_filters_and_a_policy_name_go_to_the_daemon_too(data: Path, daemon: DaemonProcess) -> None:
+    whole = ranked(data, daemon.url, "--limit", "0")
+    args = ("--region", "eu-central-*", "--market", "spot", "--limit", "0")
+    by_name = gpuopt(data, "offers", "--policy", "local-train", "--json", *args, api=daemon.url)
+    assert by_name.returncode == 0, by_name.stderr
+    chosen = json.loads(by_name.stdout)
+    expected = [
+        c
+        for c in whole["candidates"]
+        if c["offer"]["region"].startswith("eu-central-") and c["offer"]["market"] == "spot"
+    ]
+    # The daemon's ranks, filtered here: rank numbers stay the daemon's.
+    assert [(c["rank"], pool(c["offer"])) for c in chosen["candidates"]] == [
+        (c["rank"], pool(c["offer"])) for c in expected
+    ]
+    assert expected and chosen["candidate_count"] == len(expected)
+
+
+def test_an_edited_policy_file_is_ranked_by_the_daemon_under_the_version_it_loaded(
+    data: Path, daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    edited = tmp_path / "local-train.yaml"
+    edited.write_text(POLICY.read_text().replace("monthly_usd: 500", "monthly_usd: 400"))
+    done = gpuopt(data, "offers", "--policy", str(edited), "--json", api=daemon.url)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == (
+        f"gpuopt: the daemon's policy 'local-train' is not the content of {edited}; "
+        "showing the daemon's ranking, under the version it loaded\n"
+    )
+    assert json.loads(done.stdout)["source"].startswith("daemon at")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_without_a_daemon_the_file_is_ranked_here_with_a_note(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "api-token").write_text("a-token-no-daemon-holds")
+    nobody = f"http://127.0.0.1:{free_port()}"
+    args = ("offers", "--policy", str(POLICY), "--explain")
+    snapshot = gpuopt(data, *args, api=nobody)
+    assert snapshot.returncode == 0, snapshot.stderr
+    assert snapshot.stderr == (
+        f"gpuopt: {POLICY} ranked here (source: snapshot), not by the daemon: cannot reach "
+        f"the daemon at {nobody}: ConnectError (is it running?)\n"
+    )
+    # Every snapshot row is another cloud's: the example policy takes none, and says why
+    # without asking for the --explain it was given.
+    assert "0 of 425 offers qualify" in snapshot.stdout
+    assert "run with --explain" not in snapshot.stdout
+    assert "the rejections by rule follow" in snapshot.stdout
+
+    local = gpuopt(data, *args, "--provider", "local", "--json", api=nobody)
+    assert local.returncode == 0, local.stderr
+    answer = json.loads(local.stdout)
+    assert answer["source"] == "local" and answer["candidate_count"] > 0
+    spot = [c["offer"] for c in answer["candidates"] if c["offer"]["market"] == "spot"]
+    assert spot and {o["source"] for o in spot} == {"simulated"}
+    assert not (data / "local-cloud").exists()  # reading its offers creates nothing
+
+
+def test_provider_local_lists_the_local_clouds_simulated_offers(tmp_path: Path) -> None:
+    listed = run_gpuopt(tmp_path, "offers", "--provider", "local", "--json", "--limit", "0")
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)
+    assert rows and {r["provider"] for r in rows} == {"local"}
+    spot = [r for r in rows if r["market"] == "spot"]
+    assert spot and {r["source"] for r in spot} == {"simulated"}
+    assert len(rows) == 3 * len([r for r in rows if r["market"] == "on_demand"])
+
+
+def test_an_unknown_provider_is_refused_with_the_known_ones(tmp_path: Path) -> None:
+    done = run_gpuopt(tmp_path, "offers", "--provider", "azure")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        "gpuopt: error: --provider: unknown provider 'azure'; known: local, aws, gcp\n"
+    )
