@@ -46,6 +46,7 @@ from optimizer.daemon.prices import PriceWatch
 from optimizer.daemon.providers import ProviderHandle, make_handles, provider_secrets
 from optimizer.daemon.scheduler import LoopScheduler
 from optimizer.daemon.server import ApiServer, is_loopback
+from optimizer.daemon.spend import CostCollector
 from optimizer.jobs.ledger import CostFreezer
 from optimizer.jobs.reconcile import JobReconciler
 from optimizer.model import EventKind, Market
@@ -210,6 +211,7 @@ class Daemon:
         self.scheduler = LoopScheduler(
             metrics=self.metrics, misfire_grace_s=config.loops.misfire_grace_s, clock=clock
         )
+        self.cost_metrics = CostCollector(self.store, self.registry, clock)
         self.token, self.token_file = self._token()
         self.wakeup = ClusterWakeup(self.reconcile.wakeup, self.leadership)
         self._polled: set[str] = set()
@@ -265,6 +267,7 @@ class Daemon:
         self.leadership.start()
         self.watcher.run_once()  # policies are in force before anything reads them
         self.metrics.watch(self.store, self.registry.status_counts)
+        self.metrics.registry.register(self.cost_metrics)
         if self.deliver.api_url is None:
             self.deliver.api_url = self._api_url()
         loops = self.config.loops
