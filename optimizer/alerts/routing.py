@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from optimizer.model import legacy_names
+from optimizer.model import EventKind, legacy_names
 
 Severity = Literal["info", "warning", "critical"]
 SEVERITIES: tuple[str, ...] = ("info", "warning", "critical")
@@ -32,9 +32,11 @@ class Route(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kinds: list[str] = Field(
-        default_factory=lambda: ["*"], min_length=1, examples=[["job_*", "budget_*"]]
+        default_factory=lambda: ["*"], min_length=1, examples=[["job.*", "budget.*"]]
     )
-    exclude_kinds: list[str] = Field(default_factory=list, examples=[["job_submitted"]])
+    exclude_kinds: list[str] = Field(
+        default_factory=list, examples=[[EventKind.JOB_SUBMITTED.value]]
+    )
     min_severity: Severity = "info"
     channels: list[str] | None = Field(None, examples=[["ops"]])
 
