@@ -116,16 +116,18 @@ def test_a_public_address_without_a_token_is_refused(tmp_path: Path) -> None:
     ]
 
 
-def test_a_port_in_use_is_one_clear_line(tmp_path: Path) -> None:
+def test_a_port_in_use_is_one_clear_line_and_touches_nothing(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         result = run_to_exit(tmp_path, "--port", str(port))
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == (
+    assert result.stderr.strip().splitlines() == [
         f"gpuopt: error: cannot listen on 127.0.0.1:{port}: Address already in use"
-    )
+    ]
+    # The port is checked first: no database was created or migrated, no token file written.
+    assert not (tmp_path / "data").exists()
 
 
 def test_a_public_address_with_a_short_token_is_refused(tmp_path: Path) -> None:

@@ -61,7 +61,7 @@ def daemon(
 
     try:
         service = Daemon(cfg, face=daemon_app)
-    except (DaemonError, DatabaseUrlError) as exc:
+    except (BindError, DaemonError, DatabaseUrlError) as exc:
         fail(exc)
 
     def announce(url: str) -> None:

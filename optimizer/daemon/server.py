@@ -1,7 +1,8 @@
 """The API's HTTP server: uvicorn's `Server` on a thread of its own.
 
-The socket is bound on the caller's thread first, so a taken port or a bad address fails
-`gpuopt daemon` at once with one line, and port 0 gives a free port that `port` reports.
+The socket is bound on the caller's thread first (the daemon does it before it touches its
+store or data directory), so a taken port or a bad address fails `gpuopt daemon` at once
+with one line and nothing created, and port 0 gives a free port that `port` reports.
 uvicorn installs no signal handlers off the main thread; the daemon owns SIGTERM/SIGINT and
 stops the server by setting `should_exit` (in-flight requests get a few seconds to finish).
 """
@@ -35,23 +36,16 @@ def is_loopback(host: str) -> bool:
 
 
 class ApiServer:
-    """Serves an ASGI app on (host, port) from a background thread."""
+    """Serves an ASGI app on (host, port) from a background thread: `bind()` the socket,
+    then `start(app)`."""
 
-    def __init__(self, app: Any, host: str, port: int, *, access_log: bool = False) -> None:
+    def __init__(self, host: str, port: int, *, access_log: bool = False) -> None:
         self.host = host
         self.requested_port = port
+        self.access_log = access_log
         self._socket: socket.socket | None = None
         self._thread: threading.Thread | None = None
-        self._server = uvicorn.Server(
-            uvicorn.Config(
-                app,
-                log_config=None,
-                access_log=access_log,
-                lifespan="off",
-                server_header=False,
-                timeout_graceful_shutdown=GRACEFUL_S,
-            )
-        )
+        self._server: uvicorn.Server | None = None
 
     def bind(self) -> None:
         """Open the listening socket; raises BindError with a one-line reason."""
@@ -87,17 +81,26 @@ class ApiServer:
             host = f"[{host}]"
         return f"http://{host}:{self.port}"
 
-    def start(self) -> None:
-        """Serve on a thread; returns once the server accepts connections."""
+    def start(self, app: Any) -> None:
+        """Serve `app` on a thread; returns once the server accepts connections."""
         if self._socket is None:
             self.bind()
-        sockets = [self._socket]
+        server = self._server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                log_config=None,
+                access_log=self.access_log,
+                lifespan="off",
+                server_header=False,
+                timeout_graceful_shutdown=GRACEFUL_S,
+            )
+        )
         self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": sockets}, name="gpuopt-api", daemon=True
+            target=server.run, kwargs={"sockets": [self._socket]}, name="gpuopt-api", daemon=True
         )
         self._thread.start()
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not self._server.started:
+        while not server.started:
             if not self._thread.is_alive():
                 raise BindError("the API server stopped while starting (see the log)")
             if time.monotonic() > deadline:
@@ -109,9 +112,15 @@ class ApiServer:
         return self._thread is not None and self._thread.is_alive()
 
     def stop(self, timeout: float = GRACEFUL_S + 5) -> None:
-        self._server.should_exit = True
+        """Stop serving (requests in flight get GRACEFUL_S) and close the socket."""
+        if self._server is not None:
+            self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout)
+        self.close()
+
+    def close(self) -> None:
+        """Close the listening socket (a server that never started holds nothing else)."""
         if self._socket is not None:
             self._socket.close()
             self._socket = None

@@ -105,7 +105,9 @@ class Daemon:
     """One gpuopt daemon. Public parts for later steps: `reconcile.reconcilers` (append a
     reconciler), `reconcile.wakeup` (set it to run a pass now), `wakeup` (the same, from any
     replica), `emitter` (record events with alerts), `handles` (providers). `face` builds
-    the app it serves (see `HttpFace`)."""
+    the app it serves (see `HttpFace`). The constructor binds the API's socket before
+    anything else, so a taken port creates no database, data directory or token file;
+    `stop()`, or a failed `start()`, releases it."""
 
     def __init__(
         self,
@@ -121,6 +123,27 @@ class Daemon:
         quiet_libraries(config.api.access_log)
         self.config = config
         self.clock = clock
+        self._check_listener()
+        # Bind first: a taken port or a bad address fails here, with one line, before the
+        # store, the data directory or the token file is touched.
+        self.server = ApiServer(config.api.host, config.api.port, access_log=config.api.access_log)
+        self.server.bind()
+        try:
+            self._assemble(face, clock, rng, sources, http_client, store)
+        except BaseException:
+            self.server.close()
+            raise
+
+    def _assemble(
+        self,
+        face: HttpFace,
+        clock: Clock,
+        rng: random.Random | None,
+        sources: Mapping[str, OfferSource] | None,
+        http_client: httpx.Client | None,
+        store: Store | None,
+    ) -> None:
+        config = self.config
         self.metrics = Metrics(start_time=clock().timestamp())
         self.store = store or Store(config.effective_database_url, clock=clock)
         self.registry = PolicyRegistry()
@@ -212,7 +235,7 @@ class Daemon:
             metrics=self.metrics, misfire_grace_s=config.loops.misfire_grace_s, clock=clock
         )
         self.cost_metrics = CostCollector(self.store, self.registry, clock)
-        self.token, self.token_file = self._token()
+        self.token, self.token_file = resolve_token(config)
         self.wakeup = ClusterWakeup(self.reconcile.wakeup, self.leadership)
         self._polled: set[str] = set()
         self._leader_loops: list[str] = []
@@ -221,11 +244,9 @@ class Daemon:
         self._started = False
         self.started_at = clock()
         self.app = face(self)  # last: the face may read any part of the daemon
-        self.server = ApiServer(
-            self.app, config.api.host, config.api.port, access_log=config.api.access_log
-        )
 
-    def _token(self) -> tuple[SecretStr, Path | None]:
+    def _check_listener(self) -> None:
+        """Refuse a listener the config does not make safe (before anything is touched)."""
         if not is_loopback(self.config.api.host) and self.config.api.token is None:
             raise DaemonError(
                 f"refusing to listen on {self.config.api.host} without an API token: set "
@@ -234,7 +255,6 @@ class Daemon:
         weak = weak_token_problem(self.config)
         if weak:
             raise DaemonError(weak)
-        return resolve_token(self.config)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -247,12 +267,14 @@ class Daemon:
         return self.config.api.public_url or self.server.url
 
     def start(self) -> None:
-        """Open the store, bind the API, join the election, load policies, start the loops
-        and the server. On failure whatever was claimed is given back."""
+        """Open the store, join the election, load policies, start the loops and serve the
+        API on the socket the constructor bound. On failure whatever was claimed is given
+        back."""
         try:
             self._start()
         except BaseException:
             self.leadership.stop()
+            self.server.stop()
             raise
 
     def _start(self) -> None:
@@ -263,7 +285,6 @@ class Daemon:
             ensure_ready(self.store.engine)  # empty: created at head; else at head or refused
         except (SchemaError, UnreachableError) as exc:
             raise DaemonError(str(exc)) from exc
-        self.server.bind()
         self.leadership.start()
         self.watcher.run_once()  # policies are in force before anything reads them
         self.metrics.watch(self.store, self.registry.status_counts)
@@ -288,7 +309,7 @@ class Daemon:
         # last in the pass: the attempts the pass ended have their cost lines frozen
         self.reconcile.reconcilers.append(CostFreezer())
         self.scheduler.start()
-        self.server.start()
+        self.server.start(self.app)
         self._started = True
         log.info(
             "gpuopt %s serving %s; providers: %s; policies from %s; %s (replica %s)",
