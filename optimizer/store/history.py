@@ -22,13 +22,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
+from functools import cache
 from typing import Any
 
 from sqlalchemy import (
     Connection,
+    Row,
     Select,
+    bindparam,
     delete,
-    literal,
+    func,
     literal_column,
     select,
     tuple_,
@@ -123,7 +126,9 @@ class PruneBatch:
 
 def floor_hour(at: datetime) -> datetime:
     """The start of the UTC hour holding `at`."""
-    return at.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+    if at.tzinfo is not UTC:
+        at = at.astimezone(UTC)
+    return at.replace(minute=0, second=0, microsecond=0)
 
 
 def summarize(points: Iterable[tuple[datetime, float]]) -> list[HourSummary]:
@@ -153,13 +158,20 @@ def merge(held: HourSummary, more: HourSummary, prices: Sequence[float]) -> Hour
 
 
 # -- reading ---------------------------------------------------------------------------------
+#
+# Statements are built once per shape with bound parameters: building a SQLAlchemy statement
+# costs more than running this one on an index, and the ledger reads once per attempt.
 
 
-def _is_pool(t: Any, pool: PoolKey) -> list[Any]:
-    return [t.c[name] == value for name, value in zip(POOL_COLUMNS, pool, strict=True)]
+def _is_pool(t: Any) -> list[Any]:
+    return [t.c[name] == bindparam(f"pool_{name}") for name in POOL_COLUMNS]
 
 
-def _raw_select(pool: PoolKey) -> Select[Any]:
+def _pool_params(pool: PoolKey) -> dict[str, str]:
+    return {f"pool_{name}": value for name, value in zip(POOL_COLUMNS, pool, strict=True)}
+
+
+def _raw_select() -> Select[Any]:
     t = _RAW
     return select(
         t.c.observed_at.label("at"),
@@ -168,10 +180,12 @@ def _raw_select(pool: PoolKey) -> Select[Any]:
         t.c.usd_per_hour.label("hi"),
         literal_column("1").label("n"),
         literal_column(f"'{Tier.RAW.value}'").label("tier"),
-    ).where(*_is_pool(t, pool))
+        literal_column("1").label("rank"),  # after an hourly row of the same instant
+        t.c.id.label("seq"),
+    ).where(*_is_pool(t))
 
 
-def _hourly_select(pool: PoolKey) -> Select[Any]:
+def _hourly_select() -> Select[Any]:
     t = _HOURLY
     return select(
         t.c.hour.label("at"),
@@ -180,7 +194,48 @@ def _hourly_select(pool: PoolKey) -> Select[Any]:
         t.c.max_usd.label("hi"),
         t.c.points.label("n"),
         literal_column(f"'{Tier.HOURLY.value}'").label("tier"),
-    ).where(*_is_pool(t, pool))
+        literal_column("0").label("rank"),
+        t.c.id.label("seq"),
+    ).where(*_is_pool(t))
+
+
+@cache
+def _points_query(prior: bool, since: bool, until: bool, limit: bool) -> Select[Any]:
+    """The union of up to four index ranges: with `prior`, the last raw point and the last
+    hourly row before `since`; then the raw points and hourly rows in the window."""
+    raw_time, hourly_time = _RAW.c.observed_at, _HOURLY.c.hour
+    parts: list[Select[Any]] = []
+    if prior:
+        parts.append(
+            _raw_select()
+            .where(raw_time < bindparam("since"))
+            .order_by(raw_time.desc(), _RAW.c.id.desc())
+            .limit(1)
+        )
+        parts.append(
+            _hourly_select()
+            .where(hourly_time < bindparam("since"))
+            .order_by(hourly_time.desc())
+            .limit(1)
+        )
+    raw, hourly = _raw_select(), _hourly_select()
+    if since:
+        raw = raw.where(raw_time >= bindparam("since"))
+        hourly = hourly.where(hourly_time >= bindparam("since"))
+    if until:
+        raw = raw.where(raw_time < bindparam("until"))
+        hourly = hourly.where(hourly_time < bindparam("until"))
+    raw, hourly = raw.order_by(raw_time, _RAW.c.id), hourly.order_by(hourly_time)
+    if limit:
+        raw, hourly = raw.limit(bindparam("limit")), hourly.limit(bindparam("limit"))
+    parts += [raw, hourly]
+    both = union_all(*(select(part.subquery()) for part in parts)).subquery()
+    return select(both).order_by(both.c.at, both.c.rank, both.c.seq)
+
+
+_TIERS = {tier.value: tier for tier in Tier}
+PointRow = Row[datetime, float, float, float, int, str, int, int]
+"""A point as read: at, usd_per_hour, min, max, points, tier, then the sort keys."""
 
 
 def points_in_effect(
@@ -191,68 +246,96 @@ def points_in_effect(
     *,
     prior: bool,
     limit: int | None,
-) -> list[PricePoint]:
-    """The pool's points with since <= at < until across both tiers, oldest first; with
-    `prior`, first the last point before `since` (the price in effect at `since` when no
-    point falls on it). `limit` keeps the oldest `limit` points of the range (the prior
-    point does not count). One round trip; every part is a range on a (pool, time) index."""
-    raw_time, hourly_time = _RAW.c.observed_at, _HOURLY.c.hour
-    parts: list[Select[Any]] = []
+) -> list[PointRow]:
+    """The pool's points with since <= at < until across both tiers, oldest first, as rows
+    (at, usd, lo, hi, n, tier, rank, seq); with `prior`, first the last point before `since`
+    (the price in effect at `since` when no point falls on it). `limit` keeps the oldest
+    `limit` points of the range (the prior point does not count). One round trip; every part
+    is a range on a (pool, time) index, the few rows sorted by the database."""
+    prior = prior and since is not None
+    query = _points_query(prior, since is not None, until is not None, limit is not None)
+    params: dict[str, Any] = _pool_params(pool)
+    params.update(since=since, until=until, limit=limit)
+    rows: Sequence[PointRow] = conn.execute(query, params).all()
+    first = 0  # where the window's points begin
     if prior and since is not None:
-        parts.append(
-            _raw_select(pool)
-            .where(raw_time < since)
-            .order_by(raw_time.desc(), _RAW.c.id.desc())
-            .limit(1)
-        )
-        parts.append(
-            _hourly_select(pool).where(hourly_time < since).order_by(hourly_time.desc()).limit(1)
-        )
-    raw, hourly = _raw_select(pool), _hourly_select(pool)
-    if since is not None:
-        raw, hourly = raw.where(raw_time >= since), hourly.where(hourly_time >= since)
-    if until is not None:
-        raw, hourly = raw.where(raw_time < until), hourly.where(hourly_time < until)
-    raw, hourly = raw.order_by(raw_time, _RAW.c.id), hourly.order_by(hourly_time)
-    if limit is not None:
-        raw, hourly = raw.limit(limit), hourly.limit(limit)
-    parts += [raw, hourly]
-    query = union_all(*(select(part.subquery()) for part in parts))
-    rows = [
-        PricePoint(row.at, row.usd, Tier(row.tier), row.lo, row.hi, int(row.n))
-        for row in conn.execute(query)
-    ]
-    before: list[PricePoint] = []
-    if prior and since is not None:
-        # The first rows are the priors (at < since); the later of the two is in effect.
-        before = [p for p in rows if p.at < since]
-        rows = [p for p in rows if p.at >= since]
-        if before:
-            before = [max(before, key=lambda p: (p.at, p.tier is Tier.RAW))]
-    # Hourly rows sort before raw points of the same instant (a late point merged later).
-    rows.sort(key=lambda p: (p.at, p.tier is Tier.RAW))
-    if limit is not None:
-        rows = rows[:limit]
-    return before + rows
+        while first < len(rows) and rows[first][0] < since:
+            first += 1
+    # Up to two priors (the last raw point, the last hourly row) sort first: the later one
+    # is in effect at since.
+    head = rows[max(first - 1, 0) : first]
+    body = rows[first:] if limit is None else rows[first : first + limit]
+    return [*head, *body]
+
+
+def price_point(row: PointRow) -> PricePoint:
+    at, usd, lo, hi, n, tier = row[:6]
+    return PricePoint(at, usd, _TIERS[tier], lo, hi, int(n))
 
 
 # -- pruning ---------------------------------------------------------------------------------
 
 
-def _next_pool(conn: Connection, after: PoolKey | None) -> PoolKey | None:
-    """The first pool after `after` (in the database's own key order) that has raw points or
-    hourly rows; seeks on both tables' (pool, time) indexes."""
+@cache
+def _next_pool_query(first: bool) -> Select[Any]:
     parts = []
-    for t in (_RAW, _HOURLY):
+    for t, time in ((_RAW, _RAW.c.observed_at), (_HOURLY, _HOURLY.c.hour)):
         cols = [t.c[name] for name in POOL_COLUMNS]
-        part = select(*cols).order_by(*cols).limit(1)
-        if after is not None:
-            part = part.where(tuple_(*cols) > tuple_(*(literal(v) for v in after)))
+        part = select(*cols).order_by(*cols, time).limit(1)
+        if not first:
+            # Past the pool's last entry, on the whole index key: comparing the pool columns
+            # alone would step over every entry of the pool one by one. No entry: NULL, and
+            # the pool columns decide.
+            last = select(func.max(time)).where(*_is_pool(t)).scalar_subquery()
+            # Named apart from pool_*: PostgreSQL deduces one type per parameter, and the
+            # row comparison would deduce another than the column comparisons.
+            after = tuple_(*(bindparam(f"after_{name}") for name in POOL_COLUMNS), last)
+            part = part.where(tuple_(*cols, time) > after)
         parts.append(part)
     both = union_all(*(select(part.subquery()) for part in parts)).subquery()
     keys = [both.c[name] for name in POOL_COLUMNS]
-    row = conn.execute(select(*keys).order_by(*keys).limit(1)).first()
+    return select(*keys).order_by(*keys).limit(1)
+
+
+def _next_pool(conn: Connection, after: PoolKey | None) -> PoolKey | None:
+    """The first pool after `after` (in the database's own key order) that has raw points or
+    hourly rows; seeks on both tables' (pool, time) indexes."""
+    params: dict[str, str] = {}
+    if after is not None:
+        params = _pool_params(after)
+        params.update({f"after_{n}": v for n, v in zip(POOL_COLUMNS, after, strict=True)})
+    row = conn.execute(_next_pool_query(after is None), params).first()
     return None if row is None else (row[0], row[1], row[2], row[3], row[4])
+
+
+# The pool's raw points before `cutoff`, oldest first: the first, and the one at `offset`.
+_OLD_RAW = (
+    select(_RAW.c.observed_at)
+    .where(*_is_pool(_RAW), _RAW.c.observed_at < bindparam("cutoff"))
+    .order_by(_RAW.c.observed_at, _RAW.c.id)
+    .offset(bindparam("offset"))
+    .limit(1)
+)
+_TAKE_RAW = (
+    delete(_RAW)
+    .where(*_is_pool(_RAW), _RAW.c.observed_at < bindparam("end"))
+    .returning(_RAW.c.observed_at, _RAW.c.usd_per_hour)
+)
+_HELD_HOURS = (
+    select(_HOURLY.c.hour, _HOURLY.c.min_usd, _HOURLY.c.median_usd, _HOURLY.c.max_usd)
+    .add_columns(_HOURLY.c.points)
+    .where(
+        *_is_pool(_HOURLY),
+        _HOURLY.c.hour >= bindparam("first"),
+        _HOURLY.c.hour <= bindparam("last"),
+    )
+    .with_for_update()
+)
+_EXPIRED = select(_HOURLY.c.id).where(*_is_pool(_HOURLY), _HOURLY.c.hour < bindparam("floor"))
+_ANY_EXPIRED = _EXPIRED.limit(1)
+_DROP_EXPIRED = delete(_HOURLY).where(
+    _HOURLY.c.id.in_(_EXPIRED.order_by(_HOURLY.c.hour).limit(bindparam("budget")).scalar_subquery())
+)
 
 
 @dataclass
@@ -301,13 +384,12 @@ def _summarize_raw(
     """Move the pool's raw points of whole hours past the raw retention into hourly rows,
     at most `budget` points (more only when one hour alone holds more and the batch is
     `fresh`, so every batch makes progress)."""
-    t, when = _RAW, _RAW.c.observed_at
+    keys = _pool_params(pool)
     cutoff = retention.raw_cutoff(now)
-    old = select(when).where(*_is_pool(t, pool), when < cutoff).order_by(when, t.c.id)
-    first = conn.execute(old.limit(1)).scalar()
+    first = conn.execute(_OLD_RAW, {**keys, "cutoff": cutoff, "offset": 0}).scalar()
     if first is None:
         return
-    over = conn.execute(old.offset(budget).limit(1)).scalar()
+    over = conn.execute(_OLD_RAW, {**keys, "cutoff": cutoff, "offset": budget}).scalar()
     end = cutoff
     if over is not None:
         work.finished = False
@@ -316,9 +398,7 @@ def _summarize_raw(
             if not fresh:
                 return  # the next batch starts with this pool and a whole budget
             end = floor_hour(first) + HOUR
-    removed = conn.execute(
-        delete(t).where(*_is_pool(t, pool), when < end).returning(when, t.c.usd_per_hour)
-    ).all()
+    removed = conn.execute(_TAKE_RAW, {**keys, "end": end}).all()
     work.used += len(removed)
     floor = retention.hourly_cutoff(now)
     kept = [(at, usd) for at, usd in removed if at >= floor]
@@ -327,11 +407,8 @@ def _summarize_raw(
     summaries = summarize(kept)
     if not summaries:
         return
-    h = _HOURLY
     held_rows = conn.execute(
-        select(h.c.hour, h.c.min_usd, h.c.median_usd, h.c.max_usd, h.c.points)
-        .where(*_is_pool(h, pool), h.c.hour >= summaries[0].hour, h.c.hour <= summaries[-1].hour)
-        .with_for_update()
+        _HELD_HOURS, {**keys, "first": summaries[0].hour, "last": summaries[-1].hour}
     ).all()
     if held_rows:
         held = {r.hour: HourSummary(*r) for r in held_rows}
@@ -354,15 +431,13 @@ def _expire_hourly(
     work: _PoolWork,
 ) -> None:
     """Remove the pool's hourly rows past the hourly retention, at most `budget`."""
-    h = _HOURLY
-    expired = select(h.c.id).where(*_is_pool(h, pool), h.c.hour < retention.hourly_cutoff(now))
-    if conn.execute(expired.limit(1)).first() is None:
+    params = {**_pool_params(pool), "floor": retention.hourly_cutoff(now)}
+    if conn.execute(_ANY_EXPIRED, params).first() is None:
         return  # nothing to do: no write, so no write lock on SQLite
     if budget <= 0:
         work.finished = False
         return
-    ids = expired.order_by(h.c.hour).limit(budget).scalar_subquery()
-    count = conn.execute(delete(h).where(h.c.id.in_(ids))).rowcount
+    count = conn.execute(_DROP_EXPIRED, {**params, "budget": budget}).rowcount
     work.used += count
     work.expired += count
     if count >= budget:

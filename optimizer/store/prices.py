@@ -19,7 +19,7 @@ from sqlalchemy import Insert, Row, delete, func, insert, select
 from optimizer.model import OFFER_FIELDS, Market, Offer
 from optimizer.store import history
 from optimizer.store.engine import Database, aware, chunks, dialect_insert, table
-from optimizer.store.history import PoolKey, PricePoint, PruneBatch, Retention
+from optimizer.store.history import PointRow, PoolKey, PricePoint, PruneBatch, Retention
 from optimizer.store.tables import POOL_COLUMNS, LatestPrice, PriceHistory, SpecCacheEntry
 
 # Rows per executemany call: big enough to amortize the round trip, small enough that one
@@ -166,10 +166,10 @@ class Prices:
         """One pool's prices in effect, (at, usd_per_hour) oldest first, for since <= at <
         until, across both tiers (`price_points` says how); with `prior`, first the last
         point before `since` (the price in effect at `since`). What the ledger integrates."""
-        points = self.price_points(
-            provider, region, zone, instance_type, market, since, until, prior=prior
+        rows = self._points(
+            provider, region, zone, instance_type, market, since, until, prior, None
         )
-        return [(p.at, p.usd_per_hour) for p in points]
+        return [(row[0], row[1]) for row in rows]
 
     def price_points(
         self,
@@ -188,6 +188,23 @@ class Prices:
         they are kept, and for older hours each hour's summary, in effect from the start of
         the hour at its median. With `prior`, first the last point before `since`; `limit`
         keeps the oldest `limit` points of the range (the prior one aside)."""
+        rows = self._points(
+            provider, region, zone, instance_type, market, since, until, prior, limit
+        )
+        return [history.price_point(row) for row in rows]
+
+    def _points(
+        self,
+        provider: str,
+        region: str,
+        zone: str | None,
+        instance_type: str,
+        market: Market | str,
+        since: datetime | None,
+        until: datetime | None,
+        prior: bool,
+        limit: int | None,
+    ) -> list[PointRow]:
         pool = (provider, region, zone or "", instance_type, Market(market).value)
         start = None if since is None else aware(since, "since")
         end = None if until is None else aware(until, "until")
