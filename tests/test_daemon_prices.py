@@ -105,8 +105,26 @@ def test_spot_prices_crossing_the_bid_cap_raise_one_event_per_direction() -> Non
 
 def test_a_new_policy_version_starts_a_new_baseline() -> None:
     _, state = step(None, [make_offer(usd_per_hour=1.0)], sha="v1")
-    signals, state = step(state, [make_offer(usd_per_hour=0.5)], sha="v2")
+    cheaper_zone = make_offer(zone="use1-az9", usd_per_hour=0.5)
+    signals, state = step(state, [make_offer(usd_per_hour=1.0), cheaper_zone], sha="v2")
     assert signals == [] and state == PriceState("v2", state.best_pool, 0.5, 0.5, {})
+    assert state.best_pool == "aws/us-east-1/use1-az9/g5.xlarge/spot"
+
+
+def test_a_version_that_nothing_satisfies_is_lost_at_once_and_found_again() -> None:
+    offers = [make_offer(usd_per_hour=1.0)]
+    _, state = step(None, offers, sha="v1")
+    tight = parse_policy(policy_text("plain", memory=1000))
+    [lost], state = step(state, offers, tight, sha="v2")
+    assert (lost.kind, lost.severity) == ("best_offer.lost", "warning")
+    pool = "aws/us-east-1/use1-az1/g5.xlarge/spot"
+    assert lost.data == {"pool_before": pool, "price_before": 1.0}
+    assert "no offer satisfies it since its edit" in lost.message
+    assert state == PriceState("v2")
+    assert step(state, offers, tight, sha="v2")[0] == []  # still lost: said once
+    [found], state = step(state, offers, sha="v3")
+    assert found.kind == "best_offer.changed" and found.data["pool_before"] is None
+    assert state.best_usd == 1.0
 
 
 @pytest.fixture

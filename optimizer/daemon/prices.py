@@ -4,8 +4,11 @@ Events: `best_offer.changed` (the top candidate is another pool), `price.dropped
 got more than `drop_fraction` cheaper than its reference price: the price when last
 reported, raised whenever it rises), `best_offer.lost` (nothing satisfies the policy any
 more), and `bid_cap.crossed` (spot pools whose price moved across the policy's bid cap, one
-event per direction per poll). The first evaluation of a policy version sets the baseline and
-raises nothing. `price_signals` is pure; `PriceWatch` reads and writes the store.
+event per direction per poll). The first evaluation of a policy sets the baseline and raises
+nothing; the first of a new version of it starts a new baseline too, except that losing
+every candidate (or finding one again) is raised at once. `price_signals` is pure;
+`PriceWatch` reads and writes the store. The daemon ranks after every poll once each poll
+has run, and whenever the policies in force change.
 """
 
 from __future__ import annotations
@@ -131,44 +134,28 @@ def price_signals(
     pool = pool_key(offer) if offer is not None else None
     usd = offer.usd_per_hour if offer is not None else None
     caps = cap_sides(ranking) if capped else {}
-    if previous is None or previous.sha256 != sha256:
-        return [], PriceState(sha256, pool, usd, usd, caps)
+    baseline = PriceState(sha256, pool, usd, usd, caps)
+    if previous is None:
+        return [], baseline
+    stamp = f"{name}:{sha256[:12]}"
+    if previous.sha256 != sha256:
+        # A new version of the policy starts its own baseline (best pool, reference price,
+        # bid-cap sides: an edit moves them, not the market), but whether anything satisfies
+        # the policy carries over: an edit that leaves no candidate is a loss, at once.
+        if offer is None and previous.best_pool is not None:
+            return [_lost(name, stamp, previous, ranking, edited=True)], baseline
+        if offer is not None and previous.best_pool is None:
+            return [_changed(name, stamp, previous, offer)], baseline
+        return [], baseline
 
     signals: list[Signal] = []
-    stamp = f"{name}:{sha256[:12]}"
     reference = previous.reference_usd
     if offer is None or usd is None:
         if previous.best_pool is not None:
-            signals.append(
-                Signal(
-                    EventKind.BEST_OFFER_LOST,
-                    "warning",
-                    f"policy {name}: no offer satisfies it any more "
-                    f"(best was {previous.best_pool} at {_usd(previous.best_usd or 0)})",
-                    {"pool_before": previous.best_pool, "price_before": previous.best_usd},
-                    f"no-candidates:{stamp}:{ranking.evaluated_at.isoformat()}",
-                )
-            )
+            signals.append(_lost(name, stamp, previous, ranking))
         reference = None
     elif pool != previous.best_pool:
-        before = previous.best_usd
-        change = f", {(usd - before) / before:+.1%}" if before else ""
-        was = f" (was {previous.best_pool} at {_usd(before)}{change})" if before else ""
-        signals.append(
-            Signal(
-                EventKind.BEST_OFFER_CHANGED,
-                "info",
-                f"policy {name}: best offer is now {describe(offer)} at {_usd(usd)}{was}",
-                {
-                    "pool_before": previous.best_pool,
-                    "pool_after": pool,
-                    "price_before": before,
-                    "price_after": usd,
-                    "offer": offer.to_dict(),
-                },
-                f"best:{stamp}:{pool}:{usd}:{offer.observed_at.isoformat()}",
-            )
-        )
+        signals.append(_changed(name, stamp, previous, offer))
         reference = usd
     else:
         reference = max(reference or usd, usd)
@@ -199,6 +186,39 @@ def price_signals(
         if crossed:
             signals.append(_crossing(name, stamp, direction, severity, crossed, ranking))
     return signals, PriceState(sha256, pool, usd, reference, caps)
+
+
+def _lost(
+    name: str, stamp: str, previous: PriceState, ranking: Ranking, *, edited: bool = False
+) -> Signal:
+    why = "since its edit" if edited else "any more"
+    return Signal(
+        EventKind.BEST_OFFER_LOST,
+        "warning",
+        f"policy {name}: no offer satisfies it {why} "
+        f"(best was {previous.best_pool} at {_usd(previous.best_usd or 0)})",
+        {"pool_before": previous.best_pool, "price_before": previous.best_usd},
+        f"no-candidates:{stamp}:{ranking.evaluated_at.isoformat()}",
+    )
+
+
+def _changed(name: str, stamp: str, previous: PriceState, offer: Offer) -> Signal:
+    pool, usd, before = pool_key(offer), offer.usd_per_hour, previous.best_usd
+    change = f", {(usd - before) / before:+.1%}" if before else ""
+    was = f" (was {previous.best_pool} at {_usd(before)}{change})" if before else ""
+    return Signal(
+        EventKind.BEST_OFFER_CHANGED,
+        "info",
+        f"policy {name}: best offer is now {describe(offer)} at {_usd(usd)}{was}",
+        {
+            "pool_before": previous.best_pool,
+            "pool_after": pool,
+            "price_before": before,
+            "price_after": usd,
+            "offer": offer.to_dict(),
+        },
+        f"best:{stamp}:{pool}:{usd}:{offer.observed_at.isoformat()}",
+    )
 
 
 def _crossing(

@@ -16,6 +16,7 @@ import secrets
 import signal
 import threading
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -171,7 +172,7 @@ class Daemon:
                 self.emitter,
                 clock,
                 metrics=self.metrics,
-                after=self.prices.evaluate,
+                after=self._rank_prices,
                 secrets=secrets,
             )
             for handle in self.handles.values()
@@ -228,7 +229,7 @@ class Daemon:
             self.emitter,
             clock,
             metrics=self.metrics,
-            on_change=self.reconcile.wakeup.set,
+            on_change=self._policies_changed,
             records=lambda: self.leadership.is_leader,
         )
         self.scheduler = LoopScheduler(
@@ -237,7 +238,8 @@ class Daemon:
         self.cost_metrics = CostCollector(self.store, self.registry, clock)
         self.token, self.token_file = resolve_token(config)
         self.wakeup = ClusterWakeup(self.reconcile.wakeup, self.leadership)
-        self._polled: set[str] = set()
+        self._polled: set[str] = set()  # polls that have run at least once in this process
+        self._first_polls = threading.Lock()
         self._leader_loops: list[str] = []
         self._was_ready = False
         self._stop = threading.Event()
@@ -358,9 +360,38 @@ class Daemon:
             try:
                 poll.run_once()
             finally:
-                self._polled.add(poll.name)
+                self._polled_once(poll.name)
 
         return run
+
+    def _polled_once(self, name: str) -> None:
+        """After each poll. When the last of the first polls ends, rank the policies: each
+        one's baseline (after a restart: compared with the stored state). Ranking after the
+        first poll alone would take a baseline over one market's offers (spot, say, with no
+        on-demand price for a bid cap's fraction), and the next poll's offers would then look
+        like a new best offer and pools crossing the bid cap, at every fresh start."""
+        with self._first_polls:
+            if name in self._polled:
+                return
+            if {p.name for p in self.polls} - self._polled == {name}:
+                self.prices.evaluate(self.clock())
+            self._polled.add(name)  # after the baseline: /readyz waits for it
+
+    def _rank_prices(self, now: datetime | None = None) -> None:
+        """Rank every policy and raise what changed: on the leader, once every poll has run
+        (see `_polled_once`)."""
+        if not self.leadership.is_leader:
+            return
+        if any(p.name not in self._polled for p in self.polls):
+            return
+        self.prices.evaluate(now or self.clock())
+
+    def _policies_changed(self) -> None:
+        """The policies in force changed: reconcile now, and rank them now rather than at
+        the next poll (a policy edited down to no candidate raises `best_offer.lost` at
+        once, not up to a spot interval later)."""
+        self.reconcile.wakeup.set()
+        self._rank_prices()
 
     def stop(self) -> None:
         """Let each loop finish its current iteration, stop serving, close everything."""
