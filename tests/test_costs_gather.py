@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from optimizer.costs import GroupBy, group_lines
+from optimizer.costs.lines import totals_by
 from optimizer.jobs import budget as job_budget
 from optimizer.jobs.ledger import SETTLE, Ledger
 from optimizer.model import Market
@@ -85,7 +86,9 @@ def test_frozen_lines_are_read_without_a_price_query(
     for n in range(1, 4):
         attempt(store, f"job{n}", **ended(90))
     ledger = Ledger(store)
-    assert ledger.freeze(LATER) == 3
+    assert ledger.freeze(LATER, limit=2) == 2  # a batch per pass: the oldest first
+    assert {line.frozen for line in ledger.lines(job="job3", now=LATER)} == {False}
+    assert ledger.freeze(LATER) == 1
 
     def no_prices(*_: Any, **__: Any) -> Any:
         raise AssertionError("a frozen attempt was priced again")
@@ -274,3 +277,33 @@ def test_the_reconcile_pass_freezes_what_ended(store: Store) -> None:
         ("b", False),
     ]
     assert len(store.costs.frozen_lines()) == 1
+
+
+@pytest.mark.parametrize("by", list(GroupBy))
+def test_groups_summed_by_the_database_match_the_lines_summed(store: Store, by: GroupBy) -> None:
+    spot_prices(store)
+    end_of_march = datetime(2026, 3, 31, 23, 0, tzinfo=UTC)
+    attempt(store, "a", policy="red", job_started=at(10), disk_gib=8.0, **ended(90))
+    attempt(store, "a", 2, policy="red", **ended(120, by="cloud"))
+    attempt(store, "b", policy="blue", zone="use1-az9", **ended(60))  # no on-demand series
+    attempt(store, "c", policy="blue", market=Market.ON_DEMAND, zone=None, usd_per_hour=1.0)
+    attempt(store, "d", policy="red", launched=end_of_march, job_started=end_of_march)  # live
+    now = datetime(2026, 4, 2, tzinfo=UTC)
+    ledger = Ledger(store)
+    assert ledger.freeze(now) == 3
+    lines = ledger.lines(now=now)
+    assert sorted({line.frozen for line in lines}) == [False, True]
+    expected = totals_by(lines, by)
+    got = ledger.groups(by, now=now)
+    assert [g.key for g in got] == [g.key for g in expected]
+    for mine, theirs in zip(got, expected, strict=True):
+        assert mine.attempts == theirs.attempts, mine.key
+        for part in ("cost", "priced"):
+            a, b = getattr(mine, part), getattr(theirs, part)
+            for figure in ("billed_seconds", "spend_usd", "storage_usd", "on_demand_usd"):
+                assert getattr(a, figure) == pytest.approx(getattr(b, figure)), (part, figure)
+            assert (a.overhead_usd, a.baseline_known) == (
+                pytest.approx(b.overhead_usd),
+                b.baseline_known,
+            )
+    assert ledger.groups(by, policy="nobody", now=now) == []

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from optimizer.clock import ManualClock
 from optimizer.costs import Cost, GroupBy, Line
+from optimizer.costs.lines import totals_by
 from optimizer.costs.report import TimeError, add_up, parse_time, report, summary
 from optimizer.daemon.service import Daemon
 from optimizer.model import Market
@@ -51,6 +52,11 @@ def line(job: str, number: int, market: str, cost: Cost, month: int = 3) -> Line
     )
 
 
+def grouped(lines: list[Line], by: GroupBy) -> list[dict[str, Any]]:
+    """The report as GET /costs builds it from lines."""
+    return report(totals_by(lines, by), lines if by is GroupBy.JOB else None)
+
+
 SPOT_A = Cost(3600, spend_usd=30.0, on_demand_usd=100.0, overhead_seconds=600, overhead_usd=5.0)
 SPOT_B = Cost(3600, spend_usd=8.0, on_demand_usd=100.0, overhead_seconds=60, overhead_usd=0.0)
 UNPRICED = Cost(1800, spend_usd=4.0, on_demand_usd=0.0, baseline_known=False)
@@ -64,7 +70,7 @@ def test_groups_sum_their_lines_and_savings_count_only_lines_with_a_baseline() -
         line("a", 2, "spot", UNPRICED, month=4),  # attempt 2 again, in April, no baseline
         line("b", 1, "on_demand", ON_DEMAND),
     ]
-    a, b = report(lines, GroupBy.JOB)
+    a, b = grouped(lines, GroupBy.JOB)
     assert a["group"] == "a" and a["attempt_count"] == 2
     assert a["spend_usd"] == 42.0 and a["on_demand_usd"] == 200.0
     # savings over the priced lines only: 200 - 38, not 200 - 42
@@ -85,14 +91,14 @@ def test_groups_sum_their_lines_and_savings_count_only_lines_with_a_baseline() -
     assert totals["savings_fraction"] == pytest.approx(162 / 250)
     assert totals["net_savings_fraction"] == pytest.approx(157 / 250)
     assert totals["attempt_count"] == 3
-    assert "attempts" not in report(lines, GroupBy.POLICY)[0]
+    assert "attempts" not in grouped(lines, GroupBy.POLICY)[0]
 
 
 def test_the_summary_line_says_what_spot_saved_gross_and_net_of_overhead() -> None:
     spot = [line("a", 1, "spot", SPOT_A), line("a", 2, "spot", SPOT_B)]
-    by_market = report([*spot, line("b", 1, "on_demand", ON_DEMAND)], GroupBy.MARKET)
+    by_market = grouped([*spot, line("b", 1, "on_demand", ON_DEMAND)], GroupBy.MARKET)
     assert summary(by_market).startswith("spot saved 81% gross, 78% net of overhead ($162.00")
-    assert summary(report([line("b", 1, "on_demand", ON_DEMAND)], GroupBy.MARKET)) == (
+    assert summary(grouped([line("b", 1, "on_demand", ON_DEMAND)], GroupBy.MARKET)) == (
         "no spot attempts in this window"
     )
 

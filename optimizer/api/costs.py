@@ -7,13 +7,15 @@ each attempt. `gpuopt costs --json` prints the same list.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
 
 from optimizer.api.state import ApiState, StateDep, utc_text
 from optimizer.costs import GroupBy, Line
-from optimizer.costs.report import TimeError, figures, parse_time, report
+from optimizer.costs.lines import totals_by
+from optimizer.costs.report import TimeError, line_figures, parse_time, report
 from optimizer.jobs.ledger import Ledger
 from optimizer.model import Market
 
@@ -22,32 +24,14 @@ router = APIRouter(tags=["costs"])
 _TIME = "A month (2026-03), a date (2026-03-14) or an ISO 8601 time; UTC unless it says."
 
 
-def ledger_lines(
-    state: ApiState,
-    *,
-    since: str | None = None,
-    until: str | None = None,
-    job: str | None = None,
-    policy: str | None = None,
-    provider: str | None = None,
-    market: Market | None = None,
-) -> list[Line]:
-    """The ledger's lines for the query's filters; 422 for a bad time, 404 for no such job."""
+def _window(since: str | None, until: str | None) -> tuple[datetime | None, datetime | None]:
     try:
-        start = None if since is None else parse_time(since, "since")
-        end = None if until is None else parse_time(until, "until")
+        return (
+            None if since is None else parse_time(since, "since"),
+            None if until is None else parse_time(until, "until"),
+        )
     except TimeError as exc:
         raise HTTPException(422, detail=str(exc)) from None
-    if job is not None and state.store.jobs.get_job(job) is None:
-        raise HTTPException(404, detail=f"no job named {job!r}")
-    return Ledger(state.store, state.clock).lines(
-        since=start,
-        until=end,
-        job=job,
-        policy=policy,
-        provider=provider,
-        market=None if market is None else market.value,
-    )
 
 
 @router.get("/costs")
@@ -70,16 +54,22 @@ def costs(
     `net_savings_fraction`, `billed_seconds`, `overhead_seconds`, `overhead_usd`,
     `baseline_known`, `attempt_count`, and with `by=job` the `attempts`). A line is one
     attempt in one calendar month (UTC); `since`/`until` select the months they overlap."""
-    lines = ledger_lines(
-        state,
-        since=since,
-        until=until,
-        job=job,
-        policy=policy,
-        provider=provider,
-        market=market,
-    )
-    return report(lines, by)
+    start, end = _window(since, until)
+    if job is not None and state.store.jobs.get_job(job) is None:
+        raise HTTPException(404, detail=f"no job named {job!r}")
+    ledger = Ledger(state.store, state.clock)
+    filters: dict[str, Any] = {
+        "since": start,
+        "until": end,
+        "job": job,
+        "policy": policy,
+        "provider": provider,
+        "market": None if market is None else market.value,
+    }
+    if by is GroupBy.JOB:
+        lines = ledger.lines(**filters)
+        return report(totals_by(lines, by), lines)
+    return report(ledger.groups(by, **filters))
 
 
 def job_attempts(state: ApiState, job_id: int) -> list[dict[str, Any]]:
@@ -112,7 +102,7 @@ def job_attempts(state: ApiState, job_id: int) -> list[dict[str, Any]]:
                     "period_end": utc_text(line.period_end),
                     "frozen": line.frozen,
                     "refunded": line.cost.refunded,
-                    **figures([line.cost]),
+                    **line_figures([line]),
                 }
                 for line in lines.get(a.number, [])
             ],

@@ -3,7 +3,8 @@
 A `Line` is what the ledger stores for an ended attempt (frozen) and computes for a live one:
 the attempt's identity and pool, the month it falls in, and its `Cost` there. Every surface
 (`gpuopt costs`, `GET /costs`, the FOCUS export, the metrics, the monthly summary) reads lines
-and groups them with `group_lines`.
+and groups them with `group_lines`, or reads a group's sums (`Totals`, which the store can
+add up itself for frozen lines) where it needs no line.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from optimizer.costs.ledger import Cost, total
+from optimizer.costs.ledger import NONE, Cost, total
 
 
 class GroupBy(StrEnum):
@@ -78,3 +79,47 @@ def group_lines(lines: Iterable[Line], by: GroupBy) -> list[Group]:
         Group(name, tuple(items), total(item.cost for item in items))
         for name, items in sorted(buckets.items())
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """One group's sums: `cost` over all its lines, `priced` over those whose on-demand
+    baseline is known (savings are taken over these only: a line without a baseline has
+    spend but nothing to save against), and how many attempts have a line in the group."""
+
+    key: str
+    cost: Cost = NONE
+    priced: Cost = NONE
+    attempts: int = 0
+
+    def __add__(self, other: Totals) -> Totals:
+        return Totals(
+            self.key,
+            self.cost + other.cost,
+            self.priced + other.priced,
+            self.attempts + other.attempts,
+        )
+
+
+def totals_by(lines: Iterable[Line], by: GroupBy) -> list[Totals]:
+    """The sums of `lines` grouped by `by`, in key order (months oldest first)."""
+    return [
+        Totals(
+            group.key,
+            group.cost,
+            total(line.cost for line in group.lines if line.cost.baseline_known),
+            len({(line.job_id, line.attempt) for line in group.lines}),
+        )
+        for group in group_lines(lines, by)
+    ]
+
+
+def merge_totals(*parts: Iterable[Totals]) -> list[Totals]:
+    """Groups of several sources (frozen sums, live lines) added up by key, in key order.
+    An attempt is frozen whole or not at all, so attempt counts add."""
+    merged: dict[str, Totals] = {}
+    for part in parts:
+        for group in part:
+            held = merged.get(group.key)
+            merged[group.key] = group if held is None else held + group
+    return [merged[key] for key in sorted(merged)]

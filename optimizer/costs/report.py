@@ -1,9 +1,10 @@
 """The ledger's lines as the surfaces show them (pure): `GET /costs` and `gpuopt costs`.
 
-`report(lines, by)` is the JSON both return: one object per group with the figures of
-docs/costs.md, and with `--by job` the group's attempts. `add_up` sums such objects (the
-table's totals row), `summary` is the one line under the table ("spot saved 62% gross, 57%
-net of overhead"), and `parse_time` reads `--since`/`--until` the same way on both sides.
+`report(groups, lines)` is the JSON both return: one object per group (`Totals`) with the
+figures of docs/costs.md, and with `--by job` the group's attempts from its lines. `add_up`
+sums such objects (the table's totals row), `summary` is the one line under the table ("spot
+saved 62% gross, 57% net of overhead"), and `parse_time` reads `--since`/`--until` the same
+way on both sides.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from optimizer.costs.ledger import Cost, total
-from optimizer.costs.lines import GroupBy, Line, group_lines
+from optimizer.costs.lines import Line, Totals
 
 # The figures of every group (and of the totals row), in the order the table and CSV show them.
 FIGURES: tuple[str, ...] = (
@@ -61,14 +62,12 @@ def utc_text(value: datetime | None) -> str | None:
     return None if value is None else value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def figures(costs: Iterable[Cost]) -> dict[str, Any]:
-    """The figures of some costs: instance spend, root-volume storage and their total over
-    all of them; the on-demand baseline, savings (baseline - spend) and their fractions over
-    those with a known baseline (fractions None without one); billed and overhead seconds and
-    the overhead's USD over all; and whether every baseline was known."""
-    items = list(costs)
-    every = total(items)
-    priced = total(c for c in items if c.baseline_known)
+def figures(every: Cost, priced: Cost) -> dict[str, Any]:
+    """A group's figures from its sums over all its lines (`every`) and over those with a
+    known baseline (`priced`): instance spend, root-volume storage and their total, billed and
+    overhead seconds and the overhead's USD over all; the on-demand baseline, savings
+    (baseline - spend) and their fractions (None without a baseline) over the priced ones;
+    and whether every baseline was known."""
     return {
         "spend_usd": every.spend_usd,
         "storage_usd": every.storage_usd,
@@ -82,6 +81,12 @@ def figures(costs: Iterable[Cost]) -> dict[str, Any]:
         "overhead_usd": every.overhead_usd,
         "baseline_known": every.baseline_known,
     }
+
+
+def line_figures(lines: Iterable[Line]) -> dict[str, Any]:
+    """The figures of some lines (see `figures`)."""
+    items = [line.cost for line in lines]
+    return figures(total(items), total(c for c in items if c.baseline_known))
 
 
 def attempts(lines: Iterable[Line]) -> list[dict[str, Any]]:
@@ -107,22 +112,27 @@ def attempts(lines: Iterable[Line]) -> list[dict[str, Any]]:
                 "ended": utc_text(first.ended),
                 "refunded": any(line.cost.refunded for line in items),
                 "frozen": all(line.frozen for line in items),
-                **figures(line.cost for line in items),
+                **line_figures(items),
             }
         )
     return out
 
 
-def report(lines: Sequence[Line], by: GroupBy) -> list[dict[str, Any]]:
-    """The groups of `lines` by `by`, each with its figures, its attempt count and, grouped
-    by job, its attempts."""
+def report(groups: Sequence[Totals], lines: Sequence[Line] | None = None) -> list[dict[str, Any]]:
+    """One object per group with its figures and attempt count; with `lines` (the groups are
+    jobs, `totals_by(lines, GroupBy.JOB)`), each job's attempts from them."""
+    by_job: dict[str, list[Line]] = {}
+    for line in lines or ():
+        by_job.setdefault(line.job, []).append(line)
     out = []
-    for group in group_lines(lines, by):
-        row: dict[str, Any] = {"group": group.key, **figures(line.cost for line in group.lines)}
-        listed = attempts(group.lines)
-        row["attempt_count"] = len(listed)
-        if by is GroupBy.JOB:
-            row["attempts"] = listed
+    for group in groups:
+        row: dict[str, Any] = {
+            "group": group.key,
+            **figures(group.cost, group.priced),
+            "attempt_count": group.attempts,
+        }
+        if lines is not None:
+            row["attempts"] = attempts(by_job.get(group.key, []))
         out.append(row)
     return out
 

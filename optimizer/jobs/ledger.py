@@ -26,21 +26,33 @@ database.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from optimizer.clock import Clock, utc_now
-from optimizer.costs import Cost, Line, Usage, billed_span, monthly, total
-from optimizer.costs.ledger import PricePoints
+from optimizer.costs import Cost, GroupBy, Line, Usage, billed_span, monthly, total
+from optimizer.costs.ledger import Interval, PricePoints
+from optimizer.costs.lines import Totals, merge_totals, totals_by
 from optimizer.jobs.context import ReconcileContext
 from optimizer.model import Market
-from optimizer.store import BilledAttempt, CostLineRecord, LineFilter, Store
+from optimizer.store import (
+    AttemptRecord,
+    BilledAttempt,
+    CostLineRecord,
+    CostTotals,
+    LineFilter,
+    Store,
+)
 
 # An ended attempt whose instance is gone but whose provider never reported a termination time
 # is frozen this long after it ended, with the attempt's end as its termination: long enough
 # for a describe pass to bring the provider's time in, where the provider reports one.
 SETTLE = timedelta(minutes=10)
+# Attempts frozen per call (per reconcile pass): a store that gains the ledger with many ended
+# attempts freezes them over a few passes instead of holding one pass for long.
+FREEZE_BATCH = 500
 
 Pool = tuple[str, str, str | None, str, str]
 
@@ -185,64 +197,84 @@ class Ledger:
         where = self._filter(since, until, job, job_id, policy, provider, market)
         if where is None:
             return Cost()
-        sums = self.store.costs.frozen_total(where)
-        frozen = Cost(
-            billed_seconds=sums.billed_seconds,
-            spend_usd=sums.spend_usd,
-            storage_usd=sums.storage_usd,
-            on_demand_usd=sums.on_demand_usd,
-            overhead_seconds=sums.overhead_seconds,
-            overhead_usd=sums.overhead_usd,
-            baseline_known=sums.priced_lines == sums.lines,
-        )
+        (sums,) = self.store.costs.frozen_sums(where) or [CostTotals()]
+        frozen = _totals(None, sums).cost
         return frozen + total(line.cost for line in self._priced(where, now))
+
+    def groups(
+        self,
+        by: GroupBy,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        job: str | None = None,
+        job_id: int | None = None,
+        policy: str | None = None,
+        provider: str | None = None,
+        market: str | None = None,
+        now: datetime | None = None,
+    ) -> list[Totals]:
+        """The sums of `lines(...)` grouped by `by`, in key order (months oldest first). By
+        policy, provider, market or month the database sums the frozen lines, so the answer
+        costs one grouped query however many attempts ended; by job, the lines are summed."""
+        where = self._filter(since, until, job, job_id, policy, provider, market)
+        if where is None:
+            return []
+        if by is GroupBy.JOB:
+            return totals_by(
+                self.lines(
+                    since=since,
+                    until=until,
+                    job=job,
+                    job_id=job_id,
+                    policy=policy,
+                    provider=provider,
+                    market=market,
+                    now=now,
+                ),
+                by,
+            )
+        frozen = [_totals(by, s) for s in self.store.costs.frozen_sums(where, (by.value,))]
+        return merge_totals(frozen, totals_by(self._priced(where, now), by))
 
     def price(self, billed: BilledAttempt, now: datetime) -> list[Line]:
         """One attempt's lines, priced from the store's price history as of `now`."""
-        usage = usage_of(billed)
-        a = billed.attempt
-        own = self._points(a.pool, usage, now)
-        baseline: PricePoints = ()
-        on_demand = Market.ON_DEMAND.value
-        for zone in dict.fromkeys((a.zone, None)):
-            baseline = self._points(
-                (a.provider, a.region, zone, a.instance_type, on_demand), usage, now
-            )
-            if baseline:
-                break
-        ended = usage.terminated
-        return [
-            Line(
-                job_id=a.job_id,
-                job=billed.job,
-                policy=billed.policy,
-                attempt=a.number,
-                provider=a.provider,
-                region=a.region,
-                zone=a.zone,
-                instance_type=a.instance_type,
-                market=a.market,
-                instance_id=a.instance_id,
-                launched=usage.launched,
-                ended=ended,
-                period_start=start,
-                period_end=end,
-                cost=cost,
-            )
-            for (start, end), cost in monthly(usage, now, prices=own, on_demand=baseline)
-        ]
+        return self.price_all([billed], now)[0]
+
+    def price_all(self, billed: Sequence[BilledAttempt], now: datetime) -> list[list[Line]]:
+        """Attempts' lines, each attempt's in a list, priced from the store's price history as
+        of `now`: one read of each pool's series over the time its attempts need, however many
+        attempts share it."""
+        usages = [(b, usage_of(b), billed_span(usage_of(b), now)) for b in billed]
+        spans: dict[Pool, Interval] = {}
+        for b, _, span in usages:
+            for pool in _series_of(b.attempt):
+                held = spans.get(pool)
+                spans[pool] = (
+                    span if held is None else (min(held[0], span[0]), max(held[1], span[1]))
+                )
+        series = {pool: _Series(self._points(pool, *span)) for pool, span in spans.items()}
+        out = []
+        for b, usage, span in usages:
+            own, *baselines = (series[pool].over(span) for pool in _series_of(b.attempt))
+            baseline = next((points for points in baselines if points), [])
+            out.append(_lines(b, usage, now, own, baseline))
+        return out
 
     # -- freezing ----------------------------------------------------------------------------
 
-    def freeze(self, now: datetime | None = None, settle: timedelta = SETTLE) -> int:
-        """Write the lines of every ended attempt whose termination is known and that has
-        none stored yet; idempotent. Returns the number of lines written."""
+    def freeze(
+        self, now: datetime | None = None, settle: timedelta = SETTLE, limit: int = FREEZE_BATCH
+    ) -> int:
+        """Write the lines of the ended attempts whose termination is known and that have none
+        stored yet, at most `limit` attempts (the oldest first; the next call takes the rest);
+        idempotent. Returns the number of lines written."""
         now = now or self.clock()
-        ready = self.store.costs.to_freeze(now, settle)
+        ready = self.store.costs.to_freeze(now, settle, limit=limit)
         records = [
             record_of(billed.attempt.id, line)
-            for billed in ready
-            for line in self.price(billed, now)
+            for billed, lines in zip(ready, self.price_all(ready, now), strict=True)
+            for line in lines
         ]
         return self.store.costs.freeze(records, now) if records else 0
 
@@ -268,19 +300,92 @@ class Ledger:
 
     def _priced(self, where: LineFilter, now: datetime | None) -> Iterable[Line]:
         now = now or self.clock()
-        for billed in self.store.costs.unfrozen(where):
-            for line in self.price(billed, now):
+        unfrozen = self.store.costs.unfrozen(where)
+        for lines in self.price_all(unfrozen, now):
+            for line in lines:
                 if overlaps(line, where.since, where.until):
                     yield line
 
-    def _points(self, pool: Pool, usage: Usage, now: datetime) -> PricePoints:
-        """The pool's price points in effect over the attempt's billed time, across the raw
-        and the hourly tier: the one in effect at its launch, then every one until its end."""
+    def _points(self, pool: Pool, start: datetime, end: datetime) -> PricePoints:
+        """The pool's price points in effect over [start, end), across the raw and the hourly
+        tier: the one in effect at `start`, then every one until `end`."""
         provider, region, zone, instance_type, market = pool
-        start, end = billed_span(usage, now)
         return self.store.prices.price_history(
             provider, region, zone, instance_type, market, start, end, prior=True
         )
+
+
+class _Series:
+    """One pool's price points, cut to the part in effect over any interval inside them."""
+
+    def __init__(self, points: PricePoints) -> None:
+        self.points = points
+        self.times = [at for at, _ in points]
+
+    def over(self, span: Interval) -> PricePoints:
+        """The point in effect at the span's start, then every one before its end."""
+        first = max(bisect_right(self.times, span[0]) - 1, 0)
+        return self.points[first : bisect_left(self.times, span[1])]
+
+
+def _series_of(a: AttemptRecord) -> list[Pool]:
+    """The series an attempt is priced from: its pool's own, then the on-demand series of its
+    type and region, its zone's first, then the region's zone-less one (see the module)."""
+    on_demand = Market.ON_DEMAND.value
+    zones = dict.fromkeys((a.zone, None))
+    return [a.pool, *((a.provider, a.region, z, a.instance_type, on_demand) for z in zones)]
+
+
+def _lines(
+    billed: BilledAttempt, usage: Usage, now: datetime, own: PricePoints, baseline: PricePoints
+) -> list[Line]:
+    """One attempt's lines, a month each, from its series."""
+    a = billed.attempt
+    return [
+        Line(
+            job_id=a.job_id,
+            job=billed.job,
+            policy=billed.policy,
+            attempt=a.number,
+            provider=a.provider,
+            region=a.region,
+            zone=a.zone,
+            instance_type=a.instance_type,
+            market=a.market,
+            instance_id=a.instance_id,
+            launched=usage.launched,
+            ended=usage.terminated,
+            period_start=start,
+            period_end=end,
+            cost=cost,
+        )
+        for (start, end), cost in monthly(usage, now, prices=own, on_demand=baseline)
+    ]
+
+
+def _totals(by: GroupBy | None, sums: CostTotals) -> Totals:
+    """A store's sums as the ledger's `Totals` (a month's key is its `YYYY-MM`)."""
+    key = sums.key
+    if isinstance(key, datetime):
+        key = f"{key.year:04d}-{key.month:02d}"
+    every = Cost(
+        billed_seconds=sums.billed_seconds,
+        spend_usd=sums.spend_usd,
+        storage_usd=sums.storage_usd,
+        overhead_seconds=sums.overhead_seconds,
+        overhead_usd=sums.overhead_usd,
+        on_demand_usd=sums.on_demand_usd,
+        baseline_known=sums.priced_lines == sums.lines,
+    )
+    priced = Cost(
+        billed_seconds=sums.priced_billed_seconds,
+        spend_usd=sums.priced_spend_usd,
+        storage_usd=sums.priced_storage_usd,
+        overhead_seconds=sums.priced_overhead_seconds,
+        overhead_usd=sums.priced_overhead_usd,
+        on_demand_usd=sums.on_demand_usd,
+    )
+    return Totals(str(key or ""), every, priced, sums.attempts)
 
 
 class CostFreezer:
@@ -294,4 +399,13 @@ class CostFreezer:
         Ledger(ctx.store, ctx.clock).freeze(ctx.now)
 
 
-__all__ = ["SETTLE", "CostFreezer", "Ledger", "line_of", "overlaps", "record_of", "usage_of"]
+__all__ = [
+    "FREEZE_BATCH",
+    "SETTLE",
+    "CostFreezer",
+    "Ledger",
+    "line_of",
+    "overlaps",
+    "record_of",
+    "usage_of",
+]

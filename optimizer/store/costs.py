@@ -70,9 +70,13 @@ class CostLineRecord:
 
 @dataclass(frozen=True, slots=True)
 class CostTotals:
-    """Sums over stored lines; `priced_lines` of the `lines` had an on-demand baseline."""
+    """Sums over stored lines (of one group, when grouped: `key`): each figure over all the
+    lines, and `priced_*` over the `priced_lines` with an on-demand baseline (`on_demand_usd`
+    is theirs alone); `attempts` with a line."""
 
+    key: Any = None
     lines: int = 0
+    attempts: int = 0
     billed_seconds: float = 0.0
     spend_usd: float = 0.0
     storage_usd: float = 0.0
@@ -80,11 +84,24 @@ class CostTotals:
     overhead_seconds: float = 0.0
     overhead_usd: float = 0.0
     priced_lines: int = 0
-    priced_spend_usd: float = 0.0  # the spend of the `priced_lines`
+    priced_billed_seconds: float = 0.0
+    priced_spend_usd: float = 0.0
+    priced_storage_usd: float = 0.0
+    priced_overhead_seconds: float = 0.0
+    priced_overhead_usd: float = 0.0
 
 
 PoolTotals = dict[tuple[str, str, str], CostTotals]
 """Sums keyed by (policy, provider, market)."""
+
+# The figures `frozen_sums` adds up twice (over all lines, then over the priced ones), in order.
+_SUMMED: tuple[str, ...] = tuple(
+    name
+    for figure in ("billed_seconds", "spend_usd", "storage_usd", "overhead_seconds", "overhead_usd")
+    for name in (figure, f"priced_{figure}")
+)
+# What `frozen_sums` groups by: columns of the stored line (the month is its period's start).
+SUM_GROUPS: tuple[str, ...] = ("policy", "provider", "market", "month")
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,17 +124,27 @@ def _attempt_record(m: Any) -> AttemptRecord:
     return AttemptRecord(**values)
 
 
-def _where(query: Select[Any], f: LineFilter, policy_column: Any) -> Select[Any]:
+def _where(query: Select[Any], f: LineFilter, columns: Any, policy: Any) -> Select[Any]:
+    """The filter's job, policy, provider and market conditions on `columns` (a table's)."""
     conditions: list[ColumnElement[bool]] = []
     if f.job_id is not None:
-        conditions.append(_ATTEMPT.c.job_id == f.job_id)
+        conditions.append(columns.job_id == f.job_id)
     if f.policy is not None:
-        conditions.append(policy_column == f.policy)
+        conditions.append(policy == f.policy)
     if f.provider is not None:
-        conditions.append(_ATTEMPT.c.provider == f.provider)
+        conditions.append(columns.provider == f.provider)
     if f.market is not None:
-        conditions.append(_ATTEMPT.c.market == f.market)
+        conditions.append(columns.market == f.market)
     return query.where(*conditions) if conditions else query
+
+
+def _period(query: Select[Any], f: LineFilter) -> Select[Any]:
+    """Stored lines whose month overlaps [since, until)."""
+    if f.since is not None:
+        query = query.where(_LINE.c.period_end > aware(f.since, "since"))
+    if f.until is not None:
+        query = query.where(_LINE.c.period_start < aware(f.until, "until"))
+    return query
 
 
 class Costs:
@@ -133,13 +160,16 @@ class Costs:
         not yet known), filtered by job, policy, provider and market (not by time: the ledger
         clips them to the window once priced), in job and attempt order."""
         frozen = select(_LINE.c.id).where(_LINE.c.attempt_id == _ATTEMPT.c.id).exists()
-        query = _where(self._billed_query().where(~frozen), f, _JOB.c.policy)
+        query = _where(self._billed_query().where(~frozen), f, _ATTEMPT.c, _JOB.c.policy)
         return self._billed(query)
 
-    def to_freeze(self, now: datetime, settle: timedelta) -> list[BilledAttempt]:
+    def to_freeze(
+        self, now: datetime, settle: timedelta, *, limit: int | None = None
+    ) -> list[BilledAttempt]:
         """Ended attempts with an instance and no frozen line whose termination is known: the
         provider reported it (`terminated_at`), or the instance is gone and `settle` has
-        passed since the attempt ended without a report (its end is then the attempt's)."""
+        passed since the attempt ended without a report (its end is then the attempt's);
+        at most `limit`, the oldest attempts first."""
         frozen = select(_LINE.c.id).where(_LINE.c.attempt_id == _ATTEMPT.c.id).exists()
         settled = aware(now, "now") - settle
         query = self._billed_query().where(
@@ -150,6 +180,8 @@ class Costs:
                 and_(_ATTEMPT.c.instance_gone.is_(True), _ATTEMPT.c.ended_at <= settled),
             ),
         )
+        if limit is not None:
+            query = query.order_by(None).order_by(_ATTEMPT.c.id).limit(limit)
         return self._billed(query)
 
     def _billed_query(self) -> Select[Any]:
@@ -216,93 +248,67 @@ class Costs:
             .join(j, j.c.id == c.c.job_id)
             .order_by(c.c.period_start, c.c.job_id, a.c.number)
         )
-        if f.since is not None:
-            query = query.where(c.c.period_end > aware(f.since, "since"))
-        if f.until is not None:
-            query = query.where(c.c.period_start < aware(f.until, "until"))
-        query = _where(query, f, c.c.policy)
+        query = _where(_period(query, f), f, c.c, c.c.policy)
         with self._db.connect() as conn:
             return [_line(row._mapping) for row in conn.execute(query)]
 
-    def frozen_total(self, f: LineFilter = LineFilter()) -> CostTotals:
-        """The sum of the frozen lines `frozen_lines(f)` returns, summed by the database."""
+    def frozen_sums(self, f: LineFilter = LineFilter(), by: Sequence[str] = ()) -> list[CostTotals]:
+        """The frozen lines `frozen_lines(f)` returns, summed by the database over the lines'
+        own columns (no join): one `CostTotals` per group of `by` (columns of SUM_GROUPS; its
+        `key` the value, or the values' tuple for several) in key order, or one over all."""
         c = _LINE
-        query = select(
+        priced = c.c.on_demand_usd.is_not(None)
+
+        def both(column: Any) -> list[Any]:
+            return [
+                func.coalesce(func.sum(column), 0.0),
+                func.coalesce(func.sum(case((priced, column), else_=0.0)), 0.0),
+            ]
+
+        unknown = [name for name in by if name not in SUM_GROUPS]
+        if unknown:
+            raise ValueError(f"cannot sum cost lines by {', '.join(unknown)}")
+        keys = [c.c.period_start if name == "month" else c.c[name] for name in by]
+        query: Select[Any] = select(
+            *keys,
             func.count(),
-            func.coalesce(func.sum(c.c.billed_seconds), 0.0),
-            func.coalesce(func.sum(c.c.spend_usd), 0.0),
-            func.coalesce(func.sum(c.c.storage_usd), 0.0),
-            func.coalesce(func.sum(c.c.on_demand_usd), 0.0),
-            func.coalesce(func.sum(c.c.overhead_seconds), 0.0),
-            func.coalesce(func.sum(c.c.overhead_usd), 0.0),
+            func.count(func.distinct(c.c.attempt_id)),
             func.count(c.c.on_demand_usd),
-        ).join(_ATTEMPT, _ATTEMPT.c.id == c.c.attempt_id)
-        if f.since is not None:
-            query = query.where(c.c.period_end > aware(f.since, "since"))
-        if f.until is not None:
-            query = query.where(c.c.period_start < aware(f.until, "until"))
-        query = _where(query, f, c.c.policy)
-        with self._db.connect() as conn:
-            n, billed, spend, storage, baseline, idle_s, idle, known = conn.execute(query).one()
-        return CostTotals(
-            lines=int(n),
-            billed_seconds=float(billed),
-            spend_usd=float(spend),
-            storage_usd=float(storage),
-            on_demand_usd=float(baseline),
-            overhead_seconds=float(idle_s),
-            overhead_usd=float(idle),
-            priced_lines=int(known),
+            func.coalesce(func.sum(c.c.on_demand_usd), 0.0),
+            *(total for figure in _SUMMED[::2] for total in both(c.c[figure])),
         )
+        query = _where(_period(query, f), f, c.c, c.c.policy)
+        if keys:
+            query = query.group_by(*keys).order_by(*keys)
+        out = []
+        with self._db.connect() as conn:
+            for row in conn.execute(query):
+                values: list[Any] = list(row)
+                key = values[0] if len(keys) == 1 else tuple(values[: len(keys)]) or None
+                n, attempts, priced_n, baseline, *sums = values[len(keys) :]
+                if not n:
+                    continue
+                figures = dict(zip(_SUMMED, (float(x) for x in sums), strict=True))
+                out.append(
+                    CostTotals(
+                        key=key,
+                        lines=int(n),
+                        attempts=int(attempts),
+                        on_demand_usd=float(baseline),
+                        priced_lines=int(priced_n),
+                        **figures,
+                    )
+                )
+        return out
+
+    def frozen_total(self, f: LineFilter = LineFilter()) -> CostTotals:
+        """The sum of the frozen lines `frozen_lines(f)` returns, by the database."""
+        return (self.frozen_sums(f) or [CostTotals()])[0]
 
     def frozen_totals_by_pool(self) -> PoolTotals:
         """Every frozen line summed per (policy, provider, market), by the database: one
-        aggregate over the lines' own columns, no join (the cumulative counters' query)."""
-        c = _LINE
-        priced_spend = case((c.c.on_demand_usd.is_not(None), c.c.spend_usd), else_=0.0)
-        query = select(
-            c.c.policy,
-            c.c.provider,
-            c.c.market,
-            func.count(),
-            func.sum(c.c.billed_seconds),
-            func.sum(c.c.spend_usd),
-            func.sum(c.c.storage_usd),
-            func.coalesce(func.sum(c.c.on_demand_usd), 0.0),
-            func.sum(c.c.overhead_seconds),
-            func.sum(c.c.overhead_usd),
-            func.count(c.c.on_demand_usd),
-            func.sum(priced_spend),
-        ).group_by(c.c.policy, c.c.provider, c.c.market)
-        with self._db.connect() as conn:
-            rows = conn.execute(query).all()
-        return {
-            (policy, provider, market): CostTotals(
-                lines=int(n),
-                billed_seconds=float(billed),
-                spend_usd=float(spend),
-                storage_usd=float(storage),
-                on_demand_usd=float(baseline),
-                overhead_seconds=float(idle_s),
-                overhead_usd=float(idle),
-                priced_lines=int(known),
-                priced_spend_usd=float(known_spend),
-            )
-            for (
-                policy,
-                provider,
-                market,
-                n,
-                billed,
-                spend,
-                storage,
-                baseline,
-                idle_s,
-                idle,
-                known,
-                known_spend,
-            ) in rows
-        }
+        aggregate over the lines' own columns (the cumulative counters' query)."""
+        return {s.key: s for s in self.frozen_sums(by=("policy", "provider", "market"))}
 
 
 def _line_row(line: CostLineRecord, at: datetime) -> dict[str, Any]:
