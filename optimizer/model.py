@@ -157,6 +157,7 @@ class EventKind(StrEnum):
     JOB_INTERRUPTED = "job.interrupted"
     JOB_PROBE_FAILED = "job.probe_failed"
     JOB_INSTANCE_LOST = "job.instance_lost"
+    JOB_INSTANCE_LEFT_TO_CLOUD = "job.instance_left_to_cloud"
     JOB_SUCCEEDED = "job.succeeded"
     JOB_FAILED = "job.failed"
     BUDGET_THRESHOLD_CROSSED = "budget.threshold_crossed"

@@ -13,12 +13,14 @@ import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pytest_httpserver import HTTPServer
 
 from optimizer.clock import Clock, SteadyClock, utc_now
 from optimizer.daemon.service import Daemon
+from optimizer.model import EventKind
 from providers.local import LocalCloud
 from tests.helpers import api, make_offer, wait_until, write_policy
 from tests.helpers.jobs import (
@@ -336,3 +338,50 @@ def test_a_notice_shorter_than_the_replacement_still_lets_the_old_job_checkpoint
     (_, exit1, _, saved1), (start2, _, from2, saved2) = runs_of(ckpt)
     assert exit1 < record.interruption.kill_at  # checkpointed before the power-off
     assert start2 > exit1 and from2 == saved1 > 0 and saved2 == 600
+
+
+def test_an_interrupted_spot_instance_is_ended_by_the_cloud_at_its_power_off(
+    tmp_path: Path, daemon: Daemon, cloud: LocalCloud
+) -> None:
+    """Launched seconds ago, the interrupted instance's own end is free (AWS's first hour,
+    which the local cloud plays): the daemon stops the old job but leaves the instance for
+    the cloud to power off at the notice's time, and records the cloud's own times."""
+    ckpt = tmp_path / "ckpt"
+    with api(daemon) as client:
+        assert client.post("/jobs", json=job_body("reclaim", ckpt, steps=400)).status_code == 201
+    instance = wait_until(lambda: running_instance(cloud, "reclaim", 1), 30, "attempt 1 running")
+    wait_until(lambda: latest_step(ckpt) >= 10, 30, "a first checkpoint")
+    notice = cloud.interrupt(instance, grace_s=8).interruption
+    assert notice is not None
+    job_id = state_of(daemon, "reclaim")["id"]
+
+    def first() -> Any:
+        return daemon.store.jobs.attempts(job_id)[0]
+
+    # the old job checkpoints and exits at once (8 s is within its allowance) ...
+    wait_until(lambda: first().exit_code is not None, 30, "the old job to exit")
+    # ... and its instance stays up, left to the cloud, until the power-off
+    ended = wait_until(
+        lambda: next((r for r in cloud.instances() if r.id == instance and r.ended), None),
+        30,
+        "the power-off",
+    )
+    assert ended.end_reason == "preempted" and ended.stop_requested_at is None  # not gpuopt's
+    assert ended.terminated_at == notice.kill_at
+    old = wait_until(lambda: (a := first()).instance_gone and a, 10, "the end recorded")
+    assert old.terminated_by == "cloud" and old.preempted
+    assert old.launched_at == datetime.fromtimestamp(ended.launched_at, UTC)
+    assert old.terminated_at == datetime.fromtimestamp(notice.kill_at, UTC)
+    left = daemon.store.events.list_events(kind=EventKind.JOB_INSTANCE_LEFT_TO_CLOUD, job_id=job_id)
+    assert len(left) == 1 and left[0].data is not None and left[0].data["attempt"] == old.key
+
+    wait_until(lambda: state_of(daemon, "reclaim")["state"] == "succeeded", 60, "the job")
+    last = wait_until(
+        lambda: (a := daemon.store.jobs.attempts(job_id)[-1]).instance_gone and a, 30, "the end"
+    )
+    own = next(r for r in cloud.instances() if r.id == last.instance_id)
+    assert (last.terminated_by, own.end_reason) == ("gpuopt", "user")  # done: gpuopt ends it
+    assert last.launched_at == datetime.fromtimestamp(own.launched_at, UTC)
+    assert own.terminated_at is not None
+    assert last.terminated_at == datetime.fromtimestamp(own.terminated_at, UTC)
+    assert last.disk_gib == old.disk_gib == 200

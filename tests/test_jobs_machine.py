@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from optimizer.clock import ManualClock
 from optimizer.jobs.machine import (
     TERMINAL,
     Alert,
@@ -19,6 +20,7 @@ from optimizer.jobs.machine import (
     JobState,
     JobView,
     Launch,
+    LeaveToCloud,
     Stop,
     Terminate,
     decide,
@@ -26,6 +28,7 @@ from optimizer.jobs.machine import (
     handover,
     leftover,
     power_off_time,
+    reclaim,
 )
 from optimizer.jobs.recovery import Failover, Failure, RecoverySettings
 from optimizer.model import Market
@@ -298,3 +301,222 @@ def test_power_off_time_follows_the_notice() -> None:
     assert power_off_time({"action": "terminate", "time": "soon"}, NOW) == NOW + timedelta(
         minutes=2
     )
+
+
+# --- who ends an interrupted instance: gpuopt, or the cloud ----------------------------------
+
+HOUR = timedelta(hours=1)  # AWS: a spot instance EC2 interrupts in its first hour is free
+MINUTE = timedelta(minutes=1)  # GCP: one preempted in its first minute is
+GRACE = timedelta(seconds=45)
+MARGIN = timedelta(minutes=2)
+
+
+def timeline(
+    *,
+    launched: timedelta,
+    warning: timedelta = timedelta(minutes=2),
+    exits: timedelta | None = timedelta(seconds=30),
+    free_window: timedelta | None = HOUR,
+    preempting: bool = False,
+    until: timedelta = timedelta(minutes=10),
+    step: timedelta = timedelta(seconds=1),
+) -> list[tuple[timedelta, str]]:
+    """Every reconcile pass from the notice on, one `step` apart, on a ManualClock: the
+    decision of each pass as (time since the notice, what), wherever it changes. The
+    instance was launched `launched` before the notice, the power-off is `warning` after it,
+    the job (stopped at the notice) exits `exits` after it (None: never); gpuopt's terminate
+    takes effect at once, and the cloud powers the instance off at the power-off."""
+    clock = ManualClock(NOW)
+    notice = clock()
+    off = notice + warning
+    view = attempt(
+        launched_at=notice - launched - timedelta(minutes=3),  # gpuopt's start, before launch
+        instance_launched_at=notice - launched,
+        interruption_notice_at=notice,
+        power_off_at=off,
+        stop_sent=True,
+    )
+    seen: list[tuple[timedelta, str]] = []
+    while clock() - notice <= until:
+        now = clock()
+        if exits is not None and now - notice >= exits:
+            view = replace(view, exit_code=143)
+        if now >= off:  # the cloud's own power-off
+            view = replace(view, instance_gone=True)
+        got = reclaim(
+            view,
+            stop_sent_at=notice,
+            now=now,
+            grace=GRACE,
+            free_window=free_window,
+            preempting=preempting,
+            margin=MARGIN,
+        )
+        what = "none" if got is None else type(got).__name__
+        if isinstance(got, LeaveToCloud):
+            assert (got.at, got.until) == (off, off + MARGIN) and now < got.until
+        if not seen or seen[-1][1] != what:
+            seen.append((now - notice, what))
+        if isinstance(got, Terminate):
+            view = replace(view, instance_gone=True)  # gpuopt's terminate ends it
+        clock.advance(step.total_seconds())
+    return seen
+
+
+def test_an_aws_spot_instance_in_its_first_hour_is_left_for_ec2_to_end() -> None:
+    # Launched 10 minutes before the notice: EC2's interruption is free, gpuopt's terminate
+    # would bill 12 minutes; so gpuopt leaves it, before and after the job exits.
+    assert timeline(launched=timedelta(minutes=10)) == [
+        (timedelta(0), "LeaveToCloud"),
+        (timedelta(minutes=2), "none"),  # EC2 powered it off
+    ]
+    # 57:59 after the launch, the power-off is still in the first hour.
+    assert timeline(launched=timedelta(minutes=55, seconds=59))[0][1] == "LeaveToCloud"
+
+
+def test_a_power_off_past_the_first_hour_is_not_waited_for() -> None:
+    # EC2's interruption at 60:00 or later bills every second up to it: terminate as soon as
+    # the job has exited, as before.
+    assert timeline(launched=timedelta(minutes=58)) == [
+        (timedelta(0), "none"),
+        (timedelta(seconds=30), "Terminate"),
+        (timedelta(seconds=31), "none"),
+    ]
+    # A long grace that carries the instance past its hour: the same.
+    assert timeline(launched=timedelta(minutes=50), warning=timedelta(minutes=15)) == [
+        (timedelta(0), "none"),
+        (timedelta(seconds=30), "Terminate"),
+        (timedelta(seconds=31), "none"),
+    ]
+    # ... and a job that never exits is terminated when the stop's grace is over.
+    never = timeline(launched=timedelta(minutes=50), warning=timedelta(minutes=15), exits=None)
+    assert never[:2] == [(timedelta(0), "none"), (GRACE, "Terminate")]
+
+
+def test_an_instance_the_cloud_does_not_end_is_terminated_after_the_margin() -> None:
+    clock = ManualClock(NOW)
+    off = NOW + timedelta(minutes=2)
+    view = attempt(
+        interruption_notice_at=NOW,
+        power_off_at=off,
+        instance_launched_at=NOW - timedelta(minutes=10),
+        stop_sent=True,
+    )
+    decisions = []
+    while clock() <= off + MARGIN + timedelta(seconds=5):
+        decisions.append(
+            (
+                clock(),
+                reclaim(
+                    view,
+                    stop_sent_at=NOW,
+                    now=clock(),
+                    grace=GRACE,
+                    free_window=HOUR,
+                    margin=MARGIN,
+                ),
+            )
+        )
+        clock.advance(1)
+    left = [t for t, d in decisions if isinstance(d, LeaveToCloud)]
+    ended = [t for t, d in decisions if isinstance(d, Terminate)]
+    assert left == [t for t, _ in decisions if t < off + MARGIN]  # the job never exited
+    assert ended[0] == off + MARGIN and len(ended) == 6  # nothing leaks
+
+
+def test_a_gcp_preemption_is_left_to_gcp_whatever_the_age() -> None:
+    # The first minute's credit is long gone, but the VM is already being stopped: deleting
+    # it would only race GCP's own end.
+    gcp = timeline(
+        launched=timedelta(minutes=30),
+        warning=timedelta(seconds=30),
+        free_window=MINUTE,
+        preempting=True,
+        exits=timedelta(seconds=10),
+    )
+    assert gcp == [(timedelta(0), "LeaveToCloud"), (timedelta(seconds=30), "none")]
+    # Preempted 20 s after its creation: free, and left to GCP for that reason too.
+    young = attempt(
+        interruption_notice_at=NOW,
+        power_off_at=NOW + timedelta(seconds=30),
+        instance_launched_at=NOW - timedelta(seconds=20),
+    )
+    left = reclaim(young, stop_sent_at=None, now=NOW, grace=GRACE, free_window=MINUTE)
+    assert isinstance(left, LeaveToCloud) and "50 s after the launch" in left.reason
+
+
+def test_without_a_credit_or_a_power_off_the_leftover_rule_applies() -> None:
+    exited = attempt(
+        interruption_notice_at=NOW,
+        power_off_at=NOW + timedelta(minutes=2),
+        instance_launched_at=NOW - timedelta(minutes=5),
+        exit_code=143,
+    )
+    # on-demand (no credit anywhere): terminate once the job exited
+    got = reclaim(exited, stop_sent_at=NOW, now=NOW, grace=GRACE, free_window=None)
+    assert isinstance(got, Terminate)
+    # a rebalance recommendation announces no power-off: the same
+    hint = replace(exited, power_off_at=None)
+    assert isinstance(
+        reclaim(hint, stop_sent_at=NOW, now=NOW, grace=GRACE, free_window=HOUR), Terminate
+    )
+    # an instance already gone needs nothing
+    gone = replace(exited, instance_gone=True)
+    assert reclaim(gone, stop_sent_at=NOW, now=NOW, grace=GRACE, free_window=HOUR) is None
+
+
+def test_the_launch_is_the_providers_when_known_else_the_attempts_start() -> None:
+    notice = attempt(interruption_notice_at=NOW, power_off_at=NOW + timedelta(minutes=2))
+    # gpuopt started the attempt 70 minutes before the power-off, the instance ran 30
+    started_early = replace(
+        notice,
+        launched_at=NOW - timedelta(minutes=68),
+        instance_launched_at=NOW - timedelta(minutes=28),
+    )
+    left = reclaim(started_early, stop_sent_at=None, now=NOW, grace=GRACE, free_window=HOUR)
+    assert isinstance(left, LeaveToCloud) and "30 min after the launch" in left.reason
+    # without the provider's time, the attempt's start: 70 minutes, no credit, so the job's
+    # stop runs its course and the instance is terminated once it has exited
+    unknown = replace(started_early, instance_launched_at=None)
+    assert reclaim(unknown, stop_sent_at=NOW, now=NOW, grace=GRACE, free_window=HOUR) is None
+    done = replace(unknown, exit_code=143)
+    assert isinstance(
+        reclaim(done, stop_sent_at=NOW, now=NOW, grace=GRACE, free_window=HOUR), Terminate
+    )
+
+
+@given(
+    observed=observations,
+    launched_min=st.integers(0, 180),
+    warning_s=st.integers(0, 3600),
+    now_s=st.integers(0, 7200),
+    free=st.sampled_from([None, MINUTE, HOUR]),
+    preempting=st.booleans(),
+)
+def test_reclaim_leaves_only_a_running_instance_and_only_until_its_deadline(
+    observed: AttemptView,
+    launched_min: int,
+    warning_s: int,
+    now_s: int,
+    free: timedelta | None,
+    preempting: bool,
+) -> None:
+    off = NOW + timedelta(seconds=warning_s)
+    view = replace(
+        observed,
+        power_off_at=off,
+        instance_launched_at=NOW - timedelta(minutes=launched_min),
+    )
+    now = NOW + timedelta(seconds=now_s)
+    got = reclaim(
+        view, stop_sent_at=NOW, now=now, grace=GRACE, free_window=free, preempting=preempting
+    )
+    if view.instance_gone:
+        assert got is None
+    elif isinstance(got, LeaveToCloud):
+        credit = free is not None and off - view.instance_launched_at < free
+        assert (credit or preempting) and now < off + MARGIN == got.until
+    elif (free is not None and off - view.instance_launched_at < free) or preempting:
+        assert isinstance(got, Terminate) and now >= off + MARGIN
+    else:
+        assert got == leftover(view, stop_sent_at=NOW, now=now, grace=GRACE)

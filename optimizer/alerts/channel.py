@@ -43,6 +43,7 @@ TITLES: dict[str, str] = {
     EventKind.JOB_INTERRUPTED: "Job interrupted",
     EventKind.JOB_PROBE_FAILED: "GPU probe failed",
     EventKind.JOB_INSTANCE_LOST: "Instance lost",
+    EventKind.JOB_INSTANCE_LEFT_TO_CLOUD: "Instance left for the cloud to end",
     EventKind.JOB_SUCCEEDED: "Job succeeded",
     EventKind.JOB_FAILED: "Job failed",
     EventKind.BUDGET_THRESHOLD_CROSSED: "Budget nearly spent",

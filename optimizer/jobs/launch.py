@@ -271,6 +271,7 @@ class Launcher:
             instance_id=ref.instance_id,
             state="launched",
             zone=ref.zone or attempt.zone,
+            disk_gib=spec.disk_gib,  # the root volume the launch created (billed as storage)
         )
         return LaunchOutcome.LAUNCHED
 

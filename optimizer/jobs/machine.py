@@ -70,6 +70,7 @@ class AttemptView:
     preempted: bool = False  # … because the cloud took it back
     stop_sent: bool = False
     power_off_at: datetime | None = None  # when the notice says the instance goes
+    instance_launched_at: datetime | None = None  # the provider's launch time, once known
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,3 +388,72 @@ def leftover(
     if stop_sent_at is None or now - stop_sent_at >= grace:
         return Terminate(attempt.key, "attempt ended; grace period over")
     return None
+
+
+def _span(delta: timedelta) -> str:
+    seconds = delta.total_seconds()
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+# How long past the announced power-off an instance left to the cloud may still run before
+# gpuopt terminates it after all (the cloud's action is "approximate"; nothing may leak).
+RECLAIM_MARGIN = timedelta(minutes=2)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveToCloud:
+    """Do not terminate an interrupted attempt's instance: the cloud ends it at the power-off
+    its notice announced (`at`), which costs less than ending it ourselves. `until` is when
+    gpuopt terminates it after all if it still runs."""
+
+    key: str
+    reason: str
+    at: datetime
+    until: datetime
+
+
+def reclaim(
+    attempt: AttemptView,
+    *,
+    stop_sent_at: datetime | None,
+    now: datetime,
+    grace: timedelta,
+    free_window: timedelta | None,
+    preempting: bool = False,
+    margin: timedelta = RECLAIM_MARGIN,
+) -> Terminate | LeaveToCloud | None:
+    """Who ends an ended attempt's instance that still runs: gpuopt (Terminate, as `leftover`
+    decides), or the cloud (LeaveToCloud), or nobody yet (None).
+
+    Who ends an interrupted spot instance decides what it costs. AWS charges nothing for a
+    spot instance EC2 interrupts within its first hour, but the seconds used when its owner
+    terminates it (the EC2 user guide, "Billing for interrupted Spot Instances"). So when the
+    notice names a power-off (`attempt.power_off_at`) less than `free_window` after the
+    instance's launch (`instance_launched_at`, else the attempt's start), the instance is left
+    to the cloud, whether or not its job has exited. `preempting` says the cloud is already
+    ending it (a GCP preemption: the VM stops within 30 s whatever gpuopt does), which is left
+    to the cloud too, as deleting it would only race the cloud's own end. Either way, an
+    instance still running `margin` past the power-off is terminated, so nothing leaks.
+    Otherwise (no notice, no credit for this provider or market, or a power-off past the free
+    window, where the cloud's end would bill every second up to it) the instance is
+    terminated as soon as its job has exited or the stop's grace is over (`leftover`)."""
+    if attempt.instance_gone:
+        return None
+    off = attempt.power_off_at
+    if off is not None:
+        launched = attempt.instance_launched_at or attempt.launched_at
+        free = free_window is not None and off - launched < free_window
+        if free or preempting:
+            until = off + margin
+            if now >= until:
+                return Terminate(
+                    attempt.key, "interrupted; still running past the power-off it announced"
+                )
+            if free:
+                reason = (
+                    f"the cloud's own end, {_span(off - launched)} after the launch, costs nothing"
+                )
+            else:
+                reason = "the cloud is already ending it"
+            return LeaveToCloud(attempt.key, reason, off, until)
+    return leftover(attempt, stop_sent_at=stop_sent_at, now=now, grace=grace)

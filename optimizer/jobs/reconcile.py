@@ -17,7 +17,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import Any, Literal
 
+from optimizer.costs.billing import rule_for
 from optimizer.jobs.bootstrap import AgentSettings
 from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.launch import Launcher, LaunchOutcome
@@ -31,25 +33,27 @@ from optimizer.jobs.machine import (
     JobState,
     JobView,
     Launch,
+    LeaveToCloud,
     Stop,
     Terminate,
     decide,
     handing_over,
     handover,
-    leftover,
     power_off_time,
+    reclaim,
 )
 from optimizer.jobs.recovery import Failure, Strategy, strategy_for
-from optimizer.model import EventKind
+from optimizer.model import EventKind, Market
 from optimizer.store import Store
 from optimizer.store.jobs import AttemptRecord
 from optimizer.store.tables import JobRecord, NewEvent
 from policies.schema import Policy
-from providers.base import EndReason, InstanceRef, InstanceState, ProviderError
+from providers.base import EndReason, InstanceRef, InstanceState, InstanceStatus, ProviderError
 
 log = logging.getLogger(__name__)
 
 STOP_GRACE = timedelta(seconds=45)
+Asked = Literal["asked", "failed", "unavailable"]
 FAILURES = frozenset(f.value for f in Failure)  # end reasons a strategy counts as failures
 
 
@@ -69,6 +73,8 @@ class JobReconciler:
         self.register_timeout = register_timeout
         # Events raised while acting on a job, recorded with its transition (one transaction).
         self._buffer: list[NewEvent] = []
+        # Attempts whose instance this reconciler has recorded leaving to the cloud.
+        self._left: set[str] = set()
 
     def __call__(self, ctx: ReconcileContext) -> None:
         # Provider event queues (AWS EventBridge → SQS) are read by their own loop
@@ -86,7 +92,8 @@ class JobReconciler:
     # -- observing ---------------------------------------------------------------------------
 
     def _describe(self, ctx: ReconcileContext, attempts: list[AttemptRecord]) -> None:
-        """Mark attempts whose instance the provider reports ended (and why)."""
+        """Mark attempts whose instance the provider reports ended (and why), and record the
+        billing facts it reports: the launch and termination times, and who ended it."""
         by_provider: dict[str, list[AttemptRecord]] = {}
         for a in attempts:
             if a.instance_id:
@@ -101,14 +108,23 @@ class JobReconciler:
             except ProviderError as exc:
                 log.warning("describe on %s failed: %s", provider, exc)
                 continue
-            keys = {a.instance_id: a.key for a in group}
+            by_instance = {a.instance_id: a for a in group}
             for status in statuses:
+                attempt = by_instance[status.ref.instance_id]
+                launched = status.launched_at if attempt.launched_at is None else None
                 if status.state is InstanceState.TERMINATED:
-                    ctx.store.jobs.update_attempt(
-                        keys[status.ref.instance_id],
+                    preempted = status.end_reason is EndReason.PREEMPTED
+                    ctx.store.jobs.record_billing(
+                        attempt.key,
+                        launched_at=launched,
+                        terminated_at=termination(ctx, attempt, status),
+                        # The cloud ended it; gpuopt's own terminate was recorded at the call.
+                        terminated_by="cloud" if preempted else None,
                         instance_gone=True,
-                        preempted=status.end_reason is EndReason.PREEMPTED,
+                        preempted=preempted,
                     )
+                elif launched is not None:
+                    ctx.store.jobs.record_billing(attempt.key, launched_at=launched)
 
     # -- one job -------------------------------------------------------------------------------
 
@@ -240,18 +256,27 @@ class JobReconciler:
 
     # -- acting --------------------------------------------------------------------------------
 
-    def _terminate(self, ctx: ReconcileContext, key: str) -> None:
+    def _terminate(self, ctx: ReconcileContext, key: str) -> Asked:
+        """Ask the cloud to end the attempt's instance: `asked` (or nothing left to ask),
+        `failed` (the call failed; a later pass asks again) or `unavailable` (no provider
+        here to ask)."""
         attempt = ctx.store.jobs.attempt(key)
         if attempt is None or attempt.instance_id is None or attempt.instance_gone:
-            return
+            return "asked"
         source = self.launcher.provider(ctx, attempt.provider)
         if source is None:
-            return
+            return "unavailable"
         ref = InstanceRef(attempt.provider, attempt.region, attempt.zone, attempt.instance_id)
         try:
             source.terminate(ref)
         except ProviderError as exc:
             log.warning("terminate %s failed: %s", attempt.instance_id, exc)
+            return "failed"
+        # Who ends an instance decides what it costs (a spot instance the cloud interrupts in
+        # its first hour is free on AWS; one terminated by its owner is not): recorded now,
+        # unless the cloud was already known to have ended it.
+        ctx.store.jobs.record_billing(key, terminated_by="gpuopt")
+        return "asked"
 
     def _clean_up(self, ctx: ReconcileContext) -> None:
         """Terminate instances of ended attempts once their job exited or the grace passed,
@@ -265,13 +290,12 @@ class JobReconciler:
             if attempt.instance_id is None:
                 continue
             if not attempt.ended and attempt.job_id not in live:
-                self._terminate(ctx, attempt.key)
+                asked = self._terminate(ctx, attempt.key)
+                # Its end (and the time the provider reports for it) comes from describe; a
+                # failed call is asked again as a leftover.
+                gone = {"instance_gone": True} if asked == "unavailable" else {}
                 ctx.store.jobs.update_attempt(
-                    attempt.key,
-                    state="ended",
-                    ended_at=ctx.now,
-                    end_reason="user",
-                    instance_gone=True,
+                    attempt.key, state="ended", ended_at=ctx.now, end_reason="user", **gone
                 )
                 continue
             if not attempt.ended:
@@ -294,15 +318,56 @@ class JobReconciler:
                     ctx.store.jobs.update_attempt(attempt.key, stop_sent_at=ctx.now)
                     log.info("stopping %s: %s", attempt.key, stop.reason)
                 continue  # its instance is left to the stop's grace
-            action = leftover(
-                attempt_view(attempt),
+            action = reclaim(
+                old,
                 stop_sent_at=attempt.stop_sent_at,
                 now=ctx.now,
                 grace=STOP_GRACE,
+                free_window=free_window(attempt),
+                preempting=preempting(ctx.store, attempt),
             )
-            if action is not None:
-                self._terminate(ctx, attempt.key)
+            if isinstance(action, LeaveToCloud):
+                self._leave_to_cloud(ctx, attempt, action, jobs.get(attempt.job_id))
+            elif (
+                isinstance(action, Terminate)
+                and attempt.terminated_by != "gpuopt"  # else asked: describe brings the end
+                and self._terminate(ctx, attempt.key) == "unavailable"
+            ):
                 ctx.store.jobs.update_attempt(attempt.key, instance_gone=True)
+
+    def _leave_to_cloud(
+        self,
+        ctx: ReconcileContext,
+        attempt: AttemptRecord,
+        leave: LeaveToCloud,
+        job: JobRecord | None,
+    ) -> None:
+        """Record once (an event) that gpuopt leaves the instance for the cloud to end."""
+        if attempt.key in self._left:
+            return
+        kind = EventKind.JOB_INSTANCE_LEFT_TO_CLOUD
+        earlier = ctx.store.events.list_events(kind=kind, job_id=attempt.job_id, limit=100)
+        if not any((e.data or {}).get("attempt") == attempt.key for e in earlier):
+            job = job or ctx.store.jobs.get_job_by_id(attempt.job_id)
+            name = job.name if job is not None else str(attempt.job_id)
+            at = leave.at.isoformat(timespec="seconds")
+            event = ctx.emitter.draft(
+                kind,
+                f"job {name}: instance {attempt.instance_id} of attempt {attempt.number} is "
+                f"left for the cloud to end at {at} ({leave.reason})",
+                policy=job.policy if job is not None else None,
+                data={
+                    "job": name,
+                    "attempt": attempt.key,
+                    "instance": attempt.instance_id,
+                    "power_off_at": leave.at.isoformat(),
+                    "reason": leave.reason,
+                },
+                dedupe_key=f"attempt:{attempt.key}:left-to-cloud",
+            )
+            ctx.store.events.record_events([replace(event, job_id=attempt.job_id)], ctx.now)
+            log.info("leaving %s to the cloud: %s", attempt.instance_id, leave.reason)
+        self._left.add(attempt.key)
 
     # -- events --------------------------------------------------------------------------------
 
@@ -333,16 +398,44 @@ class JobReconciler:
             ctx.store.events.record_events(events, ctx.now)
 
 
+def _notices(store: Store, a: AttemptRecord) -> list[dict[str, Any]]:
+    if a.notice_at is None:
+        return []
+    return [e for e in store.jobs.agent_events(a.key) if e["kind"] == "interruption_notice"]
+
+
 def power_off_at(store: Store, a: AttemptRecord) -> datetime | None:
     """When the instance of an attempt with an interruption notice goes (None: no notice)."""
-    if a.notice_at is None:
-        return None
-    times = [
-        power_off_time(e["data"], e["at"])
-        for e in store.jobs.agent_events(a.key)
-        if e["kind"] == "interruption_notice"
-    ]
+    times = [power_off_time(e["data"], e["at"]) for e in _notices(store, a)]
     return min((t for t in times if t is not None), default=None)
+
+
+def preempting(store: Store, a: AttemptRecord) -> bool:
+    """Whether a notice says the cloud is already ending the instance (GCP `preempted`: the
+    VM is stopped within 30 s of it, REFERENCE §2.5), rather than announcing an end."""
+    return any(e["data"].get("action") == "preempted" for e in _notices(store, a))
+
+
+def free_window(a: AttemptRecord) -> timedelta | None:
+    """How soon after its launch a spot instance the cloud interrupts costs nothing on the
+    attempt's provider (optimizer/costs/billing.py); None for on-demand."""
+    if a.market != Market.SPOT.value:
+        return None
+    seconds = rule_for(a.provider).interrupted_free_s
+    return None if seconds is None else timedelta(seconds=seconds)
+
+
+def termination(ctx: ReconcileContext, a: AttemptRecord, status: InstanceStatus) -> datetime:
+    """When an instance the provider reports terminated ended: the provider's own time; for
+    one the cloud interrupted without saying when, the power-off its notice announced (AWS's
+    notice names the action's time); else now, when gpuopt saw it gone (docs/costs.md)."""
+    if status.terminated_at is not None:
+        return status.terminated_at
+    if status.end_reason is EndReason.PREEMPTED:
+        announced = power_off_at(ctx.store, a)
+        if announced is not None and announced <= ctx.now:
+            return announced
+    return ctx.now
 
 
 def attempt_view(a: AttemptRecord, *, power_off_at: datetime | None = None) -> AttemptView:
@@ -361,7 +454,15 @@ def attempt_view(a: AttemptRecord, *, power_off_at: datetime | None = None) -> A
         preempted=a.preempted,
         stop_sent=a.stop_sent_at is not None,
         power_off_at=power_off_at,
+        instance_launched_at=a.launched_at,
     )
 
 
-__all__ = ["JobReconciler", "attempt_view", "power_off_at"]
+__all__ = [
+    "JobReconciler",
+    "attempt_view",
+    "free_window",
+    "power_off_at",
+    "preempting",
+    "termination",
+]

@@ -325,6 +325,45 @@ class Jobs:
         with self._db.begin() as conn:
             conn.execute(update(_ATTEMPT).where(_ATTEMPT.c.idempotency_key == key).values(**values))
 
+    def record_billing(
+        self,
+        key: str,
+        *,
+        launched_at: datetime | None = None,
+        terminated_at: datetime | None = None,
+        terminated_by: str | None = None,
+        **values: Any,
+    ) -> None:
+        """Record an attempt's billing facts where they are still unknown, with `values`
+        (plain columns, as `update_attempt`) in the same transaction.
+
+        Each of `launched_at`, `terminated_at` and `terminated_by` is written only where the
+        row has none yet (compare-and-set on NULL): the first known value stays, and a None
+        here never erases one. Writing the termination with who ended it in one transaction
+        means no reader (the ledger freezing an ended attempt's cost) sees one without the
+        other."""
+        facts = {
+            "launched_at": launched_at,
+            "terminated_at": terminated_at,
+            "terminated_by": terminated_by,
+        }
+        if "zone" in values:
+            values["zone"] = values["zone"] or ""
+        with self._db.begin() as conn:
+            if values:
+                conn.execute(
+                    update(_ATTEMPT).where(_ATTEMPT.c.idempotency_key == key).values(**values)
+                )
+            for name, value in facts.items():
+                if value is None:
+                    continue
+                column = _ATTEMPT.c[name]
+                conn.execute(
+                    update(_ATTEMPT)
+                    .where(_ATTEMPT.c.idempotency_key == key, column.is_(None))
+                    .values({name: value})
+                )
+
     def attempt(self, key: str) -> AttemptRecord | None:
         with self._db.connect() as conn:
             row = conn.execute(select(_ATTEMPT).where(_ATTEMPT.c.idempotency_key == key)).first()

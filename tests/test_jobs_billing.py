@@ -1,0 +1,316 @@
+"""The billing facts the reconciler records on each attempt (the provider's launch and
+termination times, who ended the instance, the root volume), and who ends an interrupted
+spot instance: the cloud, when its own end costs less than gpuopt's terminate.
+
+The reconciler runs here one pass at a time against a fake cloud on a ManualClock; the cloud
+keeps its own record of each instance's launch and end, as a real one does."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from optimizer.clock import ManualClock
+from optimizer.daemon.config import ProviderConfig
+from optimizer.daemon.providers import ProviderHandle
+from optimizer.jobs.context import ReconcileContext
+from optimizer.jobs.reconcile import JobReconciler
+from optimizer.model import EventKind, Offer
+from optimizer.store import Store
+from optimizer.store.jobs import AttemptRecord
+from policies.loader import parse_policy
+from providers.base import EndReason, InstanceRef, InstanceState, InstanceStatus, LaunchSpec
+from tests.helpers import make_offer
+from tests.helpers.jobs import Drafter
+
+NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
+POLICY = parse_policy(
+    "apiVersion: gpuopt/v1\nkind: Policy\nname: p\nworkload: {gpus: 1, gpu_memory_gib: 16}\n"
+)
+BOOT = timedelta(seconds=7)  # the cloud's launch comes a little after gpuopt's call
+
+
+@dataclass
+class Instance:
+    launched_at: datetime
+    ended_at: datetime | None = None
+    reason: EndReason | None = None
+
+
+@dataclass
+class Cloud:
+    """Instances with the cloud's own times. `silent` instances end without the cloud saying
+    when (an AWS reclaim); `reclaim` is the cloud ending one itself."""
+
+    clock: ManualClock
+    instances: dict[str, Instance] = field(default_factory=dict)
+    terminated: list[str] = field(default_factory=list)
+    silent: set[str] = field(default_factory=set)
+    hide_launch: bool = False
+
+    def fetch_offers(self, regions: Any = None) -> list[Offer]:
+        return []
+
+    def launch(self, offer: Offer, spec: LaunchSpec, key: str) -> InstanceRef:
+        instance = f"i-{key}"
+        self.instances.setdefault(instance, Instance(self.clock() + BOOT))
+        return InstanceRef(offer.provider, offer.region, offer.zone, instance)
+
+    def describe(self, refs: Sequence[InstanceRef]) -> list[InstanceStatus]:
+        out = []
+        for ref in refs:
+            i = self.instances[ref.instance_id]
+            launched = None if self.hide_launch else i.launched_at
+            if i.ended_at is None:
+                out.append(InstanceStatus(ref, InstanceState.RUNNING, launched_at=launched))
+                continue
+            ended = None if ref.instance_id in self.silent else i.ended_at
+            out.append(
+                InstanceStatus(
+                    ref,
+                    InstanceState.TERMINATED,
+                    i.reason,
+                    "",
+                    launched_at=launched,
+                    terminated_at=ended,
+                )
+            )
+        return out
+
+    def terminate(self, ref: InstanceRef) -> None:
+        self.terminated.append(ref.instance_id)
+        i = self.instances[ref.instance_id]
+        if i.ended_at is None:
+            i.ended_at, i.reason = self.clock(), EndReason.USER
+
+    def reclaim(self, instance: str) -> None:
+        i = self.instances[instance]
+        i.ended_at, i.reason = self.clock(), EndReason.PREEMPTED
+
+
+@dataclass(frozen=True)
+class InForce:
+    policy: Any
+
+
+class World:
+    """One job under one policy on one cloud (`provider`), a reconciler, a ManualClock."""
+
+    def __init__(self, store: Store, provider: str = "aws") -> None:
+        self.store = store
+        self.clock = ManualClock(NOW)
+        self.cloud = Cloud(self.clock)
+        store.prices.record_offers(
+            [
+                make_offer(provider=provider, observed_at=NOW),
+                make_offer(provider=provider, zone="use1-az2", observed_at=NOW),
+            ]
+        )
+        self.provider = provider
+        self.job_id = store.jobs.add_job("train", "p", {"run": "x", "checkpoint_dir": "/c"})
+        self.reconciler = JobReconciler(lambda: "http://127.0.0.1:1")
+        self.handle = ProviderHandle.given(provider, ProviderConfig(), self.cloud)
+        self._ids = itertools.count()
+
+    def run(self) -> None:
+        ctx = ReconcileContext(
+            now=self.clock(),
+            jobs=tuple(self.store.jobs.live_jobs()),
+            policies={"p": InForce(POLICY)},
+            store=self.store,
+            providers={self.provider: self.handle},
+            emitter=Drafter(),
+            clock=self.clock,
+        )
+        self.reconciler(ctx)
+
+    def attempt(self, number: int) -> AttemptRecord:
+        (found,) = [a for a in self.store.jobs.attempts(self.job_id) if a.number == number]
+        return found
+
+    def report(self, number: int, kind: str, **data: Any) -> None:
+        """An event from attempt `number`'s agent, now."""
+        event = {
+            "id": f"e{next(self._ids)}",
+            "kind": kind,
+            "at": self.clock().isoformat(),
+            "data": data,
+        }
+        self.store.jobs.record_agent_events(self.attempt(number).key, [event], self.clock())
+
+    def running(self) -> None:
+        """Launch the job and bring its first attempt to a running job."""
+        self.run()
+        self.clock.advance(30)
+        self.store.jobs.update_attempt(
+            self.attempt(1).key, registered_at=self.clock(), probe_status="pass"
+        )
+        self.report(1, "job_started", pid=1)
+        self.run()
+
+    def interrupt(self, warning: timedelta = timedelta(minutes=2)) -> datetime:
+        """An AWS interruption notice on attempt 1; returns the power-off it announces."""
+        off = self.clock() + warning
+        self.report(1, "interruption_notice", action="terminate", time=off.isoformat())
+        return off
+
+    def left(self) -> list[Any]:
+        return self.store.events.list_events(
+            kind=EventKind.JOB_INSTANCE_LEFT_TO_CLOUD, job_id=self.job_id
+        )
+
+
+def test_the_launch_records_the_root_volume_and_describe_the_providers_launch_time(
+    store: Store,
+) -> None:
+    w = World(store)
+    w.run()  # launches attempt 1
+    first = w.attempt(1)
+    assert first.disk_gib == 200  # LaunchSpec's root volume, GiB
+    assert first.launched_at is None  # not described yet
+    w.clock.advance(5)
+    w.run()
+    cloud_says = w.cloud.instances[f"i-{first.key}"].launched_at
+    assert w.attempt(1).launched_at == cloud_says == NOW + BOOT
+    # a later describe that says another time, or none, changes nothing: the first stays
+    w.cloud.instances[f"i-{first.key}"].launched_at = NOW + timedelta(hours=1)
+    w.run()
+    w.cloud.hide_launch = True
+    w.run()
+    assert w.attempt(1).launched_at == NOW + BOOT
+
+
+def test_an_instance_gpuopt_terminates_is_gpuopts_with_the_clouds_time(store: Store) -> None:
+    w = World(store)
+    w.running()
+    w.clock.advance(600)
+    w.report(1, "job_exited", exit_code=0)
+    w.run()  # succeeded: gpuopt terminates the instance
+    key = w.attempt(1).key
+    assert w.cloud.terminated == [f"i-{key}"]
+    done = w.attempt(1)
+    assert (done.terminated_by, done.terminated_at, done.instance_gone) == ("gpuopt", None, False)
+    w.clock.advance(3)
+    w.run()  # describe sees it gone, at the time the cloud says
+    gone = w.attempt(1)
+    assert gone.instance_gone and not gone.preempted
+    assert (gone.terminated_by, gone.terminated_at) == ("gpuopt", NOW + timedelta(seconds=630))
+    assert gone.launched_at == NOW + BOOT
+
+
+def test_an_interrupted_spot_instance_in_its_first_hour_is_left_for_the_cloud_to_end(
+    store: Store,
+) -> None:
+    w = World(store)
+    w.running()
+    w.clock.advance(20 * 60)
+    off = w.interrupt()
+    w.run()  # attempt 1 ends; attempt 2 launches; the old job keeps running meanwhile
+    old = w.attempt(1)
+    assert old.ended and w.attempt(2).instance_id is not None
+    w.clock.advance(100)
+    w.run()  # the power-off is within the job's checkpoint allowance (20 s): stop it
+    assert w.attempt(1).stop_sent_at is not None
+    w.clock.advance(5)
+    w.report(1, "job_exited", exit_code=143, stopped=True)
+    for _ in range(3):  # passes while the cloud has not powered it off yet
+        w.run()
+        w.clock.advance(4)
+    instance = f"i-{old.key}"
+    assert instance not in w.cloud.terminated  # gpuopt left it to the cloud
+    (event,) = w.left()  # said once, however many passes
+    assert event.data is not None and event.data["attempt"] == old.key
+    assert event.data["power_off_at"] == off.isoformat()
+    assert "costs nothing" in event.message and event.policy == "p"
+
+    w.clock.set(off)
+    w.cloud.silent.add(instance)  # EC2 names no time for its reclaim
+    w.cloud.reclaim(instance)
+    w.clock.advance(4)
+    w.run()
+    gone = w.attempt(1)
+    assert gone.instance_gone and gone.preempted
+    # the notice's action time, not when gpuopt happened to look
+    assert (gone.terminated_by, gone.terminated_at) == ("cloud", off)
+    assert instance not in w.cloud.terminated and len(w.left()) == 1
+
+
+def test_past_its_first_hour_gpuopt_terminates_it_once_the_job_has_exited(store: Store) -> None:
+    w = World(store)
+    w.running()
+    w.clock.advance(59 * 60)  # the power-off two minutes on is past the launch's hour
+    w.interrupt()
+    w.run()
+    w.clock.advance(100)
+    w.run()
+    w.report(1, "job_exited", exit_code=143, stopped=True)
+    w.run()
+    old = w.attempt(1)
+    assert w.cloud.terminated == [f"i-{old.key}"] and old.terminated_by == "gpuopt"
+    assert w.left() == []
+    w.clock.advance(2)
+    w.run()
+    w.run()
+    gone = w.attempt(1)
+    assert gone.instance_gone and gone.terminated_at == w.cloud.instances[f"i-{old.key}"].ended_at
+    assert w.cloud.terminated == [f"i-{old.key}"]  # asked once
+
+
+def test_an_instance_the_cloud_does_not_end_is_terminated_after_the_margin(
+    store: Store,
+) -> None:
+    w = World(store)
+    w.running()
+    off = w.interrupt()
+    w.run()
+    w.clock.advance(100)
+    w.report(1, "job_exited", exit_code=143, stopped=True)
+    instance = f"i-{w.attempt(1).key}"
+    while w.clock() < off + timedelta(minutes=2):
+        w.run()
+        assert instance not in w.cloud.terminated
+        w.clock.advance(10)
+    w.run()  # two minutes past the power-off and still running: nothing may leak
+    assert w.cloud.terminated == [instance] and w.attempt(1).terminated_by == "gpuopt"
+
+
+def test_a_gcp_preemption_is_left_to_gcp(store: Store) -> None:
+    w = World(store, provider="gcp")
+    w.running()
+    w.clock.advance(3600)  # long past GCP's first minute
+    seen = w.clock()
+    w.report(1, "interruption_notice", action="preempted", time=seen.isoformat())
+    w.run()
+    w.clock.advance(1)
+    w.run()  # within the allowance of the 30 s: stopped at once
+    w.report(1, "job_exited", exit_code=143, stopped=True)
+    w.run()
+    instance = f"i-{w.attempt(1).key}"
+    assert instance not in w.cloud.terminated
+    (event,) = w.left()
+    assert "already ending it" in event.message
+    w.clock.set(seen + timedelta(seconds=30))
+    w.cloud.reclaim(instance)
+    w.run()
+    gone = w.attempt(1)
+    assert (gone.terminated_by, gone.terminated_at) == ("cloud", seen + timedelta(seconds=30))
+
+
+def test_an_instance_gone_without_a_time_or_a_notice_ended_when_gpuopt_saw_it(
+    store: Store,
+) -> None:
+    w = World(store)
+    w.running()
+    instance = f"i-{w.attempt(1).key}"
+    w.clock.advance(300)
+    w.cloud.silent.add(instance)
+    w.cloud.terminate(InstanceRef("aws", "us-east-1", "use1-az1", instance))  # someone else
+    w.cloud.terminated.clear()
+    w.clock.advance(8)
+    w.run()
+    gone = w.attempt(1)
+    assert gone.instance_gone and gone.terminated_at == NOW + timedelta(seconds=338)
+    assert gone.terminated_by is None  # neither the cloud's interruption nor gpuopt's call
