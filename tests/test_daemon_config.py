@@ -261,3 +261,31 @@ def test_config_check_does_not_report_a_bad_value_twice(tmp_path: Path) -> None:
     [line] = result.stderr.splitlines()
     assert line.startswith(f"{path}:1:29: api.token: ")
     assert "required" not in line
+
+
+def test_the_logs_section_sets_the_cap_and_retention_and_its_problems_are_located(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert (load_config(None).logs.max_bytes_per_job, load_config(None).logs.retention_days) == (
+        16 << 20,
+        30,
+    )
+    path = tmp_path / "logs.yaml"
+    path.write_text("logs:\n  max_bytes_per_job: 1048576\n  retention_days: 7\n")
+    assert (load_config(path).logs.max_bytes_per_job, load_config(path).logs.retention_days) == (
+        1 << 20,
+        7,
+    )
+    path.write_text("logs:\n  max_bytes_per_job: 1000\n  retention_days: 0\n  keep: all\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert [str(p) for p in caught.value.problems] == [
+        f"{path}:2:22: logs.max_bytes_per_job: must be >= 65536",
+        f"{path}:3:19: logs.retention_days: must be > 0",
+        f"{path}:4:3: logs.keep: unknown field",
+    ]
+    monkeypatch.setenv("GPUOPT_LOGS__RETENTION_DAYS", "forever")
+    with pytest.raises(ConfigError) as caught:
+        load_config(None)
+    [problem] = caught.value.problems
+    assert str(problem).startswith("GPUOPT_LOGS__RETENTION_DAYS: logs.retention_days: must be")

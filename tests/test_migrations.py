@@ -143,7 +143,10 @@ def drop_later_columns(engine: Engine) -> None:
         conn.execute(text("ALTER TABLE job DROP COLUMN removed_at"))
         for table in ("job_log", "cost_line", "price_hourly"):
             conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
-        for column in ("launched_at", "terminated_at", "terminated_by", "disk_gib"):
+        for column in (
+            *("launched_at", "terminated_at", "terminated_by", "disk_gib"),
+            *("log_bytes", "log_dropped_bytes"),
+        ):
             conn.execute(text(f"ALTER TABLE attempt DROP COLUMN {column}"))
 
 
@@ -255,16 +258,29 @@ def test_0005_adds_job_logs_and_removal_and_the_downgrade_drops_them(store: Stor
     assert "job_log" not in tables(store.engine)
     assert "removed_at" not in columns(store.engine, "job")
     job = seed(store)
+    with store.engine.begin() as conn:  # an attempt as 0004 wrote it
+        conn.execute(
+            text(
+                "INSERT INTO attempt (job_id, number, idempotency_key, provider, region, zone,"
+                " instance_type, market, usd_per_hour, state, started_at, token_sha256,"
+                " instance_gone, preempted) VALUES (:job, 1, 'train-1', 'local', 'r', '', 't',"
+                " 'spot', 1.0, 'running', :at, '', false, false)"
+            ),
+            {"job": job, "at": T0},
+        )
 
     migrate.upgrade(store.engine)
     assert "job_log" in tables(store.engine)
     assert {"seq", "stream", "text", "nbytes"} <= columns(store.engine, "job_log")
     found = store.jobs.get_job("train")
     assert found is not None and found.id == job and found.removed_at is None
+    attempt = store.jobs.attempt("train-1")  # its output counts start at nothing
+    assert attempt is not None and (attempt.log_bytes, attempt.log_dropped_bytes) == (0, 0)
 
     migrate.downgrade(store.engine, "0004")
     assert "job_log" not in tables(store.engine)
     assert "removed_at" not in columns(store.engine, "job")
+    assert not {"log_bytes", "log_dropped_bytes"} & columns(store.engine, "attempt")
     with store.engine.connect() as conn:
         assert conn.execute(text("SELECT name FROM job")).scalars().all() == ["train"]
 

@@ -40,6 +40,7 @@ from optimizer.common.validation import findings, in_file_order
 from optimizer.daemon import settings
 from optimizer.jobs.bootstrap import BOOTSTRAP_ENV, AgentInstall, AgentProxy, AgentSettings
 from optimizer.store import DatabaseUrlError, Retention, normalize_database_url
+from optimizer.store.logs import DEFAULT_MAX_BYTES_PER_JOB
 from providers import registry
 
 CONFIG_FILE_NAME = "gpuopt.yaml"
@@ -151,6 +152,20 @@ class PricesConfig(_Section):
     )
     retention: RetentionConfig = Field(
         default_factory=RetentionConfig, examples=[{"raw_days": 14, "hourly_days": 400}]
+    )
+
+
+class LogsConfig(_Section):
+    """The job output agents ship (docs/daemon.md: Job logs)."""
+
+    max_bytes_per_job: int = Field(
+        DEFAULT_MAX_BYTES_PER_JOB,
+        ge=1 << 16,
+        le=1 << 30,
+        description="Past this, a job's oldest output is dropped (64 KiB to 1 GiB).",
+    )
+    retention_days: float = Field(
+        30, gt=0, le=36_500, description="The output of jobs that ended longer ago is deleted."
     )
 
 
@@ -360,6 +375,9 @@ class ConfigSchema(BaseModel):
     prices: PricesConfig = Field(default_factory=PricesConfig, examples=[{"drop_fraction": 0.2}])
     alerts: AlertsConfig = Field(default_factory=AlertsConfig, examples=[ALERTS_EXAMPLE])
     log: LogConfig = Field(default_factory=LogConfig, examples=[{"format": "json"}])
+    logs: LogsConfig = Field(
+        default_factory=LogsConfig, examples=[{"max_bytes_per_job": 16777216, "retention_days": 30}]
+    )
     agent: AgentSetupConfig = Field(
         default_factory=AgentSetupConfig, examples=[{"images": {"aws": "ami-0abc"}}]
     )

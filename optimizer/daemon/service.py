@@ -16,7 +16,7 @@ import secrets
 import signal
 import threading
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -192,6 +192,7 @@ class Daemon:
             clock,
             config.prices.retention.retention(),
             batch_rows=config.prices.retention.batch_rows,
+            log_retention=timedelta(days=config.logs.retention_days),
             leading=lambda: self.leadership.is_leader,
         )
         self.queues = [
@@ -243,6 +244,7 @@ class Daemon:
         self._leader_loops: list[str] = []
         self._was_ready = False
         self._stop = threading.Event()
+        self.stopping = threading.Event()  # set as stop() begins: long API streams end then
         self._started = False
         self.started_at = clock()
         self.app = face(self)  # last: the face may read any part of the daemon
@@ -396,6 +398,7 @@ class Daemon:
     def stop(self) -> None:
         """Let each loop finish its current iteration, stop serving, close everything."""
         log.info("stopping: waiting for the loops' current iterations")
+        self.stopping.set()  # streams following job output end now
         self.retention.stop()  # a long pruning pass ends after its current batch
         self.scheduler.shutdown(wait=True)
         self.leadership.stop()  # after the loops; the release lets a follower take over at once

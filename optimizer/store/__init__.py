@@ -8,6 +8,7 @@
     store.policies   policy versions, price-signal state, poll status
     store.replicas   the daemon processes sharing this database
     store.costs      the cost ledger's frozen lines and the attempts it prices
+    store.logs       the job output agents ship, per attempt, under a cap per job
 
 The repositories share one engine and clock (`engine.Database`). Every public write is one
 transaction; a write that causes events (a job transition, a policy change) records them and
@@ -38,6 +39,7 @@ from optimizer.store.engine import (
 from optimizer.store.events import Events
 from optimizer.store.history import PricePoint, PruneBatch, Retention, Tier
 from optimizer.store.jobs import AttemptRecord, Jobs, token_sha256
+from optimizer.store.logs import Appended, LogChunk, Logs, NewChunk
 from optimizer.store.policies import Policies
 from optimizer.store.prices import Prices
 from optimizer.store.replicas import ReplicaRecord, Replicas
@@ -51,6 +53,7 @@ from optimizer.store.tables import (
 )
 
 __all__ = [
+    "Appended",
     "AttemptRecord",
     "BilledAttempt",
     "CostLineRecord",
@@ -61,6 +64,8 @@ __all__ = [
     "JobNotEndedError",
     "JobRecord",
     "LineFilter",
+    "LogChunk",
+    "NewChunk",
     "NewEvent",
     "OutboxItem",
     "PolicyVersionRecord",
@@ -104,6 +109,7 @@ class Store:
         self.policies = Policies(db)
         self.replicas = Replicas(db)
         self.costs = Costs(db)
+        self.logs = Logs(db)
 
     def create_all(self) -> None:
         """Create an empty database's schema at the newest revision, stamped so (a database

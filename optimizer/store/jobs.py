@@ -80,6 +80,8 @@ class AttemptRecord:
     terminated_at: datetime | None = None
     terminated_by: str | None = None
     disk_gib: float | None = None
+    log_bytes: int = 0  # the job output held for this attempt (job_log), in bytes
+    log_dropped_bytes: int = 0  # and what the per-job cap dropped of it
 
     @property
     def pool(self) -> Pool:
@@ -467,6 +469,19 @@ class Jobs:
             {"id": r.id, "kind": r.kind, "at": r.at, "data": json.loads(r.data or "{}")}
             for r in rows
         ]
+
+    def exit_reports(self, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """The `data` of each attempt's `job_exited` report, by attempt key (attempts whose
+        agent has not reported one are left out)."""
+        out: dict[str, dict[str, Any]] = {}
+        with self._db.connect() as conn:
+            for part in chunks(dict.fromkeys(keys), ATTEMPT_IDS_PER_QUERY):
+                query = select(_AGENT_EVENT.c.attempt_key, _AGENT_EVENT.c.data).where(
+                    _AGENT_EVENT.c.attempt_key.in_(part), _AGENT_EVENT.c.kind == "job_exited"
+                )
+                for key, data in conn.execute(query):
+                    out[key] = json.loads(data or "{}")
+        return out
 
     # -- pool cooldowns ----------------------------------------------------------------------
 

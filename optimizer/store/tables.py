@@ -158,6 +158,12 @@ class Attempt(SQLModel, table=True):
     stop_sent_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     instance_gone: bool = False
     preempted: bool = False
+    # The job output its agent shipped (job_log): bytes held now, and bytes dropped to keep
+    # the job under its cap (optimizer/store/logs.py keeps both as it writes).
+    log_bytes: int = Field(default=0, sa_type=BigInteger, sa_column_kwargs={"server_default": "0"})
+    log_dropped_bytes: int = Field(
+        default=0, sa_type=BigInteger, sa_column_kwargs={"server_default": "0"}
+    )
     # Billing facts (the cost ledger): the instance's launch and termination as the provider
     # reports them, who ended it (`cloud` | `gpuopt`) and the root volume's size.
     launched_at: datetime | None = Field(default=None, sa_type=UTCDateTime)

@@ -1,10 +1,12 @@
-"""The retention loop: age price history from raw points to hourly summaries to nothing.
+"""The retention loop: age price history from raw points to hourly summaries to nothing, and
+delete the output of jobs that ended more than `logs.retention_days` ago.
 
 Leader only, like every writer. A pass works through the pools in bounded batches
 (`Prices.prune_history`, one transaction each), so a large backlog never holds a long lock;
 between batches it checks that the daemon is not stopping and that this replica still leads,
 and otherwise ends the pass early (the next pass picks up where the data says: a batch
-leaves nothing half done). Every batch of a pass uses the time the pass started.
+leaves nothing half done). Every batch of a pass uses the time the pass started. Job logs go
+the same way (`Logs.prune`, at most `log_batch` chunks a transaction), after the prices.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 
 from optimizer.clock import Clock
 from optimizer.store import PruneBatch, Retention, Store
+from optimizer.store.logs import PRUNE_BATCH
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +39,7 @@ class RetentionReport:
     dropped: int = 0
     expired: int = 0
     complete: bool = False  # the pass reached the last pool (not stopped early)
+    log_chunks: int = 0  # chunks of job output deleted
     seconds: float = 0.0
 
     def add(self, batch: PruneBatch) -> None:
@@ -59,12 +64,16 @@ class RetentionLoop:
         retention: Retention,
         *,
         batch_rows: int = 20_000,
+        log_retention: timedelta | None = None,
+        log_batch: int = PRUNE_BATCH,
         leading: Callable[[], bool] = lambda: True,
     ) -> None:
         self.store = store
         self.clock = clock
         self.retention = retention
         self.batch_rows = batch_rows
+        self.log_retention = log_retention
+        self.log_batch = log_batch
         self.leading = leading
         self._stopping = threading.Event()
 
@@ -89,6 +98,13 @@ class RetentionLoop:
                 report.complete = True
                 break
             after = batch.after
+        if self.log_retention is not None:
+            ended_before = now - self.log_retention
+            while not self._stopping.is_set() and self.leading():
+                gone = self.store.logs.prune(ended_before=ended_before, limit=self.log_batch)
+                report.log_chunks += gone
+                if gone < self.log_batch:
+                    break
         report.seconds = time.perf_counter() - started
         if report.summarized or report.dropped or report.expired:
             log.info(
@@ -101,5 +117,11 @@ class RetentionLoop:
                 report.batches,
                 report.seconds,
                 "" if report.complete else "; stopped early, the next pass goes on",
+            )
+        if report.log_chunks:
+            log.info(
+                "job logs: %d chunk(s) of jobs that ended over %s ago deleted",
+                report.log_chunks,
+                self.log_retention,
             )
         return report

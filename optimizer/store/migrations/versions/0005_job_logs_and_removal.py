@@ -1,11 +1,13 @@
 """job_log: the output of each attempt's job, shipped by its agent; job.removed_at.
 
 `job_log` holds the job's stdout and stderr in the chunks the agent sent them, numbered per
-attempt (`seq`, unique with the attempt, so a retried batch is stored once). `job.removed_at`
+attempt (`seq`, unique with the attempt, so a retried batch is stored once);
+`attempt.log_bytes` and `attempt.log_dropped_bytes` count what it holds of each attempt and
+what the per-job cap dropped, so the cap is kept without summing the rows. `job.removed_at`
 marks a job that `gpuopt jobs rm` took off the lists: its row stays, so its attempts, events
 and costs keep pointing at its id, and its name is free for a new job.
 
-The downgrade drops both: the shipped output and the removal marks go with them (a removed
+The downgrade drops them all: the shipped output and the removal marks go with them (a removed
 job shows again under the older gpuopt, by the name `rm` gave it).
 """
 
@@ -22,6 +24,10 @@ depends_on = None
 
 def upgrade() -> None:
     op.add_column("job", sa.Column("removed_at", sa.DateTime(timezone=True)))
+    for name in ("log_bytes", "log_dropped_bytes"):
+        op.add_column(
+            "attempt", sa.Column(name, sa.BigInteger(), nullable=False, server_default="0")
+        )
     op.create_table(
         "job_log",
         sa.Column(
@@ -47,5 +53,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("job_log")  # its index goes with it
+    op.drop_column("attempt", "log_dropped_bytes")
+    op.drop_column("attempt", "log_bytes")
     # A plain ALTER TABLE … DROP COLUMN, as in 0004.
     op.drop_column("job", "removed_at")
