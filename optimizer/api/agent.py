@@ -9,7 +9,8 @@ So does the fence: why the agent must not start the job yet (null once it may).
 from __future__ import annotations
 
 import hmac
-from typing import Annotated, Any
+from datetime import datetime
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,12 +19,15 @@ from optimizer.api.state import ApiState, StateDep
 from optimizer.jobs.machine import fence
 from optimizer.jobs.reconcile import attempt_view, power_off_at
 from optimizer.store.jobs import AttemptRecord, token_sha256
+from optimizer.store.logs import NewChunk
 
 router = APIRouter(prefix="/agent/v1", tags=["agent"])
 
 HEARTBEAT_S = 2  # commands (stop) ride on answers: keep them prompt
 STOP_GRACE_S = 30
 MAX_EVENTS_PER_CALL = 500
+MAX_CHUNKS_PER_CALL = 64
+MAX_CHUNK_CHARS = 64 * 1024  # the agent cuts chunks of at most 64 KiB (optimizer/agent/logship.py)
 
 
 class Register(BaseModel):
@@ -50,6 +54,22 @@ class Events(BaseModel):
 
     attempt_key: str = Field(min_length=1, max_length=200)
     events: list[AgentEventIn] = Field(default_factory=list, max_length=MAX_EVENTS_PER_CALL)
+
+
+class LogChunkIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    seq: int = Field(ge=0, le=2**31 - 1)
+    stream: Literal["stdout", "stderr"]
+    at: str | None = Field(None, max_length=64)
+    text: str = Field(max_length=MAX_CHUNK_CHARS)
+
+
+class Logs(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    attempt_key: str = Field(min_length=1, max_length=200)
+    chunks: list[LogChunkIn] = Field(default_factory=list, max_length=MAX_CHUNKS_PER_CALL)
 
 
 def _authorized(state: ApiState, key: str, authorization: str | None) -> AttemptRecord:
@@ -150,3 +170,34 @@ def events(
         state.wakeup.set()
     after = state.store.jobs.attempt(attempt.key) or attempt
     return {"ack": acked, "commands": _commands(after), "fence": _fence(state, after)}
+
+
+@router.post("/logs")
+def logs(
+    body: Logs,
+    state: StateDep,
+    authorization: Annotated[str | None, Header()] = None,
+) -> dict[str, Any]:
+    """Chunks of the job's output: stored once per (attempt, seq), under the per-job cap."""
+    attempt = _authorized(state, body.attempt_key, authorization)
+    chunks = [NewChunk(c.seq, c.stream, c.text, _chunk_time(c.at)) for c in body.chunks]
+    done = state.store.logs.append(
+        job_id=attempt.job_id,
+        attempt_id=attempt.id,
+        chunks=chunks,
+        max_bytes_per_job=state.max_log_bytes_per_job,
+        at=state.clock(),
+    )
+    return {"ack": done.acked}
+
+
+def _chunk_time(raw: str | None) -> datetime | None:
+    """The agent's time for a chunk, when it is an ISO time with a zone; else None (the
+    store uses the time it arrived)."""
+    if raw is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else None

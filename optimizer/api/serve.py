@@ -30,6 +30,8 @@ def daemon_app(daemon: Daemon) -> FastAPI:
         wakeup=daemon.wakeup,
         ready=daemon.readiness,
         started_at=daemon.started_at,
+        stopping=daemon.stopping,
+        max_log_bytes_per_job=daemon.config.logs.max_bytes_per_job,
     )
     state.extras["replica"] = daemon.leadership.replica
     return create_app(

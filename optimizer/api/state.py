@@ -17,6 +17,7 @@ from optimizer.clock import Clock
 from optimizer.daemon.metrics import Metrics
 from optimizer.daemon.policies import PolicyRegistry
 from optimizer.store import Store
+from optimizer.store.logs import DEFAULT_MAX_BYTES_PER_JOB
 
 # Ids are 64-bit integers in the store: a number past them is a 422, not a database error.
 MAX_ID = 2**63 - 1
@@ -30,7 +31,9 @@ def _always_ready() -> tuple[bool, dict[str, Any]]:
 @dataclass
 class ApiState:
     """The daemon's parts the API uses. `wakeup.set()` asks for a reconcile pass now;
-    `ready()` answers /readyz; `extras` is room for later areas (the agent's token table)."""
+    `ready()` answers /readyz; `stopping` is set when the daemon begins to stop (streams that
+    follow a job's output end then); `max_log_bytes_per_job` is logs.max_bytes_per_job;
+    `extras` is room for later areas (the agent's token table)."""
 
     store: Store
     policies: PolicyRegistry
@@ -41,6 +44,8 @@ class ApiState:
     wakeup: threading.Event = field(default_factory=threading.Event)
     ready: Callable[[], tuple[bool, dict[str, Any]]] = _always_ready
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    stopping: threading.Event = field(default_factory=threading.Event)
+    max_log_bytes_per_job: int = DEFAULT_MAX_BYTES_PER_JOB
     extras: dict[str, Any] = field(default_factory=dict)
 
 

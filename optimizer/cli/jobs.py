@@ -1,5 +1,5 @@
-"""`gpuopt jobs …`: submit, list, show, cancel, remove and follow managed jobs through the
-daemon's API.
+"""`gpuopt jobs …`: submit, list, show, cancel, remove and follow managed jobs, and read their
+output, through the daemon's API.
 
 The API address is `--api` or `GPUOPT_API_URL` (default http://127.0.0.1:8470); the token is
 `GPUOPT_API_TOKEN` or the file the daemon writes, `<data dir>/api-token`.
@@ -8,14 +8,17 @@ The API address is `--api` or `GPUOPT_API_URL` (default http://127.0.0.1:8470); 
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from optimizer.cli import client
 from optimizer.cli.client import ApiOption
 from optimizer.cli.client import call as _call
-from optimizer.cli.common import fail
+from optimizer.cli.common import error, fail
 
 app = typer.Typer(
     help="Submit and follow managed jobs (through the daemon's API).", no_args_is_help=True
@@ -120,3 +123,60 @@ def events(
         return
     for event in rows:
         print(f"{event['at']}  {event['severity']:<8} {event['kind']:<18} {event['message']}")
+
+
+@app.command("logs")
+def logs(
+    name: str,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new output until the job ends.")
+    ] = False,
+    attempt: Annotated[
+        int | None, typer.Option("--attempt", min=1, help="Only this attempt's output.")
+    ] = None,
+    tail: Annotated[
+        int | None, typer.Option("--tail", min=0, help="Only the last N lines (then follow).")
+    ] = None,
+    api: ApiOption = None,
+) -> None:
+    """A job's output (stdout and stderr), each attempt under a header line."""
+    import httpx
+
+    params: dict[str, Any] = {"follow": "true"} if follow else {}
+    if attempt is not None:
+        params["attempt"] = attempt
+    if tail is not None:
+        params["tail"] = tail
+    base = client.base_url(api)
+    headers = {"Authorization": f"Bearer {client.token()}"}
+    # Following waits as long as the job runs: no read timeout then.
+    timeout = httpx.Timeout(30, read=None if follow else 60)
+    out = sys.stdout
+    started = False
+    try:
+        with httpx.stream(
+            "GET", f"{base}/jobs/{name}/logs", params=params, headers=headers, timeout=timeout
+        ) as response:
+            if response.status_code >= 400:
+                response.read()
+                client.check(response)
+            for piece in response.iter_text():
+                started = True
+                out.write(piece)
+                out.flush()
+    except KeyboardInterrupt:  # Ctrl-C ends a follow: not an error
+        raise typer.Exit(130) from None
+    except BrokenPipeError:  # `| head` closed the pipe: nothing more to say
+        _quiet_stdout()
+    except httpx.HTTPError as exc:
+        if started:  # cut off mid-answer: the daemon went away
+            error(f"lost the daemon at {base}: {exc.__class__.__name__}")
+            raise typer.Exit(1) from None
+        fail(f"cannot reach the daemon at {base}: {exc.__class__.__name__} (is it running?)")
+
+
+def _quiet_stdout() -> None:
+    """After a broken pipe: point stdout at /dev/null so the exit's flush raises nothing."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)

@@ -188,6 +188,11 @@ class Metrics:
         self.reconcile_jobs = Gauge(
             "gpuopt_reconcile_live_jobs", "Live jobs the last reconcile pass saw.", registry=r
         )
+        self.log_followers = Gauge(
+            "gpuopt_log_followers",
+            "Open GET /jobs/{name}/logs?follow=true answers streaming a job's output.",
+            registry=r,
+        )
 
     def watch(
         self,

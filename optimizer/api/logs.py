@@ -1,0 +1,306 @@
+"""GET /jobs/{name}/logs: the output agents shipped, as text, each attempt under a header.
+
+    ==> attempt 2 · aws us-east-1a p5.48xlarge spot · i-0abc <==
+
+Attempts come in number order, each one's chunks in seq order (stdout and stderr interleaved
+as the agent read them; a line cut short where the stream changes is ended there). `attempt`
+picks one attempt; `tail` keeps the last N lines of what is picked; `follow` keeps the answer
+open and streams new output as it arrives, new attempts after an interruption included.
+
+A follower stops when the job has ended and its output is complete: every attempt has
+reported `job_exited` and the daemon holds the chunks it counted (`log_chunks`), or the
+attempt's instance is gone, or it never started the job. Output an agent still owes after
+the job ended is waited for SETTLE_S at most. With `attempt`, following ends when that
+attempt's output is complete. It also ends when the client goes away (the server cancels
+the stream; nothing keeps running for it) and when the daemon stops.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, HTTPException, Query
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
+
+from optimizer.api.state import ApiState, StateDep
+from optimizer.store import Store
+from optimizer.store.jobs import AttemptRecord
+from optimizer.store.logs import LogChunk
+from optimizer.store.tables import TERMINAL_JOB_STATES
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+FOLLOW_POLL_S = 0.5  # how often a follower looks for new output
+SETTLE_S = 10.0  # after the job ended, how long a follower waits for output still owed
+PAGE = 200  # chunks read per step
+MAX_TAIL = 1_000_000
+
+
+def header(attempt: AttemptRecord) -> str:
+    """`==> attempt 2 · aws us-east-1a p5.48xlarge spot · i-0abc <==`"""
+    where = attempt.zone or attempt.region
+    instance = attempt.instance_id or "no instance"
+    return (
+        f"==> attempt {attempt.number} · {attempt.provider} {where} {attempt.instance_type} "
+        f"{attempt.market} · {instance} <=="
+    )
+
+
+def dropped_note(attempt: AttemptRecord) -> str:
+    return (
+        f"[gpuopt: {attempt.log_dropped_bytes} bytes of this attempt's earliest output were "
+        "dropped to keep the job's log under logs.max_bytes_per_job]"
+    )
+
+
+def last_lines(text: str, n: int) -> str:
+    """The last `n` lines of `text` (a final line without its newline counts as one)."""
+    if n <= 0 or not text:
+        return ""
+    pos = len(text) - 1 if text.endswith("\n") else len(text)
+    for _ in range(n):
+        pos = text.rfind("\n", 0, pos)
+        if pos < 0:
+            return text
+    return text[pos + 1 :]
+
+
+def count_lines(text: str) -> int:
+    return text.count("\n") + (0 if not text or text.endswith("\n") else 1)
+
+
+@dataclass
+class Renderer:
+    """Turns chunks into the answer's text: a header when the attempt changes, a newline
+    where one stream's line was cut short by the other's."""
+
+    attempt: int | None = None  # the attempt id whose output was written last
+    stream: str | None = None
+    at_line_start: bool = True
+    started: bool = False
+
+    def begin(self, attempt: AttemptRecord) -> str:
+        """The header of `attempt` (and its note on dropped output)."""
+        out = [] if self.at_line_start else ["\n"]
+        if self.started:
+            out.append("\n")  # a blank line between attempts
+        out.append(header(attempt) + "\n")
+        if attempt.log_dropped_bytes:
+            out.append(dropped_note(attempt) + "\n")
+        self.attempt, self.stream, self.at_line_start, self.started = attempt.id, None, True, True
+        return "".join(out)
+
+    def text(self, attempt: AttemptRecord, chunks: Sequence[LogChunk]) -> str:
+        out = [] if self.attempt == attempt.id else [self.begin(attempt)]
+        out.append(self.body(chunks))
+        return "".join(out)
+
+    def note(self, text: str) -> str:
+        """A line of gpuopt's own, `[gpuopt: …]`, on a line of its own."""
+        out = ("" if self.at_line_start else "\n") + f"[gpuopt: {text}]\n"
+        self.at_line_start = True
+        return out
+
+    def verbatim(self, attempt: AttemptRecord, text: str, stream: str) -> str:
+        """Text already rendered (a tail) from `stream`, under `attempt`'s header."""
+        out = "" if self.attempt == attempt.id else self.begin(attempt)
+        if text:
+            self.stream, self.at_line_start = stream, text.endswith("\n")
+        return out + text
+
+    def body(self, chunks: Sequence[LogChunk]) -> str:
+        out = []
+        for chunk in chunks:
+            if not chunk.text:
+                continue
+            if chunk.stream != self.stream and not self.at_line_start:
+                out.append("\n")
+            out.append(chunk.text)
+            self.stream = chunk.stream
+            self.at_line_start = chunk.text.endswith("\n")
+        return "".join(out)
+
+
+@dataclass
+class LogStream:
+    """One answer's worth of a job's output, read step by step (each step a bounded read of
+    the store, run off the event loop). `step()` returns the next text, "" when there is none
+    yet (a follower waits and asks again), None when the answer is complete."""
+
+    store: Store
+    job_id: int
+    number: int | None = None  # the one attempt asked for
+    tail: int | None = None
+    follow: bool = False
+    render: Renderer = field(default_factory=Renderer)
+    cursors: dict[int, int] = field(default_factory=dict)  # attempt id -> last seq written
+    caught_up: dict[int, int] = field(default_factory=dict)  # attempt id -> bytes read up to
+    _began: bool = False
+    _ended_at: float | None = None  # monotonic time the job was first seen ended
+
+    def attempts(self) -> list[AttemptRecord]:
+        found = self.store.jobs.attempts(self.job_id)
+        return [a for a in found if self.number is None or a.number == self.number]
+
+    def step(self) -> str | None:
+        start = ""
+        if not self._began:
+            self._began = True
+            start = self._start()
+        text = start + self._read_new()
+        if text:
+            return text
+        if not self.follow or self._finished():
+            return None
+        return ""
+
+    def _start(self) -> str:
+        attempts = self.attempts()
+        out = []
+        if self.number is not None and attempts:  # asked for by number: its header at once
+            out.append(self.render.begin(attempts[0]))
+        if self.tail is not None:
+            out.append(self._tail(attempts))
+        return "".join(out)
+
+    def _read_new(self) -> str:
+        """What arrived past the cursors, up to one page of one attempt."""
+        for attempt in self.attempts():
+            shipped = attempt.log_bytes + attempt.log_dropped_bytes  # grows with every chunk
+            if self.caught_up.get(attempt.id) == shipped:
+                continue
+            after = self.cursors.get(attempt.id, -1)
+            chunks = self.store.logs.chunks(attempt.id, after_seq=after, limit=PAGE)
+            if len(chunks) < PAGE:
+                self.caught_up[attempt.id] = shipped
+            if chunks:
+                self.cursors[attempt.id] = chunks[-1].seq
+                return self.render.text(attempt, chunks)
+        return ""
+
+    def _tail(self, attempts: list[AttemptRecord]) -> str:
+        """The last `tail` lines of what is held now (attempts newest first, each read
+        backwards until it gives enough lines); the cursors move past all of it."""
+        last = self.store.logs.last_seqs([a.id for a in attempts])
+        self.cursors.update(last)
+        wanted = self.tail or 0
+        parts: list[tuple[AttemptRecord, str, str]] = []
+        for attempt in reversed(attempts):
+            if wanted <= 0:
+                break
+            if attempt.id not in last:
+                continue
+            chunks: list[LogChunk] = []
+            newlines = 0
+            before = last[attempt.id] + 1
+            while newlines <= wanted:
+                page = self.store.logs.chunks_before(attempt.id, before_seq=before, limit=PAGE)
+                if not page:
+                    break
+                chunks.extend(page)
+                newlines += sum(c.text.count("\n") for c in page)
+                before = page[-1].seq
+            if not chunks:
+                continue
+            chunks.reverse()
+            text = last_lines(Renderer().body(chunks), wanted)
+            wanted -= count_lines(text)
+            parts.append((attempt, text, chunks[-1].stream))
+        return "".join(self.render.verbatim(a, t, s) for a, t, s in reversed(parts))
+
+    def _finished(self) -> bool:
+        """Whether the output followed is complete (see the module's docstring)."""
+        job = self.store.jobs.get_job_by_id(self.job_id)
+        attempts = self.attempts()
+        ended = job is None or job.state in TERMINAL_JOB_STATES
+        if self.number is None and not ended:
+            return False
+        reports = self.store.jobs.exit_reports(a.key for a in attempts)
+        if all(self._complete(a, reports.get(a.key)) for a in attempts):
+            return True
+        if not ended:
+            return False
+        now = time.monotonic()
+        if self._ended_at is None:
+            self._ended_at = now
+        return now - self._ended_at >= SETTLE_S
+
+    def _complete(self, attempt: AttemptRecord, report: dict[str, Any] | None) -> bool:
+        if report is not None:
+            owed = report.get("log_chunks")
+            if not isinstance(owed, int):  # an agent that does not count its chunks
+                return True
+            return self.cursors.get(attempt.id, -1) >= owed - 1
+        return attempt.instance_gone or (attempt.ended and attempt.job_started_at is None)
+
+
+class LogResponse(StreamingResponse):
+    """A streaming answer whose generator is closed however the response ends (the client
+    going away included), so its `finally` runs at once, not when it is collected."""
+
+    def __init__(self, content: AsyncIterator[str]) -> None:
+        super().__init__(content, media_type="text/plain; charset=utf-8")
+        self._content = content
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            aclose = getattr(self._content, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+async def _pieces(stream: LogStream, state: ApiState) -> AsyncIterator[str]:
+    followers = state.metrics.log_followers
+    if stream.follow:
+        followers.inc()
+    try:
+        while True:
+            if state.stopping.is_set():
+                if stream.follow:
+                    yield stream.render.note("the daemon is stopping; follow again once it is back")
+                return
+            text = await run_in_threadpool(stream.step)
+            if text is None:
+                return
+            if text:
+                yield text
+            else:
+                await anyio.sleep(FOLLOW_POLL_S)
+    finally:
+        if stream.follow:
+            followers.dec()
+
+
+@router.get("/{name}/logs", response_class=StreamingResponse)
+def job_logs(
+    name: str,
+    state: StateDep,
+    attempt: Annotated[int | None, Query(ge=1, le=2**31 - 1, description="One attempt.")] = None,
+    tail: Annotated[
+        int | None, Query(ge=0, le=MAX_TAIL, description="The last N lines only.")
+    ] = None,
+    follow: Annotated[bool, Query(description="Stream new output until the job ends.")] = False,
+) -> StreamingResponse:
+    """A job's output as text, each attempt under a header; `follow=true` streams it."""
+    job = state.store.jobs.get_job(name)
+    if job is None:
+        raise HTTPException(404, detail=f"no job named {name!r}")
+    if attempt is not None:
+        numbers = [a.number for a in state.store.jobs.attempts(job.id)]
+        if attempt not in numbers:
+            known = (
+                f"its attempts: {', '.join(map(str, numbers))}"
+                if numbers
+                else "it has no attempts yet"
+            )
+            raise HTTPException(404, detail=f"job {name!r} has no attempt {attempt}; {known}")
+    stream = LogStream(state.store, job.id, number=attempt, tail=tail, follow=follow)
+    return LogResponse(_pieces(stream, state))

@@ -1,0 +1,279 @@
+"""Job logs over HTTP on a real loopback server: agents ship chunks with their own token
+(POST /agent/v1/logs), people read them (GET /jobs/{name}/logs) whole, by attempt, as a tail,
+or followed as they arrive until the job's output is complete."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from optimizer.clock import utc_now
+from optimizer.daemon.service import Daemon
+from optimizer.store import Store, token_sha256
+from optimizer.store.jobs import AttemptRecord
+from tests.helpers import TOKEN, api, make_config, make_offer, running, wait_until
+
+pytestmark = pytest.mark.usefixtures("daemon_env")
+
+H1 = "==> attempt 1 · aws use1-az1 g5.xlarge spot · i-train-1 <=="
+H2 = "==> attempt 2 · aws us-east-1 p5.48xlarge on_demand · i-train-2 <=="
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    config = make_config(tmp_path, logs={"max_bytes_per_job": 65536})
+    with running(config) as d:
+        yield d
+
+
+def add_attempt(store: Store, job: str, number: int, **offer: Any) -> AttemptRecord:
+    found = store.jobs.get_job(job)
+    job_id = found.id if found else store.jobs.add_job(job, "small", {"run": "x"})
+    key = f"{job}-{number}"
+    record = store.jobs.create_attempt(
+        job_id, number, key, make_offer(**offer), token_sha256(f"token-{key}"), utc_now()
+    )
+    store.jobs.update_attempt(key, instance_id=f"i-{key}")
+    return record
+
+
+def ship(daemon: Daemon, key: str, *chunks: tuple[int, str, str], token: str | None = None):
+    body = {
+        "attempt_key": key,
+        "chunks": [{"seq": s, "stream": st, "text": t} for s, st, t in chunks],
+    }
+    headers = {"Authorization": f"Bearer {token or 'token-' + key}"}
+    return httpx.post(f"{daemon.url}/agent/v1/logs", json=body, headers=headers, timeout=10)
+
+
+def logs(daemon: Daemon, name: str, **params: Any) -> httpx.Response:
+    with api(daemon) as client:
+        return client.get(f"/jobs/{name}/logs", params=params)
+
+
+def two_attempts(daemon: Daemon) -> None:
+    store = daemon.store
+    add_attempt(store, "train", 1)
+    add_attempt(
+        store, "train", 2, region="us-east-1", zone=None, instance_type="p5.48xlarge",
+        market="on_demand",
+    )  # fmt: skip
+    assert ship(daemon, "train-1", (0, "stdout", "step 1\nstep 2\n"), (1, "stderr", "warn\n"))
+    ship(daemon, "train-1", (2, "stdout", "step 3\n"))
+    ship(daemon, "train-2", (0, "stdout", "resumed at 3\nstep 4\n"))
+
+
+def test_an_agent_ships_with_its_own_token_and_a_resend_is_stored_once(daemon: Daemon) -> None:
+    store = daemon.store
+    add_attempt(store, "train", 1)
+    add_attempt(store, "other", 1)
+    first = ship(daemon, "train-1", (0, "stdout", "a\n"), (1, "stderr", "b\n"))
+    assert first.status_code == 200 and first.json() == {"ack": [0, 1]}
+    again = ship(daemon, "train-1", (1, "stderr", "b\n"), (2, "stdout", "c\n"))
+    assert again.json() == {"ack": [1, 2]}
+    assert logs(daemon, "train").text == f"{H1}\na\nb\nc\n"
+    # Another attempt's token does not reach this attempt's log; no token, nothing read.
+    assert ship(daemon, "train-1", (3, "stdout", "x\n"), token="token-other-1").status_code == 401
+    assert ship(daemon, "train-1", (3, "stdout", "x\n"), token="nope").status_code == 401
+    assert ship(daemon, "train-1", (3, "stdin", "x\n")).status_code == 422
+    assert ship(daemon, "train-1", (-1, "stdout", "x\n")).status_code == 422
+    assert api(daemon, token=None).get("/jobs/train/logs").status_code == 401
+    assert logs(daemon, "train").text == f"{H1}\na\nb\nc\n"
+
+
+def test_each_attempt_shows_under_its_header_in_order(daemon: Daemon) -> None:
+    two_attempts(daemon)
+    answer = logs(daemon, "train")
+    assert answer.status_code == 200
+    assert answer.headers["content-type"] == "text/plain; charset=utf-8"
+    assert answer.text == (f"{H1}\nstep 1\nstep 2\nwarn\nstep 3\n\n{H2}\nresumed at 3\nstep 4\n")
+    assert logs(daemon, "train", attempt=2).text == f"{H2}\nresumed at 3\nstep 4\n"
+
+
+def test_tail_keeps_the_last_lines_under_the_headers_they_belong_to(daemon: Daemon) -> None:
+    two_attempts(daemon)
+    assert logs(daemon, "train", tail=3).text == f"{H1}\nstep 3\n\n{H2}\nresumed at 3\nstep 4\n"
+    assert logs(daemon, "train", tail=1).text == f"{H2}\nstep 4\n"
+    assert logs(daemon, "train", tail=2, attempt=1).text == f"{H1}\nwarn\nstep 3\n"
+    assert logs(daemon, "train", tail=0).text == ""
+    assert logs(daemon, "train", tail=100).text == logs(daemon, "train").text
+
+
+def test_unknown_jobs_and_attempts_are_404s_that_say_what_exists(daemon: Daemon) -> None:
+    two_attempts(daemon)
+    missing = logs(daemon, "nope")
+    assert missing.status_code == 404 and missing.json() == {"detail": "no job named 'nope'"}
+    attempt = logs(daemon, "train", attempt=5)
+    assert attempt.status_code == 404
+    assert attempt.json()["detail"] == "job 'train' has no attempt 5; its attempts: 1, 2"
+    daemon.store.jobs.add_job("fresh", "small", {"run": "x"})
+    assert logs(daemon, "fresh", attempt=1).json()["detail"].endswith("it has no attempts yet")
+    assert logs(daemon, "fresh").text == ""
+    assert logs(daemon, "train", tail=-1).status_code == 422
+
+
+def test_a_line_cut_short_by_the_other_stream_is_ended_there(daemon: Daemon) -> None:
+    add_attempt(daemon.store, "train", 1)
+    ship(daemon, "train-1", (0, "stdout", "epoch 1: 50%"), (1, "stderr", "warning\n"))
+    ship(daemon, "train-1", (2, "stdout", "\repoch 1: 100%\n"))
+    assert logs(daemon, "train").text == f"{H1}\nepoch 1: 50%\nwarning\n\repoch 1: 100%\n"
+
+
+def test_past_the_cap_the_output_says_how_much_was_dropped(daemon: Daemon) -> None:
+    add_attempt(daemon.store, "train", 1)
+    for part in (range(40), range(40, 70)):
+        ship(daemon, "train-1", *((i, "stdout", f"{i:04d}" + "x" * 1019 + "\n") for i in part))
+    text = logs(daemon, "train").text
+    lines = text.splitlines()
+    assert lines[0] == H1
+    # 70 KiB shipped against a cap of 64 KiB: the 6 oldest chunks went.
+    assert lines[1] == (
+        "[gpuopt: 6144 bytes of this attempt's earliest output were dropped to keep the job's "
+        "log under logs.max_bytes_per_job]"
+    )
+    assert lines[2].startswith("0006") and lines[-1].startswith("0069") and len(lines) == 66
+
+
+class Follower:
+    """GET …/logs?follow=true read on a thread: what arrived so far, and how it ended."""
+
+    def __init__(self, daemon: Daemon, name: str, **params: Any) -> None:
+        self.text = ""
+        self.ended: str | None = None  # "done" or the exception's name
+        self.client = api(daemon)
+        self._response: httpx.Response | None = None
+        params = {"follow": "true", **params}
+        threading.Thread(target=self._read, args=(name, params), daemon=True).start()
+
+    def _read(self, name: str, params: dict[str, Any]) -> None:
+        try:
+            with self.client.stream(
+                "GET", f"/jobs/{name}/logs", params=params, timeout=httpx.Timeout(10, read=60)
+            ) as response:
+                self._response = response
+                for piece in response.iter_text():
+                    self.text += piece
+            self.ended = "done"
+        except Exception as exc:
+            self.ended = type(exc).__name__
+
+    def close(self) -> None:
+        if self._response is not None:
+            self._response.close()
+        self.client.close()
+
+
+def followers(daemon: Daemon) -> float:
+    return daemon.metrics.sample("gpuopt_log_followers") or 0.0
+
+
+def finish(daemon: Daemon, key: str, chunks: int, state: str = "succeeded") -> None:
+    """The agent's job_exited report counting `chunks`, and the job ended."""
+    event = {
+        "id": f"exit-{key}",
+        "kind": "job_exited",
+        "data": {"exit_code": 0, "log_chunks": chunks},
+    }
+    daemon.store.jobs.record_agent_events(key, [event], utc_now())
+    job = daemon.store.jobs.get_job(key.rsplit("-", 1)[0])
+    assert job is not None
+    if state:
+        daemon.store.jobs.transition_job(
+            job.id, expected=job.state, state=state, reason="done", at=utc_now()
+        )
+
+
+def test_following_streams_new_output_and_new_attempts_until_the_output_is_complete(
+    daemon: Daemon,
+) -> None:
+    add_attempt(daemon.store, "train", 1)
+    ship(daemon, "train-1", (0, "stdout", "step 1\n"))
+    follower = Follower(daemon, "train")
+    try:
+        wait_until(lambda: "step 1\n" in follower.text, what="the output so far")
+        assert followers(daemon) == 1
+        ship(daemon, "train-1", (1, "stdout", "step 2\n"))
+        wait_until(lambda: "step 2\n" in follower.text, what="new output")
+        # An interruption: attempt 1 reported its end, attempt 2 takes over.
+        finish(daemon, "train-1", 2, state="")
+        add_attempt(
+            daemon.store, "train", 2, region="us-east-1", zone=None,
+            instance_type="p5.48xlarge", market="on_demand",
+        )  # fmt: skip
+        ship(daemon, "train-2", (0, "stdout", "step 3\n"))
+        wait_until(lambda: H2 in follower.text, what="the next attempt's output")
+        # The job has ended but attempt 2's agent counted 2 chunks: the follower waits.
+        finish(daemon, "train-2", 2)
+        ship(daemon, "train-2", (1, "stdout", "done\n"))
+        wait_until(lambda: follower.ended, what="the stream to end")
+        assert follower.ended == "done"
+        assert follower.text == f"{H1}\nstep 1\nstep 2\n\n{H2}\nstep 3\ndone\n"
+        wait_until(lambda: followers(daemon) == 0, what="no follower left")
+    finally:
+        follower.close()
+
+
+def test_following_one_attempt_ends_when_its_output_is_complete(daemon: Daemon) -> None:
+    add_attempt(daemon.store, "train", 1)
+    follower = Follower(daemon, "train", attempt=1, tail=5)
+    try:
+        wait_until(lambda: H1 in follower.text, what="the header, before any output")
+        ship(daemon, "train-1", (0, "stdout", "only\n"))
+        finish(daemon, "train-1", 1, state="")  # the job itself goes on (a new attempt)
+        wait_until(lambda: follower.ended, what="the stream to end")
+        assert (follower.ended, follower.text) == ("done", f"{H1}\nonly\n")
+    finally:
+        follower.close()
+
+
+def test_a_follower_gives_up_on_output_still_owed_once_the_job_ended(
+    daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("optimizer.api.logs.SETTLE_S", 0.2)
+    add_attempt(daemon.store, "train", 1)
+    ship(daemon, "train-1", (0, "stdout", "partial\n"))
+    follower = Follower(daemon, "train")
+    try:
+        finish(daemon, "train-1", 5)  # 5 chunks counted, 1 arrived, and none will
+        wait_until(lambda: follower.ended, what="the stream to end")
+        assert (follower.ended, follower.text) == ("done", f"{H1}\npartial\n")
+    finally:
+        follower.close()
+
+
+def test_a_client_that_goes_away_leaves_no_follower_behind(daemon: Daemon) -> None:
+    add_attempt(daemon.store, "train", 1)
+    ship(daemon, "train-1", (0, "stdout", "step 1\n"))
+    host, port = daemon.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(
+            b"GET /jobs/train/logs?follow=true HTTP/1.1\r\nHost: gpuopt\r\n"
+            + f"Authorization: Bearer {TOKEN}\r\n\r\n".encode()
+        )
+        seen = b""
+        while b"step 1" not in seen:
+            seen += conn.recv(4096)
+        assert followers(daemon) == 1
+    wait_until(lambda: followers(daemon) == 0, what="the follower to end with its client")
+
+
+def test_followers_end_cleanly_when_the_daemon_stops(tmp_path: Path) -> None:
+    with running(make_config(tmp_path)) as daemon:
+        add_attempt(daemon.store, "train", 1)
+        ship(daemon, "train-1", (0, "stdout", "step 1\n"))
+        follower = Follower(daemon, "train")
+        wait_until(lambda: "step 1" in follower.text, what="the output so far")
+    try:
+        wait_until(lambda: follower.ended, what="the stream to end")
+        assert follower.ended == "done"  # a complete answer, not a connection cut mid-stream
+        assert follower.text == (
+            f"{H1}\nstep 1\n[gpuopt: the daemon is stopping; follow again once it is back]\n"
+        )
+    finally:
+        follower.close()
