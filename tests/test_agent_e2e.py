@@ -3,7 +3,11 @@ bootstrap script starts `gpuopt agent run`, which talks to a fake daemon."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import secrets
+import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -17,7 +21,7 @@ from optimizer.jobs.bootstrap import bootstrap_script
 from optimizer.model import Market
 from providers.base import EndReason, InstanceState, LaunchSpec
 from providers.local import LocalCloud
-from tests.helpers import local_cloud, wait_until
+from tests.helpers import GPUOPT, gpuopt_env, local_cloud, wait_until
 from tests.helpers.agent import FakeDaemon, counter_job, read_json
 
 FAST = {
@@ -142,6 +146,10 @@ def test_interruption_notice_leads_to_stop_checkpoint_and_acked_events(
     assert "start 0 3 2 no-token hello" in log  # protocol env, job env, and no token
     step = read_json(ckpt / "state.json")["step"]
     assert f"checkpointed {step}" in log
+    # All of the job's output reached the daemon before the agent ended, once.
+    assert daemon.output("train/1", "stdout") == log and daemon.log_conflicts == []
+    assert exited["log_chunks"] == len(daemon.logs["train/1"])
+    assert read_json(cloud.state.disk(ref.instance_id) / "agent" / "logs.json")["pending"] == []
 
 
 def test_job_runs_to_the_end_and_events_survive_a_daemon_outage(
@@ -254,3 +262,81 @@ def test_terminating_the_instance_reaches_the_job_through_the_agent(
     assert "stopped" not in daemon.kinds()  # no stop command was given
     log = (cloud.state.disk(ref.instance_id) / "agent" / "job.log").read_text()
     assert f"checkpointed {read_json(ckpt / 'state.json')['step']}" in log
+
+
+# Prints numbered lines (every seventh also to stderr) until the file named by its argument
+# exists, then one last line.
+RELEASED_JOB = """
+import os, sys, time
+i = 0
+while not os.path.exists(sys.argv[1]):
+    print("line", i, flush=True)
+    if i % 7 == 0:
+        print("err", i, file=sys.stderr, flush=True)
+    i += 1
+    time.sleep(0.01)
+print("end", i, flush=True)
+"""
+
+
+def test_a_restarted_agent_ships_the_adopted_jobs_output_without_loss_or_copies(
+    daemon: FakeDaemon, tmp_path: Path
+) -> None:
+    script, release = tmp_path / "job.py", tmp_path / "release"
+    script.write_text(RELEASED_JOB)
+    token, key, agent_dir = secrets.token_urlsafe(32), "train/1", tmp_path / "agent"
+    job = {"name": "train", "run": f"{sys.executable} {script} {release}", "probes": "none",
+           "checkpoint_dir": str(tmp_path / "ckpt")}  # fmt: skip
+    daemon.add_attempt(key, token, job)
+    env = gpuopt_env(
+        tmp_path / "data",
+        {
+            **FAST,
+            "GPUOPT_DAEMON_URL": daemon.url,
+            "GPUOPT_AGENT_TOKEN": token,
+            "GPUOPT_ATTEMPT_KEY": key,
+            "GPUOPT_METADATA_KIND": "aws-imds",
+            "GPUOPT_METADATA_URL": "http://127.0.0.1:9",  # nothing there: no notices
+            "GPUOPT_CLOUD": "local",
+            "GPUOPT_AGENT_DIR": str(agent_dir),
+        },
+    )
+
+    def agent() -> subprocess.Popen[bytes]:
+        out = (tmp_path / "agent-console.log").open("ab")
+        return subprocess.Popen([*GPUOPT, "agent", "run"], env=env, stdout=out, stderr=out)
+
+    first = second = agent()
+    job_pid: int | None = None
+    try:
+        wait_until(lambda: "line 20\n" in daemon.output(key), timeout=30, what="some output")
+        job_pid = read_json(agent_dir / "run.json")["pid"]
+        first.send_signal(signal.SIGKILL)  # the agent dies; the job, in its own session, runs on
+        first.wait(10)
+        shipped = len(daemon.output(key))
+        wait_until(
+            lambda: (agent_dir / "job.log").stat().st_size > shipped + 200,
+            what="output written while no agent runs",
+        )
+        second = agent()
+        wait_until(lambda: len(daemon.registrations) == 2, timeout=30, what="the new agent")
+        wait_until(lambda: "heartbeat" in daemon.kinds(), timeout=30, what="a heartbeat")
+        release.touch()
+        second.wait(60)  # (its status says nothing: an adopted job's own is unknown)
+    finally:
+        for proc in (first, second):
+            if proc.poll() is None:
+                proc.kill()
+        if job_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(job_pid, signal.SIGKILL)
+
+    stdout, stderr = daemon.output(key, "stdout"), daemon.output(key, "stderr")
+    assert stdout == (agent_dir / "job.log").read_text()  # nothing lost, nothing twice
+    assert stderr == (agent_dir / "job.err.log").read_text()
+    assert daemon.log_conflicts == []
+    lines = [line for line in stdout.splitlines() if line.startswith("line ")]
+    assert lines == [f"line {i}" for i in range(len(lines))] and "\nend " in stdout
+    assert stderr.splitlines() == [f"err {i}" for i in range(0, len(lines), 7)]
+    exited = daemon.of_kind("job_exited")[0]["data"]
+    assert exited["adopted"] is True and exited["log_chunks"] == len(daemon.logs[key])

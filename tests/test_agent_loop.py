@@ -93,6 +93,8 @@ class ScriptedDaemon:
         self.down = False
         self.events: list[Any] = []
         self.commands: list[dict[str, Any]] = []
+        self.chunks: dict[int, dict[str, Any]] = {}  # seq -> chunk
+        self.chunks_at_exit: int | None = None  # chunks held when job_exited arrived
 
     def register(self, body: dict[str, Any]) -> dict[str, Any]:
         self.registrations += 1
@@ -104,9 +106,21 @@ class ScriptedDaemon:
     def send(self, events: list[Any]) -> tuple[list[str], list[dict[str, Any]]]:
         if self.down:
             raise DaemonError("connection refused", retryable=True)
+        if any(e.kind == "job_exited" for e in events):
+            self.chunks_at_exit = len(self.chunks)
         self.events += events
         commands, self.commands = self.commands, []
         return [e.id for e in events], commands
+
+    def send_logs(self, chunks: list[dict[str, Any]]) -> list[int]:
+        if self.down:
+            raise DaemonError("connection refused", retryable=True)
+        for chunk in chunks:
+            self.chunks.setdefault(chunk["seq"], chunk)
+        return [c["seq"] for c in chunks]
+
+    def output(self, stream: str) -> str:
+        return "".join(c["text"] for _, c in sorted(self.chunks.items()) if c["stream"] == stream)
 
     def kinds(self) -> list[str]:
         return [e.kind for e in self.events if e.kind != "heartbeat"]
@@ -255,3 +269,22 @@ def test_a_restarted_agent_adopts_the_job_its_predecessor_left_running(tmp_path:
         if orphan.poll() is None:
             os.killpg(orphan.pid, 9)
             orphan.wait()
+
+
+def test_the_jobs_output_reaches_the_daemon_before_its_exit_is_reported(tmp_path: Path) -> None:
+    answer = job(tmp_path, 1)
+    answer["job"]["run"] = "echo out-1; echo err-1 >&2; printf 'no newline'"
+    answer["job"]["setup"] = "echo preparing"
+    daemon = ScriptedDaemon(answer)
+    agent, _ = agent_for(tmp_path, daemon)
+    assert agent.run() == 0
+    stdout, stderr = daemon.output("stdout"), daemon.output("stderr")
+    assert "preparing\n" in stdout and "out-1\n" in stdout and "no newline" in stdout
+    assert "setup: starting" in stdout and "run: exited with 0" in stdout  # the agent's notes
+    assert stderr == "err-1\n"
+    exited = next(e for e in daemon.events if e.kind == "job_exited")
+    assert exited.data["log_chunks"] == len(daemon.chunks) == daemon.chunks_at_exit
+    assert sorted(daemon.chunks) == list(range(len(daemon.chunks)))
+    # The instance keeps its own copy: stdout in job.log, stderr in job.err.log.
+    assert (tmp_path / "agent" / "job.err.log").read_text() == "err-1\n"
+    assert (tmp_path / "agent" / "job.log").read_text() == stdout

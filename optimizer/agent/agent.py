@@ -6,8 +6,9 @@ instance and the daemon cannot be reached to say so (`self_stop_s` after the not
 job still gets its chance to checkpoint. Nothing here kills the job because the daemon is
 gone: reports wait in the queue and are retried.
 
-Threads: the reporter sends events; the watcher polls the metadata endpoint; a heartbeat
-thread queues heartbeats; the job runner waits for the child. Everything that needs a
+Threads: the reporter sends events; the log shipper sends the job's output; the watcher polls
+the metadata endpoint; a heartbeat thread queues heartbeats; the job runner waits for the
+child. Everything that needs a
 decision (commands, signals, the job's exit) reaches the main thread through one inbox.
 """
 
@@ -28,6 +29,7 @@ from typing import Any
 from optimizer import __version__
 from optimizer.agent.config import AgentConfig, Assignment
 from optimizer.agent.imds import Notice, Watcher, make_watcher, watch
+from optimizer.agent.logship import LogShipper
 from optimizer.agent.reporter import DaemonClient, DaemonError, EventQueue, Reporter
 from optimizer.agent.runner import AdoptedJob, JobExit, JobRunner, job_env
 from optimizer.common.procs import proc_start_ticks
@@ -37,6 +39,8 @@ log = logging.getLogger(__name__)
 
 # Notices after which the instance goes away (a rebalance recommendation is only a hint).
 ENDING_ACTIONS = frozenset({"terminate", "stop", "hibernate", "preempted"})
+JOB_LOG = "job.log"  # the job's stdout (and the agent's notes on it)
+JOB_ERR_LOG = "job.err.log"  # the job's stderr
 
 
 ProbeFn = Callable[[str, int | None], tuple[str, dict[str, Any]]]
@@ -83,6 +87,14 @@ class Agent:
         self.register_backoff = register_backoff or Backoff(base=1.0, cap=30.0)
         self.queue = EventQueue(config.agent_dir / "events.json", attempt_key=config.attempt_key)
         self.reporter = Reporter(self.queue, self.client, self._on_commands, backoff=send_backoff)
+        self.logs = LogShipper(
+            {"stdout": config.agent_dir / JOB_LOG, "stderr": config.agent_dir / JOB_ERR_LOG},
+            config.agent_dir / "logs.json",
+            self.client,
+            config.attempt_key,
+            backoff=Backoff(send_backoff.base, send_backoff.cap) if send_backoff else None,
+            poll_s=config.log_poll_s,
+        )
         self.inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self.state = "registering"
         self.job: JobRunner | AdoptedJob | None = None
@@ -139,14 +151,21 @@ class Agent:
             target=watch, args=(self.watcher, self._on_notice, self._quit), daemon=True
         ).start()
         self.reporter.start()
+        self.logs.start()
         try:
             code = self._work(answer)
         finally:
             self._quit.set()
+        deadline = time.monotonic() + self.config.flush_s
+        self.logs.collect(final=True)  # the job has ended (or never started)
         flushed = self.reporter.flush(self.config.flush_s)
+        logs_flushed = self.logs.flush(max(deadline - time.monotonic(), 0.0))
         self.reporter.stop()
+        self.logs.stop()
         if not flushed:
             log.error("%d event(s) could not be delivered; giving up", len(self.queue))
+        if not logs_flushed:
+            log.error("%d chunk(s) of the job's output could not be delivered", self.logs.pending())
         log.info("agent done (exit %d)", code)
         return code
 
@@ -305,7 +324,7 @@ class Agent:
         if checkpoint and "://" not in checkpoint:
             Path(checkpoint).mkdir(parents=True, exist_ok=True)
         workdir = Path(job["workdir"]) if job.get("workdir") else self.config.agent_dir
-        log_path = self.config.agent_dir / "job.log"
+        log_path = self.config.agent_dir / JOB_LOG
 
         def started(pid: int, phase: str) -> None:
             self._save_run({"phase": "started", "pid": pid, "start_ticks": proc_start_ticks(pid)})
@@ -313,11 +332,13 @@ class Agent:
             self.state = "running"
 
         self.state = "setup" if job.get("setup") else "starting"
+        self.logs.begin()
         self.job = JobRunner(
             run=job["run"],
             setup=job.get("setup"),
             env=env,
             log_path=log_path,
+            err_path=self.config.agent_dir / JOB_ERR_LOG,
             cwd=workdir,
             on_started=started,
         ).start()
@@ -343,6 +364,8 @@ class Agent:
         data = end.to_data()
         if isinstance(job, AdoptedJob):
             data["adopted"] = True
+        # The output first, so whoever follows it sees all of it once the job has ended.
+        data["log_chunks"] = self.logs.finish(self.config.flush_s)
         self.queue.put("job_exited", data)
         self._save_run({"phase": "exited", "exit": data, "code": self._code(end)})
         if self.stop_reason is not None:

@@ -139,7 +139,7 @@ class DaemonError(Exception):
 
 
 class DaemonClient:
-    """The agent side of the protocol's two calls (docs/agent-protocol.md)."""
+    """The agent side of the protocol's calls (docs/agent-protocol.md)."""
 
     def __init__(
         self,
@@ -188,6 +188,11 @@ class DaemonClient:
         acked = [str(i) for i in answer.get("ack") or []]
         commands = [c for c in answer.get("commands") or [] if isinstance(c, dict)]
         return acked, commands
+
+    def send_logs(self, chunks: list[dict[str, Any]]) -> list[int]:
+        """Post chunks of the job's output; the seqs the daemon holds now."""
+        answer = self._post("/agent/v1/logs", {"attempt_key": self.attempt_key, "chunks": chunks})
+        return [s for s in answer.get("ack") or [] if isinstance(s, int)]
 
 
 class Reporter:

@@ -1,11 +1,12 @@
 """The job as a child process: `setup`, then `run`, each through `/bin/sh -c`.
 
-Each command runs in a session (and process group) of its own, with stdout and stderr
-appended to the job's log file, so a signal meant for the agent's terminal never reaches it
-by accident and the agent dying leaves it running. Signals go to the whole process group,
-because a shell does not pass them on to the command it waits for. The shell itself gets a
-trap, so it waits for that command and exits with its status (143 after a SIGTERM) instead
-of dying first; a SIGTERM that lands between two commands exits 143 rather than 0, so a
+Each command runs in a session (and process group) of its own, with stdout appended to the
+job's log file and stderr to its error file (or to the log file too when none is given), so
+a signal meant for the agent's terminal never reaches it by accident and the agent dying
+leaves it running. Signals go to the whole process group, because a shell does not pass
+them on to the command it waits for. The shell itself gets a trap, so it waits for that
+command and exits with its status (143 after a SIGTERM) instead of dying first; a SIGTERM
+that lands between two commands exits 143 rather than 0, so a
 stopped job is never mistaken for a finished one.
 """
 
@@ -92,6 +93,7 @@ class JobRunner:
         setup: str | None = None,
         env: Mapping[str, str],
         log_path: Path,
+        err_path: Path | None = None,
         cwd: Path | None = None,
         on_started: Callable[[int, str], object] = lambda pid, phase: None,
         linger_s: float = LINGER_S,
@@ -99,6 +101,7 @@ class JobRunner:
         self.commands = [(p, c) for p, c in (("setup", setup), ("run", run)) if c and c.strip()]
         self.env = dict(env)
         self.log_path = log_path
+        self.err_path = err_path
         self.cwd = cwd
         self.on_started = on_started
         self.linger_s = linger_s
@@ -164,9 +167,11 @@ class JobRunner:
         result = JobExit(phase="setup", exit_code=None, signal=None, stopped=False)
         try:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            with self.log_path.open("ab") as log_file:
+            with contextlib.ExitStack() as files:
+                log_file = files.enter_context(self.log_path.open("ab"))
+                err_file = files.enter_context(self.err_path.open("ab")) if self.err_path else None
                 for phase, command in self.commands:
-                    result = self._run_one(phase, command, log_file)
+                    result = self._run_one(phase, command, log_file, err_file)
                     if result.exit_code != 0 or result.stopped:
                         break
         except OSError as exc:
@@ -176,7 +181,9 @@ class JobRunner:
             self.exit = result
             self._done.set()
 
-    def _run_one(self, phase: str, command: str, log_file: IO[bytes]) -> JobExit:
+    def _run_one(
+        self, phase: str, command: str, log_file: IO[bytes], err_file: IO[bytes] | None
+    ) -> JobExit:
         with self._lock:
             if self._stopping:
                 return JobExit(phase, None, None, True)
@@ -186,7 +193,7 @@ class JobRunner:
                 ["/bin/sh", "-c", _TRAPS + command],
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
-                stderr=subprocess.STDOUT,
+                stderr=err_file if err_file is not None else subprocess.STDOUT,
                 env=self.env,
                 cwd=self.cwd,
                 start_new_session=True,

@@ -68,6 +68,10 @@ class FakeDaemon:
         self.commands: dict[str, list[dict[str, Any]]] = {}
         self.fail_register = 0  # answer 503 to this many registrations
         self.fail_events = 0  # answer 503 to this many event posts
+        self.fail_logs = 0  # answer 503 to this many log posts
+        self.logs: dict[str, dict[int, dict[str, Any]]] = {}  # key -> seq -> chunk, stored once
+        self.log_posts = 0
+        self.log_conflicts: list[tuple[str, int]] = []  # a seq sent again with other text
         self.down = False  # answer 503 to everything
         self.react: Callable[[str, dict[str, Any]], None] | None = None
         self._lock = threading.Lock()
@@ -91,6 +95,12 @@ class FakeDaemon:
     def of_kind(self, kind: str) -> list[dict[str, Any]]:
         with self._lock:
             return [e for e in self.events if e["kind"] == kind]
+
+    def output(self, key: str, stream: str | None = None) -> str:
+        """The attempt's shipped output in seq order (one stream, or both)."""
+        with self._lock:
+            chunks = sorted(self.logs.get(key, {}).items())
+        return "".join(c["text"] for _, c in chunks if stream is None or c["stream"] == stream)
 
     # --- the app -----------------------------------------------------------------------
 
@@ -140,6 +150,25 @@ class FakeDaemon:
             with self._lock:
                 commands = self.commands.pop(key, [])
             return {"ack": [e["id"] for e in body["events"]], "commands": commands}
+
+        @app.post("/agent/v1/logs")
+        async def logs(request: Request, authorization: str | None = Header(None)) -> Any:
+            body = await request.json()
+            key = body.get("attempt_key", "")
+            with self._lock:
+                self.log_posts += 1
+                if self.down or self.fail_logs > 0:
+                    self.fail_logs = max(self.fail_logs - 1, 0)
+                    return JSONResponse({"error": "unavailable"}, status_code=503)
+            if not authorized(key, authorization):
+                return JSONResponse({"error": "unauthorized"}, status_code=401)
+            with self._lock:
+                held = self.logs.setdefault(key, {})
+                for chunk in body["chunks"]:
+                    seen = held.setdefault(chunk["seq"], chunk)
+                    if seen["text"] != chunk["text"] or seen["stream"] != chunk["stream"]:
+                        self.log_conflicts.append((key, chunk["seq"]))
+            return {"ack": [c["seq"] for c in body["chunks"]]}
 
         return app
 

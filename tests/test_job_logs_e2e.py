@@ -1,0 +1,138 @@
+"""Job logs end to end: a real daemon (in-process, real HTTP), the local cloud's instances
+running the real agent, a job that prints as it goes, interrupted once and relaunched, and
+`gpuopt jobs logs` as a real process reading it all back."""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pytest_httpserver import HTTPServer
+
+from optimizer.clock import Clock, utc_now
+from optimizer.daemon.service import Daemon
+from providers.local import LocalCloud
+from tests.helpers import TOKEN, api, run_gpuopt, start_gpuopt, wait_until
+from tests.helpers.jobs import e2e_cloud, e2e_daemon, job_body, running_instance, state_of
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("daemon_env")]
+
+# Counts to TOTAL, one stdout line a step and a stderr line every tenth, resuming from its
+# checkpoint; on SIGTERM it saves and exits 143.
+PRINTER = """
+import json, os, signal, sys, time
+ckpt = os.path.join(os.environ["GPUOPT_CHECKPOINT_DIR"], "n.json")
+attempt = os.environ["GPUOPT_ATTEMPT"]
+n = json.load(open(ckpt))["n"] if os.path.exists(ckpt) else 0
+def save():
+    with open(ckpt + ".tmp", "w") as f:
+        json.dump({"n": n}, f)
+    os.replace(ckpt + ".tmp", ckpt)
+def term(*_):
+    save()
+    print(f"attempt {attempt} stopped at {n}", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, term)
+print(f"attempt {attempt} from {n}", flush=True)
+while n < int(sys.argv[1]):
+    n += 1
+    print(f"attempt {attempt} step {n}", flush=True)
+    if n % 10 == 0:
+        print(f"attempt {attempt} warn {n}", file=sys.stderr, flush=True)
+        save()
+    time.sleep(float(sys.argv[2]))
+save()
+print(f"attempt {attempt} done at {n}", flush=True)
+"""
+HEADER = re.compile(r"^==> attempt (\d) · local eu-\S+ \S+ (spot|on_demand) · i-local-\d+ <==$")
+
+
+@pytest.fixture
+def cloud(tmp_path: Path) -> Iterator[LocalCloud]:
+    with e2e_cloud(tmp_path, utc_now) as local:
+        yield local
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, cloud: LocalCloud, httpserver: HTTPServer) -> Iterator[Daemon]:
+    clock: Clock = utc_now
+    with e2e_daemon(tmp_path, cloud, httpserver, clock) as d:
+        yield d
+
+
+def gpuopt_logs(tmp_path: Path, daemon: Daemon, *args: str):
+    env = {"GPUOPT_API_URL": daemon.url, "GPUOPT_API_TOKEN": TOKEN}
+    return run_gpuopt(tmp_path / "cli", "jobs", "logs", *args, env=env)
+
+
+def shipped(daemon: Daemon, name: str) -> str:
+    with api(daemon) as client:
+        return client.get(f"/jobs/{name}/logs").text
+
+
+def test_logs_show_every_attempt_of_an_interrupted_job_and_follow_it_to_its_end(
+    tmp_path: Path, daemon: Daemon, cloud: LocalCloud
+) -> None:
+    script = tmp_path / "printer.py"
+    script.write_text(PRINTER)
+    body = job_body("printer", tmp_path / "ckpt", steps=1)
+    body["run"] = f"{sys.executable} {script} 400 0.02"
+    with api(daemon) as client:
+        assert client.post("/jobs", json=body).status_code == 201
+    first = wait_until(lambda: running_instance(cloud, "printer", 1), 30, "attempt 1 running")
+    wait_until(lambda: "attempt 1 step 30\n" in shipped(daemon, "printer"), 30, "output")
+
+    env = {"GPUOPT_API_URL": daemon.url, "GPUOPT_API_TOKEN": TOKEN}
+    follower = start_gpuopt(tmp_path / "cli", "jobs", "logs", "printer", "--follow", env=env)
+    quitter = start_gpuopt(tmp_path / "cli", "jobs", "logs", "printer", "-f", env=env)
+    try:
+        assert quitter.stdout is not None
+        assert quitter.stdout.readline().startswith("==> attempt 1 ")  # it is following
+        quitter.send_signal(signal.SIGINT)  # Ctrl-C
+        _, err = quitter.communicate(timeout=30)
+        assert quitter.returncode == 130 and "Traceback" not in err, err
+
+        cloud.interrupt(first)
+        wait_until(lambda: running_instance(cloud, "printer", 2), 60, "attempt 2 running")
+        wait_until(lambda: state_of(daemon, "printer")["state"] == "succeeded", 90, "the end")
+        followed, err = follower.communicate(timeout=60)  # it ends by itself
+    finally:
+        for proc in (follower, quitter):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert follower.returncode == 0, err
+
+    whole = gpuopt_logs(tmp_path, daemon, "printer")
+    assert whole.returncode == 0, whole.stderr
+    assert followed == whole.stdout  # the follower saw all of it, the end included
+    lines = whole.stdout.splitlines()
+    headers = [i for i, line in enumerate(lines) if line.startswith("==>")]
+    assert [HEADER.match(lines[i]).group(1) for i in headers] == ["1", "2"]  # type: ignore[union-attr]
+    one, two = lines[headers[0] + 1 : headers[1] - 1], lines[headers[1] + 1 :]
+    assert lines[headers[1] - 1] == ""  # a blank line between attempts
+    steps_one = [int(x.split()[-1]) for x in one if " step " in x]
+    assert steps_one == list(range(1, len(steps_one) + 1)) and len(steps_one) >= 30
+    assert "attempt 1 warn 10" in one  # stderr shipped too
+    resumed = int(next(x for x in two if x.startswith("attempt 2 from ")).split()[-1])
+    steps_two = [int(x.split()[-1]) for x in two if " step " in x]
+    assert resumed > 0 and steps_two == list(range(resumed + 1, 401))
+    assert "attempt 2 done at 400" in two and "attempt 2 warn 400" in two
+    exited = [i for i, x in enumerate(two) if x.endswith("] run: exited with 0")]
+    assert exited and exited[0] > two.index("attempt 2 done at 400")  # the agent's last note
+
+    tail = gpuopt_logs(tmp_path, daemon, "printer", "--tail", "3")
+    assert tail.stdout.splitlines() == [lines[headers[1]], *lines[-3:]]
+    only = gpuopt_logs(tmp_path, daemon, "printer", "--attempt", "1")
+    assert only.stdout.splitlines() == lines[headers[0] : headers[1] - 1]
+    missing = gpuopt_logs(tmp_path, daemon, "printer", "--attempt", "3")
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert missing.stderr == (
+        "gpuopt: error: 404: job 'printer' has no attempt 3; its attempts: 1, 2\n"
+    )
+    unknown = gpuopt_logs(tmp_path, daemon, "nope")
+    assert (unknown.returncode, unknown.stderr) == (2, "gpuopt: error: 404: no job named 'nope'\n")
