@@ -188,6 +188,8 @@ def logs(
         max_bytes_per_job=state.max_log_bytes_per_job,
         at=state.clock(),
     )
+    if done.stored:
+        state.log_changes.bump()
     return {"ack": done.acked}
 
 

@@ -5,7 +5,8 @@
 Attempts come in number order, each one's chunks in seq order (stdout and stderr interleaved
 as the agent read them; a line cut short where the stream changes is ended there). `attempt`
 picks one attempt; `tail` keeps the last N lines of what is picked; `follow` keeps the answer
-open and streams new output as it arrives, new attempts after an interruption included.
+open and streams new output as it arrives, new attempts after an interruption included
+(within WAKE_S of the chunk reaching this replica, FOLLOW_POLL_S of it reaching another).
 
 A follower stops when the job has ended and its output is complete: every attempt has
 reported `job_exited` and the daemon holds the chunks it counted (`log_chunks`), or the
@@ -36,7 +37,8 @@ from optimizer.store.tables import TERMINAL_JOB_STATES
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
-FOLLOW_POLL_S = 0.5  # how often a follower looks for new output
+FOLLOW_POLL_S = 0.5  # how often a follower looks in the store for new output
+WAKE_S = 0.05  # and how often it checks whether this replica took new output meanwhile
 SETTLE_S = 10.0  # after the job ended, how long a follower waits for output still owed
 PAGE = 200  # chunks read per step
 MAX_TAIL = 1_000_000
@@ -257,6 +259,15 @@ class LogResponse(StreamingResponse):
                 await aclose()
 
 
+async def _quiet_spell(state: ApiState) -> None:
+    """Wait FOLLOW_POLL_S, or less once this replica takes new output (output another replica
+    took is seen at the next look)."""
+    seen = state.log_changes.count
+    deadline = anyio.current_time() + FOLLOW_POLL_S
+    while anyio.current_time() < deadline and state.log_changes.count == seen:
+        await anyio.sleep(WAKE_S)
+
+
 async def _pieces(stream: LogStream, state: ApiState) -> AsyncIterator[str]:
     followers = state.metrics.log_followers
     if stream.follow:
@@ -273,7 +284,7 @@ async def _pieces(stream: LogStream, state: ApiState) -> AsyncIterator[str]:
             if text:
                 yield text
             else:
-                await anyio.sleep(FOLLOW_POLL_S)
+                await _quiet_spell(state)
     finally:
         if stream.follow:
             followers.dec()

@@ -28,11 +28,30 @@ def _always_ready() -> tuple[bool, dict[str, Any]]:
     return True, {}
 
 
+class Changes:
+    """A count that only grows, bumped from any thread: how often something changed (job
+    output arriving), so a waiter can notice a change without asking the store."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+
+    def bump(self) -> None:
+        with self._lock:
+            self._count += 1
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+
 @dataclass
 class ApiState:
     """The daemon's parts the API uses. `wakeup.set()` asks for a reconcile pass now;
     `ready()` answers /readyz; `stopping` is set when the daemon begins to stop (streams that
-    follow a job's output end then); `max_log_bytes_per_job` is logs.max_bytes_per_job;
+    follow a job's output end then); `log_changes` counts the output chunks this replica took
+    (its followers look at the store at once); `max_log_bytes_per_job` is
+    logs.max_bytes_per_job;
     `extras` is room for later areas (the agent's token table)."""
 
     store: Store
@@ -45,6 +64,7 @@ class ApiState:
     ready: Callable[[], tuple[bool, dict[str, Any]]] = _always_ready
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     stopping: threading.Event = field(default_factory=threading.Event)
+    log_changes: Changes = field(default_factory=Changes)
     max_log_bytes_per_job: int = DEFAULT_MAX_BYTES_PER_JOB
     extras: dict[str, Any] = field(default_factory=dict)
 
