@@ -319,8 +319,12 @@ def test_a_restarted_agent_ships_the_adopted_jobs_output_without_loss_or_copies(
             what="output written while no agent runs",
         )
         second = agent()
-        wait_until(lambda: len(daemon.registrations) == 2, timeout=30, what="the new agent")
-        wait_until(lambda: "heartbeat" in daemon.kinds(), timeout=30, what="a heartbeat")
+        agent_log = tmp_path / "agent-console.log"
+        wait_until(
+            lambda: "adopting the job an earlier agent left running" in agent_log.read_text(),
+            timeout=30,
+            what="the new agent to adopt the job",
+        )
         release.touch()
         second.wait(60)  # (its status says nothing: an adopted job's own is unknown)
     finally:
