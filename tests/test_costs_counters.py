@@ -5,7 +5,7 @@ figures; on SQLite and PostgreSQL. Figures are computed by hand beside them."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -16,30 +16,16 @@ from optimizer.jobs.counters import Cumulative, cumulative
 from optimizer.jobs.ledger import Ledger
 from optimizer.model import Market
 from optimizer.store import Store
-from tests.helpers import make_offer
+from tests.helpers.costs import T0, at, attempt, observe
 
-T0 = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
 SPOT = ("team", "aws", "spot")
 ON_DEMAND = ("team", "aws", "on_demand")
-
-
-def at(minutes: float) -> datetime:
-    return T0 + timedelta(minutes=minutes)
-
-
-def observe(store: Store, when: datetime, usd: float, **pool: Any) -> None:
-    store.prices.record_offers([make_offer(observed_at=when, usd_per_hour=usd, **pool)])
 
 
 def launch(store: Store, job: str, launched: datetime, **pool: Any) -> str:
     """A job's first attempt on the base pool (AWS g5.xlarge in use1-az1, $0.40/h spot),
     its instance launched at `launched`."""
-    job_id = store.jobs.add_job(job, "team", {"run": "x"}, at=launched)
-    key = f"{job}-1"
-    offer = make_offer(observed_at=launched, **pool)
-    store.jobs.create_attempt(job_id, 1, key, offer, "sha", launched - timedelta(minutes=2))
-    store.jobs.update_attempt(key, instance_id=f"i-{key}", launched_at=launched)
-    return key
+    return attempt(store, job, launched=launched, **pool)
 
 
 def end(store: Store, key: str, ended: datetime, **values: Any) -> None:

@@ -5,7 +5,9 @@ totals are built so that they only grow, from the store alone (so a restarted da
 another replica, starts from the same figures):
 
 - **Frozen lines** (ended attempts, optimizer/jobs/ledger.py) never change once written:
-  summed by the database in one aggregate (`Costs.frozen_totals_by_pool`).
+  summed by the database in one aggregate, in the same statement that lists the attempts
+  not frozen yet (`Costs.counter_snapshot`), so an attempt frozen during the read is counted
+  once, never in both or neither.
 - **Attempts not frozen yet** (live, or ended with the termination not known yet) count what
   they have *settled*, a figure their frozen lines can only exceed:
   - an attempt whose provider reported its termination counts its final cost (what freezing
@@ -112,20 +114,21 @@ def settled(
 
 def cumulative(store: Store, now: datetime, settle: timedelta = SETTLE) -> dict[Key, Cumulative]:
     """Every attempt's cost so far per (policy, provider, market): the frozen lines summed by
-    the database, plus what each attempt not frozen yet has settled (priced one by one: there
-    are only as many as attempts live or just ended)."""
-    out = {
-        key: Cumulative.of_frozen(sums) for key, sums in store.costs.frozen_totals_by_pool().items()
-    }
-    ledger = Ledger(store)
-    for billed in store.costs.unfrozen():
+    the database, plus what each attempt not frozen yet has settled (priced together, each
+    pool's series read once: there are only as many as attempts live or just ended)."""
+    frozen, unfrozen = store.costs.counter_snapshot()
+    out = {key: Cumulative.of_frozen(sums) for key, sums in frozen.items()}
+    by_horizon: dict[datetime, list[BilledAttempt]] = {}
+    for billed in unfrozen:
         found = settled(billed, now, settle)
-        if found is None:
-            continue
-        attempt, at = found
-        for line in ledger.price(attempt, at):
-            key = (line.policy, line.provider, line.market)
-            out[key] = out.get(key, Cumulative()) + Cumulative.of_line(line)
+        if found is not None:
+            by_horizon.setdefault(found[1], []).append(found[0])
+    ledger = Ledger(store)
+    for at, attempts in by_horizon.items():  # mostly one: live attempts share theirs
+        for lines in ledger.price_all(attempts, at):
+            for line in lines:
+                key = (line.policy, line.provider, line.market)
+                out[key] = out.get(key, Cumulative()) + Cumulative.of_line(line)
     return out
 
 

@@ -14,7 +14,21 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, and_, case, func, or_, select
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Float,
+    Integer,
+    Select,
+    String,
+    and_,
+    case,
+    func,
+    literal,
+    or_,
+    select,
+    union_all,
+)
 
 from optimizer.store.engine import Database, aware, chunks, dialect_insert, table
 from optimizer.store.jobs import ATTEMPT_IDS_PER_QUERY, AttemptRecord
@@ -256,59 +270,93 @@ class Costs:
         """The frozen lines `frozen_lines(f)` returns, summed by the database over the lines'
         own columns (no join): one `CostTotals` per group of `by` (columns of SUM_GROUPS; its
         `key` the value, or the values' tuple for several) in key order, or one over all."""
-        c = _LINE
-        priced = c.c.on_demand_usd.is_not(None)
-
-        def both(column: Any) -> list[Any]:
-            return [
-                func.coalesce(func.sum(column), 0.0),
-                func.coalesce(func.sum(case((priced, column), else_=0.0)), 0.0),
-            ]
-
-        unknown = [name for name in by if name not in SUM_GROUPS]
-        if unknown:
-            raise ValueError(f"cannot sum cost lines by {', '.join(unknown)}")
-        keys = [c.c.period_start if name == "month" else c.c[name] for name in by]
-        query: Select[Any] = select(
-            *keys,
-            func.count(),
-            func.count(func.distinct(c.c.attempt_id)),
-            func.count(c.c.on_demand_usd),
-            func.coalesce(func.sum(c.c.on_demand_usd), 0.0),
-            *(total for figure in _SUMMED[::2] for total in both(c.c[figure])),
-        )
-        query = _where(_period(query, f), f, c.c, c.c.policy)
-        if keys:
-            query = query.group_by(*keys).order_by(*keys)
-        out = []
+        query = _sums_query(f, by)
         with self._db.connect() as conn:
-            for row in conn.execute(query):
-                values: list[Any] = list(row)
-                key = values[0] if len(keys) == 1 else tuple(values[: len(keys)]) or None
-                n, attempts, priced_n, baseline, *sums = values[len(keys) :]
-                if not n:
-                    continue
-                figures = dict(zip(_SUMMED, (float(x) for x in sums), strict=True))
-                out.append(
-                    CostTotals(
-                        key=key,
-                        lines=int(n),
-                        attempts=int(attempts),
-                        on_demand_usd=float(baseline),
-                        priced_lines=int(priced_n),
-                        **figures,
-                    )
-                )
-        return out
+            found = (_sums(list(row), len(by)) for row in conn.execute(query))
+            return [sums for sums in found if sums is not None]
 
     def frozen_total(self, f: LineFilter = LineFilter()) -> CostTotals:
         """The sum of the frozen lines `frozen_lines(f)` returns, by the database."""
         return (self.frozen_sums(f) or [CostTotals()])[0]
 
-    def frozen_totals_by_pool(self) -> PoolTotals:
-        """Every frozen line summed per (policy, provider, market), by the database: one
-        aggregate over the lines' own columns (the cumulative counters' query)."""
-        return {s.key: s for s in self.frozen_sums(by=("policy", "provider", "market"))}
+    def counter_snapshot(self) -> tuple[PoolTotals, list[BilledAttempt]]:
+        """Every frozen line summed per (policy, provider, market) by the database, and the
+        attempts with an instance that have no frozen line yet, as of one instant: both come
+        from one statement, so an attempt frozen meanwhile is counted in exactly one of the
+        two (the cumulative counters' read). The sums need no join and no price query."""
+        by = ("policy", "provider", "market")
+        sums = _sums_query(LineFilter(), by).order_by(None)
+        sums = sums.add_columns(literal(None, BigInteger).label("attempt_id"))
+        a = _ATTEMPT
+        frozen = select(_LINE.c.id).where(_LINE.c.attempt_id == a.c.id).exists()
+        width = len(sums.selected_columns) - 1
+        open_attempts = select(
+            *(literal(None, String) for _ in by),
+            *(literal(0, Integer) for _ in range(3)),
+            *(literal(None, Float) for _ in range(width - len(by) - 3)),
+            a.c.id,
+        ).where(a.c.instance_id.is_not(None), ~frozen)
+        totals: PoolTotals = {}
+        ids: list[int] = []
+        with self._db.connect() as conn:
+            result: Any = conn.execute(union_all(sums, open_attempts))
+            for row in result:
+                *values, attempt_id = row
+                if attempt_id is not None:
+                    ids.append(int(attempt_id))
+                elif (found := _sums(values, len(by))) is not None:
+                    totals[found.key] = found
+        attempts = []
+        for chunk in chunks(ids, ATTEMPT_IDS_PER_QUERY):
+            attempts += self._billed(self._billed_query().where(_ATTEMPT.c.id.in_(chunk)))
+        return totals, attempts
+
+
+def _sums_query(f: LineFilter, by: Sequence[str]) -> Select[Any]:
+    """`frozen_sums`' statement: the keys of `by`, the line, attempt and priced-line counts,
+    the baseline, then each of _SUMMED."""
+    c = _LINE
+    priced = c.c.on_demand_usd.is_not(None)
+
+    def both(column: Any) -> list[Any]:
+        return [
+            func.coalesce(func.sum(column), 0.0),
+            func.coalesce(func.sum(case((priced, column), else_=0.0)), 0.0),
+        ]
+
+    unknown = [name for name in by if name not in SUM_GROUPS]
+    if unknown:
+        raise ValueError(f"cannot sum cost lines by {', '.join(unknown)}")
+    keys = [c.c.period_start if name == "month" else c.c[name] for name in by]
+    query: Select[Any] = select(
+        *keys,
+        func.count(),
+        func.count(func.distinct(c.c.attempt_id)),
+        func.count(c.c.on_demand_usd),
+        func.coalesce(func.sum(c.c.on_demand_usd), 0.0),
+        *(total for figure in _SUMMED[::2] for total in both(c.c[figure])),
+    )
+    query = _where(_period(query, f), f, c.c, c.c.policy)
+    if keys:
+        query = query.group_by(*keys).order_by(*keys)
+    return query
+
+
+def _sums(values: list[Any], keys: int) -> CostTotals | None:
+    """One row of `_sums_query` with `keys` key columns; None for a group with no line."""
+    key = values[0] if keys == 1 else tuple(values[:keys]) or None
+    n, attempts, priced_n, baseline, *sums = values[keys:]
+    if not n:
+        return None
+    figures = dict(zip(_SUMMED, (float(x) for x in sums), strict=True))
+    return CostTotals(
+        key=key,
+        lines=int(n),
+        attempts=int(attempts),
+        on_demand_usd=float(baseline),
+        priced_lines=int(priced_n),
+        **figures,
+    )
 
 
 def _line_row(line: CostLineRecord, at: datetime) -> dict[str, Any]:
