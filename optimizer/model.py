@@ -161,6 +161,8 @@ class EventKind(StrEnum):
     JOB_SUCCEEDED = "job.succeeded"
     JOB_FAILED = "job.failed"
     BUDGET_THRESHOLD_CROSSED = "budget.threshold_crossed"
+    # The cost ledger
+    COSTS_MONTHLY_SUMMARY = "costs.monthly_summary"
     # Replicas
     LEADER_ELECTED = "leader.elected"
 

@@ -47,6 +47,7 @@ TITLES: dict[str, str] = {
     EventKind.JOB_SUCCEEDED: "Job succeeded",
     EventKind.JOB_FAILED: "Job failed",
     EventKind.BUDGET_THRESHOLD_CROSSED: "Budget nearly spent",
+    EventKind.COSTS_MONTHLY_SUMMARY: "Monthly cost summary",
     EventKind.LEADER_ELECTED: "Replica took the lead",
 }
 _RECEIVER_EXCERPT = 200

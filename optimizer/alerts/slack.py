@@ -1,5 +1,7 @@
 """Slack incoming-webhook alerts as Block Kit: a header, the message with four fields
 (what, job/policy, price before → after, severity) and a context line linking to the API.
+The monthly cost summary shows its period and spend, with its figures as the fields (what,
+spend, savings gross and net of overhead, top jobs, severity).
 
 Limits kept (Slack Block Kit reference): header text <= 150 characters, section text <= 3000,
 at most 10 fields of <= 2000 characters each, at most 10 context elements.
@@ -16,6 +18,8 @@ from pydantic import SecretStr
 
 from optimizer.alerts.channel import Alert, SendResult, post
 from optimizer.clock import Clock, utc_now
+from optimizer.costs.summary import savings_text, usd
+from optimizer.model import EventKind
 
 HEADER_MAX = 150
 TEXT_MAX = 3000
@@ -55,15 +59,44 @@ def _subject(alert: Alert) -> str:
     return ", ".join(parts) or "—"
 
 
+def _summary(alert: Alert) -> tuple[str, list[tuple[str, str]]] | None:
+    """A cost summary's section: its period and spend, then its figures as fields."""
+    data = alert.data
+    try:
+        total, spend, storage = data["total_usd"], data["spend_usd"], data["storage_usd"]
+        lead = (
+            f"*{escape(str(data['period']))}*: {usd(total)} spent on {data['attempts']} "
+            f"attempt(s) of {data['jobs']} job(s)"
+        )
+        jobs = "\n".join(
+            f"`{escape(str(job['job']))}` {usd(job['total_usd'])}" for job in data["top_jobs"]
+        )
+        fields = [
+            ("Spend", f"{usd(total)}: instances {usd(spend)}, root volumes {usd(storage)}"),
+            ("Saved against on-demand", escape(savings_text(data))),
+            ("Top jobs by spend", jobs or "none"),
+        ]
+    except (KeyError, TypeError, ValueError):
+        return None  # not a summary this version can read: the plain layout
+    return lead, fields
+
+
 def slack_message(alert: Alert) -> dict[str, Any]:
     """The incoming-webhook body for one alert."""
     icon = _ICONS.get(alert.severity, ":grey_question:")
-    fields = [
-        ("What", escape(alert.title)),
-        ("Job / policy", _subject(alert)),
-        ("Price before → after", _price(alert)),
-        ("Severity", f"{icon} {escape(alert.severity)}"),
-    ]
+    severity = ("Severity", f"{icon} {escape(alert.severity)}")
+    summary = _summary(alert) if alert.kind == EventKind.COSTS_MONTHLY_SUMMARY else None
+    if summary is not None:
+        text, figures = summary
+        fields = [("What", escape(alert.title)), *figures, severity]
+    else:
+        text = escape(alert.message)
+        fields = [
+            ("What", escape(alert.title)),
+            ("Job / policy", _subject(alert)),
+            ("Price before → after", _price(alert)),
+            severity,
+        ]
     when = alert.at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     context = [f"gpuopt event {alert.event_id} · {when}"]
     if alert.link:
@@ -77,7 +110,7 @@ def slack_message(alert: Alert) -> dict[str, Any]:
             },
             {
                 "type": "section",
-                "text": {"type": "mrkdwn", "text": _cut(escape(alert.message), TEXT_MAX)},
+                "text": {"type": "mrkdwn", "text": _cut(text, TEXT_MAX)},
                 "fields": [
                     {"type": "mrkdwn", "text": _cut(f"*{name}*\n{value}", FIELD_MAX)}
                     for name, value in fields

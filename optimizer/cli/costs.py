@@ -10,11 +10,12 @@ from __future__ import annotations
 import csv
 import json
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from optimizer.cli.client import ApiOption, call
+from optimizer.cli.client import ApiOption, NoDaemon, call, check, request
 from optimizer.cli.common import fail
 from optimizer.costs.lines import GroupBy
 from optimizer.costs.report import FIGURES, TimeError, add_up, parse_time, summary, utc_text
@@ -22,6 +23,38 @@ from optimizer.costs.report import FIGURES, TimeError, add_up, parse_time, summa
 _BY = ", ".join(g.value for g in GroupBy)
 _TIME = "a month (2026-03), a date (2026-03-14) or an ISO 8601 time, UTC unless it says"
 CSV_COLUMNS: tuple[str, ...] = ("group", *FIGURES, "attempt_count", "baseline_known")
+
+
+def _focus(params: dict[str, str], path: Path | None, api: str | None) -> None:
+    """The selected lines as FOCUS CSV (`GET /costs?format=focus`), to `path` or stdout."""
+    try:
+        response = request("GET", "/costs", api, params={**params, "format": "focus"})
+    except NoDaemon as exc:
+        fail(str(exc))
+    if response.status_code >= 400:
+        check(response)
+    if path is None:
+        sys.stdout.write(response.text)
+        return
+    try:
+        path.write_text(response.text, encoding="utf-8")
+    except OSError as exc:
+        fail(f"--output: cannot write {path}: {exc.strerror or exc}")
+    rows = max(response.text.count("\n") - 1, 0)
+    print(f"wrote {rows} FOCUS row(s) to {path}")
+
+
+def _notify(params: dict[str, str], api: str | None) -> None:
+    """Ask the daemon to raise the cost summary alert now (`POST /costs/notify`)."""
+    answer: dict[str, Any] = call("POST", "/costs/notify", api, params=params)
+    channels = answer.get("channels") or []
+    where = (
+        f"sent to {', '.join(channels)}"
+        if channels
+        else "no alert channel routes costs.monthly_summary: recorded as an event only"
+    )
+    print(f"cost summary raised (event {answer.get('event_id')}), {where}:")
+    print(answer.get("message", ""))
 
 
 def costs(
@@ -37,10 +70,29 @@ def costs(
     policy: Annotated[str | None, typer.Option("--policy", help="Only this policy.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the API's JSON list.")] = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="Print one CSV row per group.")] = False,
+    focus: Annotated[
+        bool,
+        typer.Option("--focus", help="Print the selected lines as a FinOps FOCUS 1.1 CSV."),
+    ] = False,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output", "-o", help="With --focus: write the CSV to this file instead of stdout."
+        ),
+    ] = None,
+    notify: Annotated[
+        bool,
+        typer.Option(
+            "--notify",
+            help="Raise the cost summary alert now: last month's, or the months --since and "
+            "--until select.",
+        ),
+    ] = False,
     api: ApiOption = None,
 ) -> None:
     """What attempts cost per group, against what on-demand would have: a table with a
-    totals row and what spot saved, gross and net of overhead."""
+    totals row and what spot saved, gross and net of overhead. --focus exports the lines as
+    a FOCUS CSV; --notify sends the monthly summary alert now."""
     if by not in {g.value for g in GroupBy}:
         fail(f"--by: expected one of {_BY}, got {by!r}")
     params: dict[str, str] = {"by": by}
@@ -51,11 +103,23 @@ def costs(
             params["until"] = utc_text(parse_time(until, "--until")) or ""
     except TimeError as exc:
         fail(exc)
-    if as_json and as_csv:
-        fail("--json and --csv: choose one")
+    given = {"--json": as_json, "--csv": as_csv, "--focus": focus, "--notify": notify}
+    chosen = [name for name, on in given.items() if on]
+    if len(chosen) > 1:
+        fail(f"{' and '.join(chosen)}: choose one")
+    if output is not None and not focus:
+        fail("--output: only with --focus")
+    if notify:
+        if job is not None or policy is not None or by != "job":
+            fail("--notify: summarizes every job; only --since and --until apply")
+        _notify({k: v for k, v in params.items() if k != "by"}, api)
+        return
     for name, value in (("job", job), ("policy", policy)):
         if value is not None:
             params[name] = value
+    if focus:
+        _focus(params, output, api)
+        return
     groups: list[dict[str, Any]] = call("GET", "/costs", api, params=params)
     if as_json:
         print(json.dumps(groups, indent=2))

@@ -50,6 +50,7 @@ from optimizer.daemon.server import ApiServer, is_loopback
 from optimizer.daemon.spend import CostCollector
 from optimizer.jobs.ledger import CostFreezer
 from optimizer.jobs.reconcile import JobReconciler
+from optimizer.jobs.summary import MonthlySummary
 from optimizer.model import EventKind, Market
 from optimizer.store import Store
 from optimizer.store.migrate import SchemaError, UnreachableError, ensure_ready
@@ -312,6 +313,8 @@ class Daemon:
         self.reconcile.reconcilers.append(jobs)
         # last in the pass: the attempts the pass ended have their cost lines frozen
         self.reconcile.reconcilers.append(CostFreezer())
+        # then, on a month's first pass, last month's cost summary (once per month)
+        self.reconcile.reconcilers.append(MonthlySummary())
         self.scheduler.start()
         self.server.start(self.app)
         self._started = True

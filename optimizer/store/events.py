@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Insert, and_, func, insert, or_, select, update
+from sqlalchemy import Connection, Insert, Select, and_, func, insert, or_, select, update
 
 from optimizer.store.engine import (
     Database,
@@ -137,6 +137,37 @@ class Events:
     def record_events(self, events: Iterable[NewEvent], at: datetime) -> None:
         """Record events and their alerts in one transaction, at `at`."""
         self.add_events(list(events), at=at)
+
+    def of_kind(self, kind: str, since: datetime) -> list[EventRecord]:
+        """Events of one kind recorded at or after `since`, oldest first."""
+        with self._db.connect() as conn:
+            return [event_record(row) for row in conn.execute(self._of_kind(kind, since))]
+
+    def record_once(
+        self,
+        event: NewEvent,
+        *,
+        since: datetime,
+        same: Callable[[EventRecord], bool],
+        at: datetime | None = None,
+    ) -> int | None:
+        """Record the event and its alerts unless an event of its kind recorded at or after
+        `since` is `same` as it; the check and the write are one transaction. Returns the new
+        event's id, or None when one was there already."""
+        now = self._db.now(at)
+        with self._db.begin() as conn:
+            found = conn.execute(self._of_kind(event.kind, since))
+            if any(same(event_record(row)) for row in found):
+                return None
+            return write_event(conn, event, now)
+
+    @staticmethod
+    def _of_kind(kind: str, since: datetime) -> Select[Any]:
+        return (
+            select(_EVENT)
+            .where(_EVENT.c.kind == kind, _EVENT.c.at >= aware(since, "since"))
+            .order_by(_EVENT.c.at, _EVENT.c.id)
+        )
 
     def get_event(self, event_id: int) -> EventRecord | None:
         with self._db.connect() as conn:
