@@ -189,7 +189,7 @@ def logs(
         at=state.clock(),
     )
     if done.stored:
-        state.log_changes.bump()
+        state.log_changes.bump(attempt.job_id)
     return {"ack": done.acked}
 
 

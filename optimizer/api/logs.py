@@ -259,12 +259,12 @@ class LogResponse(StreamingResponse):
                 await aclose()
 
 
-async def _quiet_spell(state: ApiState) -> None:
-    """Wait FOLLOW_POLL_S, or less once this replica takes new output (output another replica
-    took is seen at the next look)."""
-    seen = state.log_changes.count
+async def _quiet_spell(state: ApiState, job_id: int) -> None:
+    """Wait FOLLOW_POLL_S, or less once this replica takes new output of the job (output
+    another replica took is seen at the next look)."""
+    seen = state.log_changes.count(job_id)
     deadline = anyio.current_time() + FOLLOW_POLL_S
-    while anyio.current_time() < deadline and state.log_changes.count == seen:
+    while anyio.current_time() < deadline and state.log_changes.count(job_id) == seen:
         await anyio.sleep(WAKE_S)
 
 
@@ -284,7 +284,7 @@ async def _pieces(stream: LogStream, state: ApiState) -> AsyncIterator[str]:
             if text:
                 yield text
             else:
-                await _quiet_spell(state)
+                await _quiet_spell(state, stream.job_id)
     finally:
         if stream.follow:
             followers.dec()

@@ -29,28 +29,28 @@ def _always_ready() -> tuple[bool, dict[str, Any]]:
 
 
 class Changes:
-    """A count that only grows, bumped from any thread: how often something changed (job
-    output arriving), so a waiter can notice a change without asking the store."""
+    """Counts that only grow, one per key (a job's id), bumped from any thread: how often
+    something changed (the job's output arriving), so a waiter can notice a change without
+    asking the store."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._count = 0
+        self._counts: dict[int, int] = {}
 
-    def bump(self) -> None:
+    def bump(self, key: int) -> None:
         with self._lock:
-            self._count += 1
+            self._counts[key] = self._counts.get(key, 0) + 1
 
-    @property
-    def count(self) -> int:
-        return self._count
+    def count(self, key: int) -> int:
+        return self._counts.get(key, 0)
 
 
 @dataclass
 class ApiState:
     """The daemon's parts the API uses. `wakeup.set()` asks for a reconcile pass now;
     `ready()` answers /readyz; `stopping` is set when the daemon begins to stop (streams that
-    follow a job's output end then); `log_changes` counts the output chunks this replica took
-    (its followers look at the store at once); `max_log_bytes_per_job` is
+    follow a job's output end then); `log_changes` counts, per job, the output chunks this
+    replica took (its followers look at the store at once); `max_log_bytes_per_job` is
     logs.max_bytes_per_job;
     `extras` is room for later areas (the agent's token table)."""
 
