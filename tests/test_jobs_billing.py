@@ -314,3 +314,29 @@ def test_an_instance_gone_without_a_time_or_a_notice_ended_when_gpuopt_saw_it(
     gone = w.attempt(1)
     assert gone.instance_gone and gone.terminated_at == NOW + timedelta(seconds=338)
     assert gone.terminated_by is None  # neither the cloud's interruption nor gpuopt's call
+
+
+def test_a_terminate_call_that_fails_is_asked_again_next_pass(store: Store) -> None:
+    from providers.base import ThrottledError
+
+    w = World(store)
+    w.running()
+    instance = f"i-{w.attempt(1).key}"
+    calls: list[str] = []
+    terminate = w.cloud.terminate
+
+    def throttled(ref: InstanceRef) -> None:  # the API refuses the first two calls
+        calls.append(ref.instance_id)
+        if len(calls) <= 2:
+            raise ThrottledError("slow down", provider="aws", code="RequestLimitExceeded")
+        terminate(ref)
+
+    w.cloud.terminate = throttled  # type: ignore[method-assign]
+    w.report(1, "job_exited", exit_code=0)
+    w.run()  # succeeded; the terminate call fails, and so does the leftover sweep's
+    assert calls == [instance] * 2 and w.attempt(1).terminated_by is None
+    w.run()  # asked again, and recorded
+    assert calls == [instance] * 3 and w.attempt(1).terminated_by == "gpuopt"
+    w.run()
+    w.run()  # gone: asked no more
+    assert calls == [instance] * 3 and w.attempt(1).instance_gone

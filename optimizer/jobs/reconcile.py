@@ -300,8 +300,8 @@ class JobReconciler:
                 continue
             if not attempt.ended:
                 continue
-            if attempt.end_reason in ("succeeded", "failed") and attempt.exit_code is not None:
-                continue  # terminated when the job ended
+            # (A finished job's instance was terminated as it ended: skipped below once that
+            # call went through, asked again here when it failed.)
             old = attempt_view(attempt, power_off_at=power_off_at(ctx.store, attempt))
             if handing_over(old) and attempt.job_id in live:
                 job = jobs.get(attempt.job_id)
