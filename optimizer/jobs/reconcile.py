@@ -411,8 +411,9 @@ def power_off_at(store: Store, a: AttemptRecord) -> datetime | None:
 
 
 def preempting(store: Store, a: AttemptRecord) -> bool:
-    """Whether a notice says the cloud is already ending the instance (GCP `preempted`: the
-    VM is stopped within 30 s of it, REFERENCE §2.5), rather than announcing an end."""
+    """Whether a notice says the cloud is already ending the instance, rather than announcing
+    an end: GCP's `preempted` comes with the VM's soft power-off, and the VM is stopped 30 s
+    later (Compute Engine's Spot VM preemption process), whatever gpuopt does."""
     return any(e["data"].get("action") == "preempted" for e in _notices(store, a))
 
 
