@@ -222,7 +222,7 @@ def test_an_interrupted_spot_instance_in_its_first_hour_is_left_for_the_cloud_to
     instance = f"i-{old.key}"
     assert instance not in w.cloud.terminated  # gpuopt left it to the cloud
     (event,) = w.left()  # said once, however many passes
-    assert event.data is not None and event.data["attempt"] == old.key
+    assert event.data is not None and event.data["attempt_key"] == old.key
     assert event.data["power_off_at"] == off.isoformat()
     assert "costs nothing" in event.message and event.policy == "p"
 

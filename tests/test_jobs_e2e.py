@@ -373,7 +373,7 @@ def test_an_interrupted_spot_instance_is_ended_by_the_cloud_at_its_power_off(
     assert old.launched_at == datetime.fromtimestamp(ended.launched_at, UTC)
     assert old.terminated_at == datetime.fromtimestamp(notice.kill_at, UTC)
     left = daemon.store.events.list_events(kind=EventKind.JOB_INSTANCE_LEFT_TO_CLOUD, job_id=job_id)
-    assert len(left) == 1 and left[0].data is not None and left[0].data["attempt"] == old.key
+    assert len(left) == 1 and left[0].data is not None and left[0].data["attempt_key"] == old.key
 
     wait_until(lambda: state_of(daemon, "reclaim")["state"] == "succeeded", 60, "the job")
     last = wait_until(

@@ -41,21 +41,28 @@ class JsonFormatter(logging.Formatter):
 
 
 class RedactFilter(logging.Filter):
-    """Replace known secret values in the final message (a last line of defence)."""
+    """Replace known secret values in the final message and in the fields passed with
+    `extra=` (a last line of defence)."""
 
     def __init__(self, secrets: Iterable[str]) -> None:
         super().__init__()
         self.secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
 
+    def _clean(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, "***")
+        return text
+
     def filter(self, record: logging.LogRecord) -> bool:
         if not self.secrets:
             return True
         message = record.getMessage()
-        cleaned = message
-        for secret in self.secrets:
-            cleaned = cleaned.replace(secret, "***")
+        cleaned = self._clean(message)
         if cleaned != message:
             record.msg, record.args = cleaned, None
+        for key, value in list(vars(record).items()):
+            if key not in _STANDARD and not key.startswith("_") and isinstance(value, str):
+                setattr(record, key, self._clean(value))
         return True
 
 

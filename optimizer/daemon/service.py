@@ -33,6 +33,7 @@ from optimizer.clock import Clock, utc_now
 from optimizer.daemon import settings
 from optimizer.daemon.config import DaemonConfig, ProviderConfig, weak_token_problem
 from optimizer.daemon.errors import DaemonError
+from optimizer.daemon.eventlog import JobEventLog
 from optimizer.daemon.leader import Election, PostgresElection, make_leadership
 from optimizer.daemon.logsetup import quiet_libraries
 from optimizer.daemon.loops.deliver import DeliverLoop
@@ -148,6 +149,8 @@ class Daemon:
         config = self.config
         self.metrics = Metrics(start_time=clock().timestamp())
         self.store = store or Store(config.effective_database_url, clock=clock)
+        self.event_log = JobEventLog()  # each job's events as log lines, once committed
+        self.store.events.listen(self.event_log)
         self.registry = PolicyRegistry()
         self.emitter = Emitter(
             self.store.events, Router(config.alerts.routes, config.alerts.channels.keys())
@@ -410,6 +413,7 @@ class Daemon:
             handle.close()
         if self._own_http:
             self.http.close()
+        self.store.events.unlisten(self.event_log)
         self.store.close()
         self._started = False
         log.info("stopped")

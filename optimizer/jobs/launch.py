@@ -41,8 +41,9 @@ from providers.base import (
 
 MAX_OFFERS_TRIED = 25  # per launch, so a run of capacity errors ends in a clear pending reason
 
-# Queue an event about a job, recorded with its transition: (ctx, job, alert, dedupe key).
-Emit = Callable[[ReconcileContext, JobRecord, Alert, str | None], None]
+# Queue an event about a job, recorded with its transition: (ctx, job, alert, dedupe key,
+# the attempt it concerns).
+Emit = Callable[[ReconcileContext, JobRecord, Alert, str | None, AttemptRecord | None], None]
 
 
 class LaunchOutcome(Enum):
@@ -163,6 +164,7 @@ class Launcher:
                         f"{budget_model.ALERT_FRACTION:.0%} of ${cap:,.2f}",
                     ),
                     f"budget:{job.policy}:{ctx.now:%Y-%m}",
+                    None,
                 )
         return self._try(ctx, job, candidates[:MAX_OFFERS_TRIED], strategy)
 
@@ -264,6 +266,7 @@ class Launcher:
                     f"launch on {describe_pool(attempt.pool)} failed: {exc}",
                 ),
                 None,
+                attempt,
             )
             return LaunchOutcome.ERROR
         ctx.store.jobs.update_attempt(
@@ -296,6 +299,7 @@ class Launcher:
                 f"no capacity on {describe_pool(attempt.pool)}; trying the next offer",
             ),
             None,
+            attempt,
         )
 
     def _quota(
@@ -317,6 +321,7 @@ class Launcher:
                 f"quota on {attempt.provider} {attempt.region}: {exc}",
             ),
             f"quota:{attempt.provider}:{attempt.region}",
+            attempt,
         )
         if sit.pool_until is not None:
             ctx.store.jobs.add_cooldown(attempt.pool, sit.pool_until, f"quota: {exc}")
@@ -345,6 +350,7 @@ class Launcher:
                 f"{attempt.provider} refused the launch: {exc}{sits_out}",
             ),
             f"auth:{attempt.provider}",
+            attempt,
         )
 
     def _bootstrap(self, attempt: AttemptRecord, token: str, offer: Offer) -> str:

@@ -194,7 +194,7 @@ class JobReconciler:
             elif isinstance(action, Cooldown):
                 ctx.store.jobs.add_cooldown(action.pool, action.until, action.reason)
             elif isinstance(action, Alert):
-                events.append(self._draft(ctx, job, action))
+                events.append(self._draft(ctx, job, action, attempt=current))
             elif isinstance(action, Launch):
                 launch = action
         if current is not None and decision.end_attempt is not None:
@@ -202,11 +202,13 @@ class JobReconciler:
                 current.key, ended_at=ctx.now, end_reason=decision.end_attempt, state="ended"
             )
         state, reason = decision.state, decision.reason
+        subject = current  # the attempt the transition is about
         if launch is not None:
             launched, why = self.launcher.walk(ctx, job, launch, policy, strategy)
             if launched:
                 state = JobState.PROVISIONING
                 reason = why if decision.state is JobState.PENDING else f"{reason}; {why}"
+                subject = ctx.store.jobs.attempts(job.id)[-1]  # the one just launched
             else:
                 state, reason = JobState.PENDING, why
                 if why != job.reason:  # once per reason, not every pass
@@ -233,7 +235,13 @@ class JobReconciler:
                         EventKind.JOB_STATE_CHANGED,
                         f"job {job.name}: {job.state} → {state.value} ({reason})",
                         policy=job.policy,
-                        data={"from": job.state, "to": state.value, "reason": reason},
+                        data={
+                            "job": job.given_name,
+                            **_attempt_fields(subject),
+                            "from": job.state,
+                            "to": state.value,
+                            "reason": reason,
+                        },
                     )
                 )
             moved = ctx.store.jobs.transition_job(
@@ -347,7 +355,7 @@ class JobReconciler:
             return
         kind = EventKind.JOB_INSTANCE_LEFT_TO_CLOUD
         earlier = ctx.store.events.list_events(kind=kind, job_id=attempt.job_id, limit=100)
-        if not any((e.data or {}).get("attempt") == attempt.key for e in earlier):
+        if not any(_attempt_key(e.data) == attempt.key for e in earlier):
             job = job or ctx.store.jobs.get_job_by_id(attempt.job_id)
             name = job.name if job is not None else str(attempt.job_id)
             at = leave.at.isoformat(timespec="seconds")
@@ -358,8 +366,8 @@ class JobReconciler:
                 policy=job.policy if job is not None else None,
                 data={
                     "job": name,
-                    "attempt": attempt.key,
-                    "instance": attempt.instance_id,
+                    **_attempt_fields(attempt),
+                    "attempt_key": attempt.key,
                     "power_off_at": leave.at.isoformat(),
                     "reason": leave.reason,
                 },
@@ -372,9 +380,14 @@ class JobReconciler:
     # -- events --------------------------------------------------------------------------------
 
     def _draft(
-        self, ctx: ReconcileContext, job: JobRecord, alert: Alert, dedupe: str | None = None
+        self,
+        ctx: ReconcileContext,
+        job: JobRecord,
+        alert: Alert,
+        dedupe: str | None = None,
+        attempt: AttemptRecord | None = None,
     ) -> NewEvent:
-        data = {"job": job.name}
+        data: dict[str, Any] = {"job": job.given_name, **_attempt_fields(attempt)}
         if alert.kind is EventKind.JOB_CANCELLED:
             data["state_before"] = job.state
         return ctx.emitter.draft(
@@ -387,15 +400,38 @@ class JobReconciler:
         )
 
     def _emit(
-        self, ctx: ReconcileContext, job: JobRecord, alert: Alert, dedupe: str | None = None
+        self,
+        ctx: ReconcileContext,
+        job: JobRecord,
+        alert: Alert,
+        dedupe: str | None = None,
+        attempt: AttemptRecord | None = None,
     ) -> None:
         """Queue an event for the job's transition (or the next flush)."""
-        self._buffer.append(replace(self._draft(ctx, job, alert, dedupe), job_id=job.id))
+        drafted = self._draft(ctx, job, alert, dedupe, attempt)
+        self._buffer.append(replace(drafted, job_id=job.id))
 
     def _flush(self, ctx: ReconcileContext) -> None:
         if self._buffer:
             events, self._buffer = self._buffer, []
             ctx.store.events.record_events(events, ctx.now)
+
+
+def _attempt_key(data: dict[str, Any] | None) -> object:
+    """The attempt key a `job.instance_left_to_cloud` event names (`attempt` held the key in
+    events recorded before `attempt` became the number)."""
+    data = data or {}
+    return data.get("attempt_key", data.get("attempt"))
+
+
+def _attempt_fields(attempt: AttemptRecord | None) -> dict[str, Any]:
+    """An event's `attempt` (its number) and `instance` (once known), for its data."""
+    if attempt is None:
+        return {}
+    fields: dict[str, Any] = {"attempt": attempt.number}
+    if attempt.instance_id:
+        fields["instance"] = attempt.instance_id
+    return fields
 
 
 def _notices(store: Store, a: AttemptRecord) -> list[dict[str, Any]]:

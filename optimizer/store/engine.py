@@ -8,10 +8,13 @@ Every repository (prices.py, jobs.py, events.py, policies.py, replicas.py) holds
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from itertools import islice
 from pathlib import Path
@@ -26,6 +29,8 @@ from sqlmodel import SQLModel
 from optimizer.store.tables import EventRecord, JobRecord
 
 _T = TypeVar("_T")
+
+log = logging.getLogger(__name__)
 
 # PostgreSQL identifiers: we splice the schema into a connection option, so allow no quoting.
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
@@ -142,12 +147,31 @@ def dialect_insert(dialect: str, target: Table) -> postgresql.Insert | sqlite.In
     raise StoreError(f"no upsert for the {dialect!r} dialect")
 
 
+EventListener = Callable[[Sequence[EventRecord]], None]
+"""Told the events one transaction recorded, once it has committed."""
+
+# The events written on each open `Database.begin` transaction, by its connection.
+_RECORDED: weakref.WeakKeyDictionary[Connection, list[EventRecord]] = weakref.WeakKeyDictionary()
+_RECORDED_LOCK = threading.Lock()
+
+
+def note_event(conn: Connection, record: EventRecord) -> None:
+    """Hold an event written on `conn` for the store's event listeners, who are told once the
+    transaction commits (`Database.begin`), and never if it rolls back."""
+    with _RECORDED_LOCK:
+        held = _RECORDED.get(conn)
+    if held is not None:
+        held.append(record)
+
+
 class Database:
-    """The engine and the clock, shared by every repository of one store."""
+    """The engine and the clock, shared by every repository of one store, and the listeners
+    told of the events each transaction records once it has committed."""
 
     def __init__(self, engine: Engine, clock: Callable[[], datetime]) -> None:
         self.engine = engine
         self.clock = clock
+        self.event_listeners: list[EventListener] = []
 
     @property
     def dialect(self) -> str:
@@ -157,9 +181,29 @@ class Database:
         """`at` checked to be aware, in UTC; the clock's time when None."""
         return aware(self.clock() if at is None else at, name)
 
-    def begin(self) -> AbstractContextManager[Connection]:
-        """A connection in a transaction, committed when the block ends (rolled back on error)."""
-        return self.engine.begin()
+    @contextmanager
+    def begin(self) -> Iterator[Connection]:
+        """A connection in a transaction, committed when the block ends (rolled back on error).
+        The events written on it (`note_event`) go to `event_listeners` after the commit: a
+        write that rolls back, or whose commit fails, tells them nothing."""
+        held: list[EventRecord] = []
+        with self.engine.begin() as conn:
+            with _RECORDED_LOCK:
+                _RECORDED[conn] = held
+            try:
+                yield conn
+            finally:
+                with _RECORDED_LOCK:
+                    _RECORDED.pop(conn, None)
+        if held:
+            self._tell(held)
+
+    def _tell(self, records: Sequence[EventRecord]) -> None:
+        for listener in list(self.event_listeners):
+            try:
+                listener(records)
+            except Exception:  # the write has committed: a listener cannot undo it
+                log.exception("an event listener failed")
 
     def connect(self) -> AbstractContextManager[Connection]:
         """A connection for reads."""

@@ -2,7 +2,8 @@
 
 `write_events(conn, events, at)` is how any repository records the events a change causes:
 on the caller's connection, so a job transition (jobs.py) or a policy change (policies.py)
-commits with its events and their outbox rows, or not at all.
+commits with its events and their outbox rows, or not at all. Whoever `Events.listen`s is
+told each transaction's events once it has committed (the daemon logs jobs' events so).
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from sqlalchemy import Connection, Insert, Select, and_, func, insert, or_, sele
 
 from optimizer.store.engine import (
     Database,
+    EventListener,
     aware,
     dialect_insert,
     event_record,
     inserted_id,
+    note_event,
     table,
 )
 from optimizer.store.tables import (
@@ -68,12 +71,29 @@ def _outbox_insert(dialect: str) -> Insert:
     return dialect_insert(dialect, _OUTBOX).on_conflict_do_nothing(index_elements=["dedupe_key"])
 
 
+def _insert_event(
+    conn: Connection,
+    at: datetime,
+    kind: str,
+    message: str,
+    severity: str,
+    job_id: int | None,
+    policy: str | None,
+    data: Mapping[str, Any] | None,
+) -> int:
+    """Insert one event row, noted for the store's event listeners (told after the commit)."""
+    row = _event_row(at, kind, message, severity, job_id, policy, data)
+    event_id = inserted_id(conn.execute(insert(_EVENT).values(row)))
+    plain = None if data is None else json.loads(row["data"])
+    note_event(conn, EventRecord(event_id, at, kind, severity, job_id, policy, message, plain))
+    return event_id
+
+
 def write_event(conn: Connection, event: NewEvent, at: datetime) -> int:
     """Write the event and one outbox row per alert channel, on the caller's transaction."""
-    row = _event_row(
-        at, event.kind, event.message, event.severity, event.job_id, event.policy, event.data
+    event_id = _insert_event(
+        conn, at, event.kind, event.message, event.severity, event.job_id, event.policy, event.data
     )
-    event_id = inserted_id(conn.execute(insert(_EVENT).values(row)))
     if event.alerts:
         base = event.dedupe_key or f"event:{event_id}"
         rows = [
@@ -108,6 +128,15 @@ class Events:
 
     # -- events ----------------------------------------------------------------------------
 
+    def listen(self, listener: EventListener) -> None:
+        """Tell `listener` the events of every transaction of this store that records some,
+        after it commits, on the writer's thread (the daemon's log of job events)."""
+        self._db.event_listeners.append(listener)
+
+    def unlisten(self, listener: EventListener) -> None:
+        if listener in self._db.event_listeners:
+            self._db.event_listeners.remove(listener)
+
     def add_event(
         self,
         kind: str,
@@ -120,9 +149,9 @@ class Events:
         at: datetime | None = None,
     ) -> int:
         """Record an event of any kind, without alerts, and return its id."""
-        row = _event_row(self._db.now(at), kind, message, severity, job_id, policy, data)
+        now = self._db.now(at)
         with self._db.begin() as conn:
-            return inserted_id(conn.execute(insert(_EVENT).values(row)))
+            return _insert_event(conn, now, kind, message, severity, job_id, policy, data)
 
     def add_events(self, events: Sequence[NewEvent], *, at: datetime | None = None) -> list[int]:
         """Record events and their alerts in one transaction; returns the event ids."""
