@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -23,7 +24,13 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+
+if not __package__:
+    # Run as a file (`python bench/job_logs.py`): the tests' helpers it uses are the package
+    # `tests.helpers` of the repository root, so run this file as the module bench.job_logs
+    # from there, where `python -m` finds both packages.
+    os.chdir(ROOT)
+    os.execv(sys.executable, [sys.executable, "-m", "bench.job_logs", *sys.argv[1:]])
 
 from optimizer.clock import utc_now  # noqa: E402
 from optimizer.store import token_sha256  # noqa: E402

@@ -36,7 +36,8 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "optimizer.agent": BASE | {"optimizer.probes"},
     "optimizer.store": BASE,
     "optimizer.costs": BASE,  # the ledger's pure model and the clouds' billing rules
-    "optimizer.alerts": BASE | {"optimizer.store"},
+    # alerts word the cost summary with the ledger's pure figures
+    "optimizer.alerts": BASE | {"optimizer.store", "optimizer.costs"},
     # jobs record their events through the store, not through alerts
     "optimizer.jobs": BASE | {"optimizer.store", "optimizer.costs", "policies", "providers"},
     "optimizer.daemon": BASE
