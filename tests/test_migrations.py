@@ -27,7 +27,14 @@ from optimizer.store.migrate import SchemaError, State
 from tests.helpers import run_gpuopt, start_gpuopt
 
 T0 = datetime(2026, 1, 15, 12, 0, tzinfo=UTC)
-NEWER_TABLES = ("replica", "job_log", "cost_line", "price_hourly")  # made after the baseline
+NEWER_TABLES = (
+    "replica",
+    "job_log",
+    "cost_line",
+    "price_hourly",
+    "probe_result",
+    "gpu_sample",
+)  # made after the baseline
 OLD_TABLES = [t for name, t in SQLModel.metadata.tables.items() if name not in NEWER_TABLES]
 
 
@@ -141,7 +148,7 @@ def drop_later_columns(engine: Engine) -> None:
     with engine.begin() as conn:
         conn.execute(text("ALTER TABLE job DROP COLUMN cancel_requested_at"))
         conn.execute(text("ALTER TABLE job DROP COLUMN removed_at"))
-        for table in ("job_log", "cost_line", "price_hourly"):
+        for table in ("job_log", "cost_line", "price_hourly", "probe_result", "gpu_sample"):
             conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
         for column in (
             *("launched_at", "terminated_at", "terminated_by", "disk_gib"),
@@ -157,12 +164,20 @@ def cli(*args: str, url: str) -> Any:
 # -- head against the table definitions --------------------------------------------------------
 
 
-HEAD = "0006"
+HEAD = "0007"
 
 
 def test_head_and_history_are_the_hand_written_revisions() -> None:
     assert migrate.head() == HEAD
-    assert [r.id for r in migrate.history()] == ["0001", "0002", "0003", "0004", "0005", HEAD]
+    assert [r.id for r in migrate.history()] == [
+        "0001",
+        "0002",
+        "0003",
+        "0004",
+        "0005",
+        "0006",
+        HEAD,
+    ]
 
 
 def test_migrations_to_head_make_exactly_the_table_definitions(store: Store) -> None:
@@ -303,11 +318,27 @@ def test_0006_adds_the_cost_ledger_and_the_downgrade_drops_it(store: Store) -> N
     assert not added & columns(store.engine, "attempt")
 
 
+def test_0007_adds_probe_results_and_gpu_samples_and_the_downgrade_drops_them(
+    store: Store,
+) -> None:
+    migrate.upgrade(store.engine)
+    migrate.downgrade(store.engine, "0006")
+    assert not {"probe_result", "gpu_sample"} & tables(store.engine)
+    seed(store)
+    migrate.upgrade(store.engine)
+    assert {"probe_result", "gpu_sample"} <= tables(store.engine)
+    assert {"tflops", "copy_gbps", "status"} <= columns(store.engine, "probe_result")
+    assert {"util_mean", "span_s", "xids"} <= columns(store.engine, "gpu_sample")
+    migrate.downgrade(store.engine, "0006")
+    assert not {"probe_result", "gpu_sample"} & tables(store.engine)
+    assert store.jobs.get_job("train") is not None
+
+
 def test_a_failed_migration_leaves_nothing_behind(store: Store) -> None:
     with store.engine.begin() as conn:  # a stranger's index takes the name 0002 needs
         conn.execute(text("CREATE TABLE squatter (x INTEGER)"))
         conn.execute(text("CREATE INDEX ix_replica_heartbeat_at ON squatter (x)"))
-    with pytest.raises(SchemaError, match="the migration to 0006 failed and was rolled back"):
+    with pytest.raises(SchemaError, match="the migration to 0007 failed and was rolled back"):
         migrate.upgrade(store.engine)
     assert tables(store.engine) - {migrate.VERSION_TABLE} == {"squatter"}
     assert not versions(store.engine)
@@ -328,12 +359,12 @@ def test_an_unversioned_database_is_refused_then_upgraded_with_its_rows(store: S
         migrate.ensure_ready(store.engine)
     assert str(refused.value) == (
         "the database has no schema revision (an earlier gpuopt made its tables), this gpuopt "
-        "needs 0006: run gpuopt db upgrade"
+        "needs 0007: run gpuopt db upgrade"
     )
     assert catalog(store.engine) == before and versions(store.engine) is None
 
     done = migrate.upgrade(store.engine)
-    assert (done.found.state, done.adopted, done.revision) == (State.UNVERSIONED, "0001", "0006")
+    assert (done.found.state, done.adopted, done.revision) == (State.UNVERSIONED, "0001", "0007")
     assert migrate.ensure_ready(store.engine).state is State.CURRENT
     assert schema_diff(store.engine) == []
     assert store.jobs.get_job("train").id == job  # type: ignore[union-attr]
@@ -347,8 +378,8 @@ def test_an_unversioned_database_with_the_replica_table_is_recognised_as_0002(
     drop_later_columns(store.engine)
     seed(store)
     done = migrate.upgrade(store.engine)
-    assert (done.adopted, done.revision) == ("0002", "0006")
-    assert versions(store.engine) == ["0006"]
+    assert (done.adopted, done.revision) == ("0002", "0007")
+    assert versions(store.engine) == ["0007"]
     assert store.jobs.get_job("train") is not None
 
 
@@ -379,16 +410,16 @@ def test_a_database_at_0001_is_refused_until_gpuopt_db_upgrade(database: Databas
         with pytest.raises(SchemaError) as refused:
             migrate.ensure_ready(db.engine)
         assert str(refused.value) == (
-            "the database is at revision 0001, this gpuopt needs 0006: run gpuopt db upgrade"
+            "the database is at revision 0001, this gpuopt needs 0007: run gpuopt db upgrade"
         )
         assert "replica" not in tables(db.engine)
 
     done = cli("upgrade", url=database.url)
     assert done.exit_code == 0, done.output
-    assert done.stdout.endswith(": upgraded from 0001 to 0006\n")
+    assert done.stdout.endswith(": upgraded from 0001 to 0007\n")
 
     with database.open() as db:
-        assert migrate.ensure_ready(db.engine).revision == "0006"
+        assert migrate.ensure_ready(db.engine).revision == "0007"
         assert db.jobs.get_job("train").id == job  # type: ignore[union-attr]
         assert schema_diff(db.engine) == []
 
@@ -405,7 +436,7 @@ def test_a_newer_database_is_refused_and_left_alone(store: Store) -> None:
     before = (catalog(store.engine), versions(store.engine))
     newer = (
         "the database was migrated by a newer gpuopt: revision 0099 is unknown to this version "
-        "(head 0006); upgrade gpuopt"
+        "(head 0007); upgrade gpuopt"
     )
     for attempt in (migrate.ensure_ready, migrate.upgrade, Store.create_all):
         target = store if attempt is Store.create_all else store.engine
@@ -436,7 +467,7 @@ def test_the_daemon_refuses_a_newer_database_in_one_line(
     errors = [line for line in done.stderr.splitlines() if line.startswith("gpuopt: error:")]
     assert errors == [
         "gpuopt: error: the database was migrated by a newer gpuopt: revision 0099 is unknown "
-        "to this version (head 0006); upgrade gpuopt"
+        "to this version (head 0007); upgrade gpuopt"
     ]
     assert "Traceback" not in done.stderr
     assert "gpuopt: API at" not in done.stdout
@@ -446,9 +477,9 @@ def test_the_daemon_refuses_a_newer_database_in_one_line(
 
 def test_the_daemon_creates_an_empty_database_through_the_migrations(store: Store) -> None:
     assert migrate.ensure_ready(store.engine).state is State.CURRENT
-    assert versions(store.engine) == ["0006"]
+    assert versions(store.engine) == ["0007"]
     assert schema_diff(store.engine) == []
-    assert migrate.ensure_ready(store.engine).revision == "0006"  # and again: nothing to do
+    assert migrate.ensure_ready(store.engine).revision == "0007"  # and again: nothing to do
 
 
 # -- the command line --------------------------------------------------------------------------
@@ -457,24 +488,24 @@ def test_the_daemon_creates_an_empty_database_through_the_migrations(store: Stor
 def test_db_current_says_revision_head_and_status(database: Database) -> None:
     empty = cli("current", url=database.url)
     assert empty.exit_code == 0, empty.output
-    assert "revision  none\nhead      0006\nstatus    empty:" in empty.stdout
+    assert "revision  none\nhead      0007\nstatus    empty:" in empty.stdout
 
     created = cli("upgrade", url=database.url)
-    assert created.stdout.endswith(": created at 0006\n")
+    assert created.stdout.endswith(": created at 0007\n")
     again = cli("upgrade", url=database.url)
-    assert again.stdout.endswith(": already at 0006; nothing to do\n")
+    assert again.stdout.endswith(": already at 0007; nothing to do\n")
 
     shown = cli("current", "--json", url=database.url)
     assert json.loads(shown.stdout) == {
         "database": migrate.display_url(database.url),
-        "revision": "0006",
-        "head": "0006",
+        "revision": "0007",
+        "head": "0007",
         "state": "current",
-        "message": "the database is at 0006, the newest revision this gpuopt knows",
+        "message": "the database is at 0007, the newest revision this gpuopt knows",
     }
 
     down = cli("downgrade", "0001", url=database.url)
-    assert down.stdout.endswith(": downgraded from 0006 to 0001\n")
+    assert down.stdout.endswith(": downgraded from 0007 to 0001\n")
     older = cli("current", url=database.url)
     assert "status    older: the database is at revision 0001" in older.stdout
 
@@ -499,7 +530,15 @@ def test_db_history_lists_the_revisions_with_the_head_marked() -> None:
     shown = CliRunner().invoke(app, ["db", "history"])
     assert shown.exit_code == 0
     lines = shown.stdout.splitlines()
-    assert [line.split()[0] for line in lines] == ["0001", "0002", "0003", "0004", "0005", "0006"]
+    assert [line.split()[0] for line in lines] == [
+        "0001",
+        "0002",
+        "0003",
+        "0004",
+        "0005",
+        "0006",
+        "0007",
+    ]
     assert lines[-1].endswith("(head)") and not lines[0].endswith("(head)")
 
 
@@ -512,9 +551,9 @@ def test_db_downgrade_refuses_base_and_unknown_revisions(database: Database) -> 
     assert unknown.exit_code == 2
     assert unknown.stderr == (
         "gpuopt: error: unknown revision '0042'; "
-        "this gpuopt knows 0001, 0002, 0003, 0004, 0005, 0006\n"
+        "this gpuopt knows 0001, 0002, 0003, 0004, 0005, 0006, 0007\n"
     )
-    assert cli("current", "--json", url=database.url).stdout.count('"0006"') == 2
+    assert cli("current", "--json", url=database.url).stdout.count('"0007"') == 2
 
 
 def test_an_unreachable_database_is_one_line_without_its_password() -> None:
@@ -577,7 +616,7 @@ def test_concurrent_upgrades_take_turns(database: Database) -> None:
     try:
         assert not [r for r in results if isinstance(r, Exception)], results
         assert sorted(r.found.state.value for r in results) == ["current", "empty"]
-        assert versions(stores[0].engine) == ["0006"]
+        assert versions(stores[0].engine) == ["0007"]
         assert schema_diff(stores[0].engine) == []
     finally:
         for db in stores:
@@ -591,6 +630,6 @@ def test_two_gpuopt_db_upgrade_processes_at_once(database: Database, tmp_path: P
     outs = [proc.communicate(timeout=60) for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], outs
     said = sorted(out.rsplit(": ", 1)[-1] for out, _err in outs)
-    assert said == ["already at 0006; nothing to do\n", "created at 0006\n"]
+    assert said == ["already at 0007; nothing to do\n", "created at 0007\n"]
     with database.open() as db:
-        assert versions(db.engine) == ["0006"]
+        assert versions(db.engine) == ["0007"]

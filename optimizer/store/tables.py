@@ -265,6 +265,70 @@ class PriceHourly(SQLModel, table=True):
     points: int
 
 
+class ProbeResult(SQLModel, table=True):
+    """One probe an attempt's agent reported, with the figures the ranking reads.
+
+    `tflops` is JSON: per-GPU TFLOPS by dtype (`{"bf16": 912.0, …}`); bandwidths in GB/s.
+    `simulated` marks results from instances with no real GPU (the local cloud's drills).
+    """
+
+    __tablename__ = "probe_result"
+    __table_args__ = (
+        Index("ix_probe_result_type", "provider", "instance_type", "at"),
+        Index("ix_probe_result_attempt", "attempt_id"),
+    )
+
+    id: int | None = Field(
+        default=None, primary_key=True, sa_type=BigInteger().with_variant(Integer, "sqlite")
+    )
+    attempt_id: int = Field(foreign_key="attempt.id")
+    job_id: int = Field(foreign_key="job.id")
+    provider: str
+    region: str
+    zone: str = ""
+    instance_type: str
+    gpu_model: str | None = None
+    gpu_count: int | None = None
+    status: str  # pass | warn | fail
+    tflops: str | None = Field(default=None, sa_type=Text)
+    copy_gbps: float | None = None
+    host_link_gbps: float | None = None
+    allreduce_busbw_gbps: float | None = None
+    simulated: bool = False
+    at: datetime = Field(sa_type=UTCDateTime)
+    result: str | None = Field(default=None, sa_type=Text)
+
+
+class GpuSample(SQLModel, table=True):
+    """An attempt's GPU readings over one span, aggregated across its GPUs.
+
+    `span_s` is 60 for the per-minute aggregates agents send and 3600 once downsampled;
+    `throttle_reasons` ORs NVML's clock-event bits; `xids` is a JSON list of XID codes seen.
+    """
+
+    __tablename__ = "gpu_sample"
+    __table_args__ = (UniqueConstraint("attempt_id", "start", "span_s", name="uq_gpu_sample_span"),)
+
+    id: int | None = Field(
+        default=None, primary_key=True, sa_type=BigInteger().with_variant(Integer, "sqlite")
+    )
+    attempt_id: int = Field(foreign_key="attempt.id")
+    start: datetime = Field(sa_type=UTCDateTime)
+    span_s: int
+    samples: int
+    gpus: int
+    util_mean: float | None = None
+    util_max: float | None = None
+    memory_used_gib_max: float | None = None
+    memory_total_gib: float | None = None
+    power_w_mean: float | None = None
+    temperature_c_max: float | None = None
+    sm_clock_mhz_mean: float | None = None
+    throttle_reasons: int = Field(default=0, sa_type=BigInteger)
+    xids: str | None = Field(default=None, sa_type=Text)
+    simulated: bool = False
+
+
 class PoolCooldown(SQLModel, table=True):
     """A capacity pool gpuopt avoids until `until` (after an interruption or a launch error)."""
 
