@@ -5,11 +5,11 @@ days (30: 12.96 million raw points), written in poll order (each 10-minute poll 
 pool, as the daemon does), then:
 
 - the first retention pass at the end of the data (`RetentionLoop.run_once`, the daemon's
-  own loop, default 20,000-row batches): every point older than 14 days becomes hourly rows.
-  Reported per day of data summarized, with the longest batch (how long one transaction
-  holds the write lock);
-- the steady state: the clock moves one day on and the next pass summarizes that day;
-  and a pass with nothing to do;
+  own loop, `--batch-rows` per batch, 5,000 as in the daemon): every point older than 14
+  days becomes hourly rows. Reported per day of data summarized, with the longest batch
+  (how long one transaction holds SQLite's write lock);
+- the steady state: the clock moves one day on and a pass summarizes that day; then one
+  hour on, as the daemon's hourly pass does; and a pass with nothing to do;
 - the store's size on disk before and after: SQLite's file and the bytes its pages in use
   hold (deleted rows leave free pages the file keeps until VACUUM), then after VACUUM;
   PostgreSQL's `pg_total_relation_size` of the two tables, and after VACUUM FULL;
@@ -276,7 +276,7 @@ def count(store: Store, table: type) -> int:
         return int(conn.execute(select(func.count()).select_from(table)).scalar_one())
 
 
-def timed_pass(store: Store, now: datetime) -> dict[str, Any]:
+def timed_pass(store: Store, now: datetime, batch_rows: int) -> dict[str, Any]:
     """One retention pass at `now` by the daemon's loop, each batch timed."""
     batch_seconds: list[float] = []
     prune = store.prices.prune_history
@@ -290,7 +290,8 @@ def timed_pass(store: Store, now: datetime) -> dict[str, Any]:
 
     store.prices.prune_history = timed  # type: ignore[method-assign]
     try:
-        report = RetentionLoop(store, ManualClock(now), RETENTION).run_once()
+        loop = RetentionLoop(store, ManualClock(now), RETENTION, batch_rows=batch_rows)
+        report = loop.run_once()
     finally:
         del store.prices.prune_history
     return {
@@ -379,7 +380,7 @@ def run(
 
         end = START + timedelta(days=args.days)
         past_days = args.days - RETENTION.raw.days
-        first = timed_pass(store, end)
+        first = timed_pass(store, end, args.batch_rows)
         first["days_of_data"] = past_days
         first["seconds_per_day_of_data"] = round(first["seconds"] / max(past_days, 1), 3)
         print(
@@ -391,12 +392,18 @@ def run(
         after = engine.sizes()
         print(f"{name:<10} size after: {json.dumps({k: mib(v) for k, v in after.items()})} MiB")
 
-        steady = timed_pass(store, end + timedelta(days=1))
+        steady = timed_pass(store, end + timedelta(days=1), args.batch_rows)
         print(
             f"{name:<10} next day's pass: {steady['summarized']:,} points in {steady['seconds']} s "
             f"({steady['batches']} batches, longest {steady['longest_batch_seconds']} s)"
         )
-        idle = timed_pass(store, end + timedelta(days=1))
+        hourly = timed_pass(store, end + timedelta(days=1, hours=1), args.batch_rows)
+        print(
+            f"{name:<10} the next hour's pass: {hourly['summarized']:,} points in "
+            f"{hourly['seconds']} s ({hourly['batches']} batches, "
+            f"longest {hourly['longest_batch_seconds']} s)"
+        )
+        idle = timed_pass(store, end + timedelta(days=1, hours=1), args.batch_rows)
         print(
             f"{name:<10} a pass with nothing to do: {idle['seconds']} s ({idle['batches']} batches)"
         )
@@ -424,6 +431,7 @@ def run(
             "hourly_rows": hourly_rows,
             "first_pass": first,
             "next_day_pass": steady,
+            "next_hour_pass": hourly,
             "idle_pass": idle,
             "ledger_reads_all_raw": reads_raw,
             "ledger_reads_both_tiers": reads_tiered,
@@ -440,6 +448,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--pools", type=int, default=3000)
     parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--attempts", type=int, default=10_000)
+    parser.add_argument("--batch-rows", type=int, default=5_000)
     parser.add_argument(
         "--database-url",
         default=os.environ.get("GPUOPT_TEST_DATABASE_URL", "").strip() or None,
@@ -467,7 +476,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "bench": "prices_retention",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": "python bench/prices_retention.py "
-        + f"--pools {args.pools} --days {args.days} --attempts {args.attempts}"
+        + f"--pools {args.pools} --days {args.days} --attempts {args.attempts} "
+        + f"--batch-rows {args.batch_rows}"
         + (" --database-url postgresql://…" if args.database_url else ""),
         "python": platform.python_version(),
         "machine": {
@@ -480,7 +490,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "pools": len(pools),
         "days": args.days,
         "retention": {"raw_days": RETENTION.raw.days, "hourly_days": RETENTION.hourly.days},
-        "batch_rows": 20_000,
+        "batch_rows": args.batch_rows,
         "results": results,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -130,7 +130,7 @@ class RetentionConfig(_Section):
         400, gt=0, description="History reaches back this far, hourly past raw_days."
     )
     batch_rows: int = Field(
-        20_000, ge=100, le=1_000_000, description="Rows one pruning transaction removes at most."
+        5_000, ge=100, le=1_000_000, description="Rows one pruning transaction removes at most."
     )
 
     @field_validator("hourly_days")

@@ -219,7 +219,7 @@ class Prices:
         *,
         now: datetime | None = None,
         after: PoolKey | None = None,
-        max_rows: int = 20_000,
+        max_rows: int = 5_000,
         max_pools: int = 500,
     ) -> PruneBatch:
         """One batch of the retention pass, one transaction: for the pools after `after` (in

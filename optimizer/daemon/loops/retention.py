@@ -63,7 +63,7 @@ class RetentionLoop:
         clock: Clock,
         retention: Retention,
         *,
-        batch_rows: int = 20_000,
+        batch_rows: int = 5_000,
         log_retention: timedelta | None = None,
         log_batch: int = PRUNE_BATCH,
         leading: Callable[[], bool] = lambda: True,
