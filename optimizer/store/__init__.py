@@ -9,6 +9,7 @@
     store.replicas   the daemon processes sharing this database
     store.costs      the cost ledger's frozen lines and the attempts it prices
     store.logs       the job output agents ship, per attempt, under a cap per job
+    store.telemetry  each attempt's GPU readings per minute, then per hour; summaries
 
 The repositories share one engine and clock (`engine.Database`). Every public write is one
 transaction; a write that causes events (a job transition, a policy change) records them and
@@ -51,6 +52,7 @@ from optimizer.store.tables import (
     PolicyVersionRecord,
     PollStatusRecord,
 )
+from optimizer.store.telemetry import GpuMinute, GpuSampleRecord, GpuSummary, Telemetry
 
 __all__ = [
     "Appended",
@@ -61,6 +63,9 @@ __all__ = [
     "DatabaseUrlError",
     "DuplicateJobError",
     "EventRecord",
+    "GpuMinute",
+    "GpuSampleRecord",
+    "GpuSummary",
     "JobNotEndedError",
     "JobRecord",
     "LineFilter",
@@ -76,6 +81,7 @@ __all__ = [
     "Retention",
     "Store",
     "StoreError",
+    "Telemetry",
     "Tier",
     "is_sqlite_url",
     "normalize_database_url",
@@ -110,6 +116,7 @@ class Store:
         self.replicas = Replicas(db)
         self.costs = Costs(db)
         self.logs = Logs(db)
+        self.telemetry = Telemetry(db)
 
     def create_all(self) -> None:
         """Create an empty database's schema at the newest revision, stamped so (a database
