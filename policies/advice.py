@@ -1,0 +1,306 @@
+"""Rightsizing advice: what a job measured, and the cheapest offer the same policy allows for it.
+
+Pure: plain values in (a job's GPU samples, its attempts' running intervals, what it runs on
+now, and a ranking made under the policy with the measured need), an `Advice` out. The
+daemon gathers the inputs (optimizer/jobs/advice.py); docs/advice.md explains the figures.
+
+- Need: the highest per-GPU memory reading of any sample, x (1 + the policy's buffer), as a
+  launch sizes a policy's stated need (`policies.sizing.with_buffer`).
+- Utilization: the mean of the samples' means, weighted by each sample's span, i.e. the
+  average over the time the job was sampled (running).
+- Duty cycle: the hours the job's instances were held (each attempt from its start to its
+  end, or to now) over the hours since its first attempt started (to its last end once the
+  job has ended); hours per month = duty cycle x HOURS_PER_MONTH.
+- Saving per month: with `rank_by: price`, (current USD/h - advised USD/h) x hours per
+  month. With `rank_by: price_per_tflop`, the same work at the advised offer's price per
+  TFLOP-hour: hours x (current USD/h - current TFLOPS x advised USD per TFLOP-hour), where
+  both throughputs are known; otherwise by price.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, NamedTuple
+
+from policies.engine import Candidate, Ranking
+from policies.schema import Policy
+from policies.sizing import with_buffer
+
+HOURS_PER_MONTH = 730.0  # 8760 h / 12, the average month (as cloud price sheets use)
+# A candidate must beat the current score by more than this fraction to count as cheaper, so
+# float noise and the same price elsewhere are "no cheaper fit".
+MIN_SAVING_FRACTION = 1e-6
+
+Status = Literal["no_telemetry", "no_cheaper_fit", "cheaper_fit"]
+
+
+class Sample(NamedTuple):
+    """One stored telemetry aggregate: its span in seconds, the mean utilization (0-1) and
+    the highest memory used on any one GPU (GiB) over it, and how many GPUs it covered."""
+
+    span_s: float
+    util_mean: float | None
+    memory_used_gib_max: float | None
+    gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What a job's samples say: peak per-GPU memory, time-weighted utilization."""
+
+    samples: int
+    sampled_hours: float
+    peak_gib: float | None  # None: no sample had a memory reading
+    util: float | None  # 0-1; None: no sample had a utilization reading
+    gpus: int | None  # the most GPUs a sample covered
+
+
+def usage(samples: Iterable[Sample]) -> Usage:
+    """Fold samples into a Usage (module docstring: how each figure is made)."""
+    count, seconds, weighted, util_seconds = 0, 0.0, 0.0, 0.0
+    peak: float | None = None
+    gpus: int | None = None
+    for sample in samples:
+        count += 1
+        span = max(float(sample.span_s), 0.0)
+        seconds += span
+        if sample.util_mean is not None and span > 0:
+            weighted += sample.util_mean * span
+            util_seconds += span
+        if sample.memory_used_gib_max is not None:
+            peak = max(peak or 0.0, sample.memory_used_gib_max)
+        if sample.gpus > 0:
+            gpus = max(gpus or 0, sample.gpus)
+    util = weighted / util_seconds if util_seconds else None
+    return Usage(count, seconds / 3600, peak, util, gpus)
+
+
+class Interval(NamedTuple):
+    """One attempt's instance: held from `start` until `end` (None: still held)."""
+
+    start: datetime
+    end: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class DutyCycle:
+    running_hours: float
+    window_hours: float
+    fraction: float  # running / window, 0-1
+    hours_per_month: float  # fraction x HOURS_PER_MONTH
+
+
+def duty_cycle(intervals: Iterable[Interval], now: datetime, *, ended: bool) -> DutyCycle:
+    """Hours held over hours since the first start (to the last end when `ended`, else to
+    `now`). Overlapping intervals (a replacement launched before the old one ended) count once."""
+    spans = sorted((i.start, i.end or now) for i in intervals)
+    if not spans:
+        return DutyCycle(0.0, 0.0, 0.0, 0.0)
+    running = 0.0
+    cur_start, cur_end = spans[0]
+    for start, end in spans[1:]:
+        if start <= cur_end:
+            cur_end = max(cur_end, end)
+            continue
+        running += (cur_end - cur_start).total_seconds()
+        cur_start, cur_end = start, end
+    running += (cur_end - cur_start).total_seconds()
+    last = max(end for _, end in spans) if ended else now
+    window = max((last - spans[0][0]).total_seconds(), running)
+    fraction = running / window if window > 0 else 0.0
+    return DutyCycle(running / 3600, window / 3600, fraction, fraction * HOURS_PER_MONTH)
+
+
+@dataclass(frozen=True, slots=True)
+class Current:
+    """What the job runs on (its latest attempt): the price it pays, and the shape's figures
+    where the latest offers still list the instance type (None otherwise)."""
+
+    provider: str
+    region: str
+    instance_type: str
+    market: str
+    usd_per_hour: float
+    gpu_model: str | None = None
+    gpu_count: int | None = None
+    gpu_memory_gib: float | None = None
+    node_tflops: float | None = None  # for the ranking's dtype, measured where known
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "provider": self.provider,
+            "region": self.region,
+            "instance_type": self.instance_type,
+            "market": self.market,
+            "usd_per_hour": self.usd_per_hour,
+            "gpu_model": self.gpu_model,
+            "gpu_count": self.gpu_count,
+            "gpu_memory_gib": self.gpu_memory_gib,
+            "node_tflops": self.node_tflops,
+        }
+
+
+def sized_policy(policy: Policy, peak_gib: float) -> Policy:
+    """The policy with its memory need replaced by the measured per-GPU peak (before the
+    buffer): the model block and stated figure go, everything else (GPU models, regions,
+    markets, throughput, caps) stays."""
+    workload = policy.workload.model_copy(
+        update={"gpu_memory_gib": peak_gib if peak_gib > 0 else None, "model": None}
+    )
+    return policy.model_copy(update={"workload": workload})
+
+
+@dataclass(frozen=True, slots=True)
+class Advice:
+    job: str
+    policy: str
+    status: Status
+    reason: str
+    usage: Usage
+    duty: DutyCycle
+    buffer: float
+    need_gib: float | None  # per GPU, after the buffer
+    current: Current | None
+    advised: Candidate | None = None
+    rank_by: str = "price"
+    dtype: str = "bf16"
+    usd_per_hour_saving: float | None = None
+    monthly_saving_usd: float | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        u, d = self.usage, self.duty
+        return {
+            "job": self.job,
+            "policy": self.policy,
+            "status": self.status,
+            "reason": self.reason,
+            "usage": {
+                "samples": u.samples,
+                "sampled_hours": u.sampled_hours,
+                "peak_gpu_memory_gib": u.peak_gib,
+                "utilization": u.util,
+                "gpus": u.gpus,
+            },
+            "duty_cycle": {
+                "running_hours": d.running_hours,
+                "window_hours": d.window_hours,
+                "fraction": d.fraction,
+                "hours_per_month": d.hours_per_month,
+            },
+            "buffer": self.buffer,
+            "gpu_memory_need_gib": self.need_gib,
+            "rank_by": self.rank_by,
+            "dtype": self.dtype,
+            "current": None if self.current is None else self.current.to_dict(),
+            "advised": None if self.advised is None else self.advised.to_dict(),
+            "usd_per_hour_saving": self.usd_per_hour_saving,
+            "monthly_saving_usd": self.monthly_saving_usd,
+            "notes": list(self.notes),
+        }
+
+
+def advise(
+    job: str,
+    policy: Policy,
+    usage: Usage,
+    duty: DutyCycle,
+    current: Current | None,
+    ranking: Ranking | None,
+) -> Advice:
+    """The advice for `job`. `ranking` must rank the latest offers under
+    `sized_policy(policy, usage.peak_gib)` (None only when there is no telemetry)."""
+    base = {
+        "job": job,
+        "policy": policy.name,
+        "usage": usage,
+        "duty": duty,
+        "buffer": policy.buffer,
+        "current": current,
+        "rank_by": policy.rank_by,
+        "notes": _notes(policy, usage),
+    }
+    if usage.peak_gib is None or ranking is None:
+        why = f"no GPU telemetry for job {job} yet: no advice without data"
+        return Advice(status="no_telemetry", reason=why, need_gib=None, **base)  # type: ignore[arg-type]
+    need = with_buffer(usage.peak_gib, policy.buffer)
+    base["dtype"] = ranking.dtype
+    measured = (
+        f"peak {_gib(usage.peak_gib)} GiB x {1 + policy.buffer:g} = {_gib(need)} GiB"
+        if policy.buffer
+        else f"peak {_gib(usage.peak_gib)} GiB (no buffer)"
+    )
+    util = "" if usage.util is None else f"; util {usage.util * 100:.0f}%"
+    best = ranking.best
+    if best is None:
+        why = f"no cheaper fit: no offer policy {policy.name} allows fits {measured}{util}"
+        return Advice(status="no_cheaper_fit", reason=why, need_gib=need, **base)  # type: ignore[arg-type]
+    if current is None:
+        why = f"{measured} fits {_shape(best)}{util}; the job has run nowhere yet to compare"
+        return Advice(status="no_cheaper_fit", reason=why, need_gib=need, advised=best, **base)  # type: ignore[arg-type]
+    per_hour, hours = _saving_per_hour(policy, current, best), duty.hours_per_month
+    floor = MIN_SAVING_FRACTION * current.usd_per_hour
+    if per_hour <= floor:
+        here = f"{current.provider} {current.instance_type} {current.market}"
+        why = (
+            f"no cheaper fit: {measured}{util}; the cheapest fit under policy {policy.name}, "
+            f"{_shape(best)}, is not cheaper than {here} at ${current.usd_per_hour:.4g}/h"
+        )
+        return Advice(status="no_cheaper_fit", reason=why, need_gib=need, **base)  # type: ignore[arg-type]
+    monthly = per_hour * hours
+    why = (
+        f"{measured} fits {_shape(best)}{util}; "
+        f"${per_hour:.4g}/h less than {current.provider} {current.instance_type} "
+        f"{current.market}, ${monthly:,.2f}/month at {hours:.0f} h/month "
+        f"({duty.fraction * 100:.0f}% duty cycle)"
+    )
+    return Advice(
+        status="cheaper_fit",
+        reason=why,
+        need_gib=need,
+        advised=best,
+        usd_per_hour_saving=per_hour,
+        monthly_saving_usd=monthly,
+        **base,  # type: ignore[arg-type]
+    )
+
+
+def _saving_per_hour(policy: Policy, current: Current, best: Candidate) -> float:
+    """USD saved per hour the job runs now (module docstring: per TFLOP for price_per_tflop)."""
+    price = best.offer.usd_per_hour
+    if policy.rank_by == "price_per_tflop" and current.node_tflops and best.node_tflops:
+        return current.usd_per_hour - current.node_tflops * price / best.node_tflops
+    return current.usd_per_hour - price
+
+
+def _notes(policy: Policy, usage: Usage) -> tuple[str, ...]:
+    notes = []
+    if usage.gpus is not None and usage.gpus > 1:
+        notes.append(
+            f"GPU count kept at the policy's minimum ({policy.workload.gpus}): the samples "
+            f"hold the highest reading of {usage.gpus} GPUs, not each GPU's, so they cannot "
+            "show GPUs left idle"
+        )
+    return tuple(notes)
+
+
+def _gib(value: float) -> str:
+    """GiB to one decimal, without a trailing .0: 31, 37.2."""
+    return f"{value:.1f}".removesuffix(".0")
+
+
+def _shape(candidate: Candidate) -> str:
+    o = candidate.offer
+    count = f"{o.gpu_count}x " if o.gpu_count > 1 else ""
+    memory = f"{o.gpu_memory_gib:g}" if math.isfinite(o.gpu_memory_gib) else "?"
+    return (
+        f"{_article(count or o.gpu_model)} {count}{o.gpu_model} ({memory} GiB) "
+        f"{o.provider} {o.instance_type} {o.market} in {o.region} at ${o.usd_per_hour:.4g}/h"
+    )
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1].upper() in "AEFHILMNORSX8" else "a"
