@@ -20,6 +20,7 @@ from optimizer.jobs.machine import fence
 from optimizer.jobs.reconcile import attempt_view, power_off_at
 from optimizer.store.jobs import AttemptRecord, token_sha256
 from optimizer.store.logs import NewChunk
+from providers import registry
 
 router = APIRouter(prefix="/agent/v1", tags=["agent"])
 
@@ -157,6 +158,12 @@ def register(
     }
 
 
+def _on_host(provider: str) -> bool:
+    """Whether the provider's instances run on this host (their probes measure the host)."""
+    entry = registry.find(provider)
+    return entry is not None and entry.capabilities.agent_on_host
+
+
 @router.post("/events")
 def events(
     body: Events,
@@ -165,7 +172,9 @@ def events(
 ) -> dict[str, Any]:
     attempt = _authorized(state, body.attempt_key, authorization)
     payload = [e.model_dump() for e in body.events]
-    acked = state.store.jobs.record_agent_events(attempt.key, payload, state.clock())
+    acked = state.store.jobs.record_agent_events(
+        attempt.key, payload, state.clock(), on_host=_on_host(attempt.provider)
+    )
     if any(e.kind != "heartbeat" for e in body.events):
         state.wakeup.set()
     after = state.store.jobs.attempt(attempt.key) or attempt

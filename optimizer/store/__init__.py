@@ -10,6 +10,7 @@
     store.costs      the cost ledger's frozen lines and the attempts it prices
     store.logs       the job output agents ship, per attempt, under a cap per job
     store.telemetry  each attempt's GPU readings per minute, then per hour; summaries
+    store.probes     the probe results agents report, and the ranking's per-type figures
 
 The repositories share one engine and clock (`engine.Database`). Every public write is one
 transaction; a write that causes events (a job transition, a policy change) records them and
@@ -43,6 +44,7 @@ from optimizer.store.jobs import AttemptRecord, Jobs, token_sha256
 from optimizer.store.logs import Appended, LogChunk, Logs, NewChunk
 from optimizer.store.policies import Policies
 from optimizer.store.prices import Prices
+from optimizer.store.probes import FailureStreak, ProbeRecord, Probes, TypeFigures
 from optimizer.store.replicas import ReplicaRecord, Replicas
 from optimizer.store.tables import (
     EventRecord,
@@ -63,6 +65,7 @@ __all__ = [
     "DatabaseUrlError",
     "DuplicateJobError",
     "EventRecord",
+    "FailureStreak",
     "GpuMinute",
     "GpuSampleRecord",
     "GpuSummary",
@@ -76,6 +79,7 @@ __all__ = [
     "PolicyVersionRecord",
     "PollStatusRecord",
     "PricePoint",
+    "ProbeRecord",
     "PruneBatch",
     "ReplicaRecord",
     "Retention",
@@ -83,6 +87,7 @@ __all__ = [
     "StoreError",
     "Telemetry",
     "Tier",
+    "TypeFigures",
     "is_sqlite_url",
     "normalize_database_url",
     "sqlite_file",
@@ -117,6 +122,7 @@ class Store:
         self.costs = Costs(db)
         self.logs = Logs(db)
         self.telemetry = Telemetry(db)
+        self.probes = Probes(db)
 
     def create_all(self) -> None:
         """Create an empty database's schema at the newest revision, stamped so (a database

@@ -28,6 +28,7 @@ from optimizer.store.engine import (
     table,
 )
 from optimizer.store.events import write_event, write_events
+from optimizer.store.probes import write_probe_result
 from optimizer.store.tables import (
     REMOVED_MARK,
     TERMINAL_JOB_STATES,
@@ -426,9 +427,18 @@ class Jobs:
     # -- what agents report ------------------------------------------------------------------
 
     def record_agent_events(
-        self, key: str, events: Iterable[Mapping[str, Any]], at: datetime
+        self,
+        key: str,
+        events: Iterable[Mapping[str, Any]],
+        at: datetime,
+        *,
+        on_host: bool = False,
     ) -> list[str]:
-        """Record new events (by id) and fold them into the attempt; return every id seen."""
+        """Record new events (by id) and fold them into the attempt; return every id seen.
+
+        A new `probe_result` is also stored as a probe result (`store.probes`), on the same
+        transaction; `on_host` marks the attempt's instance as one on the daemon's own host
+        (the local cloud), whose figures are simulated."""
         acked: list[str] = []
         with self._db.begin() as conn:
             for event in events:
@@ -450,6 +460,8 @@ class Jobs:
                         data=json.dumps(data, sort_keys=True),
                     )
                 )
+                if event["kind"] == "probe_result":
+                    write_probe_result(conn, key, data, when, on_host=on_host)
                 changes = _fold(str(event["kind"]), data, when)
                 if changes:
                     conn.execute(

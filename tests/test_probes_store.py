@@ -1,0 +1,168 @@
+"""Probe results in the store, on SQLite and PostgreSQL: every `probe_result` an agent reports is
+stored once (a retried batch too), with the figures the ranking reads; per (provider, type) the
+median of the last N usable results, and the failures among the last N."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from optimizer.store import Store
+from optimizer.store.jobs import AttemptRecord
+from tests.helpers import T0, make_offer
+
+
+def attempt_of(
+    store: Store, job: str, number: int = 1, *, provider: str = "aws", kind: str = "p5.48xlarge"
+) -> AttemptRecord:
+    found = store.jobs.get_job(job)
+    job_id = found.id if found else store.jobs.add_job(job, "small", {"run": "x"}, at=T0)
+    offer = make_offer(provider=provider, region="us-east-1", zone="us-east-1a", instance_type=kind)
+    return store.jobs.create_attempt(job_id, number, f"{job}-{number}", offer, "sha", T0)
+
+
+def probe_json(
+    bf16: float, *, copy: float = 4000.0, backend: str = "cuda", gpus: int = 2
+) -> dict[str, Any]:
+    """A probe result (schema gpuopt.probe) as an agent reports it, with `gpus` GPU runs."""
+    run = {
+        "device": "cuda" if backend == "cuda" else "cpu",
+        "ok": True,
+        "gemm": [{"dtype": "bf16", "tflops": bf16 + 100}],
+        "copy_gbps": copy,
+        "h2d_gbps": 55.0,
+        "d2h_gbps": 53.0,
+    }
+    return {
+        "schema": "gpuopt.probe",
+        "version": 1,
+        "backend": backend,
+        "gpu_model": "H100-80GB" if backend == "cuda" else None,
+        "measured_tflops": {"H100-80GB" if backend == "cuda" else "cpu": {"bf16": bf16}},
+        "runs": [{**run, "gpu": i} for i in range(gpus)],
+        "node": {"points": [{"nbytes": 1 << 30, "busbw_gbps": 330.0}, {"nbytes": 1 << 20}]},
+    }
+
+
+def report(
+    store: Store, a: AttemptRecord, event_id: str, status: str, result: dict[str, Any], at: Any
+) -> list[str]:
+    event = {"id": event_id, "kind": "probe_result", "data": {"status": status, "result": result}}
+    return store.jobs.record_agent_events(a.key, [event], at)
+
+
+def test_a_probe_result_is_stored_once_with_its_figures_even_when_sent_again(
+    store: Store,
+) -> None:
+    a = attempt_of(store, "train")
+    assert report(store, a, "e1", "pass", probe_json(700.0), T0) == ["e1"]
+    assert report(store, a, "e1", "pass", probe_json(700.0), T0) == ["e1"]  # a retried batch
+    [stored] = store.probes.page()
+    assert (stored.job, stored.attempt_id, stored.provider, stored.instance_type) == (
+        "train",
+        a.id,
+        "aws",
+        "p5.48xlarge",
+    )
+    assert (stored.region, stored.zone, stored.status, stored.simulated) == (
+        "us-east-1",
+        "us-east-1a",
+        "pass",
+        False,
+    )
+    assert (stored.gpu_model, stored.gpu_count, stored.tflops) == ("H100-80GB", 2, {"bf16": 700.0})
+    assert (stored.copy_gbps, stored.host_link_gbps, stored.allreduce_busbw_gbps) == (
+        4000.0,
+        54.0,
+        330.0,
+    )
+    assert stored.at == T0
+    assert store.probes.result_json(stored.id) == probe_json(700.0)
+    assert store.jobs.attempt(a.key).probe_status == "pass"  # type: ignore[union-attr]
+
+
+def test_results_without_a_gpu_or_on_the_host_are_simulated_and_never_measured(
+    store: Store,
+) -> None:
+    cpu = attempt_of(store, "cpu")
+    report(store, cpu, "c1", "warn", probe_json(0.4, backend="cpu", gpus=1), T0)
+    host = attempt_of(store, "host", provider="local", kind="p4d.24xlarge")
+    event = {
+        "id": "h1",
+        "kind": "probe_result",
+        "data": {"status": "pass", "result": probe_json(700.0)},
+    }
+    store.jobs.record_agent_events(host.key, [event], T0, on_host=True)
+    crashed = attempt_of(store, "crashed", kind="g5.xlarge")
+    report(store, crashed, "x1", "fail", {"error": "probe crashed"}, T0)
+    by_job = {p.job: p for p in store.probes.page()}
+    assert {j: p.simulated for j, p in by_job.items()} == {
+        "cpu": True,
+        "host": True,
+        "crashed": True,
+    }
+    assert by_job["cpu"].tflops == {"bf16": 0.4} and by_job["cpu"].gpu_count is None
+    assert by_job["crashed"].tflops == {} and by_job["crashed"].copy_gbps is None
+    assert store.probes.figures() == {}
+    # A failure counts against its type all the same.
+    assert set(store.probes.streaks()) == {("aws", "g5.xlarge")}
+
+
+def test_figures_are_medians_of_the_last_n_usable_results_per_provider_and_type(
+    store: Store,
+) -> None:
+    a = attempt_of(store, "train")
+    bf16 = [500.0, 600.0, 650.0, 700.0, 800.0, 900.0]
+    for i, value in enumerate(bf16):
+        report(
+            store, a, f"p{i}", "pass", probe_json(value, copy=value * 5), T0 + timedelta(hours=i)
+        )
+    report(store, a, "f", "fail", probe_json(10.0), T0 + timedelta(hours=7))
+    report(store, a, "w", "warn", probe_json(1000.0), T0 + timedelta(hours=8))
+    other = attempt_of(store, "other", kind="p4d.24xlarge")
+    report(store, other, "o", "pass", probe_json(300.0), T0)
+    gcp = attempt_of(store, "gcp", provider="gcp", kind="p5.48xlarge")
+    report(store, gcp, "g", "pass", probe_json(100.0), T0)
+
+    figures = store.probes.figures(last=5)
+    assert set(figures) == {("aws", "p5.48xlarge"), ("aws", "p4d.24xlarge"), ("gcp", "p5.48xlarge")}
+    p5 = figures[("aws", "p5.48xlarge")]
+    # The newest five usable: 1000 (warn), 900, 800, 700, 650; the failure is left out.
+    assert (p5.n, p5.tflops, p5.copy_gbps) == (5, {"bf16": 800.0}, 4000.0)
+    assert (p5.newest_at, p5.oldest_at) == (T0 + timedelta(hours=8), T0 + timedelta(hours=2))
+    assert p5.gpu_model == "H100-80GB" and p5.allreduce_busbw_gbps == 330.0
+    assert figures[("gcp", "p5.48xlarge")].tflops == {"bf16": 100.0}
+    assert store.probes.figures(last=1)[("aws", "p5.48xlarge")].tflops == {"bf16": 1000.0}
+
+
+def test_streaks_count_failures_among_each_types_last_n_results(store: Store) -> None:
+    a = attempt_of(store, "train", kind="g5.xlarge")
+    outcomes = ["fail", "fail", "pass", "fail", "warn", "fail"]  # oldest first
+    for i, status in enumerate(outcomes):
+        report(store, a, f"s{i}", status, probe_json(100.0), T0 + timedelta(minutes=i))
+    streak = store.probes.streaks(last=5)[("aws", "g5.xlarge")]
+    # The last five: fail, pass, fail, warn, fail.
+    assert (streak.failed, streak.of) == (3, 5)
+    assert streak.since == T0 + timedelta(minutes=1)
+    assert streak.latest_at == T0 + timedelta(minutes=5)
+    assert store.probes.streaks(last=2)[("aws", "g5.xlarge")].failed == 1
+
+
+def test_the_history_pages_newest_first_and_filters_by_type_and_provider(store: Store) -> None:
+    a = attempt_of(store, "train")
+    b = attempt_of(store, "other", kind="g5.xlarge")
+    for i in range(3):
+        report(store, a, f"a{i}", "pass", probe_json(700.0), T0 + timedelta(minutes=i))
+    report(store, b, "b0", "fail", probe_json(1.0), T0)
+    every = store.probes.page()
+    assert [p.instance_type for p in every] == [
+        "g5.xlarge",
+        "p5.48xlarge",
+        "p5.48xlarge",
+        "p5.48xlarge",
+    ]
+    first = store.probes.page(instance_type="p5.48xlarge", limit=2)
+    rest = store.probes.page(instance_type="p5.48xlarge", before_id=first[-1].id)
+    assert [p.at for p in first + rest] == [T0 + timedelta(minutes=m) for m in (2, 1, 0)]
+    assert store.probes.page(provider="gcp") == []
+    assert every[0].to_dict()["at"] == "2026-01-15T12:00:00Z"
