@@ -1,0 +1,117 @@
+"""The agent's GPU telemetry, without a GPU: fake NVML readings folded into per-minute
+aggregates across GPUs, and the sampler thread's steps driven by hand with a manual clock."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from optimizer.agent.telemetry import (
+    GIB,
+    GpuReading,
+    MinuteAggregator,
+    SimulatedReading,
+    SimulatedSource,
+    TelemetrySampler,
+)
+from optimizer.clock import ManualClock
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def gpu(i: int, util: float | None, used_gib: float, **kw: Any) -> GpuReading:
+    fields: dict[str, Any] = {
+        "gpu": i,
+        "util": util,
+        "memory_used_bytes": int(used_gib * GIB),
+        "memory_total_bytes": int(80 * GIB),
+        "power_w": 300.0,
+        "temperature_c": 60.0,
+        "sm_clock_mhz": 1800.0,
+        "throttle_reasons": 0,
+    }
+    fields.update(kw)
+    return GpuReading(**fields)
+
+
+def test_readings_fold_into_one_aggregate_per_minute_across_gpus() -> None:
+    agg = MinuteAggregator()
+    agg.add(T0 + timedelta(seconds=0), [gpu(0, 1.0, 10), gpu(1, 0.5, 30, temperature_c=70.0)])
+    agg.add(
+        T0 + timedelta(seconds=10),
+        [gpu(0, 0.0, 20, throttle_reasons=4), gpu(1, 0.5, 40, power_w=None)],
+        xids=[79],
+    )
+    agg.add(T0 + timedelta(seconds=50), [gpu(0, None, 1), gpu(1, 0.9, 1)])
+    agg.add(T0 + timedelta(seconds=61), [gpu(0, 0.3, 5), gpu(1, 0.3, 5)])
+    assert agg.finished(T0 + timedelta(seconds=59)) == []  # the minute has not ended
+    [m] = agg.finished(T0 + timedelta(seconds=60))
+    assert m["start"] == "2026-03-01T12:00:00Z" and (m["samples"], m["gpus"]) == (3, 2)
+    # The GPUs' mean per reading (0.75, 0.25, 0.9 from the one GPU that said), then the mean.
+    assert m["util_mean"] == pytest.approx((0.75 + 0.25 + 0.9) / 3, abs=1e-4)
+    assert m["util_max"] == 1.0
+    assert (m["memory_used_gib_max"], m["memory_total_gib"]) == (60.0, 160.0)  # 20 + 40
+    assert m["power_w_mean"] == pytest.approx((600 + 300 + 600) / 3)
+    assert (m["temperature_c_max"], m["throttle_reasons"], m["xids"]) == (70.0, 4, [79])
+    assert m["span_s"] == 60 and m["simulated"] is False
+    # The next minute comes out only when it has ended, or when everything is flushed.
+    [rest] = agg.finished(T0 + timedelta(seconds=61), all_open=True)
+    assert rest["start"] == "2026-03-01T12:01:00Z" and rest["samples"] == 1
+    assert agg.finished(T0 + timedelta(hours=1), all_open=True) == []
+
+
+class FlakySource:
+    simulated = False
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def read(self) -> list[GpuReading]:
+        self.calls += 1
+        if self.calls == 2:
+            raise RuntimeError("NVML hiccup")
+        return [gpu(0, 0.95, 70)]
+
+    def xids(self) -> list[int]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_sampler_emits_finished_minutes_and_survives_a_failed_reading(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = ManualClock(T0)
+    sent: list[list[dict[str, Any]]] = []
+    source = FlakySource()
+    sampler = TelemetrySampler(source, sent.append, interval_s=10, now=clock)
+    for _ in range(7):  # 12:00:00 .. 12:01:00, the second reading fails
+        sampler.tick()
+        clock.advance(10)
+    assert [len(batch) for batch in sent] == [1]
+    assert sent[0][0]["samples"] == 5 and sent[0][0]["util_mean"] == 0.95
+    for _ in range(3):
+        sampler.tick()  # failures are logged once, not per reading
+    assert sum("NVML hiccup" in r.getMessage() for r in caplog.records) == 1
+    sampler.stop(flush=True)  # the minute in progress goes out too
+    assert len(sent) == 2 and sent[1][0]["start"] == "2026-03-01T12:01:00Z"
+
+
+def test_simulated_readings_are_labelled_and_absent_until_injected() -> None:
+    injected: list[SimulatedReading | None] = [None]
+    source = SimulatedSource(lambda: injected[0])
+    clock = ManualClock(T0)
+    sent: list[list[dict[str, Any]]] = []
+    sampler = TelemetrySampler(source, sent.append, now=clock)
+    sampler.tick()
+    injected[0] = SimulatedReading(util=0.03, memory=0.2, gpus=2, memory_gib=80)
+    clock.advance(70)
+    sampler.tick()
+    clock.advance(60)
+    sampler.tick()
+    [[m]] = sent
+    assert m["simulated"] is True and m["util_mean"] == 0.03
+    assert (m["memory_used_gib_max"], m["memory_total_gib"]) == (32.0, 160.0)
