@@ -160,6 +160,8 @@ class EventKind(StrEnum):
     JOB_INSTANCE_LEFT_TO_CLOUD = "job.instance_left_to_cloud"
     JOB_SUCCEEDED = "job.succeeded"
     JOB_FAILED = "job.failed"
+    JOB_UNDERUSED = "job.underused"
+    JOB_STOPPED = "job.stopped"
     BUDGET_THRESHOLD_CROSSED = "budget.threshold_crossed"
     # The cost ledger
     COSTS_MONTHLY_SUMMARY = "costs.monthly_summary"

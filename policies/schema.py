@@ -7,11 +7,12 @@ anything runs. `policy.schema.json` is generated from these models (`gpuopt poli
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     field_validator,
@@ -285,6 +286,74 @@ class Recovery(_Strict):
         return value
 
 
+# Durations: a number with a unit, `s`, `m` or `h` (`90s`, `30m`, `72h`); a bare number is
+# seconds (what a stored spec holds). Windows as short as 10 s keep drills quick.
+DURATION_PATTERN = r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(s|m|h)\s*$"
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+MIN_WINDOW_S = 10.0
+
+
+def parse_duration(value: Any) -> Any:
+    """`30m` → 1800.0 (seconds); a number passes as seconds; anything else is left for the
+    field's own check to reject."""
+    if isinstance(value, str):
+        match = re.fullmatch(DURATION_PATTERN, value)
+        if match is None:
+            raise ValueError(f"{value!r} is not a duration: write a number and s, m or h (30m)")
+        return float(match.group(1)) * _UNITS[match.group(2)]
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+Duration = Annotated[
+    float,
+    BeforeValidator(parse_duration),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "pattern": DURATION_PATTERN},
+                {"type": "number", "description": "seconds"},
+            ]
+        }
+    ),
+]
+
+
+class UtilizationRule(_Strict):
+    """A rule on a running job's GPU utilization: when every per-minute reading over the last
+    `for` was below `below` (docs/policies.md, Utilization), raise an alert or stop the job."""
+
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, strict=True, populate_by_name=True, serialize_by_alias=True
+    )
+
+    below: float = Field(gt=0, le=1, description="Utilization threshold, 0 < below <= 1.")
+    for_: Duration = Field(
+        alias="for",
+        ge=MIN_WINDOW_S,
+        description="How long it must stay below: 10s, 30m, 2h (at least 10 s).",
+    )
+    action: Literal["alert", "stop"] = Field(
+        "alert", description="alert: an alert once per window; stop: checkpoint and stop."
+    )
+
+
+class Utilization(_Strict):
+    """Rules on a running job's GPU utilization; each optional."""
+
+    low: UtilizationRule | None = Field(
+        None,
+        description="Work that underuses its GPU (the guide's 60% floor): usually alert.",
+        examples=[{"below": 0.6, "for": "30m", "action": "alert"}],
+    )
+    idle: UtilizationRule | None = Field(
+        None,
+        description="A GPU left idle: usually stop.",
+        examples=[{"below": 0.05, "for": "20m", "action": "stop"}],
+    )
+
+
 class Policy(_Strict):
     """One policy file (apiVersion gpuopt/v1, kind Policy)."""
 
@@ -324,6 +393,16 @@ class Policy(_Strict):
     budget: Budget = Field(default_factory=Budget, examples=[{"monthly_usd": 5000}])
     recovery: Recovery = Field(
         default_factory=Recovery, examples=[{"strategy": "failover", "max_restarts": 20}]
+    )
+    utilization: Utilization = Field(
+        default_factory=Utilization,
+        description="Alert on or stop running jobs whose GPU utilization stays low.",
+        examples=[{"idle": {"below": 0.05, "for": "20m", "action": "stop"}}],
+    )
+    max_duration: Duration | None = Field(
+        None,
+        ge=MIN_WINDOW_S,
+        description="Stop a job (with a checkpoint) this long after it first started: 72h.",
     )
 
     @field_validator("markets")

@@ -46,6 +46,8 @@ TITLES: dict[str, str] = {
     EventKind.JOB_INSTANCE_LEFT_TO_CLOUD: "Instance left for the cloud to end",
     EventKind.JOB_SUCCEEDED: "Job succeeded",
     EventKind.JOB_FAILED: "Job failed",
+    EventKind.JOB_UNDERUSED: "GPU underused",
+    EventKind.JOB_STOPPED: "Job stopped by a policy rule",
     EventKind.BUDGET_THRESHOLD_CROSSED: "Budget nearly spent",
     EventKind.COSTS_MONTHLY_SUMMARY: "Monthly cost summary",
     EventKind.LEADER_ELECTED: "Replica took the lead",

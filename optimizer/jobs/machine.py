@@ -8,9 +8,13 @@ recovery strategy's answer (recovery.py). It does no I/O; the reconciler applies
 (launch, stop, terminate, cooldown, alert) and records every transition as an event. The
 same inputs always give the same answer.
 
-    pending → provisioning → probing → running → succeeded | failed | cancelled
+    pending → provisioning → probing → running → succeeded | failed | cancelled | stopped
                   ▲                        │
                   └──── interrupted ◄──────┘   (a preemption, a failed probe, a lost instance)
+
+A running job is `stopped` when a rule of its policy or spec says so (utilization.py: a
+utilization rule with `action: stop`, or `max_duration`): its job gets SIGTERM to checkpoint,
+and its instance is terminated once the job has exited or the stop's grace is over.
 """
 
 from __future__ import annotations
@@ -36,9 +40,10 @@ class JobState(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    STOPPED = "stopped"
 
 
-TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.STOPPED})
 LIVE = frozenset(JobState) - TERMINAL
 
 
@@ -107,6 +112,15 @@ class Alert:
     kind: EventKind
     severity: str
     message: str
+    data: tuple[tuple[str, Any], ...] = ()  # extra fields for the event's data
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyStop:
+    """A rule that says a running job must stop (utilization.watch): its name and why."""
+
+    rule: str  # idle | low | max_duration
+    reason: str
 
 
 Action = Launch | Stop | Terminate | Cooldown | Alert
@@ -206,21 +220,25 @@ def decide(
     now: datetime,
     strategy: Strategy | None = None,
     register_timeout: timedelta = REGISTER_TIMEOUT,
+    stop: PolicyStop | None = None,
 ) -> Decision:
-    """The job's next state and the actions that get it there (`strategy`: failover)."""
+    """The job's next state and the actions that get it there (`strategy`: failover).
+
+    `stop`: why a rule (utilization.watch) says the running job must stop; it is stopped
+    only while it runs, healthy, on its attempt (an exit, a cancel or a failure wins)."""
     strategy = strategy or Failover()
     if job.state in TERMINAL:
         return Decision(job.state)
 
     if job.cancel_requested:
-        stop: tuple[Action, ...] = ()
+        gone_now: tuple[Action, ...] = ()
         if attempt is not None and not attempt.instance_gone:
-            stop = (Terminate(attempt.key, "job cancelled"),)
+            gone_now = (Terminate(attempt.key, "job cancelled"),)
         return Decision(
             JobState.CANCELLED,
             "cancelled by request",
             (
-                *stop,
+                *gone_now,
                 Alert(
                     EventKind.JOB_CANCELLED,
                     "info",
@@ -245,6 +263,21 @@ def decide(
     relaunch = _relaunch_reason(attempt, now, register_timeout)
     if relaunch is None:
         state = _progress(job, attempt)
+        if stop is not None and state is JobState.RUNNING and attempt.exit_code is None:
+            return Decision(
+                JobState.STOPPED,
+                f"stopped by {stop.rule}: {stop.reason}",
+                (
+                    Stop(attempt.key, f"stopped by {stop.rule}"),
+                    Alert(
+                        EventKind.JOB_STOPPED,
+                        "warning",
+                        f"job {job.name} stopped by {stop.rule}: {stop.reason}",
+                        data=(("rule", stop.rule), ("reason", stop.reason)),
+                    ),
+                ),
+                end_attempt="stopped",
+            )
         return Decision(state, f"attempt {attempt.number}: {state.value}")
 
     restarts = job.restarts + 1

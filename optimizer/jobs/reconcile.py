@@ -16,8 +16,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
+
+from sqlalchemy import select
 
 from optimizer.costs.billing import rule_for
 from optimizer.jobs.bootstrap import AgentSettings
@@ -34,6 +36,7 @@ from optimizer.jobs.machine import (
     JobView,
     Launch,
     LeaveToCloud,
+    PolicyStop,
     Stop,
     Terminate,
     decide,
@@ -43,10 +46,11 @@ from optimizer.jobs.machine import (
     reclaim,
 )
 from optimizer.jobs.recovery import Failure, Strategy, strategy_for
+from optimizer.jobs.utilization import Rules, Sample, rules_for, watch
 from optimizer.model import EventKind, Market
 from optimizer.store import Store
 from optimizer.store.jobs import AttemptRecord
-from optimizer.store.tables import JobRecord, NewEvent
+from optimizer.store.tables import GpuSample, JobRecord, NewEvent
 from policies.schema import Policy
 from providers.base import EndReason, InstanceRef, InstanceState, InstanceStatus, ProviderError
 
@@ -75,6 +79,9 @@ class JobReconciler:
         self._buffer: list[NewEvent] = []
         # Attempts whose instance this reconciler has recorded leaving to the cloud.
         self._left: set[str] = set()
+        # (attempt key, rule) -> the end of the window it last alerted on (read from the
+        # events after a restart or a change of leader).
+        self._alerted: dict[tuple[str, str], datetime] = {}
 
     def __call__(self, ctx: ReconcileContext) -> None:
         # Provider event queues (AWS EventBridge → SQS) are read by their own loop
@@ -166,14 +173,95 @@ class JobReconciler:
                 if a.end_reason in FAILURES and a.ended_at
             ),
         )
+        stop: PolicyStop | None = None
+        rules = rules_for(policy, job.spec)
+        if rules and current is not None and current.job_started_at is not None:
+            stop = self._watch(ctx, job, current, attempts, rules)
         decision = decide(
             view,
             attempt_view(current) if current else None,
             now=ctx.now,
             strategy=strategy,
             register_timeout=self.register_timeout,
+            stop=stop,
         )
         self._apply(ctx, job, current, decision, policy, strategy)
+
+    def _watch(
+        self,
+        ctx: ReconcileContext,
+        job: JobRecord,
+        current: AttemptRecord,
+        attempts: list[AttemptRecord],
+        rules: Rules,
+    ) -> PolicyStop | None:
+        """Hold a running attempt to its utilization rules and max_duration: queue an
+        `job.underused` event per alert rule's window, and say why to stop, if a rule does."""
+        if current.ended or current.exit_code is not None or current.job_started_at is None:
+            return None
+        started = current.job_started_at
+        first = min(a.job_started_at for a in attempts if a.job_started_at is not None)
+        longest = max((r.window for r in rules.rules), default=timedelta(0))
+        samples = gpu_samples(ctx.store, current.id, since=max(started, ctx.now - longest))
+        alerted = {
+            r.name: at
+            for r in rules.rules
+            if r.action == "alert"
+            and (at := self._last_alert(ctx, job, current, r.name)) is not None
+        }
+        verdict = watch(
+            rules,
+            samples,
+            started_at=started,
+            first_started_at=first,
+            now=ctx.now,
+            alerted=alerted,
+        )
+        for fired in verdict.alerts:
+            self._alerted[(current.key, fired.rule.name)] = fired.end
+            window_start = fired.start.isoformat()
+            self._emit(
+                ctx,
+                job,
+                Alert(
+                    EventKind.JOB_UNDERUSED,
+                    "warning",
+                    f"job {job.name}: {fired.message}",
+                    data=(
+                        ("rule", fired.rule.name),
+                        ("below", fired.rule.below),
+                        ("window_s", fired.rule.window.total_seconds()),
+                        ("window_start", window_start),
+                        ("window_end", fired.end.isoformat()),
+                        ("peak", round(fired.peak, 4)),
+                    ),
+                ),
+                dedupe=f"attempt:{current.key}:underused:{fired.rule.name}:{window_start}",
+                attempt=current,
+            )
+        if verdict.stop is None or verdict.stopped_by is None:
+            return None
+        return PolicyStop(verdict.stopped_by, verdict.stop)
+
+    def _last_alert(
+        self, ctx: ReconcileContext, job: JobRecord, attempt: AttemptRecord, rule: str
+    ) -> datetime | None:
+        """The end of the window `rule` last alerted on for the attempt (None: never)."""
+        key = (attempt.key, rule)
+        if key not in self._alerted:
+            found = [
+                e
+                for e in ctx.store.events.list_events(
+                    kind=EventKind.JOB_UNDERUSED, job_id=job.id, limit=100
+                )
+                if (e.data or {}).get("attempt") == attempt.number
+                and (e.data or {}).get("rule") == rule
+            ]
+            if not found:
+                return None
+            end = datetime.fromisoformat(str((found[0].data or {})["window_end"]))
+            self._alerted[key] = end
+        return self._alerted[key]
 
     def _apply(
         self,
@@ -388,6 +476,7 @@ class JobReconciler:
         attempt: AttemptRecord | None = None,
     ) -> NewEvent:
         data: dict[str, Any] = {"job": job.given_name, **_attempt_fields(attempt)}
+        data.update(alert.data)
         if alert.kind is EventKind.JOB_CANCELLED:
             data["state_before"] = job.state
         return ctx.emitter.draft(
@@ -473,6 +562,27 @@ def termination(ctx: ReconcileContext, a: AttemptRecord, status: InstanceStatus)
         if announced is not None and announced <= ctx.now:
             return announced
     return ctx.now
+
+
+def gpu_samples(store: Store, attempt_id: int, *, since: datetime) -> list[Sample]:
+    """An attempt's GPU readings (`gpu_sample`) whose span ends after `since`, oldest first."""
+    table = GpuSample.__table__  # type: ignore[attr-defined]
+    # Spans are at most an hour (the downsampled rows): any that ends after `since` starts
+    # after `since - 1 h`.
+    query = (
+        select(table.c.start, table.c.span_s, table.c.util_mean)
+        .where(table.c.attempt_id == attempt_id, table.c.start > since - timedelta(hours=1))
+        .order_by(table.c.start)
+    )
+    with store.engine.connect() as conn:
+        rows = conn.execute(query).all()
+    samples = []
+    for start, span_s, util in rows:
+        start = start if start.tzinfo is not None else start.replace(tzinfo=UTC)
+        sample = Sample(start, timedelta(seconds=span_s), util)
+        if sample.end > since:
+            samples.append(sample)
+    return samples
 
 
 def attempt_view(a: AttemptRecord, *, power_off_at: datetime | None = None) -> AttemptView:

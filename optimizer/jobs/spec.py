@@ -13,6 +13,9 @@ env: {WANDB_PROJECT: resnet}   # at most 256 variables; no NUL bytes (nor in run
 probes: quick                  # quick | deep | none
 max_restarts: 20               # optional; the policy's recovery.max_restarts otherwise
 checkpoint_allowance_s: 20     # optional: seconds the job needs to checkpoint after SIGTERM
+utilization:                   # optional: rules given here replace the policy's, rule by rule
+  idle: {below: 0.05, for: 20m, action: stop}
+max_duration: 72h              # optional: replaces the policy's max_duration
 ```
 """
 
@@ -26,7 +29,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from optimizer.common.documents import load_document, parse_document
 from optimizer.common.errors import LocatedError
-from policies.schema import NAME_PATTERN
+from policies.schema import MIN_WINDOW_S, NAME_PATTERN, Duration, Utilization
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV = ("GPUOPT_CHECKPOINT_DIR", "GPUOPT_ATTEMPT", "GPUOPT_RESTARTS", "GPUOPT_JOB")
@@ -77,6 +80,16 @@ class JobSpec(BaseModel):
         le=3600,
         description="How long the job needs to checkpoint after SIGTERM: after an "
         "interruption notice it is stopped at the latest this long before the power-off.",
+    )
+    utilization: Utilization | None = Field(
+        None,
+        description="Utilization rules; each one given replaces the policy's rule of its name.",
+        examples=[{"idle": {"below": 0.05, "for": "20m", "action": "stop"}}],
+    )
+    max_duration: Duration | None = Field(
+        None,
+        ge=MIN_WINDOW_S,
+        description="Stop the job (with a checkpoint) this long after it first started.",
     )
 
     @field_validator("run", "checkpoint_dir")
