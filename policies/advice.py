@@ -4,8 +4,11 @@ Pure: plain values in (a job's GPU samples, its attempts' running intervals, wha
 now, and a ranking made under the policy with the measured need), an `Advice` out. The
 daemon gathers the inputs (optimizer/jobs/advice.py); docs/advice.md explains the figures.
 
-- Need: the highest per-GPU memory reading of any sample, x (1 + the policy's buffer), as a
-  launch sizes a policy's stated need (`policies.sizing.with_buffer`).
+- Need: the highest memory used per GPU in any sample, x (1 + the policy's buffer), as a
+  launch sizes a policy's stated need (`policies.sizing.with_buffer`). A sample holds the
+  memory used summed over the attempt's GPUs, so per GPU is that sum / its GPUs: an even
+  spread, as data, tensor and sharded parallelism leave it. The samples cannot show a GPU
+  left idle, so the advice keeps the policy's GPU count (docs/advice.md).
 - Utilization: the mean of the samples' means, weighted by each sample's span, i.e. the
   average over the time the job was sampled (running).
 - Duty cycle: the hours the job's instances were held (each attempt from its start to its
@@ -38,8 +41,8 @@ Status = Literal["no_telemetry", "no_cheaper_fit", "cheaper_fit"]
 
 
 class Sample(NamedTuple):
-    """One stored telemetry aggregate: its span in seconds, the mean utilization (0-1) and
-    the highest memory used on any one GPU (GiB) over it, and how many GPUs it covered."""
+    """One stored telemetry aggregate: its span in seconds, the mean utilization (0-1), the
+    highest memory used over it summed over its GPUs (GiB), and how many GPUs it covered."""
 
     span_s: float
     util_mean: float | None
@@ -53,16 +56,19 @@ class Usage:
 
     samples: int
     sampled_hours: float
-    peak_gib: float | None  # None: no sample had a memory reading
+    peak_gib: float | None  # per GPU; None: no sample had a memory reading
     util: float | None  # 0-1; None: no sample had a utilization reading
-    gpus: int | None  # the most GPUs a sample covered
+    gpus: int | None  # the GPUs of the sample with the peak (else the most any covered)
+    node_peak_gib: float | None = None  # that sample's memory used, summed over its GPUs
 
 
 def usage(samples: Iterable[Sample]) -> Usage:
     """Fold samples into a Usage (module docstring: how each figure is made)."""
     count, seconds, weighted, util_seconds = 0, 0.0, 0.0, 0.0
     peak: float | None = None
+    node_peak: float | None = None
     gpus: int | None = None
+    peak_gpus: int | None = None
     for sample in samples:
         count += 1
         span = max(float(sample.span_s), 0.0)
@@ -70,12 +76,14 @@ def usage(samples: Iterable[Sample]) -> Usage:
         if sample.util_mean is not None and span > 0:
             weighted += sample.util_mean * span
             util_seconds += span
+        n_gpus = max(sample.gpus, 1)
         if sample.memory_used_gib_max is not None:
-            peak = max(peak or 0.0, sample.memory_used_gib_max)
-        if sample.gpus > 0:
-            gpus = max(gpus or 0, sample.gpus)
+            per_gpu = sample.memory_used_gib_max / n_gpus
+            if peak is None or per_gpu > peak:
+                peak, node_peak, peak_gpus = per_gpu, sample.memory_used_gib_max, n_gpus
+        gpus = max(gpus or 0, n_gpus)
     util = weighted / util_seconds if util_seconds else None
-    return Usage(count, seconds / 3600, peak, util, gpus)
+    return Usage(count, seconds / 3600, peak, util, peak_gpus or gpus, node_peak)
 
 
 class Interval(NamedTuple):
@@ -143,12 +151,18 @@ class Current:
         }
 
 
-def sized_policy(policy: Policy, peak_gib: float) -> Policy:
+def sized_policy(policy: Policy, peak_gib: float, gpus: int | None = None) -> Policy:
     """The policy with its memory need replaced by the measured per-GPU peak (before the
-    buffer): the model block and stated figure go, everything else (GPU models, regions,
-    markets, throughput, caps) stays."""
+    buffer) on at least `gpus` GPUs (the job's; the policy's minimum where that is more): the
+    model block and stated figure go, everything else (GPU models, regions, markets,
+    throughput, caps) stays."""
+    count = max(policy.workload.gpus, gpus or 1)
     workload = policy.workload.model_copy(
-        update={"gpu_memory_gib": peak_gib if peak_gib > 0 else None, "model": None}
+        update={
+            "gpu_memory_gib": peak_gib if peak_gib > 0 else None,
+            "model": None,
+            "gpus": count,
+        }
     )
     return policy.model_copy(update={"workload": workload})
 
@@ -182,6 +196,7 @@ class Advice:
                 "samples": u.samples,
                 "sampled_hours": u.sampled_hours,
                 "peak_gpu_memory_gib": u.peak_gib,
+                "peak_node_memory_gib": u.node_peak_gib,
                 "utilization": u.util,
                 "gpus": u.gpus,
             },
@@ -212,7 +227,8 @@ def advise(
     ranking: Ranking | None,
 ) -> Advice:
     """The advice for `job`. `ranking` must rank the latest offers under
-    `sized_policy(policy, usage.peak_gib)` (None only when there is no telemetry)."""
+    `sized_policy(policy, usage.peak_gib, usage.gpus)` (None only when there is no
+    telemetry)."""
     base = {
         "job": job,
         "policy": policy.name,
@@ -221,17 +237,21 @@ def advise(
         "buffer": policy.buffer,
         "current": current,
         "rank_by": policy.rank_by,
-        "notes": _notes(policy, usage),
+        "notes": _notes(usage),
     }
     if usage.peak_gib is None or ranking is None:
         why = f"no GPU telemetry for job {job} yet: no advice without data"
         return Advice(status="no_telemetry", reason=why, need_gib=None, **base)  # type: ignore[arg-type]
     need = with_buffer(usage.peak_gib, policy.buffer)
     base["dtype"] = ranking.dtype
+    peak = f"peak {_gib(usage.peak_gib)} GiB"
+    if usage.gpus and usage.gpus > 1 and usage.node_peak_gib is not None:
+        node, each = _gib(usage.node_peak_gib), _gib(usage.peak_gib)
+        peak = f"peak {node} GiB on {usage.gpus} GPUs = {each} GiB each"
     measured = (
-        f"peak {_gib(usage.peak_gib)} GiB x {1 + policy.buffer:g} = {_gib(need)} GiB"
+        f"{peak} x {1 + policy.buffer:g} = {_gib(need)} GiB"
         if policy.buffer
-        else f"peak {_gib(usage.peak_gib)} GiB (no buffer)"
+        else f"{peak} (no buffer)"
     )
     util = "" if usage.util is None else f"; util {usage.util * 100:.0f}%"
     best = ranking.best
@@ -276,13 +296,13 @@ def _saving_per_hour(policy: Policy, current: Current, best: Candidate) -> float
     return current.usd_per_hour - price
 
 
-def _notes(policy: Policy, usage: Usage) -> tuple[str, ...]:
+def _notes(usage: Usage) -> tuple[str, ...]:
     notes = []
     if usage.gpus is not None and usage.gpus > 1:
         notes.append(
-            f"GPU count kept at the policy's minimum ({policy.workload.gpus}): the samples "
-            f"hold the highest reading of {usage.gpus} GPUs, not each GPU's, so they cannot "
-            "show GPUs left idle"
+            f"GPU count kept at the job's {usage.gpus}: the samples hold memory summed "
+            "over the GPUs, not each GPU's, so per GPU is an even share and a GPU left idle "
+            "does not show"
         )
     return tuple(notes)
 

@@ -58,7 +58,7 @@ def policy(**sections: Any) -> Policy:
 
 def run(pol: Policy, used: Usage = USED, current: Current | None = CURRENT, offers=OFFERS, **kw):
     assert used.peak_gib is not None
-    ranking = evaluate(sized_policy(pol, used.peak_gib), offers, T0, **kw)
+    ranking = evaluate(sized_policy(pol, used.peak_gib, used.gpus), offers, T0, **kw)
     return advise("resnet", pol, used, DUTY, current, ranking)
 
 
@@ -199,9 +199,29 @@ def test_the_current_pool_itself_is_not_a_saving() -> None:
     assert "is not cheaper than aws p4de.24xlarge on_demand at $3/h" in got.reason
 
 
-def test_several_gpus_note_the_count_is_kept() -> None:
-    got = run(policy(), used=Usage(1, 0.1, 31.0, 0.5, 4))
-    assert any("GPU count kept" in n for n in got.notes)
+def test_usage_takes_memory_per_gpu_as_an_even_share_of_the_node_sum() -> None:
+    got = usage([Sample(60, 0.5, 62.0, 2), Sample(60, 0.5, 40.0, 1)])
+    # 62 / 2 = 31 per GPU < 40 on one GPU: the one-GPU sample is the peak
+    assert (got.peak_gib, got.node_peak_gib, got.gpus) == (40.0, 40.0, 1)
+    got = usage([Sample(60, 0.5, 62.0, 2), Sample(60, 0.5, 30.0, 1)])
+    assert (got.peak_gib, got.node_peak_gib, got.gpus) == (31.0, 62.0, 2)
+
+
+def test_a_two_gpu_job_is_advised_two_gpus_each_fitting_its_share() -> None:
+    two_l40s = make_offer(
+        instance_type="g6e.12xlarge", gpu_model="L40S", gpu_count=2, gpu_memory_gib=44.7,
+        usd_per_hour=2.50,
+    )  # fmt: skip
+    used = usage([Sample(60, 0.41, 62.0, 2)])
+    current = Current("aws", "us-east-1", "p4de.24xlarge", "on_demand", 6.00, "A100-80GB", 2)
+    got = run(policy(), used=used, current=current, offers=(L40S, two_l40s, A100))
+    # The one-GPU L40S (cheaper) cannot hold 62 GiB: a 2-GPU job is kept on 2 GPUs.
+    assert got.advised is not None and got.advised.offer == two_l40s
+    assert got.reason.startswith(
+        "peak 62 GiB on 2 GPUs = 31 GiB each x 1.2 = 37.2 GiB fits a 2x L40S"
+    )
+    assert got.usd_per_hour_saving == pytest.approx(3.50)  # 6.00 - 2.50
+    assert any("GPU count kept at the job's 2" in n for n in got.notes)
     assert run(policy()).notes == ()
 
 

@@ -241,6 +241,10 @@ def bad_input_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
             "gpuopt db downgrade does not do that",
         ),
         "jobs": (["jobs", "submit", str(missing)], f"{missing}: no such file"),
+        "advise": (
+            ["advise", "Not/A-Job"],
+            "gpuopt: error: job 'Not/A-Job': a job name is 1-63 lowercase letters",
+        ),
         "costs": (
             ["costs", "--since", "last week"],
             "gpuopt: error: --since: expected a month (2026-03), a date (2026-03-14) or an ISO",
@@ -276,6 +280,7 @@ GROUPS = [
     "agent",
     "prices",
     "costs",
+    "advise",
 ]
 
 

@@ -9,6 +9,8 @@ from datetime import timedelta
 from itertools import pairwise
 from typing import Any
 
+from sqlalchemy import insert
+
 from optimizer.clock import ManualClock
 from optimizer.daemon.config import ProviderConfig
 from optimizer.daemon.providers import ProviderHandle
@@ -16,8 +18,7 @@ from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.reconcile import STOP_GRACE, JobReconciler, gpu_samples
 from optimizer.model import EventKind
 from optimizer.store import Store
-from optimizer.store.tables import JobRecord
-from optimizer.store.telemetry import GpuMinute
+from optimizer.store.tables import GpuSample, JobRecord
 from policies.loader import parse_policy
 from policies.schema import Policy
 from tests.helpers import make_offer
@@ -29,8 +30,8 @@ kind: Policy
 name: p
 workload: {gpus: 1, gpu_memory_gib: 16}
 utilization:
-  low: {below: 0.60, for: 2m, action: alert}
-  idle: {below: 0.05, for: 90s, action: stop}
+  low: {below: 0.60, for: 20s, action: alert}
+  idle: {below: 0.05, for: 10s, action: stop}
 """
 SECOND = timedelta(seconds=1)
 
@@ -77,12 +78,26 @@ class World:
         )
         assert self.run().state == "running"
 
-    def reading(self, util: float) -> None:
-        """The agent's reading over the last minute, then the clock moves past it."""
+    def reading(self, util: float, span_s: int = 5) -> None:
+        """The agent's reading over the last `span_s` seconds, then the clock moves past it."""
         start = self.clock()
-        self.clock.advance(60)
-        minute = GpuMinute(start, samples=6, gpus=1, util_mean=util, util_max=util)
-        assert self.store.telemetry.add(self.attempt().id, [minute]) == 1
+        self.clock.advance(span_s)
+        with self.store.engine.begin() as conn:
+            conn.execute(
+                insert(GpuSample.__table__),  # type: ignore[attr-defined]
+                [
+                    {
+                        "attempt_id": self.attempt().id,
+                        "start": start,
+                        "span_s": span_s,
+                        "samples": 1,
+                        "gpus": 1,
+                        "util_mean": util,
+                        "util_max": util,
+                        "simulated": True,
+                    }
+                ],
+            )
 
     def events(self, kind: EventKind) -> list[Any]:
         return [
@@ -94,7 +109,7 @@ def test_an_idle_job_is_stopped_sigterm_first_then_its_instance_terminated(store
     w = World(store, parse_policy(RULES))
     w.start()
     w.reading(0.03)
-    assert w.run().state == "running"  # 60 s of coverage, the window is 90 s
+    assert w.run().state == "running"  # 5 s of coverage, the window is 10 s
     w.reading(0.03)
     job = w.run()
     assert job.state == "stopped"
@@ -116,8 +131,7 @@ def test_an_idle_job_is_stopped_sigterm_first_then_its_instance_terminated(store
 def test_a_stopped_job_that_never_exits_loses_its_instance_after_the_grace(store: Store) -> None:
     w = World(store, parse_policy(RULES))
     w.start()
-    w.reading(0.0)
-    w.reading(0.0)
+    w.reading(0.0, span_s=10)
     assert w.run().state == "stopped"
     w.clock.advance((STOP_GRACE - SECOND).total_seconds())
     w.run()
@@ -130,7 +144,7 @@ def test_a_stopped_job_that_never_exits_loses_its_instance_after_the_grace(store
 def test_a_busy_minute_keeps_the_job_running(store: Store) -> None:
     w = World(store, parse_policy(RULES))
     w.start()
-    for util in (0.03, 0.9, 0.03):  # the busy minute is in every 90 s window until then
+    for util in (0.03, 0.9, 0.03):
         w.reading(util)
         assert w.run().state == "running"
     w.reading(0.03)
@@ -139,11 +153,11 @@ def test_a_busy_minute_keeps_the_job_running(store: Store) -> None:
 
 def test_a_low_job_alerts_once_per_window_across_a_restart(store: Store) -> None:
     policy = parse_policy(
-        RULES.replace("0.05, for: 90s, action: stop", "0.05, for: 90s, action: alert")
+        RULES.replace("0.05, for: 10s, action: stop", "0.05, for: 10s, action: alert")
     )
     w = World(store, policy)
     w.start()
-    for _ in range(6):  # six minutes at 40%: three 2 minute windows
+    for _ in range(12):  # 60 s at 40%: three 20 s windows
         w.reading(0.4)
         assert w.run().state == "running"
         if len(w.events(EventKind.JOB_UNDERUSED)) == 1:
@@ -155,7 +169,7 @@ def test_a_low_job_alerts_once_per_window_across_a_restart(store: Store) -> None
     for (_, end), (start, _) in pairwise(windows):
         assert start >= end  # back to back, never overlapping
     assert {e.data["rule"] for e in alerts} == {"low"}
-    assert alerts[0].data["peak"] == 0.4 and alerts[0].data["window_s"] == 120.0
+    assert alerts[0].data["peak"] == 0.4 and alerts[0].data["window_s"] == 20.0
 
 
 def test_max_duration_from_the_spec_stops_the_job(store: Store) -> None:
@@ -176,5 +190,5 @@ def test_gpu_samples_reads_the_attempts_spans_that_end_after_since(store: Store)
     w.start()
     w.reading(0.1)
     w.reading(0.2)
-    got = gpu_samples(store, w.attempt().id, since=NOW + 61 * SECOND)
-    assert [(s.start, s.util) for s in got] == [(NOW + 60 * SECOND, 0.2)]
+    got = gpu_samples(store, w.attempt().id, since=NOW + 6 * SECOND)
+    assert [(s.start, s.util) for s in got] == [(NOW + 5 * SECOND, 0.2)]

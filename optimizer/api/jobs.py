@@ -13,6 +13,7 @@ from fastapi import APIRouter, HTTPException, Query, status
 
 from optimizer.api.costs import job_attempts
 from optimizer.api.state import MAX_ID, MIN_ID, ApiState, StateDep, utc_text
+from optimizer.jobs.advice import job_advice
 from optimizer.jobs.machine import JobState
 from optimizer.jobs.spec import JobSpec
 from optimizer.model import EventKind
@@ -109,6 +110,23 @@ def show_job(name: str, state: StateDep) -> dict[str, Any]:
     """The job, and its attempts each with its cost lines (docs/costs.md)."""
     job = _job(state, name)
     return {**job_view(job), "attempts": job_attempts(state, job.id)}
+
+
+@router.get("/{name}/advice")
+def advise_job(name: str, state: StateDep) -> dict[str, Any]:
+    """Rightsizing advice (docs/advice.md): from the job's measured peak GPU memory x (1 +
+    its policy's buffer), utilization and duty cycle, the cheapest offer its policy allows
+    that still fits, the saving per month and why; `status` is `cheaper_fit`,
+    `no_cheaper_fit` or `no_telemetry`. 409 if the job's policy is not loaded."""
+    job = _job(state, name)
+    loaded = state.policies.get(job.policy)
+    if loaded is None:
+        raise HTTPException(
+            409, detail=f"job {name!r} runs under policy {job.policy!r}, which is not loaded"
+        )
+    now = state.clock()
+    found = job_advice(state.store, job, loaded.policy, now)
+    return {**found.to_dict(), "evaluated_at": utc_text(now)}
 
 
 @router.post("/{name}/cancel")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import typer
 
 from optimizer.cli import (
+    advise,
     agent,
     config,
     costs,
@@ -43,6 +44,7 @@ app.command("version")(version.version)
 app.command("offers")(offers.offers)
 app.add_typer(prices.app, name="prices")
 app.command("costs")(costs.costs)
+app.command("advise")(advise.advise)
 
 __all__ = ["app", "main"]
 

@@ -16,8 +16,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
+
+from sqlalchemy import select
 
 from optimizer.costs.billing import rule_for
 from optimizer.jobs.bootstrap import AgentSettings
@@ -48,7 +50,7 @@ from optimizer.jobs.utilization import Rules, Sample, rules_for, watch
 from optimizer.model import EventKind, Market
 from optimizer.store import Store
 from optimizer.store.jobs import AttemptRecord
-from optimizer.store.tables import JobRecord, NewEvent
+from optimizer.store.tables import GpuSample, JobRecord, NewEvent
 from policies.schema import Policy
 from providers.base import EndReason, InstanceRef, InstanceState, InstanceStatus, ProviderError
 
@@ -563,13 +565,24 @@ def termination(ctx: ReconcileContext, a: AttemptRecord, status: InstanceStatus)
 
 
 def gpu_samples(store: Store, attempt_id: int, *, since: datetime) -> list[Sample]:
-    """An attempt's GPU readings (`store.telemetry`) whose span ends after `since`, oldest
-    first."""
+    """An attempt's GPU readings (`gpu_sample`) whose span ends after `since`, oldest first."""
+    table = GpuSample.__table__  # type: ignore[attr-defined]
     # Spans are at most an hour (the downsampled rows): any that ends after `since` starts
     # after `since - 1 h`.
-    rows = store.telemetry.samples(attempt_id=attempt_id, since=since - timedelta(hours=1))
-    samples = [Sample(r.start, timedelta(seconds=r.span_s), r.util_mean) for r in rows]
-    return [s for s in samples if s.end > since]
+    query = (
+        select(table.c.start, table.c.span_s, table.c.util_mean)
+        .where(table.c.attempt_id == attempt_id, table.c.start > since - timedelta(hours=1))
+        .order_by(table.c.start)
+    )
+    with store.engine.connect() as conn:
+        rows = conn.execute(query).all()
+    samples = []
+    for start, span_s, util in rows:
+        start = start if start.tzinfo is not None else start.replace(tzinfo=UTC)
+        sample = Sample(start, timedelta(seconds=span_s), util)
+        if sample.end > since:
+            samples.append(sample)
+    return samples
 
 
 def attempt_view(a: AttemptRecord, *, power_off_at: datetime | None = None) -> AttemptView:

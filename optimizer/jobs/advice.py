@@ -1,0 +1,83 @@
+"""A job's rightsizing advice from what the store holds: its GPU samples, its attempts and the
+latest offers ranked as a launch ranks them (optimizer.jobs.ranking), with the job's memory
+need replaced by what it measured. The figures and the wording are `policies.advice`'s."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from optimizer import hardware
+from optimizer.jobs.ranking import launch_ranking
+from optimizer.store import AttemptRecord, JobRecord, Store
+from optimizer.store.tables import TERMINAL_JOB_STATES
+from policies import advice
+from policies.engine import Ranking
+from policies.schema import Policy
+
+# Samples read per job at most: a year of hourly rows, or a week of minutes, per attempt.
+MAX_SAMPLES = 100_000
+
+
+def job_advice(store: Store, job: JobRecord, policy: Policy, now: datetime) -> advice.Advice:
+    """The advice for `job` under `policy` (the one it runs under) at `now`."""
+    assert job.id is not None
+    rows = store.telemetry.samples(job_id=job.id, limit=MAX_SAMPLES)
+    used = advice.usage(
+        advice.Sample(r.span_s, r.util_mean, r.memory_used_gib_max, r.gpus) for r in rows
+    )
+    attempts = store.jobs.attempts(job.id)
+    duty = advice.duty_cycle(
+        [_held(a) for a in attempts], now, ended=job.state in TERMINAL_JOB_STATES
+    )
+    ranking: Ranking | None = None
+    if used.peak_gib is not None:
+        sized = advice.sized_policy(policy, used.peak_gib, used.gpus)
+        ranking = launch_ranking(store, job.policy, sized, now, replacing=job.id).ranking
+    latest = max(attempts, key=lambda a: a.number, default=None)
+    current = None if latest is None else _current(store, latest, ranking)
+    return advice.advise(job.given_name, policy, used, duty, current, ranking)
+
+
+def _held(attempt: AttemptRecord) -> advice.Interval:
+    """When the attempt's instance was held: the provider's launch and termination where
+    known, else gpuopt's own start and end of the attempt."""
+    return advice.Interval(
+        attempt.launched_at or attempt.started_at, attempt.terminated_at or attempt.ended_at
+    )
+
+
+def _current(store: Store, attempt: AttemptRecord, ranking: Ranking | None) -> advice.Current:
+    """What the latest attempt runs on, with the shape's figures where the latest offers still
+    list its instance type: its throughput as the ranking figured it (measured where known)
+    if it is a candidate there, else the hardware table's."""
+    dtype = ranking.dtype if ranking is not None else "bf16"
+    same = [
+        c
+        for c in (ranking.candidates if ranking is not None else ())
+        if (c.offer.provider, c.offer.instance_type) == (attempt.provider, attempt.instance_type)
+    ]
+    offer = same[0].offer if same else None
+    tflops = same[0].node_tflops if same else None
+    if offer is None:
+        offer = next(
+            (
+                o
+                for o in store.prices.latest_offers()
+                if (o.provider, o.instance_type) == (attempt.provider, attempt.instance_type)
+            ),
+            None,
+        )
+        if offer is not None:
+            per_gpu = hardware.get(offer.gpu_model).tflops_for(dtype)
+            tflops = offer.gpu_count * per_gpu if per_gpu else None
+    return advice.Current(
+        provider=attempt.provider,
+        region=attempt.region,
+        instance_type=attempt.instance_type,
+        market=attempt.market,
+        usd_per_hour=attempt.usd_per_hour,
+        gpu_model=None if offer is None else offer.gpu_model,
+        gpu_count=None if offer is None else offer.gpu_count,
+        gpu_memory_gib=None if offer is None else offer.gpu_memory_gib,
+        node_tflops=tflops,
+    )
