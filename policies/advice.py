@@ -136,6 +136,9 @@ class Current:
     gpu_count: int | None = None
     gpu_memory_gib: float | None = None
     node_tflops: float | None = None  # for the ranking's dtype, measured where known
+    # where node_tflops came from: measured (probes, `tflops_n` results), ranking, datasheet
+    tflops_source: str | None = None
+    tflops_n: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -148,6 +151,8 @@ class Current:
             "gpu_count": self.gpu_count,
             "gpu_memory_gib": self.gpu_memory_gib,
             "node_tflops": self.node_tflops,
+            "tflops_source": self.tflops_source,
+            "tflops_n": self.tflops_n,
         }
 
 
@@ -268,11 +273,12 @@ def advise(
         why = (
             f"no cheaper fit: {measured}{util}; the cheapest fit under policy {policy.name}, "
             f"{_shape(best)}, is not cheaper than {here} at ${current.usd_per_hour:.4g}/h"
+            f"{_throughput(policy, ranking.dtype, current, best)}"
         )
         return Advice(status="no_cheaper_fit", reason=why, need_gib=need, **base)  # type: ignore[arg-type]
     monthly = per_hour * hours
     why = (
-        f"{measured} fits {_shape(best)}{util}; "
+        f"{measured} fits {_shape(best)}{util}{_throughput(policy, ranking.dtype, current, best)}; "
         f"${per_hour:.4g}/h less than {current.provider} {current.instance_type} "
         f"{current.market}, ${monthly:,.2f}/month at {hours:.0f} h/month "
         f"({duty.fraction * 100:.0f}% duty cycle)"
@@ -294,6 +300,20 @@ def _saving_per_hour(policy: Policy, current: Current, best: Candidate) -> float
     if policy.rank_by == "price_per_tflop" and current.node_tflops and best.node_tflops:
         return current.usd_per_hour - current.node_tflops * price / best.node_tflops
     return current.usd_per_hour - price
+
+
+def _throughput(policy: Policy, dtype: str, current: Current, best: Candidate) -> str:
+    """With rank_by price_per_tflop, the two node throughputs compared ("" otherwise)."""
+    if policy.rank_by != "price_per_tflop" or not (current.node_tflops and best.node_tflops):
+        return ""
+    source = current.tflops_source
+    if source is not None and current.tflops_n is not None:
+        source = f"{source}, n={current.tflops_n}"
+    now = f" ({source})" if source else ""
+    return (
+        f"; {dtype} {best.node_tflops:.0f} TFLOPS per node advised vs "
+        f"{current.node_tflops:.0f} now{now}"
+    )
 
 
 def _notes(usage: Usage) -> tuple[str, ...]:

@@ -60,6 +60,8 @@ A10G = make_offer()  # 22.35 GiB at $0.40: too small for 31 x 1.2 = 37.2 GiB
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Daemon]:
     write_policy(tmp_path / "policies", "train.yaml", POLICY)
+    per_tflop = POLICY.replace("name: train", "name: perflop") + "rank_by: price_per_tflop\n"
+    write_policy(tmp_path / "policies", "perflop.yaml", per_tflop)
     source = FakeSource([A100, L40S, L40S_EU, A10G])
     with running(make_config(tmp_path), sources={"local": source}) as d, api(d) as client:
         wait_until(lambda: client.get("/readyz").status_code == 200, what="readiness")
@@ -67,10 +69,12 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
         yield d
 
 
-def add_job(store: Store, name: str, now: datetime, *, ended: bool = True) -> list[int]:
+def add_job(
+    store: Store, name: str, now: datetime, *, ended: bool = True, policy: str = "train"
+) -> list[int]:
     """A job on the A100 with two attempts: held [now-10h, now-8h] and [now-4h, now-1h] (or
     still running); returns the attempts' ids."""
-    job_id = store.jobs.add_job(name, "train", {"run": "x"}, at=now - 10 * H)
+    job_id = store.jobs.add_job(name, policy, {"run": "x"}, at=now - 10 * H)
     ids = []
     for number, (start, end) in enumerate(((10, 8), (4, 1)), 1):
         key = f"{name}-{number}"
@@ -165,6 +169,28 @@ def test_without_telemetry_there_is_no_advice(daemon: Daemon) -> None:
         "quiet (policy train): no telemetry yet",
         "  no GPU telemetry for job quiet yet: no advice without data",
     ]
+
+
+def test_per_tflop_the_current_throughput_is_the_probes_measured_figure(daemon: Daemon) -> None:
+    now = utc_now()
+    first, _ = add_job(daemon.store, "bert", now, policy="perflop")
+    daemon.store.telemetry.add(first, [sample(now - 9 * H, 0.8, 31.0)])
+    # The A100 probed at 200 bf16 TFLOPS (the datasheet says 312).
+    result = {
+        "schema": "gpuopt.probe", "version": 1, "backend": "cuda", "gpu_model": "A100-80GB",
+        "measured_tflops": {"A100-80GB": {"bf16": 200.0}},
+        "runs": [{"device": "cuda", "ok": True, "gpu": 0, "gemm": [], "copy_gbps": 1500.0}],
+    }  # fmt: skip
+    event = {"id": "p1", "kind": "probe_result", "data": {"status": "pass", "result": result}}
+    daemon.store.jobs.record_agent_events("bert-1", [event], now - 9 * H)
+    got = advice(daemon, "bert").json()
+    assert got["status"] == "cheaper_fit" and got["rank_by"] == "price_per_tflop"
+    assert got["current"]["node_tflops"] == 200.0
+    assert (got["current"]["tflops_source"], got["current"]["tflops_n"]) == ("measured", 1)
+    # The L40S's datasheet 362 bf16 TFLOPS: the A100's work costs 200 x 1.20 / 362 $/h there.
+    assert got["advised"]["offer"]["instance_type"] == "g6e.xlarge"
+    assert got["usd_per_hour_saving"] == pytest.approx(3.00 - 200 * 1.20 / 362)
+    assert "bf16 362 TFLOPS per node advised vs 200 now (measured, n=1)" in got["reason"]
 
 
 def test_unknown_jobs_and_unloaded_policies_are_clear_errors(daemon: Daemon) -> None:

@@ -48,28 +48,32 @@ def _held(attempt: AttemptRecord) -> advice.Interval:
 
 def _current(store: Store, attempt: AttemptRecord, ranking: Ranking | None) -> advice.Current:
     """What the latest attempt runs on, with the shape's figures where the latest offers still
-    list its instance type: its throughput as the ranking figured it (measured where known)
-    if it is a candidate there, else the hardware table's."""
+    list its instance type. Its throughput: the probes' median for its (provider, instance
+    type) where they measured the ranking's dtype, else its own row in the ranking, else the
+    hardware table's datasheet figure."""
     dtype = ranking.dtype if ranking is not None else "bf16"
+    key = (attempt.provider, attempt.instance_type)
     same = [
         c
         for c in (ranking.candidates if ranking is not None else ())
-        if (c.offer.provider, c.offer.instance_type) == (attempt.provider, attempt.instance_type)
+        if (c.offer.provider, c.offer.instance_type) == key
     ]
     offer = same[0].offer if same else None
-    tflops = same[0].node_tflops if same else None
     if offer is None:
         offer = next(
-            (
-                o
-                for o in store.prices.latest_offers()
-                if (o.provider, o.instance_type) == (attempt.provider, attempt.instance_type)
-            ),
+            (o for o in store.prices.latest_offers() if (o.provider, o.instance_type) == key),
             None,
         )
-        if offer is not None:
-            per_gpu = hardware.get(offer.gpu_model).tflops_for(dtype)
-            tflops = offer.gpu_count * per_gpu if per_gpu else None
+    tflops, source, n = None, None, None
+    measured = store.probes.figures().get(key)
+    if offer is not None and measured is not None and measured.tflops.get(dtype):
+        tflops, source, n = offer.gpu_count * measured.tflops[dtype], "measured", measured.n
+    elif same and same[0].node_tflops:
+        tflops, source = same[0].node_tflops, "ranking"
+    elif offer is not None:
+        per_gpu = hardware.get(offer.gpu_model).tflops_for(dtype)
+        if per_gpu:
+            tflops, source = offer.gpu_count * per_gpu, "datasheet"
     return advice.Current(
         provider=attempt.provider,
         region=attempt.region,
@@ -80,4 +84,6 @@ def _current(store: Store, attempt: AttemptRecord, ranking: Ranking | None) -> a
         gpu_count=None if offer is None else offer.gpu_count,
         gpu_memory_gib=None if offer is None else offer.gpu_memory_gib,
         node_tflops=tflops,
+        tflops_source=source,
+        tflops_n=n,
     )
