@@ -81,7 +81,7 @@ class JobReconciler:
         self._left: set[str] = set()
         # (attempt key, rule) -> the end of the window it last alerted on (read from the
         # events after a restart or a change of leader).
-        self._alerted: dict[tuple[str, str], datetime] = {}
+        self._alerted: dict[tuple[str, str], datetime | None] = {}
 
     def __call__(self, ctx: ReconcileContext) -> None:
         # Provider event queues (AWS EventBridge → SQS) are read by their own loop
@@ -91,6 +91,8 @@ class JobReconciler:
         live = [job for job in ctx.jobs if JobState(job.state) in LIVE]
         # Read after describe, which may have ended attempts.
         attempts = ctx.store.jobs.attempts_of(job.id for job in live)
+        open_keys = {a.key for rows in attempts.values() for a in rows if not a.ended}
+        self._alerted = {k: v for k, v in self._alerted.items() if k[0] in open_keys}
         for job in live:
             self._job(ctx, job, attempts.get(job.id, []))
             self._flush(ctx)  # events of a job whose pass made no transition
@@ -257,10 +259,8 @@ class JobReconciler:
                 if (e.data or {}).get("attempt") == attempt.number
                 and (e.data or {}).get("rule") == rule
             ]
-            if not found:
-                return None
-            end = datetime.fromisoformat(str((found[0].data or {})["window_end"]))
-            self._alerted[key] = end
+            end = str((found[0].data or {})["window_end"]) if found else None
+            self._alerted[key] = None if end is None else datetime.fromisoformat(end)
         return self._alerted[key]
 
     def _apply(
