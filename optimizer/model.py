@@ -163,6 +163,8 @@ class EventKind(StrEnum):
     JOB_UNDERUSED = "job.underused"
     JOB_STOPPED = "job.stopped"
     BUDGET_THRESHOLD_CROSSED = "budget.threshold_crossed"
+    # Probe results
+    INSTANCE_TYPE_DEMOTED = "instance_type.demoted"
     # The cost ledger
     COSTS_MONTHLY_SUMMARY = "costs.monthly_summary"
     # Replicas

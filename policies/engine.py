@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 from optimizer.model import Market, Offer
 from policies.budget import Committed
+from policies.measured import MEASURED, Measured
 from policies.rules import RULES, EvaluationError, Fit, RuleSet
 from policies.schema import Policy
 
@@ -47,13 +48,20 @@ class Candidate(NamedTuple):
 
     offer: Offer
     rank: int  # 1 = best
-    score: float  # what rank_by orders on: USD/h, or USD per node-TFLOP-hour
+    score: float  # what rank_by orders on: USD/h, USD per node-TFLOP-hour or per node-TB/s-hour
     usd_per_gpu_hour: float
     gpu_memory_need_gib: float  # per GPU, after the buffer
     memory_headroom: float | None  # offer's GPU memory / need - 1; None when nothing is needed
     node_tflops: float | None  # whole node, for the ranking dtype (measured where known)
     usd_per_tflop_hour: float | None
     on_demand_usd_per_hour: float | None  # cheapest on-demand of the same type in the region
+    throughput: str | None = None  # where node_tflops came from: measured | datasheet
+    measured_n: int | None = None  # probe results the type's measured figures are medians of
+    measured_age_s: float | None = None  # seconds from the newest of them to the evaluation
+    node_tbps: float | None = None  # memory bandwidth, whole node (measured where known)
+    usd_per_tbps_hour: float | None = None
+    bandwidth: str | None = None  # where node_tbps came from: measured | datasheet
+    probe_failures: str | None = None  # the type's probes keep failing: ranked after the rest
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -65,6 +73,13 @@ class Candidate(NamedTuple):
             "node_tflops": self.node_tflops,
             "usd_per_tflop_hour": self.usd_per_tflop_hour,
             "on_demand_usd_per_hour": self.on_demand_usd_per_hour,
+            "throughput": self.throughput,
+            "measured_n": self.measured_n,
+            "measured_age_s": self.measured_age_s,
+            "node_tbps": self.node_tbps,
+            "usd_per_tbps_hour": self.usd_per_tbps_hour,
+            "bandwidth": self.bandwidth,
+            "probe_failures": self.probe_failures,
             "offer": self.offer.to_dict(),
         }
 
@@ -181,7 +196,7 @@ class _Shape:
         # The key is (market, provider, region, instance_type, gpu_model, gpu_count,
         # gpu_memory_gib, interconnect, vcpus, ram_gib): everything the shape rules read.
         market, provider, region, instance_type, *hardware = key
-        verdict = rules.shape(market, provider, region, *hardware)
+        verdict = rules.shape(market, provider, region, instance_type, *hardware)
         self.rule: str | None = None
         self.reason = ""
         self.fit: Fit | None = None
@@ -222,9 +237,12 @@ def _fallback(offer: Offer) -> tuple[Any, ...]:
     )
 
 
-def _order(scores: list[float], offers: list[Offer], markets: Mapping[str, int]) -> list[int]:
+def _order(
+    scores: list[float], offers: list[Offer], markets: Mapping[str, int], demoted: list[bool]
+) -> list[int]:
     """Indexes in rank order: by (score, market preference, provider, region, zone, type),
-    then indexes that tie on all of it by every other field of their offers.
+    then indexes that tie on all of it by every other field of their offers; the demoted
+    (their type's probes keep failing) after all the others, in the same order among them.
 
     Sorted on the score alone first, a float per offer: the rest of the key is built only
     for offers whose score ties (an equal price in another zone, say), not for every offer.
@@ -249,6 +267,8 @@ def _order(scores: list[float], offers: list[Offer], markets: Mapping[str, int])
         for first, end in _ties(run, rest):
             run[first:end] = sorted(run[first:end], key=every_field)
         order[start:stop] = run
+    if any(demoted):
+        order = [i for i in order if not demoted[i]] + [i for i in order if demoted[i]]
     return order
 
 
@@ -320,13 +340,16 @@ def evaluate(
     offers: Iterable[Offer],
     now: datetime,
     *,
-    measured: Mapping[str, Mapping[str, float]] | None = None,
+    measured: Measured | Mapping[str, Mapping[str, float]] | None = None,
     committed: Committed | None = None,
 ) -> Ranking:
     """Rank the offers `policy` allows at `now`, and say why each other offer was rejected.
 
-    `measured` holds per-GPU TFLOPS keyed by GPU model and dtype (from the probes); where a
-    figure is present it replaces the hardware table's. `max_fraction_of_on_demand` compares
+    `measured` is what the probes measured (`policies.measured.Measured`): per-GPU TFLOPS
+    and copy bandwidth per (provider, instance type), with how many results and how old, and
+    the types demoted for failing probes; a plain mapping is per-GPU TFLOPS keyed by GPU
+    model and dtype. Where a measured figure is present it replaces the hardware table's
+    (a type's over a model's). `max_fraction_of_on_demand` compares
     a spot price with the cheapest on-demand price of the same provider, region and instance
     type among `offers` (any zone, any rule outcome except stale).
 
@@ -338,11 +361,46 @@ def evaluate(
     return _rank(rules, policy.name, offers)
 
 
+def _candidate(
+    now: datetime,
+    offer: Offer,
+    rank: int,
+    score: float,
+    need: float,
+    fit: Fit,
+    usd_per_tflop: float | None,
+    reference: float | None,
+) -> Candidate:
+    """A candidate with where its figures came from (probes or the datasheet)."""
+    found = fit.measurement
+    used = found is not None and MEASURED in (fit.throughput, fit.bandwidth)
+    tbps = fit.node_tbps
+    return Candidate(
+        offer,
+        rank,
+        score,
+        offer.usd_per_hour / offer.gpu_count,
+        need,
+        fit.memory_headroom,
+        fit.node_tflops,
+        usd_per_tflop,
+        reference,
+        fit.throughput,
+        found.n if used else None,  # type: ignore[union-attr]
+        (now - found.newest_at).total_seconds() if used else None,  # type: ignore[union-attr]
+        tbps,
+        offer.usd_per_hour / tbps if tbps else None,
+        fit.bandwidth,
+        fit.probe_failures,
+    )
+
+
 def _rank(rules: RuleSet, policy_name: str, offers: Iterable[Offer]) -> Ranking:
     buckets: dict[str, _Columns] = {rule: ([], []) for rule in RULES}
     shapes, kept, kept_shapes = _first_pass(rules, offers, buckets)
     on_demand = _on_demand_prices(shapes)
-    markets, per_tflop, check_price = rules.markets, rules.per_tflop, rules.prices_capped
+    markets, per_tflop, per_tbps = rules.markets, rules.per_tflop, rules.per_tbps
+    check_price = rules.prices_capped
     # The offers that pass, in columns (index for index) rather than a record each.
     passed: list[Offer] = []
     scores: list[float] = []
@@ -365,27 +423,24 @@ def _rank(rules: RuleSet, policy_name: str, offers: Iterable[Offer]) -> Ranking:
         fit = shape.fit
         node = fit.node_tflops  # type: ignore[union-attr]  # a shape without a rule has a Fit
         usd_per_tflop = price / node if node else None
-        scores.append(usd_per_tflop if per_tflop else price)  # type: ignore[arg-type]
+        if per_tflop:
+            scores.append(usd_per_tflop)  # type: ignore[arg-type]  # the rule ensured a figure
+        elif per_tbps:
+            scores.append(price / fit.node_tbps)  # type: ignore[union-attr,operator]
+        else:
+            scores.append(price)
         passed.append(offer)
         references.append(reference)
         per_tflops.append(usd_per_tflop)
         fits.append(fit)  # type: ignore[arg-type]
 
     need = rules.memory_need
+    demoted = [f.probe_failures is not None for f in fits]
     candidates = tuple(
-        # Positional, in field order: keyword arguments cost more across 100k candidates.
-        Candidate(
-            passed[i],
-            rank,
-            scores[i],
-            passed[i].usd_per_hour / passed[i].gpu_count,
-            need,
-            fits[i].memory_headroom,
-            fits[i].node_tflops,
-            per_tflops[i],
-            references[i],
+        _candidate(
+            rules.now, passed[i], rank, scores[i], need, fits[i], per_tflops[i], references[i]
         )
-        for rank, i in enumerate(_order(scores, passed, markets), 1)
+        for rank, i in enumerate(_order(scores, passed, markets, demoted), 1)
     )
     return Ranking(
         policy_name=policy_name,

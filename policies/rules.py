@@ -17,6 +17,7 @@ from fnmatch import fnmatchcase
 from optimizer import hardware
 from optimizer.model import Interconnect, Market
 from policies import budget, regions
+from policies.measured import DATASHEET, MEASURED, Measured, TypeMeasurement, as_measured
 from policies.schema import Policy
 
 RULES: tuple[str, ...] = (
@@ -60,6 +61,11 @@ class Fit:
 
     node_tflops: float | None  # for the ranking dtype
     memory_headroom: float | None
+    throughput: str | None = None  # where node_tflops came from: measured | datasheet
+    measurement: TypeMeasurement | None = None  # the type's probes, where they measured it
+    node_tbps: float | None = None  # memory bandwidth, whole node, TB/s
+    bandwidth: str | None = None  # where node_tbps came from: measured | datasheet
+    probe_failures: str | None = None  # why the type is demoted, if it is
 
 
 def _n(value: float) -> str:
@@ -81,6 +87,24 @@ def _hours(delta: timedelta) -> str:
     return f"{delta.total_seconds() / 3600:.1f} h"
 
 
+def _figures(what: str, figures: Mapping[str, float]) -> dict[str, float]:
+    """Per-dtype figures keyed by canonical dtype; bad figures raise."""
+    out: dict[str, float] = {}
+    for dtype, value in figures.items():
+        key = dtype.strip().lower()
+        if key not in hardware.DTYPES:
+            raise EvaluationError(f"measured {what}: unknown dtype {dtype!r}")
+        _check(f"{what} {dtype}", value)
+        out[key] = float(value)
+    return out
+
+
+def _check(what: str, value: object) -> None:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and value >= 0):  # type: ignore[arg-type,operator]
+        raise EvaluationError(f"measured {what}: {value!r} is not >= 0")
+
+
 def _canonical_measured(
     measured: Mapping[str, Mapping[str, float]] | None,
 ) -> dict[str, dict[str, float]]:
@@ -89,14 +113,21 @@ def _canonical_measured(
     for model, figures in (measured or {}).items():
         spec = hardware.lookup(model)
         name = spec.name if spec is not None else model
-        for dtype, value in figures.items():
-            key = dtype.strip().lower()
-            if key not in hardware.DTYPES:
-                raise EvaluationError(f"measured {model}: unknown dtype {dtype!r}")
-            ok = isinstance(value, int | float) and not isinstance(value, bool)
-            if not ok or not math.isfinite(value) or value < 0:
-                raise EvaluationError(f"measured {model} {dtype}: {value!r} is not >= 0")
-            out.setdefault(name, {})[key] = float(value)
+        out.setdefault(name, {}).update(_figures(model, figures))
+    return out
+
+
+def _canonical_types(measured: Measured) -> dict[tuple[str, str], TypeMeasurement]:
+    """Per-type measurements with canonical dtypes; bad figures raise."""
+    out: dict[tuple[str, str], TypeMeasurement] = {}
+    for (provider, kind), found in measured.types.items():
+        what = f"{provider} {kind}"
+        if found.copy_gbps is not None:
+            _check(f"{what} copy_gbps", found.copy_gbps)
+        if found.newest_at.tzinfo is None:
+            raise EvaluationError(f"measured {what}: newest_at must be timezone-aware")
+        tflops = _figures(what, found.tflops)
+        out[(provider, kind)] = TypeMeasurement(tflops, found.copy_gbps, found.n, found.newest_at)
     return out
 
 
@@ -107,7 +138,7 @@ class RuleSet:
         self,
         policy: Policy,
         now: datetime,
-        measured: Mapping[str, Mapping[str, float]] | None = None,
+        measured: Measured | Mapping[str, Mapping[str, float]] | None = None,
         committed: budget.Committed | None = None,
     ) -> None:
         if now.tzinfo is None:
@@ -141,6 +172,7 @@ class RuleSet:
         self.min_tflops = {d: (v, v * grow) for d, v in work.min_tflops.items()}
         self.dtype = work.dtype()
         self.per_tflop = policy.rank_by == "price_per_tflop"
+        self.per_tbps = policy.rank_by == "price_per_tbps"
         self.cpu_memory = work.cpu_memory_gib
         self.vcpus = work.vcpus
         self.max_usd_per_hour = bid.max_usd_per_hour
@@ -153,9 +185,12 @@ class RuleSet:
         caps = (self.max_usd_per_hour, self.max_usd_per_gpu_hour, self.max_fraction)
         self.prices_capped = self.monthly_usd is not None or any(c is not None for c in caps)
 
-        self.measured = _canonical_measured(measured)
+        given = as_measured(measured)
+        self.measured = _canonical_measured(given.models)
+        self.measured_types = _canonical_types(given)
+        self.demoted = dict(given.demoted)
         self._place_memo: dict[tuple[str, str], Verdict | None] = {}
-        self._figure_memo: dict[tuple[str, str], tuple[float | None, bool]] = {}
+        self._figure_memo: dict[tuple[str, str, str, str], tuple[float | None, str]] = {}
         self._fp64_memo: dict[str, str | None] = {}
         self._stale_memo: dict[datetime, str] = {}
 
@@ -182,6 +217,7 @@ class RuleSet:
         market: str,
         provider: str,
         region: str,
+        instance_type: str,
         gpu_model: str,
         gpu_count: int,
         gpu_memory_gib: float,
@@ -216,17 +252,26 @@ class RuleSet:
         # nothing to link, nothing lacks NVLink. Any multi-GPU offer must have it.
         if self.nvlink and gpu_count > 1 and interconnect != Interconnect.NVLINK:
             return "interconnect", f"{interconnect} between {gpu_count} GPUs; NVLink required"
-        why = self._throughput(gpu_model, gpu_count)
+        why = self._throughput(gpu_model, gpu_count, provider, instance_type)
         if why is not None:
             return "throughput", why
         if ram_gib < self.cpu_memory * (1 - _SLACK):
             return "cpu_memory", f"{ram_gib:.1f} GiB RAM < {_n(self.cpu_memory)} GiB needed"
         if vcpus < self.vcpus:
             return "vcpus", f"{vcpus} vCPUs < {self.vcpus} needed"
-        per_gpu, _ = self.figure(gpu_model, self.dtype)
+        per_gpu, source = self.figure(gpu_model, self.dtype, provider, instance_type)
         node = gpu_count * per_gpu if per_gpu is not None else None
         headroom = gpu_memory_gib / self.memory_need - 1 if self.memory_need else None
-        return Fit(node_tflops=node, memory_headroom=headroom)
+        per_gpu_gbps, bandwidth = self.bandwidth(gpu_model, provider, instance_type)
+        return Fit(
+            node_tflops=node,
+            memory_headroom=headroom,
+            throughput=source if node is not None else None,
+            measurement=self.measured_types.get((provider, instance_type)),
+            node_tbps=gpu_count * per_gpu_gbps / 1000 if per_gpu_gbps is not None else None,
+            bandwidth=bandwidth if per_gpu_gbps is not None else None,
+            probe_failures=self.demoted.get((provider, instance_type)),
+        )
 
     def _place(self, provider: str, region: str) -> Verdict | None:
         key = (provider, region)
@@ -247,18 +292,35 @@ class RuleSet:
         self._place_memo[key] = verdict
         return verdict
 
-    def figure(self, gpu_model: str, dtype: str) -> tuple[float | None, bool]:
-        """(per-GPU TFLOPS for dtype, whether measured); None where there is no positive figure."""
-        key = (gpu_model, dtype)
+    def figure(
+        self, gpu_model: str, dtype: str, provider: str = "", instance_type: str = ""
+    ) -> tuple[float | None, str]:
+        """(per-GPU TFLOPS for dtype, `measured` or `datasheet`): the type's probes' figure,
+        else the model's measured one, else the hardware table's; None where there is no
+        positive figure."""
+        key = (gpu_model, dtype, provider, instance_type)
         found = self._figure_memo.get(key)
         if found is None:
-            value = self.measured.get(gpu_model, {}).get(dtype)
-            is_measured = value is not None
+            by_type = self.measured_types.get((provider, instance_type))
+            value = by_type.tflops.get(dtype) if by_type is not None else None
+            if value is None:
+                value = self.measured.get(gpu_model, {}).get(dtype)
+            source = MEASURED if value is not None else DATASHEET
             if value is None:
                 value = hardware.get(gpu_model).tflops_for(dtype)
             # A zero figure cannot carry a workload or divide a price.
-            found = self._figure_memo[key] = (value if value else None, is_measured)
+            found = self._figure_memo[key] = (value if value else None, source)
         return found
+
+    def bandwidth(
+        self, gpu_model: str, provider: str, instance_type: str
+    ) -> tuple[float | None, str]:
+        """(per-GPU memory bandwidth in GB/s, `measured` or `datasheet`): the type's probes'
+        device copy figure, else the hardware table's; None where there is no positive figure."""
+        by_type = self.measured_types.get((provider, instance_type))
+        if by_type is not None and by_type.copy_gbps:
+            return by_type.copy_gbps, MEASURED
+        return hardware.get(gpu_model).memory_bandwidth_gbs or None, DATASHEET
 
     def _no_fp64(self, gpu_model: str) -> str | None:
         # The table says whether a chip has FP64 units; a measurement does not change the chip.
@@ -277,21 +339,28 @@ class RuleSet:
             self._fp64_memo[gpu_model] = why
         return self._fp64_memo[gpu_model]
 
-    def _throughput(self, gpu_model: str, gpu_count: int) -> str | None:
+    def _throughput(
+        self, gpu_model: str, gpu_count: int, provider: str, instance_type: str
+    ) -> str | None:
         unknown = "unknown GPU model " if gpu_model.startswith(hardware.UNKNOWN_PREFIX) else ""
         for dtype, (raw, need) in self.min_tflops.items():
-            per_gpu, is_measured = self.figure(gpu_model, dtype)
+            per_gpu, source = self.figure(gpu_model, dtype, provider, instance_type)
             if per_gpu is None:
                 return f"{unknown}{gpu_model} has no {dtype} figure"
             node = gpu_count * per_gpu
             if node < need * (1 - _SLACK):
-                how = " (measured)" if is_measured else ""
+                how = " (measured)" if source == MEASURED else ""
                 return (
                     f"{dtype}: {gpu_count} x {_n(per_gpu)} TFLOPS{how} = {_n(node)} TFLOPS "
                     f"< {_n(need)} needed ({_n(raw)} + {_n(self.buffer * 100)}% buffer)"
                 )
-        if self.per_tflop and self.figure(gpu_model, self.dtype)[0] is None:
+        if (
+            self.per_tflop
+            and self.figure(gpu_model, self.dtype, provider, instance_type)[0] is None
+        ):
             return f"{unknown}{gpu_model} has no {self.dtype} figure to rank by price per TFLOP"
+        if self.per_tbps and self.bandwidth(gpu_model, provider, instance_type)[0] is None:
+            return f"{unknown}{gpu_model} has no memory bandwidth figure to rank by price per TB/s"
         return None
 
     # --- rules that depend on the price ---------------------------------------------------

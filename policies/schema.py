@@ -381,7 +381,7 @@ class Policy(_Strict):
         description="Allowed markets, in order of preference (breaks price ties).",
         examples=[["spot", "on_demand"]],
     )
-    rank_by: Literal["price", "price_per_tflop"] = "price"
+    rank_by: Literal["price", "price_per_tflop", "price_per_tbps"] = "price"
     max_price_age_hours: float | None = Field(
         None, gt=0, description="Reject prices observed longer ago than this."
     )

@@ -53,7 +53,9 @@ def offers(
     if loaded is None:
         known = ", ".join(sorted(state.policies.snapshot())) or "none"
         raise HTTPException(404, detail=f"no policy named {policy!r} is loaded (loaded: {known})")
-    found = launch_ranking(state.store, policy, loaded.policy, state.clock())
+    found = launch_ranking(
+        state.store, policy, loaded.policy, state.clock(), window=state.probe_window
+    )
     ranking = found.ranking
     stop = offset + limit
     return {

@@ -32,6 +32,7 @@ def daemon_app(daemon: Daemon) -> FastAPI:
         started_at=daemon.started_at,
         stopping=daemon.stopping,
         max_log_bytes_per_job=daemon.config.logs.max_bytes_per_job,
+        probe_window=daemon.config.probes.window(),
     )
     state.extras["replica"] = daemon.leadership.replica
     return create_app(

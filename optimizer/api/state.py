@@ -16,6 +16,7 @@ from optimizer.alerts.outbox import Emitter
 from optimizer.clock import Clock
 from optimizer.daemon.metrics import Metrics
 from optimizer.daemon.policies import PolicyRegistry
+from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow
 from optimizer.store import Store
 from optimizer.store.logs import DEFAULT_MAX_BYTES_PER_JOB
 
@@ -66,6 +67,7 @@ class ApiState:
     stopping: threading.Event = field(default_factory=threading.Event)
     log_changes: Changes = field(default_factory=Changes)
     max_log_bytes_per_job: int = DEFAULT_MAX_BYTES_PER_JOB
+    probe_window: ProbeWindow = DEFAULT_WINDOW  # the daemon config's `probes:`
     extras: dict[str, Any] = field(default_factory=dict)
 
 

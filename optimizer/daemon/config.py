@@ -39,8 +39,10 @@ from optimizer.common.errors import LocatedError, Problem
 from optimizer.common.validation import findings, in_file_order
 from optimizer.daemon import settings
 from optimizer.jobs.bootstrap import BOOTSTRAP_ENV, AgentInstall, AgentProxy, AgentSettings
+from optimizer.jobs.measured import DEFAULT_DEMOTE_FAILED, ProbeWindow
 from optimizer.store import DatabaseUrlError, Retention, normalize_database_url
 from optimizer.store.logs import DEFAULT_MAX_BYTES_PER_JOB
+from optimizer.store.probes import DEFAULT_LAST
 from providers import registry
 
 CONFIG_FILE_NAME = "gpuopt.yaml"
@@ -167,6 +169,25 @@ class LogsConfig(_Section):
     retention_days: float = Field(
         30, gt=0, le=36_500, description="The output of jobs that ended longer ago is deleted."
     )
+
+
+class ProbesConfig(_Section):
+    """How probe results feed the ranking (docs/policies.md, \"Probe results in the ranking\")."""
+
+    last: int = Field(
+        DEFAULT_LAST,
+        ge=1,
+        le=100,
+        description="Measured figures are medians of each type's last N usable probe results.",
+    )
+    demote_failed: int = Field(
+        DEFAULT_DEMOTE_FAILED,
+        ge=1,
+        description="This many failures among a type's last N probes demote it on a provider.",
+    )
+
+    def window(self) -> ProbeWindow:
+        return ProbeWindow(last=self.last, demote_failed=min(self.demote_failed, self.last))
 
 
 class LogConfig(_Section):
@@ -375,6 +396,9 @@ class ConfigSchema(BaseModel):
     prices: PricesConfig = Field(default_factory=PricesConfig, examples=[{"drop_fraction": 0.2}])
     alerts: AlertsConfig = Field(default_factory=AlertsConfig, examples=[ALERTS_EXAMPLE])
     log: LogConfig = Field(default_factory=LogConfig, examples=[{"format": "json"}])
+    probes: ProbesConfig = Field(
+        default_factory=ProbesConfig, examples=[{"last": 5, "demote_failed": 3}]
+    )
     logs: LogsConfig = Field(
         default_factory=LogsConfig, examples=[{"max_bytes_per_job": 16777216, "retention_days": 30}]
     )

@@ -22,10 +22,12 @@ from typing import Any
 
 from optimizer.alerts.outbox import Emitter
 from optimizer.daemon.policies import PolicyRegistry
+from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow, measured
 from optimizer.model import EventKind, Market, Offer
 from optimizer.store import Store
 from optimizer.store.tables import NewEvent
 from policies.engine import Ranking, evaluate
+from policies.measured import Measured
 from policies.schema import Policy
 
 log = logging.getLogger(__name__)
@@ -257,11 +259,13 @@ class PriceWatch:
         emitter: Emitter,
         *,
         drop_fraction: float = 0.20,
+        probe_window: ProbeWindow = DEFAULT_WINDOW,
     ) -> None:
         self.store = store
         self.registry = registry
         self.emitter = emitter
         self.drop_fraction = drop_fraction
+        self.probe_window = probe_window  # which probe results the ranking reads
         self._lock = threading.Lock()  # polls of several providers may finish together
 
     def evaluate(self, now: datetime) -> int:
@@ -270,10 +274,13 @@ class PriceWatch:
             policies = self.registry.snapshot()
             stored = self.store.policies.price_signals()
             offers = self.store.prices.latest_offers()
+            found = measured(self.store, self.probe_window)
             raised = 0
             for name, loaded in sorted(policies.items()):
                 try:
-                    raised += self._one(name, loaded.sha256, loaded.policy, offers, stored, now)
+                    raised += self._one(
+                        name, loaded.sha256, loaded.policy, offers, stored, now, found
+                    )
                 except Exception:
                     log.exception("price signals for policy %s failed", name)
             for name in sorted(set(stored) - set(policies)):
@@ -288,8 +295,9 @@ class PriceWatch:
         offers: list[Offer],
         stored: Mapping[str, Mapping[str, Any]],
         now: datetime,
+        found: Measured | None = None,
     ) -> int:
-        ranking = evaluate(policy, offers, now)
+        ranking = evaluate(policy, offers, now, measured=found)
         raw = stored.get(name)
         previous = PriceState.from_json(raw) if raw is not None else None
         signals, state = price_signals(

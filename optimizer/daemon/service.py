@@ -50,6 +50,7 @@ from optimizer.daemon.scheduler import LoopScheduler
 from optimizer.daemon.server import ApiServer, is_loopback
 from optimizer.daemon.spend import CostCollector
 from optimizer.jobs.ledger import CostFreezer
+from optimizer.jobs.measured import ProbeFailureWatch
 from optimizer.jobs.reconcile import JobReconciler
 from optimizer.jobs.summary import MonthlySummary
 from optimizer.model import EventKind, Market
@@ -166,7 +167,11 @@ class Daemon:
             )
         secrets = [*config.secrets(), *provider_secrets()]
         self.prices = PriceWatch(
-            self.store, self.registry, self.emitter, drop_fraction=config.prices.drop_fraction
+            self.store,
+            self.registry,
+            self.emitter,
+            drop_fraction=config.prices.drop_fraction,
+            probe_window=config.probes.window(),
         )
         self.polls = [
             PollLoop(
@@ -312,8 +317,11 @@ class Daemon:
         self._lead("deliver", self.deliver.run_once, loops.deliver_s)
         self._lead("retention", self.retention.run_once, loops.retention_s)
         self.reconcile.attach(lambda: self.scheduler.run_now("reconcile"))
-        jobs = JobReconciler(self._api_url, agent=self.config.agent.settings())
+        window = self.config.probes.window()
+        jobs = JobReconciler(self._api_url, agent=self.config.agent.settings(), probe_window=window)
         self.reconcile.reconcilers.append(jobs)
+        # types whose probes keep failing: one alert per streak (the ranking demotes them)
+        self.reconcile.reconcilers.append(ProbeFailureWatch(window))
         # last in the pass: the attempts the pass ended have their cost lines frozen
         self.reconcile.reconcilers.append(CostFreezer())
         # then, on a month's first pass, last month's cost summary (once per month)

@@ -21,6 +21,7 @@ from typing import NamedTuple
 from optimizer.jobs.bootstrap import AgentSettings
 from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.machine import Alert, Launch, describe_pool
+from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow
 from optimizer.jobs.ranking import launch_ranking, pool_of
 from optimizer.jobs.recovery import LaunchError, Strategy
 from optimizer.model import EventKind, Offer
@@ -86,9 +87,11 @@ class Launcher:
         emit: Emit,
         *,
         agent: AgentSettings | None = None,
+        probe_window: ProbeWindow = DEFAULT_WINDOW,
     ) -> None:
         self.daemon_url = daemon_url
         self.emit = emit
+        self.probe_window = probe_window  # which probe results the ranking reads
         # How the bootstrap gets the agent onto a new instance (the daemon config's `agent:`);
         # a provider whose instances run on this host (the registry's `agent_on_host`)
         # already has gpuopt.
@@ -124,7 +127,13 @@ class Launcher:
         if launch.markets is not None:
             policy = policy.model_copy(update={"markets": [m.value for m in launch.markets]})
         found = launch_ranking(
-            ctx.store, job.policy, policy, ctx.now, avoid=launch.avoid, replacing=job.id
+            ctx.store,
+            job.policy,
+            policy,
+            ctx.now,
+            avoid=launch.avoid,
+            replacing=job.id,
+            window=self.probe_window,
         )
         ranking, spend, cap = found.ranking, found.spend, policy.budget.monthly_usd
         if not ranking.candidates:

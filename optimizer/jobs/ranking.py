@@ -3,7 +3,7 @@
 One function for the launcher and for `GET /offers?policy=`, so what the API shows is what the
 next launch would try: the latest stored offers of every provider, less the pools in cooldown
 (and those a launch's decision avoids), ranked by the engine with the policy's spend this
-month and its live attempts for the budget rule.
+month and its live attempts for the budget rule, and with what the probes measured.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from optimizer.jobs import budget
+from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow, measured
 from optimizer.model import Offer
 from optimizer.store import Store
 from optimizer.store.jobs import Pool
@@ -43,12 +44,14 @@ def launch_ranking(
     *,
     avoid: Iterable[Pool] = (),
     replacing: int | None = None,
+    window: ProbeWindow = DEFAULT_WINDOW,
 ) -> LaunchRanking:
     """Rank the latest offers under `policy` as a launch does (module docstring).
 
     `avoid`: pools this launch keeps away from besides those in cooldown; `replacing`: the
     job about to launch its next attempt (its own live attempt is being replaced, see
-    optimizer.jobs.budget.committed).
+    optimizer.jobs.budget.committed); `window`: which probe results the measured figures
+    and the demotions come from (optimizer.jobs.measured).
     """
     held = set(avoid) | store.jobs.cooled_pools(now)
     # An attempt records the zone its instance landed in, but a regional offer (on-demand
@@ -59,5 +62,6 @@ def launch_ranking(
     spend = budget_model.NOTHING
     if policy.budget.monthly_usd is not None:
         spend = budget.committed(store, policy_name, now, listed, replacing=replacing)
-    ranking = evaluate(policy, offers, now, committed=spend)
+    found = measured(store, window)
+    ranking = evaluate(policy, offers, now, measured=found, committed=spend)
     return LaunchRanking(ranking, spend, len(listed) - len(offers))

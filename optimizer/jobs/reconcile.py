@@ -45,6 +45,7 @@ from optimizer.jobs.machine import (
     power_off_time,
     reclaim,
 )
+from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow
 from optimizer.jobs.recovery import Failure, Strategy, strategy_for
 from optimizer.jobs.utilization import Rules, Sample, rules_for, watch
 from optimizer.model import EventKind, Market
@@ -72,8 +73,9 @@ class JobReconciler:
         *,
         agent: AgentSettings | None = None,
         register_timeout: timedelta = REGISTER_TIMEOUT,
+        probe_window: ProbeWindow = DEFAULT_WINDOW,
     ) -> None:
-        self.launcher = Launcher(daemon_url, self._emit, agent=agent)
+        self.launcher = Launcher(daemon_url, self._emit, agent=agent, probe_window=probe_window)
         self.register_timeout = register_timeout
         # Events raised while acting on a job, recorded with its transition (one transaction).
         self._buffer: list[NewEvent] = []
