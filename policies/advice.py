@@ -48,6 +48,7 @@ class Sample(NamedTuple):
     util_mean: float | None
     memory_used_gib_max: float | None
     gpus: int
+    simulated: bool = False  # injected by the local cloud, not read from a GPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,7 @@ class Usage:
     util: float | None  # 0-1; None: no sample had a utilization reading
     gpus: int | None  # the GPUs of the sample with the peak (else the most any covered)
     node_peak_gib: float | None = None  # that sample's memory used, summed over its GPUs
+    simulated: bool = False  # some sample was injected by the local cloud
 
 
 def usage(samples: Iterable[Sample]) -> Usage:
@@ -69,8 +71,10 @@ def usage(samples: Iterable[Sample]) -> Usage:
     node_peak: float | None = None
     gpus: int | None = None
     peak_gpus: int | None = None
+    simulated = False
     for sample in samples:
         count += 1
+        simulated = simulated or sample.simulated
         span = max(float(sample.span_s), 0.0)
         seconds += span
         if sample.util_mean is not None and span > 0:
@@ -83,7 +87,7 @@ def usage(samples: Iterable[Sample]) -> Usage:
                 peak, node_peak, peak_gpus = per_gpu, sample.memory_used_gib_max, n_gpus
         gpus = max(gpus or 0, n_gpus)
     util = weighted / util_seconds if util_seconds else None
-    return Usage(count, seconds / 3600, peak, util, peak_gpus or gpus, node_peak)
+    return Usage(count, seconds / 3600, peak, util, peak_gpus or gpus, node_peak, simulated)
 
 
 class Interval(NamedTuple):
@@ -204,6 +208,7 @@ class Advice:
                 "peak_node_memory_gib": u.node_peak_gib,
                 "utilization": u.util,
                 "gpus": u.gpus,
+                "simulated": u.simulated,
             },
             "duty_cycle": {
                 "running_hours": d.running_hours,
@@ -318,6 +323,8 @@ def _throughput(policy: Policy, dtype: str, current: Current, best: Candidate) -
 
 def _notes(usage: Usage) -> tuple[str, ...]:
     notes = []
+    if usage.simulated:
+        notes.append("simulated telemetry: some readings were injected by the local cloud")
     if usage.gpus is not None and usage.gpus > 1:
         notes.append(
             f"GPU count kept at the job's {usage.gpus}: the samples hold memory summed "

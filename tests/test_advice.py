@@ -80,6 +80,12 @@ def test_usage_skips_missing_readings_and_says_none_without_any() -> None:
     assert got.util == pytest.approx(0.9)  # only the sample with a reading counts
     assert got.peak_gib is None
     assert got.gpus == 4
+    assert not got.simulated
+    drill = usage([Sample(60, 0.03, 2.0, 1), Sample(60, 0.03, 2.0, 1, simulated=True)])
+    assert drill.simulated
+    assert advise("x", policy(), drill, DUTY, None, None).notes == (
+        "simulated telemetry: some readings were injected by the local cloud",
+    )
     empty = usage([])
     assert (empty.samples, empty.util, empty.peak_gib, empty.gpus) == (0, None, None, None)
 

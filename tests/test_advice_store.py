@@ -39,7 +39,9 @@ def running_job(store: Store) -> int:
     first = store.jobs.create_attempt(job_id, 1, "resnet-1", A100, "sha-1", T0)
     store.jobs.update_attempt("resnet-1", ended_at=T0 + 2 * H, state="ended")
     store.jobs.create_attempt(job_id, 2, "resnet-2", A100, "sha-2", T0 + 4 * H)
-    minute = GpuMinute(start=T0 + H, samples=6, gpus=1, util_mean=0.41, memory_used_gib_max=31.0)
+    minute = GpuMinute(
+        start=T0 + H, samples=6, gpus=1, util_mean=0.41, memory_used_gib_max=31.0, simulated=True
+    )
     store.telemetry.add(first.id, [minute])
     return job_id
 
@@ -56,6 +58,8 @@ def test_a_running_jobs_duty_cycle_counts_to_now_and_the_cheapest_fit_is_advised
     assert got.status == "cheaper_fit" and got.advised is not None
     assert got.advised.offer.market == Market.SPOT
     assert got.monthly_saving_usd == pytest.approx(1.80 * 584)
+    assert got.usage.simulated and got.to_dict()["usage"]["simulated"] is True
+    assert got.notes[0].startswith("simulated telemetry")
     # The A100 is a candidate too: its throughput is its ranking row's (no probe measured it).
     assert got.current is not None
     assert (got.current.node_tflops, got.current.tflops_source) == (312.0, "ranking")

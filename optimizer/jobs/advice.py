@@ -23,7 +23,8 @@ def job_advice(store: Store, job: JobRecord, policy: Policy, now: datetime) -> a
     assert job.id is not None
     rows = store.telemetry.samples(job_id=job.id, limit=MAX_SAMPLES)
     used = advice.usage(
-        advice.Sample(r.span_s, r.util_mean, r.memory_used_gib_max, r.gpus) for r in rows
+        advice.Sample(r.span_s, r.util_mean, r.memory_used_gib_max, r.gpus, r.simulated)
+        for r in rows
     )
     attempts = store.jobs.attempts(job.id)
     duty = advice.duty_cycle(
