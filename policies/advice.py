@@ -247,7 +247,7 @@ def advise(
         "buffer": policy.buffer,
         "current": current,
         "rank_by": policy.rank_by,
-        "notes": _notes(usage),
+        "notes": _notes(usage, current, policy.buffer),
     }
     if usage.peak_gib is None or ranking is None:
         why = f"no GPU telemetry for job {job} yet: no advice without data"
@@ -321,7 +321,7 @@ def _throughput(policy: Policy, dtype: str, current: Current, best: Candidate) -
     )
 
 
-def _notes(usage: Usage) -> tuple[str, ...]:
+def _notes(usage: Usage, current: Current | None, buffer: float) -> tuple[str, ...]:
     notes = []
     if usage.simulated:
         notes.append("simulated telemetry: some readings were injected by the local cloud")
@@ -331,7 +331,28 @@ def _notes(usage: Usage) -> tuple[str, ...]:
             "over the GPUs, not each GPU's, so per GPU is an even share and a GPU left idle "
             "does not show"
         )
+        fewer = _fewer_gpus(usage, current, buffer)
+        if fewer is not None:
+            notes.append(fewer)
     return tuple(notes)
+
+
+def _fewer_gpus(usage: Usage, current: Current | None, buffer: float) -> str | None:
+    """Whether all of the job's memory, with the buffer, would fit on fewer of its current
+    GPUs: true for sharded state (FSDP, ZeRO-3, tensor parallel), not for data-parallel
+    replicas, which need the same memory on each GPU; the samples cannot tell which."""
+    node, gpus = usage.node_peak_gib, usage.gpus
+    if node is None or gpus is None or current is None or not current.gpu_memory_gib:
+        return None
+    need = with_buffer(node, buffer)
+    fit = max(1, math.ceil(need / current.gpu_memory_gib))
+    if fit >= gpus:
+        return None
+    return (
+        f"all its memory, {_gib(node)} GiB x {1 + buffer:g} = {_gib(need)} GiB, would fit on "
+        f"{fit} of its {_gib(current.gpu_memory_gib)} GiB GPUs if the work is sharded rather "
+        "than replicated per GPU (data parallel); the samples cannot tell which"
+    )
 
 
 def _gib(value: float) -> str:

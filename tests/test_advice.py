@@ -234,6 +234,18 @@ def test_a_two_gpu_job_is_advised_two_gpus_each_fitting_its_share() -> None:
     )
     assert got.usd_per_hour_saving == pytest.approx(3.50)  # 6.00 - 2.50
     assert any("GPU count kept at the job's 2" in n for n in got.notes)
+    # 62 x 1.2 = 74.4 GiB in all fits one 80 GiB A100 (ceil(74.4 / 80) = 1 < 2 GPUs).
+    a100s = dataclasses.replace(current, gpu_memory_gib=80.0)
+    notes = run(policy(), used=used, current=a100s, offers=(L40S, two_l40s, A100)).notes
+    assert notes[-1] == (
+        "all its memory, 62 GiB x 1.2 = 74.4 GiB, would fit on 1 of its 80 GiB GPUs if the "
+        "work is sharded rather than replicated per GPU (data parallel); the samples cannot "
+        "tell which"
+    )
+    # On 40 GiB GPUs it needs ceil(74.4 / 40) = 2: no fewer, no note.
+    a100s_40 = dataclasses.replace(current, gpu_memory_gib=40.0)
+    notes = run(policy(), used=used, current=a100s_40, offers=(L40S, two_l40s, A100)).notes
+    assert len(notes) == 1
     assert run(policy()).notes == ()
 
 
