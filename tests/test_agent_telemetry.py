@@ -100,18 +100,47 @@ def test_the_sampler_emits_finished_minutes_and_survives_a_failed_reading(
     assert len(sent) == 2 and sent[1][0]["start"] == "2026-03-01T12:01:00Z"
 
 
-def test_simulated_readings_are_labelled_and_absent_until_injected() -> None:
+def test_simulated_readings_are_labelled_live_and_absent_until_injected() -> None:
     injected: list[SimulatedReading | None] = [None]
     source = SimulatedSource(lambda: injected[0])
     clock = ManualClock(T0)
     sent: list[list[dict[str, Any]]] = []
-    sampler = TelemetrySampler(source, sent.append, now=clock)
+    sampler = TelemetrySampler(source, sent.append, interval_s=10, now=clock)
     sampler.tick()
-    injected[0] = SimulatedReading(util=0.03, memory=0.2, gpus=2, memory_gib=80)
+    assert sent == [] and sampler.next_wait() == 1.0  # nothing injected: look again soon
+    injected[0] = SimulatedReading(util=0.03, memory=0.2, gpus=2, memory_gib=80, interval_s=2)
     clock.advance(70)
     sampler.tick()
-    clock.advance(60)
+    assert sampler.next_wait() == 2  # the injection's own interval
+    clock.advance(2)
     sampler.tick()
-    [[m]] = sent
+    # Live: the minute in progress is reported at every reading, with its samples so far.
+    assert [[(m["start"], m["samples"]) for m in batch] for batch in sent] == [
+        [("2026-03-01T12:01:00Z", 1)],
+        [("2026-03-01T12:01:00Z", 2)],
+    ]
+    m = sent[-1][0]
     assert m["simulated"] is True and m["util_mean"] == 0.03
     assert (m["memory_used_gib_max"], m["memory_total_gib"]) == (32.0, 160.0)
+    injected[0] = None
+    clock.advance(60)
+    sampler.tick()  # the injection ended: the finished minute goes out, nothing more
+    assert [(m["start"], m["samples"]) for m in sent[-1]] == [("2026-03-01T12:01:00Z", 2)]
+
+
+def test_a_full_queue_drops_heartbeats_then_telemetry_before_any_other_event() -> None:
+    from optimizer.agent.reporter import EventQueue
+
+    q = EventQueue(max_events=3)
+    q.put("job_started", {"pid": 1})
+    q.put("gpu_telemetry", {"minutes": [1]})
+    q.put("heartbeat", {})
+    q.put("gpu_telemetry", {"minutes": [2]})  # the heartbeat goes
+    assert [e.kind for e in q.pending()] == ["job_started", "gpu_telemetry", "gpu_telemetry"]
+    q.put("job_exited", {})  # the oldest telemetry goes, not job_started
+    assert [(e.kind, e.data) for e in q.pending()] == [
+        ("job_started", {"pid": 1}),
+        ("gpu_telemetry", {"minutes": [2]}),
+        ("job_exited", {}),
+    ]
+    assert q.dropped == 2

@@ -41,9 +41,12 @@ def minute(i: int, util: float, used: float, **kw: object) -> GpuMinute:
 def test_a_minute_sent_again_is_stored_once_and_reads_come_back_in_order(store: Store) -> None:
     a = attempt_of(store, "train")
     assert store.telemetry.add(a.id, [minute(0, 0.5, 10.0), minute(1, 0.7, 20.0)]) == 2
-    # The same minutes again, one of them with its start a few seconds in: nothing new.
-    late = minute(1, 0.1, 99.0, start=T0 + timedelta(minutes=1, seconds=30))
-    assert store.telemetry.add(a.id, [minute(0, 0.5, 10.0), late, minute(2, 0.9, 15.0)]) == 1
+    # The same minutes again, one with its start a few seconds in: nothing new.
+    again = minute(1, 0.1, 99.0, start=T0 + timedelta(minutes=1, seconds=30))
+    assert store.telemetry.add(a.id, [minute(0, 0.5, 10.0), again, minute(2, 0.9, 3.0)]) == 1
+    # A minute sent while it was going (2 samples), then whole (6): the whole one wins.
+    assert store.telemetry.add(a.id, [minute(2, 0.1, 1.0, samples=2)]) == 0
+    assert store.telemetry.add(a.id, [minute(2, 0.9, 15.0, samples=7)]) == 1
     rows = store.telemetry.samples(attempt_id=a.id)
     assert [(r.start, r.util_mean, r.memory_used_gib_max) for r in rows] == [
         (T0, 0.5, 10.0),

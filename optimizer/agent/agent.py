@@ -32,6 +32,14 @@ from optimizer.agent.imds import Notice, Watcher, make_watcher, watch
 from optimizer.agent.logship import LogShipper
 from optimizer.agent.reporter import DaemonClient, DaemonError, EventQueue, Reporter
 from optimizer.agent.runner import AdoptedJob, JobExit, JobRunner, job_env
+from optimizer.agent.telemetry import EVENT_KIND as GPU_TELEMETRY
+from optimizer.agent.telemetry import (
+    ReadingSource,
+    SimulatedSource,
+    TelemetrySampler,
+    local_injection,
+    open_nvml,
+)
 from optimizer.common.procs import proc_start_ticks
 from optimizer.common.retry import Backoff
 
@@ -76,6 +84,7 @@ class Agent:
         probe: ProbeFn | None = None,
         register_backoff: Backoff | None = None,
         send_backoff: Backoff | None = None,
+        telemetry_source: Callable[[], ReadingSource | None] | None = None,
     ) -> None:
         self.config = config
         config.agent_dir.mkdir(parents=True, exist_ok=True)
@@ -95,6 +104,8 @@ class Agent:
             backoff=Backoff(send_backoff.base, send_backoff.cap) if send_backoff else None,
             poll_s=config.log_poll_s,
         )
+        self._telemetry_source = telemetry_source or self._default_telemetry_source
+        self.telemetry: TelemetrySampler | None = None
         self.inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self.state = "registering"
         self.job: JobRunner | AdoptedJob | None = None
@@ -152,10 +163,13 @@ class Agent:
         ).start()
         self.reporter.start()
         self.logs.start()
+        self._start_telemetry()
         try:
             code = self._work(answer)
         finally:
             self._quit.set()
+            if self.telemetry is not None:
+                self.telemetry.stop(flush=True)  # the minute in progress goes out too
         deadline = time.monotonic() + self.config.flush_s
         self.logs.collect(final=True)  # the job has ended (or never started)
         flushed = self.reporter.flush(self.config.flush_s)
@@ -168,6 +182,33 @@ class Agent:
             log.error("%d chunk(s) of the job's output could not be delivered", self.logs.pending())
         log.info("agent done (exit %d)", code)
         return code
+
+    # --- GPU telemetry -----------------------------------------------------------------
+
+    def _default_telemetry_source(self) -> ReadingSource | None:
+        """The local cloud's injected readings on a local instance; else NVML, or None where
+        NVML cannot start (no GPU, no driver)."""
+        if self.config.cloud == "local":
+            return SimulatedSource(local_injection(self.config.metadata_url))
+        return open_nvml(os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+    def _start_telemetry(self) -> None:
+        """Start the sampler thread; without GPU readings say so once (a log line and one
+        `gpu_telemetry` event with available: false) and send nothing more."""
+        try:
+            source = self._telemetry_source()
+        except Exception as exc:  # telemetry must never stop the agent
+            log.warning("no GPU telemetry: %s", exc)
+            source = None
+        if source is None:
+            self.queue.put(GPU_TELEMETRY, {"available": False, "reason": "no GPU readings (NVML)"})
+            return
+
+        def emit(minutes: list[dict[str, Any]]) -> None:
+            self.queue.put(GPU_TELEMETRY, {"minutes": minutes})
+
+        self.telemetry = TelemetrySampler(source, emit, interval_s=self.config.telemetry_s)
+        self.telemetry.start()
 
     def _register(self) -> Assignment | int:
         """Register, retrying until the daemon answers; an int exit status if a signal came."""

@@ -48,6 +48,7 @@ class AgentConfig:
     self_stop_s: float = 10.0  # after an ending notice the daemon did not take
     fence_poll_s: float = 0.25  # how often a fenced agent asks whether it may start the job
     log_poll_s: float = 0.5  # how often the job's output files are looked at for new output
+    telemetry_s: float = 10.0  # how often NVML is read (GPU telemetry)
     probe_cpu_n: int | None = None
     probe_timeout_s: float | None = None
     expected_gpus: int | None = None  # the offer's GPU count: the probe's default
@@ -112,6 +113,7 @@ class AgentConfig:
             self_stop_s=number("GPUOPT_AGENT_SELF_STOP_S", 10.0) or 10.0,
             fence_poll_s=number("GPUOPT_AGENT_FENCE_POLL_S", 0.25) or 0.25,
             log_poll_s=number("GPUOPT_AGENT_LOG_POLL_S", 0.5) or 0.5,
+            telemetry_s=number("GPUOPT_AGENT_TELEMETRY_S", 10.0) or 10.0,
             probe_cpu_n=int(cpu_n) if cpu_n else None,
             probe_timeout_s=number("GPUOPT_PROBE_TIMEOUT_S", None),
             expected_gpus=int(gpus) if gpus else None,

@@ -3,10 +3,11 @@
 Events wait in `EventQueue` until the daemon acknowledges their ids. The queue is bounded and
 saved to the agent's directory after every change, so an agent that restarts sends what the
 last one could not. Heartbeats are coalesced: while one waits unsent, a newer one replaces it,
-so a long daemon outage does not fill the queue with them. `Reporter` sends in order, in
-batches, on a thread; transport errors and 5xx/401/404/408/429 answers are retried with
-jittered exponential back-off (`optimizer.common.retry`), other 4xx answers drop the batch (it
-would never be taken).
+so a long daemon outage does not fill the queue with them. When the queue is full the oldest
+heartbeat goes first, then the oldest `gpu_telemetry`, and only then the oldest other event.
+`Reporter` sends in order, in batches, on a thread; transport errors and 5xx/401/404/408/429
+answers are retried with jittered exponential back-off (`optimizer.common.retry`), other 4xx
+answers drop the batch (it would never be taken).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from optimizer.common.retry import Backoff
 log = logging.getLogger(__name__)
 
 HEARTBEAT = "heartbeat"
+GPU_TELEMETRY = "gpu_telemetry"
 RETRYABLE_STATUS = frozenset({401, 404, 408, 425, 429})
 MAX_EVENTS = 1000
 BATCH = 100
@@ -97,8 +99,17 @@ class EventQueue:
                 self._events = [e for e in self._events if e.kind != HEARTBEAT]
             self._events.append(event)
             while len(self._events) > self.max_events:
-                # Drop the oldest heartbeat if any, else the oldest event.
-                index = next((i for i, e in enumerate(self._events) if e.kind == HEARTBEAT), 0)
+                # Drop the oldest heartbeat if any, else the oldest GPU telemetry (a lost
+                # minute of readings matters less than a state change), else the oldest.
+                index = next(
+                    (
+                        i
+                        for kinds in ((HEARTBEAT,), (GPU_TELEMETRY,))
+                        for i, e in enumerate(self._events)
+                        if e.kind in kinds
+                    ),
+                    0,
+                )
                 gone = self._events.pop(index)
                 self.dropped += 1
                 log.warning("event queue full: dropped %s %s", gone.kind, gone.id)

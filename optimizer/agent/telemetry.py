@@ -134,6 +134,12 @@ class MinuteAggregator:
                 out.append(self._wire(m))
         return out
 
+    def current(self, now: datetime) -> list[dict[str, Any]]:
+        """The minute holding `now` so far (kept open), as a wire dict; [] if it has no reading
+        yet. The store keeps, of one minute, the report with the most samples."""
+        m = self._open.get(_floor_minute(now))
+        return [self._wire(m)] if m is not None and m.samples else []
+
     def _wire(self, m: _Minute) -> dict[str, Any]:
         def mean(values: list[float]) -> float | None:
             return round(sum(values) / len(values), 4) if values else None
@@ -213,25 +219,66 @@ class NvmlSource:
 @dataclass(frozen=True, slots=True)
 class SimulatedReading:
     """What the local cloud injects for one instance: utilization and memory used as fractions,
-    of `gpus` GPUs of `memory_gib` each."""
+    of `gpus` GPUs of `memory_gib` each, read every `interval_s`."""
 
     util: float
     memory: float
     gpus: int = 1
     memory_gib: float = 80.0
+    interval_s: float = SAMPLE_INTERVAL_S
+
+    @classmethod
+    def parse(cls, raw: Any) -> SimulatedReading:
+        if not isinstance(raw, dict):
+            raise ValueError("the injected telemetry is not a JSON object")
+        return cls(
+            util=float(raw["util"]),
+            memory=float(raw["memory"]),
+            gpus=int(raw.get("gpus") or 1),
+            memory_gib=float(raw.get("memory_gib") or 80.0),
+            interval_s=float(raw.get("interval_s") or SAMPLE_INTERVAL_S),
+        )
+
+
+LOCAL_TELEMETRY_PATH = "gpuopt/v1/telemetry"  # below the local cloud's per-instance metadata URL
+IDLE_POLL_S = 1.0  # how often a simulated source looks for an injection while there is none
+
+
+def local_injection(
+    metadata_url: str, timeout_s: float = 2.0
+) -> Callable[[], SimulatedReading | None]:
+    """A `SimulatedSource` fetch for the local cloud: GET <metadata_url>/gpuopt/v1/telemetry
+    (404: nothing injected)."""
+    import httpx
+
+    url = f"{metadata_url.rstrip('/')}/{LOCAL_TELEMETRY_PATH}"
+
+    def fetch() -> SimulatedReading | None:
+        response = httpx.get(url, timeout=timeout_s)
+        if response.status_code == 404:
+            return None
+        response.raise_for_status()
+        return SimulatedReading.parse(response.json())
+
+    return fetch
 
 
 class SimulatedSource:
     """Readings the local cloud injects (`gpuopt local telemetry`); `fetch` returns the current
-    injection, or None while there is none (then nothing is read)."""
+    injection, or None while there is none (then nothing is read). Its readings are taken at
+    the injection's interval, and the minute in progress is reported at every reading (live),
+    so drills with windows of seconds see them at once."""
 
     simulated = True
+    live = True
 
     def __init__(self, fetch: Callable[[], SimulatedReading | None]) -> None:
         self._fetch = fetch
+        self.interval_s: float | None = None
 
     def read(self) -> list[GpuReading]:
         sim = self._fetch()
+        self.interval_s = None if sim is None else sim.interval_s
         if sim is None:
             return []
         total = int(sim.memory_gib * GIB)
@@ -286,7 +333,10 @@ class TelemetrySampler:
                 self.aggregator.add(now, readings, xids)
                 if readings:
                     self.readings += 1
-                self._emit(self.aggregator.finished(now))
+                out = self.aggregator.finished(now)
+                if readings and getattr(self.source, "live", False):
+                    out += self.aggregator.current(now)
+                self._emit(out)
             except Exception as exc:  # a reading must never reach the job
                 self._once(type(exc).__name__, "GPU telemetry reading failed: %s", exc)
 
@@ -310,9 +360,20 @@ class TelemetrySampler:
         self._thread = threading.Thread(target=self._run, name="gpu-telemetry", daemon=True)
         self._thread.start()
 
+    def next_wait(self) -> float:
+        """Seconds to the next reading: the source's own interval where it has one (a simulated
+        source's injection), else `interval_s`; a source that has nothing yet is asked again
+        within `IDLE_POLL_S`."""
+        own = getattr(self.source, "interval_s", None)
+        if own is not None:
+            return max(float(own), 0.05)
+        if getattr(self.source, "live", False):
+            return min(self.interval_s, IDLE_POLL_S)
+        return self.interval_s
+
     def _run(self) -> None:
         self.tick()
-        while not self._stop.wait(self.interval_s):
+        while not self._stop.wait(self.next_wait()):
             self.tick()
 
     def stop(self, *, flush: bool = True) -> None:
@@ -360,5 +421,6 @@ __all__ = [
     "SimulatedReading",
     "SimulatedSource",
     "TelemetrySampler",
+    "local_injection",
     "open_nvml",
 ]

@@ -19,6 +19,7 @@ from optimizer.jobs.spec import JobSpec
 from optimizer.model import EventKind
 from optimizer.store import DuplicateJobError, JobNotEndedError, JobRecord
 from optimizer.store.tables import TERMINAL_JOB_STATES
+from optimizer.store.telemetry import GpuSummary
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -109,7 +110,33 @@ def _taken(exc: DuplicateJobError) -> str:
 def show_job(name: str, state: StateDep) -> dict[str, Any]:
     """The job, and its attempts each with its cost lines (docs/costs.md)."""
     job = _job(state, name)
-    return {**job_view(job), "attempts": job_attempts(state, job.id)}
+    return {
+        **job_view(job),
+        "attempts": job_attempts(state, job.id),
+        "gpu": gpu_view(state.store.telemetry.summary(job_id=job.id)),
+    }
+
+
+def gpu_view(summary: GpuSummary | None) -> dict[str, Any] | None:
+    """A job's GPU telemetry (docs/api.md): current and average utilization, peak memory;
+    None before its agent reported any."""
+    if summary is None:
+        return None
+    return {
+        "current_utilization": summary.current_util,
+        "current_at": utc_text(summary.current_at),
+        "average_utilization": summary.average_util,
+        "current_memory_used_gib": summary.current_memory_used_gib,
+        "peak_memory_used_gib": summary.peak_memory_used_gib,
+        "memory_total_gib": summary.memory_total_gib,
+        "peak_memory_used_ratio": summary.peak_memory_used_ratio,
+        "since": utc_text(summary.first_at),
+        "samples": summary.samples,
+        "attempt_id": summary.attempt_id,
+        "throttle_reasons": summary.throttle_reasons,
+        "xids": list(summary.xids),
+        "simulated": summary.simulated,
+    }
 
 
 @router.get("/{name}/advice")

@@ -33,6 +33,33 @@ def _print_job(job: dict[str, Any]) -> None:
         print(f"  {job['reason']}")
     if job.get("cancel_requested_at") and job["state"] != "cancelled":
         print(f"  cancel requested at {job['cancel_requested_at']}; the daemon is stopping it")
+    gpu = job.get("gpu")
+    if gpu:
+        print("  " + gpu_line(gpu))
+
+
+def gpu_line(gpu: dict[str, Any]) -> str:
+    """`GPU: utilization 3% now (12:04 UTC), 5% average since 11:58 UTC; peak memory 16.0 of
+    80.0 GiB (20%) [simulated]`."""
+
+    def pct(value: Any) -> str:
+        return "-" if value is None else f"{value:.0%}"
+
+    def hhmm(text: Any) -> str:
+        return str(text)[11:16] + " UTC" if text else "-"
+
+    peak, total = gpu.get("peak_memory_used_gib"), gpu.get("memory_total_gib")
+    memory = "-" if peak is None else f"{peak:.1f}"
+    if peak is not None and total:
+        memory += f" of {total:.1f} GiB ({peak / total:.0%})"
+    elif peak is not None:
+        memory += " GiB"
+    line = (
+        f"GPU: utilization {pct(gpu.get('current_utilization'))} now "
+        f"({hhmm(gpu.get('current_at'))}), {pct(gpu.get('average_utilization'))} average "
+        f"since {hhmm(gpu.get('since'))}; peak memory {memory}"
+    )
+    return line + (" [simulated]" if gpu.get("simulated") else "")
 
 
 @app.command("submit")

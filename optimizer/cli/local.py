@@ -1,4 +1,5 @@
-"""`gpuopt local ...`: look at and poke the local cloud (instances, interruptions, faults).
+"""`gpuopt local ...`: look at and poke the local cloud (instances, interruptions, faults,
+simulated GPU telemetry).
 
 These commands act on the local cloud's state directory (`<data dir>/local-cloud` unless
 `--state-dir` says otherwise), which the daemon's local cloud reads: an interruption written
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from providers.local.state import InstanceRecord
 
 app = typer.Typer(
-    help="The local cloud: list instances, inject interruptions and launch failures.",
+    help="The local cloud: list instances, inject interruptions, launch failures and GPU readings.",
     no_args_is_help=True,
     add_completion=False,
 )
@@ -150,6 +151,51 @@ def interrupt(
         f"{instance}: interruption notice posted ({record.interruption.action}); "
         f"power-off at {_when(record.interruption.kill_at)}"
     )
+
+
+@app.command("telemetry")
+def telemetry(
+    instance: Annotated[str, typer.Argument(help="Instance id, e.g. i-local-0001.")],
+    state_dir: StateDirOption = None,
+    util: Annotated[
+        float | None,
+        typer.Option("--util", help="GPU utilization to report, a fraction 0..1 (e.g. 0.03)."),
+    ] = None,
+    memory: Annotated[
+        float, typer.Option("--memory", help="GPU memory used, a fraction 0..1 of the total.")
+    ] = 0.0,
+    gpus: Annotated[int, typer.Option("--gpus", min=1, help="How many GPUs to report.")] = 1,
+    memory_gib: Annotated[
+        float, typer.Option("--memory-gib", help="Memory of each simulated GPU, GiB.")
+    ] = 80.0,
+    every: Annotated[
+        float, typer.Option("--every", help="Seconds between the agent's readings.")
+    ] = 10.0,
+    clear: Annotated[bool, typer.Option("--clear", help="End the injection.")] = False,
+) -> None:
+    """Inject simulated GPU readings for one instance: its agent reports them (labelled
+    simulated) instead of reading NVML, until --clear."""
+    if util is None and not clear:
+        fail("give --util (and --memory), or --clear")
+    cloud = _cloud(_existing(state_dir))
+    try:
+        cloud.inject_telemetry(
+            instance,
+            util=None if clear else util,
+            memory=memory,
+            gpus=gpus,
+            memory_gib=memory_gib,
+            interval_s=every,
+        )
+    except (KeyError, ValueError) as exc:
+        fail(exc.args[0] if exc.args else exc)
+    if clear:
+        print(f"{instance}: simulated GPU telemetry cleared")
+    else:
+        print(
+            f"{instance}: simulated GPU telemetry: utilization {util:.0%}, memory {memory:.0%} "
+            f"of {gpus} x {memory_gib:g} GiB, every {every:g} s"
+        )
 
 
 @app.command("fail-next")

@@ -14,8 +14,14 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from optimizer import __version__
 
@@ -27,6 +33,8 @@ log = logging.getLogger(__name__)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LOOP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _POLL = ("provider", "region", "market")
+# Interruption notice -> job running again: seconds to tens of minutes.
+RECOVERY_BUCKETS = (5, 10, 15, 30, 45, 60, 90, 120, 180, 300, 600, 900, 1800, 3600)
 
 
 def torch_loaded() -> bool:
@@ -113,6 +121,64 @@ class _Scraped(Collector):
             oldest.add_metric([channel], since.timestamp())
         yield family
         yield oldest
+        yield from self._measured()
+
+    def _measured(self) -> Iterator[Metric]:
+        """Jobs' GPU telemetry and interruptions, from the store (so they survive restarts)."""
+        assert self.store is not None
+        try:
+            latest = self.store.telemetry.live_jobs_latest()
+            interrupted = self.store.telemetry.interruptions()
+        except Exception as exc:
+            log.warning("metrics: telemetry unavailable: %s", type(exc).__name__)
+            return
+        util = GaugeMetricFamily(
+            "gpuopt_job_gpu_utilization",
+            "GPU utilization (0..1, mean over the GPUs) of the latest minute its agent reported, "
+            "per live job; simulated=true where the local cloud injected the readings.",
+            labels=["job", "simulated"],
+        )
+        memory = GaugeMetricFamily(
+            "gpuopt_job_gpu_memory_used_ratio",
+            "GPU memory used over total (summed over the GPUs) in the latest minute its agent "
+            "reported, per live job; simulated=true where the local cloud injected the readings.",
+            labels=["job", "simulated"],
+        )
+        for job, rec in sorted(latest.items()):
+            sim = str(rec.simulated).lower()
+            if rec.util_mean is not None:
+                util.add_metric([job, sim], rec.util_mean)
+            if rec.memory_used_ratio is not None:
+                memory.add_metric([job, sim], rec.memory_used_ratio)
+        yield util
+        yield memory
+        counts: dict[tuple[str, str, str], int] = {}
+        for i in interrupted:
+            key = (i.provider, i.region, i.instance_type)
+            counts[key] = counts.get(key, 0) + 1
+        total = CounterMetricFamily(
+            "gpuopt_job_interruptions",
+            "Attempts the cloud interrupted (a notice reached the agent, or the provider "
+            "reported the instance preempted), by pool; counted from the store.",
+            labels=["provider", "region", "instance_type"],
+        )
+        for key, n in sorted(counts.items()):
+            total.add_metric(list(key), n)
+        yield total
+        recovered = [i.recovery_s for i in interrupted if i.recovery_s is not None]
+        buckets: list[tuple[str, float]] = []
+        for bound in RECOVERY_BUCKETS:
+            buckets.append((floatToGoString(bound), sum(1 for s in recovered if s <= bound)))
+        buckets.append(("+Inf", len(recovered)))
+        hist = HistogramMetricFamily(
+            "gpuopt_job_recovery_seconds",
+            "From an interruption (its notice, else the attempt's end) to the job running "
+            "again on the replacement attempt (its agent's job_started); jobs not running "
+            "again yet are not counted. From the store.",
+            buckets=buckets,
+            sum_value=sum(recovered),
+        )
+        yield hist
 
 
 class Metrics:

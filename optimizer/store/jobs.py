@@ -39,6 +39,7 @@ from optimizer.store.tables import (
     NewEvent,
     PoolCooldown,
 )
+from optimizer.store.telemetry import GPU_TELEMETRY, write_telemetry
 
 _JOB = table(Job)
 _ATTEMPT = table(Attempt)
@@ -436,9 +437,10 @@ class Jobs:
     ) -> list[str]:
         """Record new events (by id) and fold them into the attempt; return every id seen.
 
-        A new `probe_result` is also stored as a probe result (`store.probes`), on the same
-        transaction; `on_host` marks the attempt's instance as one on the daemon's own host
-        (the local cloud), whose figures are simulated."""
+        A new `probe_result` is also stored as a probe result (`store.probes`), and a new
+        `gpu_telemetry` as the attempt's GPU spans (`store.telemetry`; the event keeps only
+        their count), on the same transaction; `on_host` marks the attempt's instance as one
+        on the daemon's own host (the local cloud), whose figures are simulated."""
         acked: list[str] = []
         with self._db.begin() as conn:
             for event in events:
@@ -451,13 +453,16 @@ class Jobs:
                     continue
                 when = _event_time(event, at)
                 data = dict(event.get("data") or {})
+                kept = data
+                if event["kind"] == GPU_TELEMETRY:
+                    kept = write_telemetry(conn, self._db.dialect, key, data)
                 conn.execute(
                     insert(_AGENT_EVENT).values(
                         id=event_id,
                         attempt_key=key,
                         kind=str(event["kind"]),
                         at=when,
-                        data=json.dumps(data, sort_keys=True),
+                        data=json.dumps(kept, sort_keys=True),
                     )
                 )
                 if event["kind"] == "probe_result":

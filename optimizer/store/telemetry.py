@@ -14,7 +14,8 @@ Reading: `samples` (one attempt's or one job's rows since a time, oldest first),
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+import logging
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -22,10 +23,14 @@ from typing import Any
 from sqlalchemy import Connection, Row, delete, func, select
 
 from optimizer.store.engine import Database, aware, dialect_insert, table
-from optimizer.store.tables import Attempt, GpuSample
+from optimizer.store.tables import TERMINAL_JOB_STATES, Attempt, GpuSample, Job
 
+log = logging.getLogger(__name__)
+
+GPU_TELEMETRY = "gpu_telemetry"  # the agent event that carries spans
 _SAMPLE = table(GpuSample)
 _ATTEMPT = table(Attempt)
+_JOB = table(Job)
 
 MINUTE_S = 60
 HOUR_S = 3600
@@ -119,6 +124,24 @@ class GpuSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class Interruption:
+    """An attempt the cloud interrupted: its pool, when (the notice, else the attempt's end)
+    and when the job was running again on its replacement (None: not yet)."""
+
+    provider: str
+    region: str
+    instance_type: str
+    at: datetime | None
+    running_again_at: datetime | None
+
+    @property
+    def recovery_s(self) -> float | None:
+        if self.at is None or self.running_again_at is None:
+            return None
+        return max((self.running_again_at - self.at).total_seconds(), 0.0)
+
+
+@dataclass(frozen=True, slots=True)
 class Downsampled:
     """What one `downsample` call did."""
 
@@ -126,6 +149,7 @@ class Downsampled:
     hours: int = 0  # hourly rows written or merged into
 
 
+_KEY = ("attempt_id", "start", "span_s")
 _COLUMNS = (
     "attempt_id",
     "start",
@@ -247,8 +271,10 @@ class Telemetry:
     # -- writing ----------------------------------------------------------------------------
 
     def add(self, attempt_id: int, minutes: Iterable[GpuMinute]) -> int:
-        """Store the spans not held yet (by attempt, start, span); returns how many were new.
-        A span's start is floored to its minute (or hour). One transaction."""
+        """Store the spans not held yet (by attempt, start, span), and replace a held one by
+        one of more samples (a minute the agent reported while it was still going, then
+        whole); returns how many rows were written. A span's start is floored to its minute
+        (or hour). One transaction."""
         unique: dict[tuple[datetime, int], GpuMinute] = {}
         for m in minutes:
             _check(m)
@@ -257,14 +283,8 @@ class Telemetry:
             unique.setdefault((start, m.span_s), _replace_start(m, start))
         if not unique:
             return 0
-        stmt = (
-            dialect_insert(self._db.dialect, _SAMPLE)
-            .values([_row(attempt_id, m) for m in unique.values()])
-            .on_conflict_do_nothing(index_elements=["attempt_id", "start", "span_s"])
-            .returning(_SAMPLE.c.id)
-        )
         with self._db.begin() as conn:
-            return len(list(conn.execute(stmt).scalars()))
+            return write_spans(conn, self._db.dialect, attempt_id, unique.values())
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -332,6 +352,51 @@ class Telemetry:
         rows = self.samples(attempt_id=attempt_id, job_id=job_id, since=since, limit=1_000_000)
         return summarize(rows)
 
+    def live_jobs_latest(self) -> dict[str, GpuSampleRecord]:
+        """Each job that has not ended: its newest attempt's newest span, by job name (jobs
+        whose newest attempt reported none left out)."""
+        newest = (
+            select(_ATTEMPT.c.job_id, func.max(_ATTEMPT.c.id).label("attempt_id"))
+            .join(_JOB, _JOB.c.id == _ATTEMPT.c.job_id)
+            .where(_JOB.c.state.not_in(sorted(TERMINAL_JOB_STATES)), _JOB.c.removed_at.is_(None))
+            .group_by(_ATTEMPT.c.job_id)
+            .subquery()
+        )
+        query = select(_JOB.c.name, newest.c.attempt_id).join(newest, newest.c.job_id == _JOB.c.id)
+        with self._db.connect() as conn:
+            names = {int(a): str(n) for n, a in conn.execute(query)}
+        latest = self.latest(list(names))
+        return {names[a]: rec for a, rec in latest.items()}
+
+    def interruptions(self) -> list[Interruption]:
+        """Every attempt the cloud interrupted (a notice reached its agent, or the provider
+        reported it preempted), with when its job was running again on the next attempt (None
+        until then); oldest first."""
+        nxt = _ATTEMPT.alias("next_attempt")
+        query = (
+            select(
+                _ATTEMPT.c.provider,
+                _ATTEMPT.c.region,
+                _ATTEMPT.c.instance_type,
+                _ATTEMPT.c.notice_at,
+                _ATTEMPT.c.ended_at,
+                nxt.c.job_started_at,
+            )
+            .select_from(
+                _ATTEMPT.outerjoin(
+                    nxt,
+                    (nxt.c.job_id == _ATTEMPT.c.job_id) & (nxt.c.number == _ATTEMPT.c.number + 1),
+                )
+            )
+            .where(_ATTEMPT.c.notice_at.is_not(None) | _ATTEMPT.c.preempted.is_(True))
+            .order_by(_ATTEMPT.c.id)
+        )
+        with self._db.connect() as conn:
+            return [
+                Interruption(p, r, t, notice or ended, again)
+                for p, r, t, notice, ended, again in conn.execute(query)
+            ]
+
     # -- ageing -----------------------------------------------------------------------------
 
     def downsample(self, *, before: datetime, limit: int = DOWNSAMPLE_BATCH) -> Downsampled:
@@ -382,6 +447,112 @@ class Telemetry:
             if doomed:
                 conn.execute(delete(_SAMPLE).where(_SAMPLE.c.id.in_(doomed)))
         return len(doomed)
+
+
+def write_spans(conn: Connection, dialect: str, attempt_id: int, spans: Iterable[GpuMinute]) -> int:
+    """Insert `spans` (checked, starts floored) on `conn`; a span already held is replaced
+    only by one of more samples. Rows written."""
+    rows = [_row(attempt_id, m) for m in spans]
+    if not rows:
+        return 0
+    stmt = dialect_insert(dialect, _SAMPLE).values(rows)
+    excluded = stmt.excluded
+    upsert = stmt.on_conflict_do_update(
+        index_elements=["attempt_id", "start", "span_s"],
+        set_={name: excluded[name] for name in _COLUMNS if name not in _KEY},
+        where=excluded.samples > _SAMPLE.c.samples,
+    ).returning(_SAMPLE.c.id)
+    return len(list(conn.execute(upsert).scalars()))
+
+
+def write_telemetry(
+    conn: Connection, dialect: str, attempt_key: str, data: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Store a `gpu_telemetry` event's spans for the attempt keyed `attempt_key`, on `conn`.
+    A span that does not parse is skipped (and counted), never failing the batch. Returns
+    what the agent event row keeps: the counts, and `available`/`reason` when the agent said
+    it has no GPU readings."""
+    kept: dict[str, Any] = {k: data[k] for k in ("available", "reason", "simulated") if k in data}
+    raw = data.get("minutes")
+    if not isinstance(raw, list):
+        return kept
+    spans: dict[tuple[datetime, int], GpuMinute] = {}
+    bad: list[str] = []
+    for item in raw:
+        try:
+            if not isinstance(item, Mapping):
+                raise ValueError("a span must be an object")
+            span = parse_span(item)
+        except ValueError as exc:
+            bad.append(str(exc))
+            continue
+        held = spans.get((span.start, span.span_s))
+        if held is None or span.samples > held.samples:
+            spans[(span.start, span.span_s)] = span
+    attempt_id = conn.execute(
+        select(_ATTEMPT.c.id).where(_ATTEMPT.c.idempotency_key == attempt_key)
+    ).scalar_one_or_none()
+    if attempt_id is not None and spans:
+        write_spans(conn, dialect, int(attempt_id), spans.values())
+    if bad:
+        log.warning(
+            "attempt %s: %d GPU telemetry span(s) skipped: %s", attempt_key, len(bad), bad[0]
+        )
+    kept.update({"minutes": len(spans), "skipped": len(bad)})
+    if bad:
+        kept["error"] = bad[0][:200]
+    return kept
+
+
+def parse_span(raw: Mapping[str, Any]) -> GpuMinute:
+    """One span in the agent's wire form (docs/agent-protocol.md, `gpu_telemetry`), checked;
+    ValueError naming the field otherwise."""
+
+    def num(name: str) -> float | None:
+        v = raw.get(name)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ValueError(f"{name} must be a number, got {v!r}")
+        return float(v)
+
+    def whole(name: str, default: int | None = None) -> int:
+        v = raw.get(name, default)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{name} must be an integer, got {v!r}")
+        return v
+
+    start_raw = raw.get("start")
+    if not isinstance(start_raw, str):
+        raise ValueError(f"start must be an ISO time, got {start_raw!r}")
+    try:
+        start = datetime.fromisoformat(start_raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"start must be an ISO time, got {start_raw!r}") from None
+    xids = raw.get("xids") or []
+    if not isinstance(xids, list) or not all(
+        isinstance(x, int) and not isinstance(x, bool) for x in xids
+    ):
+        raise ValueError(f"xids must be a list of integers, got {xids!r}")
+    span = GpuMinute(
+        start=aware(start, "start"),
+        span_s=whole("span_s", MINUTE_S),
+        samples=whole("samples"),
+        gpus=whole("gpus", 0),
+        util_mean=num("util_mean"),
+        util_max=num("util_max"),
+        memory_used_gib_max=num("memory_used_gib_max"),
+        memory_total_gib=num("memory_total_gib"),
+        power_w_mean=num("power_w_mean"),
+        temperature_c_max=num("temperature_c_max"),
+        sm_clock_mhz_mean=num("sm_clock_mhz_mean"),
+        throttle_reasons=whole("throttle_reasons", 0),
+        xids=tuple(xids),
+        simulated=bool(raw.get("simulated", False)),
+    )
+    _check(span)
+    start = floor_minute(span.start) if span.span_s == MINUTE_S else floor_hour(span.start)
+    return _replace_start(span, start)
 
 
 def _take_hour(conn: Connection, attempt_id: int, hour: datetime) -> GpuSampleRecord | None:
@@ -440,11 +611,16 @@ def summarize(rows: Sequence[GpuSampleRecord]) -> GpuSummary | None:
 
 __all__ = [
     "DOWNSAMPLE_BATCH",
+    "GPU_TELEMETRY",
     "Downsampled",
     "GpuMinute",
     "GpuSampleRecord",
     "GpuSummary",
+    "Interruption",
     "Telemetry",
     "fold",
+    "parse_span",
     "summarize",
+    "write_spans",
+    "write_telemetry",
 ]

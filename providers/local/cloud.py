@@ -55,6 +55,9 @@ def _utc(epoch: float | None) -> datetime | None:
     return None if epoch is None else datetime.fromtimestamp(epoch, UTC)
 
 
+TELEMETRY = "telemetry"  # InstanceRecord.extra key of the injected GPU readings
+
+
 class LocalCloud:
     """A Provider whose instances are processes on this machine (see the module docstring)."""
 
@@ -225,6 +228,45 @@ class LocalCloud:
                 now = self.clock()
                 record.interruption = Interruption(now, now + grace_s, action)
                 self.state.save(record)
+            return record
+
+    def inject_telemetry(
+        self,
+        instance_id: str,
+        *,
+        util: float | None,
+        memory: float = 0.0,
+        gpus: int = 1,
+        memory_gib: float = 80.0,
+        interval_s: float = 10.0,
+    ) -> InstanceRecord:
+        """Make the instance's agent read these simulated GPU figures (fractions 0..1) every
+        `interval_s` from now on, labelled simulated; `util=None` ends the injection. The
+        metadata endpoint serves them at `<instance>/gpuopt/v1/telemetry`."""
+        if util is not None:
+            for name, value in (("util", util), ("memory", memory)):
+                if not 0.0 <= value <= 1.0:
+                    raise ValueError(f"--{name} must be a fraction between 0 and 1, got {value}")
+            if gpus < 1 or memory_gib <= 0 or interval_s <= 0:
+                raise ValueError("gpus, memory_gib and interval_s must be positive")
+        with self._lock, self.state.locked():
+            record = self.state.load(instance_id)
+            if record is None:
+                raise KeyError(f"no local instance {instance_id!r}")
+            if record.ended:
+                raise ValueError(f"{instance_id} has already ended ({record.detail})")
+            if util is None:
+                record.extra.pop(TELEMETRY, None)
+            else:
+                record.extra[TELEMETRY] = {
+                    "util": util,
+                    "memory": memory,
+                    "gpus": gpus,
+                    "memory_gib": memory_gib,
+                    "interval_s": interval_s,
+                    "simulated": True,
+                }
+            self.state.save(record)
             return record
 
     def fail_next(

@@ -11,6 +11,9 @@ Each instance sees its own prefix, `http://127.0.0.1:PORT/<instance-id>`, handed
 - GCP: `GET /computeMetadata/v1/instance/...` with `Metadata-Flavor: Google` (403 without);
   `?wait_for_change=true&timeout_sec=N&last_etag=E` hangs until the value changes.
 
+gpuopt's own `gpuopt/v1/telemetry` gives the simulated GPU readings injected for the instance
+(`gpuopt local telemetry`; 404 while there are none): the agent reads them instead of NVML.
+
 Answers are read from the state directory on every request, so an interruption written by
 any process (`gpuopt local interrupt`) shows at once.
 """
@@ -209,6 +212,11 @@ class MetadataServer:
                         return self._send(401, "Unauthorized")
                     value = aws_value(record, rest.removeprefix("latest/meta-data/"))
                     return self._send(404) if value is None else self._send(200, value)
+                if rest == "gpuopt/v1/telemetry":  # simulated GPU readings (inject_telemetry)
+                    injected = record.extra.get("telemetry")
+                    if injected is None or record.ended:
+                        return self._send(404)
+                    return self._send(200, json.dumps(injected))
                 if rest.startswith("computeMetadata/v1/instance/"):
                     if self.headers.get("Metadata-Flavor") != "Google":
                         return self._send(403, "Missing Metadata-Flavor:Google header.")
