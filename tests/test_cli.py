@@ -245,6 +245,10 @@ def bad_input_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
             ["advise", "Not/A-Job"],
             "gpuopt: error: job 'Not/A-Job': a job name is 1-63 lowercase letters",
         ),
+        "probes": (
+            ["probes", "list", "--limit", "0"],
+            "gpuopt: error: --limit: expected a positive number of results, got 0",
+        ),
         "costs": (
             ["costs", "--since", "last week"],
             "gpuopt: error: --since: expected a month (2026-03), a date (2026-03-14) or an ISO",
@@ -281,6 +285,7 @@ GROUPS = [
     "prices",
     "costs",
     "advise",
+    "probes",
 ]
 
 

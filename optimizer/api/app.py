@@ -31,6 +31,7 @@ from optimizer.api import (
     offers,
     policies,
     prices,
+    probes,
     replicas,
 )
 from optimizer.api.auth import require_token
@@ -48,6 +49,7 @@ PROTECTED: tuple[APIRouter, ...] = (
     events.router,
     replicas.router,
     costs.router,
+    probes.router,
 )
 MAX_BODY_BYTES = 1 << 20  # api.max_body_bytes's default
 _MSG_CHARS = 300

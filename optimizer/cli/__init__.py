@@ -21,6 +21,7 @@ from optimizer.cli import (
     policy,
     prices,
     probe,
+    probes,
     version,
 )
 
@@ -34,6 +35,7 @@ app = typer.Typer(
 
 app.add_typer(policy.app, name="policy")
 app.command("probe")(probe.probe)
+app.add_typer(probes.app, name="probes")
 app.command("daemon")(daemon.daemon)
 app.add_typer(db.app, name="db")
 app.add_typer(jobs.app, name="jobs")

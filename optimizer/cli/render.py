@@ -12,6 +12,7 @@ from optimizer.model import Offer
 
 if TYPE_CHECKING:
     from optimizer.cli.ranking_view import RankingView
+    from policies.engine import Candidate
 
 
 def offers_table(offers: Sequence[Offer], *, total: int, source: str) -> None:
@@ -83,12 +84,20 @@ def ranking_table(ranking: RankingView, *, limit: int, explain: bool, source: st
     else:
         table = Table(title=title)
         per_tflop = any(c.usd_per_tflop_hour is not None for c in shown)
+        per_tbps = any(
+            c.usd_per_tbps_hour is not None and c.score == c.usd_per_tbps_hour for c in shown
+        )
+        sources = per_tflop or per_tbps or any(_measured(c) or c.probe_failures for c in shown)
         headers = [
             "#", "provider", "region", "zone", "instance type", "GPUs", "GiB/GPU", "headroom",
             "market", "$/h", "$/GPU-h",
         ]  # fmt: skip
         if per_tflop:
             headers += [f"{ranking.dtype} TFLOPS", "$/TFLOP-h"]
+        if per_tbps:
+            headers += ["mem TB/s", "$/TB/s-h"]
+        if sources:
+            headers += ["figures"]
         for header in headers:
             table.add_column(header, justify="left" if header[0].isalpha() else "right")
         for c in shown:
@@ -106,10 +115,33 @@ def ranking_table(ranking: RankingView, *, limit: int, explain: bool, source: st
                     else f"{c.node_tflops:,.{0 if c.node_tflops >= 100 else 1}f}",
                     "-" if c.usd_per_tflop_hour is None else f"{c.usd_per_tflop_hour:.5f}",
                 ]
+            if per_tbps:
+                row += [
+                    "-" if c.node_tbps is None else f"{c.node_tbps:,.2f}",
+                    "-" if c.usd_per_tbps_hour is None else f"{c.usd_per_tbps_hour:.4f}",
+                ]
+            if sources:
+                row.append(figures(c))
             table.add_row(*row)
         console.print(table)
     if explain:
         _rejections(console, ranking)
+
+
+def _measured(c: Candidate) -> bool:
+    return "measured" in (c.throughput, c.bandwidth)
+
+
+def figures(c: Candidate) -> str:
+    """Where a candidate's throughput figures came from: `measured (n=5, 2.0 h old)` when its
+    type's probes measured them, else `datasheet`; `demoted` when its probes keep failing."""
+    if _measured(c) and c.measured_n is not None and c.measured_age_s is not None:
+        text = f"measured (n={c.measured_n}, {c.measured_age_s / 3600:.1f} h old)"
+    elif _measured(c):
+        text = "measured"
+    else:
+        text = "datasheet" if c.throughput or c.bandwidth else "-"
+    return f"{text}; demoted: probes failing" if c.probe_failures else text
 
 
 def _rejections(console: Console, ranking: RankingView, examples: int = 3) -> None:

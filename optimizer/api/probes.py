@@ -1,0 +1,29 @@
+"""/probes: the probe results agents reported, newest first, with the figures the ranking reads
+(docs/probes.md, "In the ranking"). Paged like /jobs: `before` is the last id of a page."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+
+from optimizer.api.state import MAX_ID, MIN_ID, StateDep
+
+router = APIRouter(prefix="/probes", tags=["probes"])
+
+
+@router.get("")
+def list_probes(
+    state: StateDep,
+    instance_type: Annotated[str | None, Query(max_length=200)] = None,
+    provider: Annotated[str | None, Query(max_length=100)] = None,
+    before: Annotated[
+        int | None, Query(ge=MIN_ID, le=MAX_ID, description="Only results with an id below this.")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> dict[str, Any]:
+    """Probe results newest first, optionally of one instance type or provider."""
+    found = state.store.probes.page(
+        instance_type=instance_type, provider=provider, before_id=before, limit=limit
+    )
+    return {"probes": [p.to_dict() for p in found]}
