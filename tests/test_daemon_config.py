@@ -289,3 +289,23 @@ def test_the_logs_section_sets_the_cap_and_retention_and_its_problems_are_locate
         load_config(None)
     [problem] = caught.value.problems
     assert str(problem).startswith("GPUOPT_LOGS__RETENTION_DAYS: logs.retention_days: must be")
+
+
+def test_the_telemetry_section_sets_both_retentions_and_says_when_they_are_out_of_order(
+    tmp_path: Path,
+) -> None:
+    default = load_config(None).telemetry
+    assert (default.minute_days, default.hourly_days) == (14, 400)
+    path = tmp_path / "telemetry.yaml"
+    path.write_text("telemetry:\n  minute_days: 2\n  hourly_days: 90\n")
+    assert (load_config(path).telemetry.minute_days, load_config(path).telemetry.hourly_days) == (
+        2,
+        90,
+    )
+    path.write_text("telemetry:\n  minute_days: 30\n  hourly_days: 7\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    [problem] = caught.value.problems
+    assert str(problem) == (
+        f"{path}:3:16: telemetry.hourly_days: must be more than telemetry.minute_days (30)"
+    )

@@ -132,3 +132,48 @@ def test_minutes_fold_into_hours_a_late_minute_merges_and_old_hours_expire(store
     # Expiry drops whatever started before its cutoff.
     assert store.telemetry.expire(before=T0 + timedelta(hours=1)) == 1
     assert store.telemetry.samples(attempt_id=a.id)[0].start == T0 + timedelta(hours=1)
+
+
+def test_the_retention_loop_downsamples_minutes_to_hours_then_expires_them(store: Store) -> None:
+    from optimizer.clock import ManualClock
+    from optimizer.daemon.loops.retention import RetentionLoop
+    from optimizer.store import Retention
+
+    clock = ManualClock(T0)
+    a = attempt_of(store, "train")
+    # 3 hours of one minute every 20 minutes: hour 0 has minutes 0, 20, 40; and so on.
+    store.telemetry.add(a.id, [minute(m, 0.1 * (m // 60 + 1), m / 10) for m in range(0, 180, 20)])
+    loop = RetentionLoop(
+        store,
+        clock,
+        Retention(timedelta(days=14), timedelta(days=400)),
+        log_batch=2,  # several transactions a pass
+        telemetry_retention=(timedelta(days=1), timedelta(days=30)),
+    )
+    # Within a day nothing moves.
+    clock.set(T0 + timedelta(hours=23))
+    report = loop.run_once()
+    assert (report.gpu_minutes, report.gpu_expired) == (0, 0)
+    # A day and 2 hours on, hours 0 and 1 are wholly past the per-minute retention.
+    clock.set(T0 + timedelta(days=1, hours=2, minutes=30))
+    report = loop.run_once()
+    assert (report.gpu_minutes, report.gpu_hours, report.gpu_expired) == (6, 4, 0)
+    rows = store.telemetry.samples(attempt_id=a.id)
+    assert [(r.start - T0, r.span_s) for r in rows] == [
+        (timedelta(0), HOUR_S),
+        (timedelta(hours=1), HOUR_S),
+        (timedelta(hours=2), MINUTE_S),
+        (timedelta(hours=2, minutes=20), MINUTE_S),
+        (timedelta(hours=2, minutes=40), MINUTE_S),
+    ]
+    assert rows[1].util_mean == pytest.approx(0.2) and rows[1].samples == 18
+    assert rows[1].memory_used_gib_max == pytest.approx(10.0)  # minute 100's 10 GiB
+    assert loop.run_once().gpu_minutes == 0  # a second pass finds nothing to do
+    # The summary reads both sizes alike.
+    s = store.telemetry.summary(attempt_id=a.id)
+    assert s is not None and s.samples == 9 * 6 and s.average_util == pytest.approx(0.2)
+    # Past the hourly retention every span goes.
+    clock.set(T0 + timedelta(days=31))
+    report = loop.run_once()
+    assert (report.gpu_minutes, report.gpu_expired) == (3, 3)
+    assert store.telemetry.samples(attempt_id=a.id) == []

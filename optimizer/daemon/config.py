@@ -171,6 +171,28 @@ class LogsConfig(_Section):
     )
 
 
+class TelemetryConfig(_Section):
+    """How long jobs' GPU telemetry is kept (docs/daemon.md: GPU telemetry)."""
+
+    minute_days: float = Field(
+        14, gt=0, le=36_500, description="Per-minute GPU readings are kept this long."
+    )
+    hourly_days: float = Field(
+        400,
+        gt=0,
+        le=36_500,
+        description="Readings reach back this far, per hour past minute_days.",
+    )
+
+    @field_validator("hourly_days")
+    @classmethod
+    def _longer_than_minutes(cls, value: float, info: Any) -> float:
+        minutes = info.data.get("minute_days")
+        if minutes is not None and value <= minutes:
+            raise ValueError(f"must be more than telemetry.minute_days ({minutes:g})")
+        return value
+
+
 class ProbesConfig(_Section):
     """How probe results feed the ranking (docs/policies.md, \"Probe results in the ranking\")."""
 
@@ -401,6 +423,9 @@ class ConfigSchema(BaseModel):
     )
     logs: LogsConfig = Field(
         default_factory=LogsConfig, examples=[{"max_bytes_per_job": 16777216, "retention_days": 30}]
+    )
+    telemetry: TelemetryConfig = Field(
+        default_factory=TelemetryConfig, examples=[{"minute_days": 14, "hourly_days": 400}]
     )
     agent: AgentSetupConfig = Field(
         default_factory=AgentSetupConfig, examples=[{"images": {"aws": "ami-0abc"}}]

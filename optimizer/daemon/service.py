@@ -202,6 +202,10 @@ class Daemon:
             config.prices.retention.retention(),
             batch_rows=config.prices.retention.batch_rows,
             log_retention=timedelta(days=config.logs.retention_days),
+            telemetry_retention=(
+                timedelta(days=config.telemetry.minute_days),
+                timedelta(days=config.telemetry.hourly_days),
+            ),
             leading=lambda: self.leadership.is_leader,
         )
         self.queues = [

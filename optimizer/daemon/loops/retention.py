@@ -1,12 +1,16 @@
-"""The retention loop: age price history from raw points to hourly summaries to nothing, and
-delete the output of jobs that ended more than `logs.retention_days` ago.
+"""The retention loop: age price history from raw points to hourly summaries to nothing, jobs'
+GPU telemetry from per-minute to hourly spans to nothing, and delete the output of jobs that
+ended more than `logs.retention_days` ago.
 
 Leader only, like every writer. A pass works through the pools in bounded batches
 (`Prices.prune_history`, one transaction each), so a large backlog never holds a long lock;
 between batches it checks that the daemon is not stopping and that this replica still leads,
 and otherwise ends the pass early (the next pass picks up where the data says: a batch
 leaves nothing half done). Every batch of a pass uses the time the pass started. Job logs go
-the same way (`Logs.prune`, at most `log_batch` chunks a transaction), after the prices.
+the same way (`Logs.prune`, at most `log_batch` chunks a transaction), after the prices, and
+GPU telemetry (`Telemetry.downsample` folds the minutes of hours wholly older than
+`telemetry.minute_days` into hourly spans, then `Telemetry.expire` drops spans older than
+`telemetry.hourly_days`, each at most `log_batch` rows a transaction).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from optimizer.clock import Clock
 from optimizer.store import PruneBatch, Retention, Store
@@ -40,6 +44,9 @@ class RetentionReport:
     expired: int = 0
     complete: bool = False  # the pass reached the last pool (not stopped early)
     log_chunks: int = 0  # chunks of job output deleted
+    gpu_minutes: int = 0  # per-minute GPU spans folded into hourly ones
+    gpu_hours: int = 0  # hourly GPU spans written or merged into
+    gpu_expired: int = 0  # GPU spans past the hourly retention, removed
     seconds: float = 0.0
 
     def add(self, batch: PruneBatch) -> None:
@@ -66,6 +73,7 @@ class RetentionLoop:
         batch_rows: int = 5_000,
         log_retention: timedelta | None = None,
         log_batch: int = PRUNE_BATCH,
+        telemetry_retention: tuple[timedelta, timedelta] | None = None,
         leading: Callable[[], bool] = lambda: True,
     ) -> None:
         self.store = store
@@ -74,6 +82,7 @@ class RetentionLoop:
         self.batch_rows = batch_rows
         self.log_retention = log_retention
         self.log_batch = log_batch
+        self.telemetry_retention = telemetry_retention  # (per-minute, hourly) ages
         self.leading = leading
         self._stopping = threading.Event()
 
@@ -105,6 +114,8 @@ class RetentionLoop:
                 report.log_chunks += gone
                 if gone < self.log_batch:
                     break
+        if self.telemetry_retention is not None:
+            self._telemetry(report, now)
         report.seconds = time.perf_counter() - started
         if report.summarized or report.dropped or report.expired:
             log.info(
@@ -118,6 +129,14 @@ class RetentionLoop:
                 report.seconds,
                 "" if report.complete else "; stopped early, the next pass goes on",
             )
+        if report.gpu_minutes or report.gpu_expired:
+            log.info(
+                "GPU telemetry: %d minute span(s) folded into %d hourly span(s), %d span(s) "
+                "past retention removed",
+                report.gpu_minutes,
+                report.gpu_hours,
+                report.gpu_expired,
+            )
         if report.log_chunks:
             log.info(
                 "job logs: %d chunk(s) of jobs that ended over %s ago deleted",
@@ -125,3 +144,18 @@ class RetentionLoop:
                 self.log_retention,
             )
         return report
+
+    def _telemetry(self, report: RetentionReport, now: datetime) -> None:
+        assert self.telemetry_retention is not None
+        minutes, hourly = self.telemetry_retention
+        while not self._stopping.is_set() and self.leading():
+            done = self.store.telemetry.downsample(before=now - minutes, limit=self.log_batch)
+            report.gpu_minutes += done.minutes
+            report.gpu_hours += done.hours
+            if done.minutes < self.log_batch:
+                break
+        while not self._stopping.is_set() and self.leading():
+            gone = self.store.telemetry.expire(before=now - hourly, limit=self.log_batch)
+            report.gpu_expired += gone
+            if gone < self.log_batch:
+                break
