@@ -140,7 +140,7 @@ class Current:
     gpu_count: int | None = None
     gpu_memory_gib: float | None = None
     node_tflops: float | None = None  # for the ranking's dtype, measured where known
-    # where node_tflops came from: measured (probes, `tflops_n` results), ranking, datasheet
+    # where node_tflops came from: measured (probes, `tflops_n` results) or datasheet
     tflops_source: str | None = None
     tflops_n: int | None = None
 
@@ -311,14 +311,19 @@ def _throughput(policy: Policy, dtype: str, current: Current, best: Candidate) -
     """With rank_by price_per_tflop, the two node throughputs compared ("" otherwise)."""
     if policy.rank_by != "price_per_tflop" or not (current.node_tflops and best.node_tflops):
         return ""
-    source = current.tflops_source
-    if source is not None and current.tflops_n is not None:
-        source = f"{source}, n={current.tflops_n}"
-    now = f" ({source})" if source else ""
+    now = _source(current.tflops_source, current.tflops_n)
+    advised = _source(best.throughput, best.measured_n)
     return (
-        f"; {dtype} {best.node_tflops:.0f} TFLOPS per node advised vs "
+        f"; {dtype} {best.node_tflops:.0f} TFLOPS per node advised{advised} vs "
         f"{current.node_tflops:.0f} now{now}"
     )
+
+
+def _source(source: str | None, n: int | None) -> str:
+    """` (measured, n=3)`, ` (datasheet)`, or "" when the source is not known."""
+    if source is None:
+        return ""
+    return f" ({source}, n={n})" if n is not None else f" ({source})"
 
 
 def _notes(usage: Usage, current: Current | None, buffer: float) -> tuple[str, ...]:

@@ -180,13 +180,15 @@ def test_measured_throughput_per_tflop_can_keep_the_job_where_it_is() -> None:
     measured = {"A100-80GB": {"bf16": 312.0}, "L40S": {"bf16": 100.0}}
     got = run(pol, current=current, measured=measured)
     assert got.status == "no_cheaper_fit"
-    assert got.reason.endswith("bf16 312 TFLOPS per node advised vs 312 now (measured, n=3)")
+    assert got.reason.endswith(
+        "bf16 312 TFLOPS per node advised (measured) vs 312 now (measured, n=3)"
+    )
     assert "TFLOPS" not in run(policy()).reason  # by price: no throughput to compare
     # At 200 TFLOPS the L40S wins: same work costs 312 x 1.20 / 200 = $1.872/h, saving $1.128.
     got = run(pol, measured={"A100-80GB": {"bf16": 312.0}, "L40S": {"bf16": 200.0}})
     assert got.status == "cheaper_fit"
     assert got.usd_per_hour_saving == pytest.approx(3.00 - 312 * 1.20 / 200)
-    assert "; bf16 200 TFLOPS per node advised vs 312 now;" in got.reason
+    assert "; bf16 200 TFLOPS per node advised (measured) vs 312 now;" in got.reason
     assert got.monthly_saving_usd == pytest.approx(1.128 * 292)
 
 

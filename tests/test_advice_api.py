@@ -190,7 +190,9 @@ def test_per_tflop_the_current_throughput_is_the_probes_measured_figure(daemon: 
     # The L40S's datasheet 362 bf16 TFLOPS: the A100's work costs 200 x 1.20 / 362 $/h there.
     assert got["advised"]["offer"]["instance_type"] == "g6e.xlarge"
     assert got["usd_per_hour_saving"] == pytest.approx(3.00 - 200 * 1.20 / 362)
-    assert "bf16 362 TFLOPS per node advised vs 200 now (measured, n=1)" in got["reason"]
+    assert (
+        "bf16 362 TFLOPS per node advised (datasheet) vs 200 now (measured, n=1)" in got["reason"]
+    )
 
 
 def test_unknown_jobs_and_unloaded_policies_are_clear_errors(daemon: Daemon) -> None:

@@ -62,7 +62,7 @@ def test_a_running_jobs_duty_cycle_counts_to_now_and_the_cheapest_fit_is_advised
     assert got.notes[0].startswith("simulated telemetry")
     # The A100 is a candidate too: its throughput is its ranking row's (no probe measured it).
     assert got.current is not None
-    assert (got.current.node_tflops, got.current.tflops_source) == (312.0, "ranking")
+    assert (got.current.node_tflops, got.current.tflops_source) == (312.0, "datasheet")
 
 
 def test_a_pool_in_cooldown_is_left_out_as_a_launch_leaves_it(store: Store) -> None:

@@ -49,9 +49,10 @@ def _held(attempt: AttemptRecord) -> advice.Interval:
 
 def _current(store: Store, attempt: AttemptRecord, ranking: Ranking | None) -> advice.Current:
     """What the latest attempt runs on, with the shape's figures where the latest offers still
-    list its instance type. Its throughput: the probes' median for its (provider, instance
-    type) where they measured the ranking's dtype, else its own row in the ranking, else the
-    hardware table's datasheet figure."""
+    list its instance type. Its throughput: its own row in the ranking (which reads the
+    probes' figures, optimizer.jobs.measured), else the probes' median for its (provider,
+    instance type) where they measured the ranking's dtype, else the hardware table's
+    datasheet figure."""
     dtype = ranking.dtype if ranking is not None else "bf16"
     key = (attempt.provider, attempt.instance_type)
     same = [
@@ -65,12 +66,15 @@ def _current(store: Store, attempt: AttemptRecord, ranking: Ranking | None) -> a
             (o for o in store.prices.latest_offers() if (o.provider, o.instance_type) == key),
             None,
         )
-    tflops, source, n = None, None, None
-    measured = store.probes.figures().get(key)
-    if offer is not None and measured is not None and measured.tflops.get(dtype):
-        tflops, source, n = offer.gpu_count * measured.tflops[dtype], "measured", measured.n
-    elif same and same[0].node_tflops:
-        tflops, source = same[0].node_tflops, "ranking"
+    tflops: float | None = None
+    source: str | None = None
+    n: int | None = None
+    probed = store.probes.figures().get(key)
+    if same and same[0].node_tflops:
+        row = same[0]
+        tflops, source, n = row.node_tflops, row.throughput or "datasheet", row.measured_n
+    elif offer is not None and probed is not None and probed.tflops.get(dtype):
+        tflops, source, n = offer.gpu_count * probed.tflops[dtype], "measured", probed.n
     elif offer is not None:
         per_gpu = hardware.get(offer.gpu_model).tflops_for(dtype)
         if per_gpu:
