@@ -4,6 +4,7 @@ aggregates across GPUs, and the sampler thread's steps driven by hand with a man
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -144,3 +145,41 @@ def test_a_full_queue_drops_heartbeats_then_telemetry_before_any_other_event() -
         ("job_exited", {}),
     ]
     assert q.dropped == 2
+
+
+def test_an_agent_without_gpu_readings_says_so_once_and_one_with_them_reports_them(
+    tmp_path: Path,
+) -> None:
+    from optimizer.agent import Agent, AgentConfig
+    from optimizer.common.retry import Backoff
+    from tests.test_agent_loop import ScriptedDaemon, ScriptedWatcher, job
+
+    def agent(daemon: ScriptedDaemon, where: Path, source: Any) -> Agent:
+        config = AgentConfig(
+            daemon_url="http://d",
+            token="t",
+            attempt_key="train/1",
+            metadata_kind="aws-imds",
+            cloud="aws",
+            agent_dir=where,
+            telemetry_s=0.01,
+        )
+        return Agent(
+            config,
+            client=daemon,  # type: ignore[arg-type]
+            watcher=ScriptedWatcher(),  # type: ignore[arg-type]
+            register_backoff=Backoff(base=0.01, cap=0.02),
+            send_backoff=Backoff(base=0.01, cap=0.05),
+            telemetry_source=lambda: source,
+        )
+
+    bare = ScriptedDaemon(job(tmp_path, 20))
+    assert agent(bare, tmp_path / "bare", None).run() == 0
+    said = [e.data for e in bare.events if e.kind == "gpu_telemetry"]
+    assert said == [{"available": False, "reason": "no GPU readings (NVML)"}]
+
+    gpu = ScriptedDaemon(job(tmp_path, 20))
+    assert agent(gpu, tmp_path / "gpu", FlakySource()).run() == 0
+    minutes = [m for e in gpu.events if e.kind == "gpu_telemetry" for m in e.data["minutes"]]
+    assert minutes and sum(m["samples"] for m in minutes) >= 1
+    assert all(m["util_mean"] == 0.95 and m["simulated"] is False for m in minutes)
