@@ -1,6 +1,7 @@
 """Probe results feed the daemon's ranking: the launch ranking reads the stored medians, a type
 whose probes keep failing on a provider is ranked after healthy types, and its alert is raised
-once per failure streak (not on every pass, not on a second replica)."""
+once per failure streak (not on every pass, not on a second replica); the price signals after
+a poll rank on the measured figures as well."""
 
 from __future__ import annotations
 
@@ -8,13 +9,16 @@ from datetime import datetime, timedelta
 
 from optimizer.alerts.outbox import Emitter
 from optimizer.alerts.routing import Router
+from optimizer.daemon.loops.watch import PolicyWatcher
+from optimizer.daemon.policies import PolicyRegistry
+from optimizer.daemon.prices import PriceWatch
 from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.measured import ProbeFailureWatch, ProbeWindow
 from optimizer.jobs.ranking import launch_ranking
 from optimizer.model import EventKind, Interconnect, Market
 from optimizer.store import Store
 from policies.schema import Policy
-from tests.helpers import T0, make_offer
+from tests.helpers import T0, make_offer, write_policy
 from tests.test_probes_store import attempt_of, probe_json, report
 
 KIND = EventKind.INSTANCE_TYPE_DEMOTED
@@ -121,3 +125,23 @@ def test_a_type_that_keeps_failing_is_demoted_and_alerted_once_per_streak(store:
     probes(store, "p4d.24xlarge", "fff", T0 + timedelta(minutes=30))
     watch(context(store, NOW + timedelta(minutes=4)))
     assert len(store.events.of_kind(KIND, T0)) == 2
+
+
+def test_the_price_signals_rank_on_the_measured_figures_too(store: Store, tmp_path) -> None:
+    registry = PolicyRegistry()
+    emitter = Emitter(store.events, Router([], ["ops"]))
+    text = "apiVersion: gpuopt/v1\nkind: Policy\nname: perflop\nrank_by: price_per_tflop\n"
+    write_policy(tmp_path / "policies", "perflop.yaml", text)
+    PolicyWatcher(tmp_path / "policies", registry, store, emitter, lambda: NOW).run_once()
+    store.prices.record_offers(
+        [node("p4de.24xlarge", "A100-80GB", 20.0), node("p5.48xlarge", "H100-80GB", 40.0)]
+    )
+    watch = PriceWatch(store, registry, emitter)
+    watch.evaluate(NOW)  # the baseline: the H100 node, by the datasheet
+    assert store.events.of_kind(EventKind.BEST_OFFER_CHANGED, T0) == []
+    probes(store, "p5.48xlarge", "ppp", T0)  # it measures 300 TFLOPS a GPU
+    watch.evaluate(NOW + timedelta(minutes=1))
+    [changed] = store.events.of_kind(EventKind.BEST_OFFER_CHANGED, T0)
+    assert changed.policy == "perflop"
+    assert "p4de.24xlarge" in changed.data["pool_after"]
+    assert "p5.48xlarge" in changed.data["pool_before"]
