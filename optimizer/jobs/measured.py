@@ -75,10 +75,15 @@ class ProbeFailureWatch:
 
     def __init__(self, window: ProbeWindow = DEFAULT_WINDOW) -> None:
         self.window = window
+        # Streaks this replica has seen recorded: later passes skip them without a query.
+        self._known: set[tuple[str, str, str]] = set()
 
     def __call__(self, ctx: ReconcileContext) -> None:
         for streak in demoted(ctx.store, self.window):
             since = streak.since.astimezone(UTC).isoformat()
+            known = (streak.provider, streak.instance_type, since)
+            if known in self._known:
+                continue
             data = {
                 "provider": streak.provider,
                 "instance_type": streak.instance_type,
@@ -100,3 +105,4 @@ class ProbeFailureWatch:
                 return all(found.get(k) == data[k] for k in ("provider", "instance_type", "since"))
 
             ctx.store.events.record_once(event, since=streak.since, same=same, at=ctx.now)
+            self._known.add(known)
