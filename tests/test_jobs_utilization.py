@@ -33,6 +33,7 @@ from policies.loader import PolicyError, parse_policy
 
 T0 = datetime(2026, 11, 30, 12, tzinfo=UTC)
 MIN = timedelta(minutes=1)
+SECOND = timedelta(seconds=1)
 IDLE = Rule("idle", 0.05, timedelta(minutes=20), "stop")
 LOW = Rule("low", 0.60, timedelta(minutes=30), "alert")
 
@@ -80,9 +81,21 @@ def test_a_gap_in_the_readings_breaks_coverage_but_a_small_one_does_not() -> Non
     assert below_for(blank, IDLE, started_at=T0, now=T0 + 20 * MIN) is None
 
 
-def test_readings_from_the_future_are_not_used() -> None:
-    samples = minutes([0.0] * 20)
-    assert below_for(samples, IDLE, started_at=T0, now=T0 + 19 * MIN) is None
+def test_a_span_in_progress_counts_up_to_now() -> None:
+    samples = minutes([0.0] * 21)  # the last minute has 30 s of readings so far
+    now = T0 + 20 * MIN + 30 * SECOND
+    fired = below_for(samples, IDLE, started_at=T0, now=now)
+    assert fired is not None and fired.end == now and fired.start == now - IDLE.window
+    # A span that starts now (or later) is no evidence yet.
+    assert below_for(samples[:20], IDLE, started_at=T0, now=T0 + 19 * MIN) is None
+    # Live readings of one minute alert every window, each from where the last one ended.
+    ten = Rule("low", 0.6, timedelta(seconds=10), "alert")
+    live = [Sample(T0, MIN, 0.4)]
+    first = below_for(live, ten, started_at=T0, now=T0 + 12 * SECOND)
+    assert first is not None and first.end == T0 + 12 * SECOND
+    assert below_for(live, ten, started_at=T0, now=T0 + 21 * SECOND, since=first.end) is None
+    again = below_for(live, ten, started_at=T0, now=T0 + 22 * SECOND, since=first.end)
+    assert again is not None and again.start == first.end
 
 
 def test_an_hour_span_covers_a_window_inside_it() -> None:

@@ -9,12 +9,14 @@ the job ends `stopped`), `alert` as an event deduplicated per attempt and window
 
 "Below `below` for W", precisely (docs/policies.md, Utilization):
 
-* The evidence is the attempt's samples with a reading (`util` not None) whose span ends
-  after the job started running on this attempt and no later than now; each sample is the
-  mean utilization over its span `[start, start + span)`.
+* The evidence is the attempt's samples with a reading (`util` not None) that started
+  before now and end after the job started running on this attempt; each sample is the mean
+  utilization over its span `[start, start + span)`. A span still in progress (the local
+  cloud's live readings report the minute so far) counts up to now: its end is taken as
+  `min(start + span, now)`.
 * The window is the W that ends where the evidence ends: `[end - W, end]`, `end` the latest
-  sample's end. (Readings arrive after their span closes, so a window ending now would never
-  be covered.)
+  sample's (clipped) end. (An agent reading NVML sends a minute once it has closed, so a
+  window ending now would never be covered.)
 * The rule fires when (1) the window starts no earlier than the job started running on this
   attempt — at least W of coverage since then; (2) the samples overlapping the window cover
   it without a gap longer than `GAP`; (3) every one of them is below `below`; and (4) for an
@@ -161,7 +163,11 @@ def below_for(
     """Whether `rule` fires (see the module's docstring); `since`: the end of the window the
     rule last fired on for this attempt (None: never)."""
     evidence = sorted(
-        (s for s in samples if s.util is not None and s.end > started_at and s.end <= now),
+        (
+            Sample(s.start, min(s.end, now) - s.start, s.util)
+            for s in samples
+            if s.util is not None and s.end > started_at and s.start < now
+        ),
         key=lambda s: (s.start, s.end),
     )
     if not evidence:
