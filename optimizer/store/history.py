@@ -31,6 +31,7 @@ from sqlalchemy import (
     Select,
     bindparam,
     delete,
+    exists,
     func,
     literal_column,
     select,
@@ -313,8 +314,15 @@ _OLD_RAW = (
     select(_RAW.c.observed_at)
     .where(*_is_pool(_RAW), _RAW.c.observed_at < bindparam("cutoff"))
     .order_by(_RAW.c.observed_at, _RAW.c.id)
-    .offset(bindparam("offset"))
     .limit(1)
+)
+_EXPIRED = select(_HOURLY.c.id).where(*_is_pool(_HOURLY), _HOURLY.c.hour < bindparam("floor"))
+# What a pool needs, in one round trip: its oldest raw point past the raw retention, the one
+# `offset` points later (where a batch's budget ends), and whether hourly rows expired.
+_PROBE = select(
+    _OLD_RAW.scalar_subquery().label("first"),
+    _OLD_RAW.offset(bindparam("offset")).scalar_subquery().label("over"),
+    exists(_EXPIRED).label("expired"),
 )
 _TAKE_RAW = (
     delete(_RAW)
@@ -331,8 +339,6 @@ _HELD_HOURS = (
     )
     .with_for_update()
 )
-_EXPIRED = select(_HOURLY.c.id).where(*_is_pool(_HOURLY), _HOURLY.c.hour < bindparam("floor"))
-_ANY_EXPIRED = _EXPIRED.limit(1)
 _DROP_EXPIRED = delete(_HOURLY).where(
     _HOURLY.c.id.in_(_EXPIRED.order_by(_HOURLY.c.hour).limit(bindparam("budget")).scalar_subquery())
 )
@@ -377,20 +383,17 @@ def _summarize_raw(
     pool: PoolKey,
     retention: Retention,
     now: datetime,
-    budget: int,
+    span: tuple[datetime, datetime | None],
     fresh: bool,
     work: _PoolWork,
 ) -> None:
-    """Move the pool's raw points of whole hours past the raw retention into hourly rows,
-    at most `budget` points (more only when one hour alone holds more and the batch is
-    `fresh`, so every batch makes progress)."""
+    """Move the pool's raw points of whole hours past the raw retention into hourly rows:
+    `span` is the first such point and the one where the batch's budget ends (None: all
+    fit). More than the budget only when one hour alone holds more and the batch is
+    `fresh`, so every batch makes progress."""
     keys = _pool_params(pool)
-    cutoff = retention.raw_cutoff(now)
-    first = conn.execute(_OLD_RAW, {**keys, "cutoff": cutoff, "offset": 0}).scalar()
-    if first is None:
-        return
-    over = conn.execute(_OLD_RAW, {**keys, "cutoff": cutoff, "offset": budget}).scalar()
-    end = cutoff
+    first, over = span
+    end = retention.raw_cutoff(now)
     if over is not None:
         work.finished = False
         end = floor_hour(over)
@@ -430,10 +433,9 @@ def _expire_hourly(
     budget: int,
     work: _PoolWork,
 ) -> None:
-    """Remove the pool's hourly rows past the hourly retention, at most `budget`."""
+    """Remove the pool's hourly rows past the hourly retention, at most `budget` (the
+    probe found some)."""
     params = {**_pool_params(pool), "floor": retention.hourly_cutoff(now)}
-    if conn.execute(_ANY_EXPIRED, params).first() is None:
-        return  # nothing to do: no write, so no write lock on SQLite
     if budget <= 0:
         work.finished = False
         return
@@ -467,8 +469,20 @@ def prune_batch(
             break
         visited += 1
         work = _PoolWork()
-        _summarize_raw(conn, dialect, pool, retention, now, budget, budget == max_rows, work)
-        if work.finished:
+        probe = conn.execute(
+            _PROBE,
+            {
+                **_pool_params(pool),
+                "cutoff": retention.raw_cutoff(now),
+                "offset": budget,
+                "floor": retention.hourly_cutoff(now),
+            },
+        ).one()
+        # A pool with nothing to do costs this one read: no write, so no write lock on SQLite.
+        if probe.first is not None:
+            span = (probe.first, probe.over)
+            _summarize_raw(conn, dialect, pool, retention, now, span, budget == max_rows, work)
+        if work.finished and probe.expired:
             _expire_hourly(conn, pool, retention, now, budget - work.used, work)
         budget -= work.used
         totals.summarized += work.summarized

@@ -28,8 +28,9 @@ from optimizer.store.logs import PRUNE_BATCH
 
 log = logging.getLogger(__name__)
 
-# Pools visited per batch at most, so a pass with nothing to do is still many short reads.
-MAX_POOLS_PER_BATCH = 500
+# Pools visited per batch at most: a pass over many pools with a little to do each (the
+# hourly steady state) is still many short transactions.
+MAX_POOLS_PER_BATCH = 100
 
 
 @dataclass
