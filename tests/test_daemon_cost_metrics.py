@@ -16,7 +16,15 @@ from optimizer.daemon.config import DaemonConfig
 from optimizer.daemon.service import Daemon
 from optimizer.model import Market
 from optimizer.store import Store
-from tests.helpers import api, make_config, make_offer, policy_text, running, write_policy
+from tests.helpers import (
+    api,
+    make_config,
+    make_offer,
+    policy_text,
+    running,
+    wait_until,
+    write_policy,
+)
 
 pytestmark = pytest.mark.usefixtures("daemon_env")
 
@@ -44,8 +52,9 @@ def value(samples: dict[Any, float], name: str, labels: dict[str, str]) -> float
 
 
 def attempt(store: Store, job: str, launched: datetime, **values: Any) -> str:
-    """An attempt of a finished job (so no reconcile pass acts on it) on AWS g5.xlarge in
-    use1-az1, spot at $0.40/h unless `values` say otherwise."""
+    """An attempt of a finished job on AWS g5.xlarge in use1-az1, spot at $0.40/h unless
+    `values` say otherwise. (A reconcile pass would end a finished job's open attempt: the
+    test writes them after the daemon's first pass, and asks for no other.)"""
     pool = {k: values.pop(k) for k in ("market", "usd_per_hour") if k in values}
     job_id = store.jobs.add_job(job, "team", {"run": "x"}, at=launched)
     store.jobs.transition_job(job_id, expected="pending", state="succeeded", reason="", at=launched)
@@ -90,6 +99,7 @@ def test_spend_and_savings_counters_and_budget_use_on_metrics(tmp_path: Path) ->
     clock = ManualClock(at(120))
     cfg = config(tmp_path)
     with running(cfg, clock=clock) as daemon:
+        wait_until(lambda: daemon.reconcile.passes >= 1, what="the first reconcile pass")
         seed(daemon.store)
         first = scrape(daemon)
         # spot: "done" (0.60 spent, 1.50 on-demand); "fresh" counts nothing inside its free
