@@ -94,6 +94,7 @@ def test_frozen_lines_are_read_without_a_price_query(
         raise AssertionError("a frozen attempt was priced again")
 
     monkeypatch.setattr(store.prices, "price_history", no_prices)
+    monkeypatch.setattr(store.prices, "price_histories", no_prices)
     lines = ledger.lines(now=LATER)
     assert [line.job for line in lines] == ["job1", "job2", "job3"]
     assert all(line.frozen for line in lines)

@@ -253,7 +253,9 @@ class Ledger:
                 spans[pool] = (
                     span if held is None else (min(held[0], span[0]), max(held[1], span[1]))
                 )
-        series = {pool: _Series(self._points(pool, *span)) for pool, span in spans.items()}
+        windows = [(pool, *span) for pool, span in spans.items()]
+        read = self.store.prices.price_histories(windows, prior=True) if windows else []
+        series = {pool: _Series(points) for pool, points in zip(spans, read, strict=True)}
         out = []
         for b, usage, span in usages:
             own, *baselines = (series[pool].over(span) for pool in _series_of(b.attempt))
@@ -305,14 +307,6 @@ class Ledger:
             for line in lines:
                 if overlaps(line, where.since, where.until):
                     yield line
-
-    def _points(self, pool: Pool, start: datetime, end: datetime) -> PricePoints:
-        """The pool's price points in effect over [start, end), across the raw and the hourly
-        tier: the one in effect at `start`, then every one until `end`."""
-        provider, region, zone, instance_type, market = pool
-        return self.store.prices.price_history(
-            provider, region, zone, instance_type, market, start, end, prior=True
-        )
 
 
 class _Series:

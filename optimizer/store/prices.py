@@ -10,7 +10,7 @@ costs more than the insert itself; every write is one transaction.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -192,6 +192,30 @@ class Prices:
             provider, region, zone, instance_type, market, since, until, prior, limit
         )
         return [history.price_point(row) for row in rows]
+
+    def price_histories(
+        self,
+        windows: Sequence[tuple[tuple[str, str, str | None, str, str], datetime, datetime]],
+        *,
+        prior: bool = False,
+    ) -> list[list[tuple[datetime, float]]]:
+        """`price_history` for many (pool, since, until) windows, in order, on one connection
+        (the ledger prices every live attempt's pools at once; a checkout per pool cost a
+        round trip each on PostgreSQL)."""
+        out: list[list[tuple[datetime, float]]] = []
+        with self._db.connect() as conn:
+            for (provider, region, zone, instance_type, market), since, until in windows:
+                pool = (provider, region, zone or "", instance_type, Market(market).value)
+                rows = history.points_in_effect(
+                    conn,
+                    pool,
+                    aware(since, "since"),
+                    aware(until, "until"),
+                    prior=prior,
+                    limit=None,
+                )
+                out.append([(row[0], row[1]) for row in rows])
+        return out
 
     def _points(
         self,
