@@ -50,7 +50,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+
+if not __package__:
+    # Run as a file (`python bench/ledger.py`): it shares bench.prices_retention and the
+    # tests' helpers, packages of the repository root, so run this file as the module
+    # bench.ledger from there, where `python -m` finds them.
+    os.chdir(ROOT)
+    os.execv(sys.executable, [sys.executable, "-m", "bench.ledger", *sys.argv[1:]])
 
 import httpx  # noqa: E402
 import sqlalchemy  # noqa: E402

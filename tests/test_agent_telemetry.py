@@ -152,7 +152,7 @@ def test_an_agent_without_gpu_readings_says_so_once_and_one_with_them_reports_th
 ) -> None:
     from optimizer.agent import Agent, AgentConfig
     from optimizer.common.retry import Backoff
-    from tests.test_agent_loop import ScriptedDaemon, ScriptedWatcher, job
+    from tests.helpers.agent_loop import ScriptedDaemon, ScriptedWatcher, job
 
     def agent(daemon: ScriptedDaemon, where: Path, source: Any) -> Agent:
         config = AgentConfig(

@@ -6,7 +6,7 @@ import json
 import random
 from collections import Counter
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -19,28 +19,9 @@ from policies import regions
 from policies.budget import Committed
 from policies.engine import RULES, Candidate, EvaluationError, Ranking, Rejection, evaluate
 from policies.schema import Policy
-from tests.helpers import make_offer
-
-T0 = datetime(2026, 4, 23, 12, tzinfo=UTC)
-
+from tests.helpers.engine import T0, offer, policy
 
 # An 8 x A100-80GB NVLink node on demand in Frankfurt at $40/h, observed at T0.
-offer = partial(
-    make_offer,
-    region="eu-central-1",
-    zone="euc1-az1",
-    instance_type="p4de.24xlarge",
-    gpu_model="A100-80GB",
-    gpu_count=8,
-    gpu_memory_gib=80.0,
-    vcpus=96,
-    ram_gib=1152.0,
-    interconnect=Interconnect.NVLINK,
-    market=Market.ON_DEMAND,
-    usd_per_hour=40.0,
-    observed_at=T0,
-    source="",
-)
 
 # A single L4 on demand in us-east-1 at $0.80/h.
 small = partial(
@@ -56,13 +37,6 @@ small = partial(
     interconnect=Interconnect.NONE,
     usd_per_hour=0.8,
 )
-
-
-def policy(**sections: Any) -> Policy:
-    """A policy that allows everything, with the given top-level sections set."""
-    return Policy.model_validate(
-        {"apiVersion": "gpuopt/v1", "kind": "Policy", "name": "test", **sections}
-    )
 
 
 def only_rejection(ranking: Ranking) -> Rejection:

@@ -12,7 +12,7 @@ import pytest
 from optimizer.model import Offer
 from policies.engine import Candidate, EvaluationError, evaluate
 from policies.measured import Measured, TypeMeasurement
-from tests.test_engine import T0, offer, policy
+from tests.helpers.engine import T0, offer, policy
 
 # 8 x A100-80GB (table: 312 TFLOPS bf16, 2039 GB/s each) at $20/h, and 8 x H100-80GB (989,
 # 3350) at $40/h, both on one provider: by the datasheet the H100 node is cheaper per TFLOP

@@ -8,9 +8,6 @@ and writes from what it read, as a pass that was already running would."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -20,58 +17,17 @@ from optimizer.daemon.config import ProviderConfig
 from optimizer.daemon.providers import ProviderHandle
 from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.reconcile import STOP_GRACE, JobReconciler
-from optimizer.model import EventKind, Offer
+from optimizer.model import EventKind
 from optimizer.store import Store
 from optimizer.store.tables import JobRecord
 from policies.loader import parse_policy
-from policies.schema import Policy
-from providers.base import InstanceRef, InstanceState, InstanceStatus, LaunchSpec
 from tests.helpers import make_offer
+from tests.helpers.cancel import NOW, FakeCloud, InForce
 from tests.helpers.jobs import Drafter
 
-NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
 POLICY = parse_policy(
     "apiVersion: gpuopt/v1\nkind: Policy\nname: p\nworkload: {gpus: 1, gpu_memory_gib: 16}\n"
 )
-
-
-@dataclass
-class FakeCloud:
-    """Launches succeed; instances run until terminated."""
-
-    running: set[str] = field(default_factory=set)
-    launched: list[str] = field(default_factory=list)
-    terminated: list[str] = field(default_factory=list)
-
-    def fetch_offers(self, regions: Any = None) -> list[Offer]:
-        return []
-
-    def launch(self, offer: Offer, spec: LaunchSpec, key: str) -> InstanceRef:
-        instance = f"i-{key}"
-        if instance not in self.launched:
-            self.launched.append(instance)
-            self.running.add(instance)
-        return InstanceRef(offer.provider, offer.region, offer.zone, instance)
-
-    def describe(self, refs: Sequence[InstanceRef]) -> list[InstanceStatus]:
-        return [
-            InstanceStatus(
-                ref,
-                InstanceState.RUNNING
-                if ref.instance_id in self.running
-                else InstanceState.TERMINATED,
-            )
-            for ref in refs
-        ]
-
-    def terminate(self, ref: InstanceRef) -> None:
-        self.running.discard(ref.instance_id)
-        self.terminated.append(ref.instance_id)
-
-
-@dataclass(frozen=True)
-class InForce:
-    policy: Policy
 
 
 class World:

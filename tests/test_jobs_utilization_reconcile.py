@@ -22,8 +22,8 @@ from optimizer.store.tables import GpuSample, JobRecord
 from policies.loader import parse_policy
 from policies.schema import Policy
 from tests.helpers import make_offer
+from tests.helpers.cancel import NOW, FakeCloud, InForce
 from tests.helpers.jobs import Drafter
-from tests.test_jobs_cancel import NOW, FakeCloud, InForce
 
 RULES = """apiVersion: gpuopt/v1
 kind: Policy

@@ -19,7 +19,7 @@ from optimizer.model import EventKind, Interconnect, Market
 from optimizer.store import Store
 from policies.schema import Policy
 from tests.helpers import T0, make_offer, write_policy
-from tests.test_probes_store import attempt_of, probe_json, report
+from tests.helpers.probes import attempt_of, probe_json, report
 
 KIND = EventKind.INSTANCE_TYPE_DEMOTED
 NOW = T0 + timedelta(hours=1)

@@ -29,7 +29,7 @@ from tests.helpers import (
     wait_until,
     write_policy,
 )
-from tests.test_probes_store import probe_json
+from tests.helpers.probes import probe_json
 
 pytestmark = pytest.mark.usefixtures("daemon_env")
 
