@@ -370,7 +370,7 @@ def run(make: Callable[[], Any], pools: Sequence[tuple[str, ...]], args: argpars
         size_before = engine.sizes()
         print(f"{name:<10} size before: {json.dumps({k: mib(v) for k, v in size_before.items()})}")
 
-        first = timed_pass(store, end)
+        first = timed_pass(store, end, args.batch_rows)
         days = args.days - RETENTION.raw.days
         first["days_of_data"] = days
         first["seconds_per_day_of_data"] = round(first["seconds"] / max(days, 1), 3)
@@ -379,7 +379,7 @@ def run(make: Callable[[], Any], pools: Sequence[tuple[str, ...]], args: argpars
             f"{first['seconds']} s = {first['seconds_per_day_of_data']} s per day of data "
             f"({first['batches']} batches, longest {first['longest_batch_seconds']} s)"
         )
-        next_day = timed_pass(store, end + timedelta(days=1))
+        next_day = timed_pass(store, end + timedelta(days=1), args.batch_rows)
         print(
             f"{name:<10} pruning, the next day's pass: {next_day['summarized']:,} points in "
             f"{next_day['seconds']} s"
@@ -434,6 +434,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="PostgreSQL URL to bench as well (default: $GPUOPT_TEST_DATABASE_URL)",
     )
     parser.add_argument("--skip-sqlite", action="store_true")
+    parser.add_argument("--batch-rows", type=int, default=5_000, help="rows per pruning batch")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.days <= RETENTION.raw.days:
