@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
+from optimizer.clock import SteadyClock
 from optimizer.model import Market
 from tests.helpers import (
     TOKEN,
@@ -20,6 +21,7 @@ from tests.helpers import (
     wait_until,
     write_policy,
 )
+from tests.helpers.offers import T0 as OFFERS_SEEN
 
 pytestmark = pytest.mark.usefixtures("daemon_env")
 
@@ -55,7 +57,8 @@ def daemon(tmp_path: Path, offers: FakeSource):
         },
         loops={"deliver_s": 3600},
     )
-    with running(config, sources={"local": offers}) as d, api(d) as client:
+    clock = SteadyClock(OFFERS_SEEN + timedelta(minutes=5))  # the same on any day
+    with running(config, sources={"local": offers}, clock=clock) as d, api(d) as client:
         wait_until(lambda: client.get("/readyz").status_code == 200, what="readiness")
         yield d
 
@@ -114,7 +117,7 @@ def test_offers_with_a_policy_is_the_engines_ranking_with_rejections(daemon) -> 
 
 def test_offers_under_a_policy_leave_out_pools_in_cooldown_as_a_launch_does(daemon) -> None:
     cooled = ("aws", "us-east-1", "use1-az2", "g5.xlarge", "spot")  # the $0.35 offer
-    until = datetime.now(UTC) + timedelta(hours=1)
+    until = daemon.clock() + timedelta(hours=1)
     daemon.store.jobs.add_cooldown(cooled, until, "interrupted")
     with api(daemon) as client:
         ranked = client.get("/offers", params={"policy": "small"}).json()
