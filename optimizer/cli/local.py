@@ -1,11 +1,12 @@
 """`gpuopt local ...`: look at and poke the local cloud (instances, interruptions, faults,
-simulated GPU telemetry).
+simulated GPU telemetry, pinned prices and capacity).
 
 These commands act on the local cloud's state directory (`<data dir>/local-cloud` unless
 `--state-dir` says otherwise), which the daemon's local cloud reads: an interruption written
 here shows on the instance's metadata endpoint at once, and the daemon's local cloud powers
 the instance off when its grace period ends. `list` and `interrupt` never create that
-directory: a missing one is an error naming it.
+directory: a missing one is an error naming it; `fail-next`, `price` and `capacity` may
+set a drill up before any daemon ran, so they create it and say where they wrote.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ if TYPE_CHECKING:
     from providers.local.state import InstanceRecord
 
 app = typer.Typer(
-    help="The local cloud: list instances, inject interruptions, launch failures and GPU readings.",
+    help="The local cloud: list instances, inject interruptions, launch failures and GPU "
+    "readings, pin prices and take capacity away.",
     no_args_is_help=True,
     add_completion=False,
 )
@@ -224,3 +226,96 @@ def fail_next(
         f"the next {times} launch(es) matching {match!r} will fail with a {error} error "
         f"(recorded in {root})"
     )
+
+
+POOL_HELP = "TYPE@ZONE for a spot pool (g4dn.xlarge@eu-central-1-a), TYPE@REGION for on-demand."
+
+
+def _written(state_dir: Path | None) -> Path:
+    """The state directory for a command that may set the market up before any daemon ran
+    (it creates the folder, and says where it wrote)."""
+    return state_dir or default_state_dir()
+
+
+@app.command("price")
+def price(
+    pool: Annotated[
+        str,
+        typer.Argument(help=POOL_HELP),
+    ],
+    state_dir: StateDirOption = None,
+    usd: Annotated[
+        float | None, typer.Option("--usd", help="The price to hold, USD per instance-hour.")
+    ] = None,
+    for_: Annotated[
+        str | None,
+        typer.Option(
+            "--for",
+            help="How long to hold it (90s, 30m, 2h), from when the running cloud sees it; "
+            "default: until --clear.",
+        ),
+    ] = None,
+    clear: Annotated[bool, typer.Option("--clear", help="Let the price move again.")] = False,
+) -> None:
+    """Pin a pool's simulated price (the daemon sees it at its next poll)."""
+    from policies.schema import parse_duration
+    from providers.local import market
+
+    if clear == (usd is not None):
+        fail("give --usd PRICE (and --for DURATION), or --clear")
+    if clear and for_ is not None:
+        fail("--for goes with --usd, not with --clear")
+    seconds: float | None = None
+    if for_ is not None:
+        try:
+            seconds = float(parse_duration(for_))
+        except (TypeError, ValueError) as exc:
+            fail(f"--for: {exc}")
+    root = _written(state_dir)
+    cloud = _cloud(root)
+    try:
+        name = market.check_pool(pool, cloud.fetch_offers())
+        market.pin(cloud.state, name, usd, for_s=seconds, now=None)
+    except ValueError as exc:
+        fail(exc.args[0] if exc.args else exc)
+    if usd is None:
+        print(f"{name}: price unpinned; it follows the simulation again (recorded in {root})")
+        return
+    span = f" for {for_} from when the running cloud sees it" if for_ else " until --clear"
+    print(f"{name}: price pinned at ${usd:.4f}/h{span} (recorded in {root})")
+
+
+@app.command("capacity")
+def capacity(
+    pool: Annotated[
+        str,
+        typer.Argument(help=POOL_HELP),
+    ],
+    available: Annotated[
+        bool | None,
+        typer.Option(
+            "--available/--unavailable",
+            help="Give the pool capacity back, or take it away (launches in it fail).",
+        ),
+    ] = None,
+    state_dir: StateDirOption = None,
+) -> None:
+    """Take a pool's capacity away (its launches fail, its price stays listed) or give it back."""
+    from providers.local import market
+
+    if available is None:
+        fail("give --available or --unavailable")
+    root = _written(state_dir)
+    cloud = _cloud(root)
+    try:
+        name = market.check_pool(pool, cloud.fetch_offers())
+        market.set_capacity(cloud.state, name, available=available)
+    except ValueError as exc:
+        fail(exc.args[0] if exc.args else exc)
+    if available:
+        print(f"{name}: capacity available again (recorded in {root})")
+    else:
+        print(
+            f"{name}: no capacity; launches there fail with InsufficientInstanceCapacity "
+            f"(recorded in {root})"
+        )

@@ -40,6 +40,7 @@ from providers.base import (
     LaunchSpec,
     ProviderError,
 )
+from providers.local import market
 from providers.local.faults import add_fault, take_fault
 from providers.local.metadata import MetadataServer, iso
 from providers.local.prices import SpotWalk, local_offers, zones_of
@@ -150,7 +151,11 @@ class LocalCloud:
             from providers.snapshot import load_snapshot
 
             self._snapshot = load_snapshot()
-        return local_offers(self._snapshot, self.walk, self.clock(), regions)
+        now = self.clock()
+        if self._server is not None:  # the running cloud starts pins' clocks
+            market.stamp(self.state, now)
+        pins = market.load(self.state).prices(now)
+        return local_offers(self._snapshot, self.walk, now, regions, pins)
 
     def launch(self, offer: Offer, spec: LaunchSpec, idempotency_key: str) -> InstanceRef:
         if offer.provider != self.name:
@@ -162,6 +167,7 @@ class LocalCloud:
             existing = self.state.by_key(idempotency_key)
             if existing is not None:
                 return self._ref(existing)
+            self._capacity(offer)
             take_fault(self.state, offer)
             record = InstanceRecord(
                 id=self.state.next_id(),
@@ -269,6 +275,24 @@ class LocalCloud:
             self.state.save(record)
             return record
 
+    def pin_price(self, pool: str, usd: float | None, *, for_s: float | None = None) -> None:
+        """Hold a pool's price (`type@zone` spot, `type@region` on-demand) at `usd` from now,
+        for `for_s` seconds of this cloud's clock or for good; `usd=None` unpins it."""
+        market.pin(
+            self.state,
+            market.check_pool(pool, self.fetch_offers()),
+            usd,
+            for_s=for_s,
+            now=self.clock(),
+        )
+
+    def set_capacity(self, pool: str, *, available: bool) -> None:
+        """Take a pool's capacity away (its launches fail with InsufficientInstanceCapacity,
+        its price stays listed) or give it back."""
+        market.set_capacity(
+            self.state, market.check_pool(pool, self.fetch_offers()), available=available
+        )
+
     def fail_next(
         self,
         match: str | tuple[str | None, ...] = "*",
@@ -312,6 +336,18 @@ class LocalCloud:
                 self._refresh(record.id)
 
     # --- internals ---------------------------------------------------------------------
+
+    def _capacity(self, offer: Offer) -> None:
+        """Refuse a launch in a pool marked unavailable (call under the state lock)."""
+        name = market.pool_name(offer)
+        if name in market.load(self.state).unavailable:
+            raise CapacityError(
+                f"no capacity for {offer.instance_type} in {offer.zone or offer.region} "
+                f"(pool {name} marked unavailable)",
+                provider=self.name,
+                code="InsufficientInstanceCapacity",
+                zone=offer.zone,
+            )
 
     def _ref(self, record: InstanceRecord) -> InstanceRef:
         return InstanceRef(self.name, record.region, record.zone, record.id)
@@ -488,6 +524,7 @@ class LocalCloud:
 
     def _tick(self) -> None:
         now = self.clock()
+        market.stamp(self.state, now)
         elapsed = 0.0 if self._last_tick is None else max(now - self._last_tick, 0.0)
         self._last_tick = now
         chance = 1 - math.exp(-self.rate_per_hour * elapsed / 3600) if self.rate_per_hour else 0

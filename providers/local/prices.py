@@ -11,7 +11,7 @@ two processes with one seed agree on every price. Spot offers carry `source="sim
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -68,8 +68,11 @@ def local_offers(
     walk: SpotWalk,
     now: float,
     regions: Sequence[str] | None = None,
+    pins: Mapping[str, float] | None = None,
 ) -> list[Offer]:
-    """On-demand and simulated spot offers of the local cloud at epoch time `now`."""
+    """On-demand and simulated spot offers of the local cloud at epoch time `now`; `pins`
+    holds some pools' prices instead (by `type@zone` or `type@region`, market.py)."""
+    pins = pins or {}
     wanted = None if regions is None else set(regions)
     observed = datetime.fromtimestamp(now, UTC)
     out: list[Offer] = []
@@ -83,15 +86,21 @@ def local_offers(
             observed_at=observed,
             source=f"{row.source} (local cloud list price)" if row.source else "snapshot",
         )
+        held = pins.get(f"{row.instance_type}@{row.region}")
+        if held is not None:
+            on_demand = replace(on_demand, usd_per_hour=held, source=SIMULATED)
         out.append(on_demand)
         for zone in zones_of(row.region):
-            cut = walk.discount(f"{row.region}|{zone}|{row.instance_type}", now)
+            usd = pins.get(f"{row.instance_type}@{zone}")
+            if usd is None:
+                cut = walk.discount(f"{row.region}|{zone}|{row.instance_type}", now)
+                usd = round(row.usd_per_hour * (1 - cut), 5)
             out.append(
                 replace(
                     on_demand,
                     zone=zone,
                     market=Market.SPOT,
-                    usd_per_hour=round(row.usd_per_hour * (1 - cut), 5),
+                    usd_per_hour=usd,
                     source=SIMULATED,
                 )
             )
