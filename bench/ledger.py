@@ -11,8 +11,8 @@ pass). Then, with "now" at the end of the data:
 - `gpuopt costs --by month`, the CLI's own path end to end: a real API server over the store
   on loopback, the command run as a process (`python -m optimizer.cli costs --by month`;
   its wall time, which includes starting Python and importing the CLI, beside that of
-  `gpuopt costs --help`, which pays only those; the table's command asks twice, by month and
-  by market for the spot savings line),
+  `gpuopt costs --help`, which pays only those; one request gives the table and its spot
+  savings line),
   the `GET /costs?by=month` it sends (timed from an HTTP client), and the ledger call behind
   it (`Ledger.groups(GroupBy.MONTH)`) in process. Target: <= 1 s;
 - the same with `--by job` (every line built) and the cumulative counters' read (a /metrics

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from optimizer.costs import GroupBy, group_lines
-from optimizer.costs.lines import totals_by
+from optimizer.costs.lines import Totals, totals_by
 from optimizer.jobs import budget as job_budget
 from optimizer.jobs.ledger import SETTLE, Ledger
 from optimizer.model import Market
@@ -294,17 +294,28 @@ def test_groups_summed_by_the_database_match_the_lines_summed(store: Store, by: 
     assert ledger.freeze(now) == 3
     lines = ledger.lines(now=now)
     assert sorted({line.frozen for line in lines}) == [False, True]
-    expected = totals_by(lines, by)
-    got = ledger.groups(by, now=now)
-    assert [g.key for g in got] == [g.key for g in expected]
-    for mine, theirs in zip(got, expected, strict=True):
-        assert mine.attempts == theirs.attempts, mine.key
-        for part in ("cost", "priced"):
-            a, b = getattr(mine, part), getattr(theirs, part)
-            for figure in ("billed_seconds", "spend_usd", "storage_usd", "on_demand_usd"):
-                assert getattr(a, figure) == pytest.approx(getattr(b, figure)), (part, figure)
-            assert (a.overhead_usd, a.baseline_known) == (
-                pytest.approx(b.overhead_usd),
-                b.baseline_known,
-            )
+    expected = totals_by(lines, by, markets=True)
+
+    def same(got: list[Totals], expected: list[Totals]) -> None:
+        assert [g.key for g in got] == [g.key for g in expected]
+        for mine, theirs in zip(got, expected, strict=True):
+            assert mine.attempts == theirs.attempts, mine.key
+            for part in ("cost", "priced"):
+                a, b = getattr(mine, part), getattr(theirs, part)
+                for figure in ("billed_seconds", "spend_usd", "storage_usd", "on_demand_usd"):
+                    assert getattr(a, figure) == pytest.approx(getattr(b, figure)), (part, figure)
+                assert (a.overhead_usd, a.baseline_known) == (
+                    pytest.approx(b.overhead_usd),
+                    b.baseline_known,
+                )
+
+    same(ledger.groups(by, now=now), expected)
+    assert all(not g.markets for g in ledger.groups(by, now=now))
+    # split by market from the same reads: each group's parts, and the parts add up to it
+    split = ledger.groups(by, markets=True, now=now)
+    same(split, expected)
+    assert {m.key for g in split for m in g.markets} == {"spot", "on_demand"}
+    for group, theirs in zip(split, expected, strict=True):
+        same(list(group.markets), list(theirs.markets))
+        assert sum(m.cost.spend_usd for m in group.markets) == pytest.approx(group.cost.spend_usd)
     assert ledger.groups(by, policy="nobody", now=now) == []

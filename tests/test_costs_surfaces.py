@@ -54,7 +54,7 @@ def line(job: str, number: int, market: str, cost: Cost, month: int = 3) -> Line
 
 def grouped(lines: list[Line], by: GroupBy) -> list[dict[str, Any]]:
     """The report as GET /costs builds it from lines."""
-    return report(totals_by(lines, by), lines if by is GroupBy.JOB else None)
+    return report(totals_by(lines, by, markets=True), lines if by is GroupBy.JOB else None)
 
 
 SPOT_A = Cost(3600, spend_usd=30.0, on_demand_usd=100.0, overhead_seconds=600, overhead_usd=5.0)
@@ -95,9 +95,16 @@ def test_groups_sum_their_lines_and_savings_count_only_lines_with_a_baseline() -
 
 
 def test_the_summary_line_says_what_spot_saved_gross_and_net_of_overhead() -> None:
-    spot = [line("a", 1, "spot", SPOT_A), line("a", 2, "spot", SPOT_B)]
-    by_market = grouped([*spot, line("b", 1, "on_demand", ON_DEMAND)], GroupBy.MARKET)
-    assert summary(by_market).startswith("spot saved 81% gross, 78% net of overhead ($162.00")
+    # spot in two months: the line adds up each month's spot part (one request, any grouping)
+    spot = [line("a", 1, "spot", SPOT_A), line("a", 2, "spot", SPOT_B, month=4)]
+    lines = [*spot, line("b", 1, "on_demand", ON_DEMAND)]
+    march, april = grouped(lines, GroupBy.MONTH)
+    assert set(march["markets"]) == {"spot", "on_demand"} and set(april["markets"]) == {"spot"}
+    assert march["markets"]["spot"]["savings_usd"] == 70.0
+    assert march["markets"]["on_demand"]["total_usd"] == 51.0
+    expected = "spot saved 81% gross, 78% net of overhead ($162.00 of $200.00 on-demand; "
+    for by in GroupBy:
+        assert summary(grouped(lines, by)).startswith(expected), by
     assert summary(grouped([line("b", 1, "on_demand", ON_DEMAND)], GroupBy.MARKET)) == (
         "no spot attempts in this window"
     )

@@ -20,7 +20,7 @@ from optimizer.costs.ledger import month_windows
 from optimizer.costs.lines import totals_by
 from optimizer.costs.report import TimeError, line_figures, parse_time, report
 from optimizer.costs.summary import message, months, previous_month
-from optimizer.jobs.ledger import Ledger
+from optimizer.jobs.ledger import Filters, Ledger
 from optimizer.jobs.summary import REQUEST, raise_summary
 from optimizer.model import EventKind, Market
 
@@ -71,14 +71,15 @@ def costs(
     """What the attempts cost, per group: a list of objects (`group`, `spend_usd`,
     `storage_usd`, `total_usd`, `on_demand_usd`, `savings_usd`, `savings_fraction`,
     `net_savings_fraction`, `billed_seconds`, `overhead_seconds`, `overhead_usd`,
-    `baseline_known`, `attempt_count`, and with `by=job` the `attempts`). A line is one
+    `baseline_known`, `attempt_count`, `markets`: the same figures per market, and with
+    `by=job` the `attempts`). A line is one
     attempt in one calendar month (UTC); `since`/`until` select the months they overlap.
     With `format=focus`, the selected lines as a FOCUS 1.1 CSV (text/csv; `by` is ignored)."""
     start, end = _window(since, until)
     if job is not None and state.store.jobs.get_job(job) is None:
         raise HTTPException(404, detail=f"no job named {job!r}")
     ledger = Ledger(state.store, state.clock)
-    filters: dict[str, Any] = {
+    filters: Filters = {
         "since": start,
         "until": end,
         "job": job,
@@ -90,8 +91,8 @@ def costs(
         return Response(write_csv(ledger.lines(**filters)), media_type=CSV_TYPE)
     if by is GroupBy.JOB:
         lines = ledger.lines(**filters)
-        return report(totals_by(lines, by), lines)
-    return report(ledger.groups(by, **filters))
+        return report(totals_by(lines, by, markets=True), lines)
+    return report(ledger.groups(by, markets=True, **filters))
 
 
 def job_attempts(state: ApiState, job_id: int) -> list[dict[str, Any]]:

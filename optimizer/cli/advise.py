@@ -11,7 +11,6 @@ import typer
 
 from optimizer.cli.client import ApiOption, call
 from optimizer.cli.common import fail
-from policies.schema import NAME_PATTERN
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the API's JSON.")]
 _STATUS = {
@@ -28,6 +27,8 @@ def advise(
 ) -> None:
     """Rightsizing advice: the cheapest offer the job's policy allows that fits its measured
     peak GPU memory (x the policy's buffer), and the saving per month at its duty cycle."""
+    from policies.schema import NAME_PATTERN  # pydantic's import: only when a command runs
+
     if not re.fullmatch(NAME_PATTERN, job):
         fail(
             f"job {job!r}: a job name is 1-63 lowercase letters, digits and dashes, "

@@ -129,11 +129,6 @@ def costs(
         writer.writeheader()
         writer.writerows(groups)
         return
-    by_market = (
-        groups
-        if by == GroupBy.MARKET
-        else call("GET", "/costs", api, params={**params, "by": GroupBy.MARKET.value})
-    )
     from optimizer.cli.render import costs_table
 
-    costs_table(groups, add_up(groups), by=by, note=summary(by_market))
+    costs_table(groups, add_up(groups), by=by, note=summary(groups))

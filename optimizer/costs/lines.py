@@ -91,6 +91,8 @@ class Totals:
     cost: Cost = NONE
     priced: Cost = NONE
     attempts: int = 0
+    markets: tuple[Totals, ...] = ()
+    """The same sums split by market (keys in order), when the grouping asked for them."""
 
     def __add__(self, other: Totals) -> Totals:
         return Totals(
@@ -98,17 +100,20 @@ class Totals:
             self.cost + other.cost,
             self.priced + other.priced,
             self.attempts + other.attempts,
+            tuple(merge_totals(self.markets, other.markets)),
         )
 
 
-def totals_by(lines: Iterable[Line], by: GroupBy) -> list[Totals]:
-    """The sums of `lines` grouped by `by`, in key order (months oldest first)."""
+def totals_by(lines: Iterable[Line], by: GroupBy, *, markets: bool = False) -> list[Totals]:
+    """The sums of `lines` grouped by `by`, in key order (months oldest first); with
+    `markets`, each group's sums split by market as well."""
     return [
         Totals(
             group.key,
             group.cost,
             total(line.cost for line in group.lines if line.cost.baseline_known),
             len({(line.job_id, line.attempt) for line in group.lines}),
+            tuple(totals_by(group.lines, GroupBy.MARKET)) if markets else (),
         )
         for group in group_lines(lines, by)
     ]

@@ -119,8 +119,9 @@ def attempts(lines: Iterable[Line]) -> list[dict[str, Any]]:
 
 
 def report(groups: Sequence[Totals], lines: Sequence[Line] | None = None) -> list[dict[str, Any]]:
-    """One object per group with its figures and attempt count; with `lines` (the groups are
-    jobs, `totals_by(lines, GroupBy.JOB)`), each job's attempts from them."""
+    """One object per group with its figures and attempt count; where the groups were split by
+    market, `markets`: the same figures per market; with `lines` (the groups are jobs,
+    `totals_by(lines, GroupBy.JOB)`), each job's attempts from them."""
     by_job: dict[str, list[Line]] = {}
     for line in lines or ():
         by_job.setdefault(line.job, []).append(line)
@@ -131,6 +132,11 @@ def report(groups: Sequence[Totals], lines: Sequence[Line] | None = None) -> lis
             **figures(group.cost, group.priced),
             "attempt_count": group.attempts,
         }
+        if group.markets:
+            row["markets"] = {
+                m.key: {**figures(m.cost, m.priced), "attempt_count": m.attempts}
+                for m in group.markets
+            }
         if lines is not None:
             row["attempts"] = attempts(by_job.get(group.key, []))
         out.append(row)
@@ -151,12 +157,13 @@ def add_up(groups: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return {"group": "total", **out}
 
 
-def summary(by_market: Iterable[Mapping[str, Any]]) -> str:
-    """The line under the table, from the groups by market: what spot saved against
-    on-demand, gross and net of overhead."""
-    spot = next((g for g in by_market if g["group"] == "spot"), None)
-    if spot is None:
+def summary(groups: Iterable[Mapping[str, Any]]) -> str:
+    """The line under the table, from report objects split by market (`markets`): what spot
+    saved against on-demand, gross and net of overhead, over all the groups."""
+    parts = [g["markets"]["spot"] for g in groups if "spot" in g.get("markets", {})]
+    if not parts:
         return "no spot attempts in this window"
+    spot = add_up(parts)
     if spot["savings_fraction"] is None:
         return "spot: no on-demand price known for its instance types, so no savings figure"
     note = "" if spot["baseline_known"] else "; attempts with no on-demand price left out"

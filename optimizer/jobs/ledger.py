@@ -28,8 +28,9 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from typing import TypedDict, Unpack
 
 from optimizer.clock import Clock, utc_now
 from optimizer.costs import Cost, GroupBy, Line, Usage, billed_span, monthly, total
@@ -55,6 +56,19 @@ SETTLE = timedelta(minutes=10)
 FREEZE_BATCH = 500
 
 Pool = tuple[str, str, str | None, str, str]
+
+
+class Filters(TypedDict, total=False):
+    """Which lines a ledger query covers (each left out or None: any): the months that
+    overlap [since, until), one job by name or id, one policy, provider or market."""
+
+    since: datetime | None
+    until: datetime | None
+    job: str | None
+    job_id: int | None
+    policy: str | None
+    provider: str | None
+    market: str | None
 
 
 def usage_of(billed: BilledAttempt) -> Usage:
@@ -154,24 +168,13 @@ class Ledger:
 
     # -- queries -----------------------------------------------------------------------------
 
-    def lines(
-        self,
-        *,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        job: str | None = None,
-        job_id: int | None = None,
-        policy: str | None = None,
-        provider: str | None = None,
-        market: str | None = None,
-        now: datetime | None = None,
-    ) -> list[Line]:
+    def lines(self, *, now: datetime | None = None, **filters: Unpack[Filters]) -> list[Line]:
         """Cost lines (one attempt in one calendar month) whose month overlaps [since, until),
         of one job (by name, or by id), policy, provider or market (None: any), oldest month
         first, then by job and attempt. Frozen lines come from one query; the rest (live
         attempts, and ended ones whose termination is not known yet) are priced as of `now`
         (the clock's time when None)."""
-        where = self._filter(since, until, job, job_id, policy, provider, market)
+        where = self._filter(**filters)
         if where is None:
             return []
         frozen = [line_of(r) for r in self.store.costs.frozen_lines(where)]
@@ -180,21 +183,10 @@ class Ledger:
             [*frozen, *live], key=lambda line: (line.period_start, line.job_id, line.attempt)
         )
 
-    def total(
-        self,
-        *,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        job: str | None = None,
-        job_id: int | None = None,
-        policy: str | None = None,
-        provider: str | None = None,
-        market: str | None = None,
-        now: datetime | None = None,
-    ) -> Cost:
+    def total(self, *, now: datetime | None = None, **filters: Unpack[Filters]) -> Cost:
         """The sum of `lines(...)` with the same arguments, the frozen part summed by the
         database (what a budget check or a counter needs, without building every line)."""
-        where = self._filter(since, until, job, job_id, policy, provider, market)
+        where = self._filter(**filters)
         if where is None:
             return Cost()
         (sums,) = self.store.costs.frozen_sums(where) or [CostTotals()]
@@ -205,37 +197,33 @@ class Ledger:
         self,
         by: GroupBy,
         *,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        job: str | None = None,
-        job_id: int | None = None,
-        policy: str | None = None,
-        provider: str | None = None,
-        market: str | None = None,
+        markets: bool = False,
         now: datetime | None = None,
+        **filters: Unpack[Filters],
     ) -> list[Totals]:
-        """The sums of `lines(...)` grouped by `by`, in key order (months oldest first). By
-        policy, provider, market or month the database sums the frozen lines, so the answer
-        costs one grouped query however many attempts ended; by job, the lines are summed."""
-        where = self._filter(since, until, job, job_id, policy, provider, market)
+        """The sums of `lines(...)` grouped by `by`, in key order (months oldest first); with
+        `markets`, each group's sums split by market too (`Totals.markets`), from the same
+        reads. By policy, provider, market or month the database sums the frozen lines, so
+        the answer costs one grouped query however many attempts ended; by job, the lines
+        are summed."""
+        where = self._filter(**filters)
         if where is None:
             return []
         if by is GroupBy.JOB:
-            return totals_by(
-                self.lines(
-                    since=since,
-                    until=until,
-                    job=job,
-                    job_id=job_id,
-                    policy=policy,
-                    provider=provider,
-                    market=market,
-                    now=now,
-                ),
-                by,
+            return totals_by(self.lines(now=now, **filters), by, markets=markets)
+        live = totals_by(self._priced(where, now), by, markets=markets)
+        if not markets:
+            frozen = [_totals(by, s) for s in self.store.costs.frozen_sums(where, (by.value,))]
+            return merge_totals(frozen, live)
+        split: dict[str, list[Totals]] = {}
+        for sums in self.store.costs.frozen_sums(where, (by.value, GroupBy.MARKET.value)):
+            key, market = sums.key
+            part = _totals(by, replace(sums, key=key))
+            split.setdefault(part.key, []).append(
+                replace(part, markets=(replace(part, key=str(market)),))
             )
-        frozen = [_totals(by, s) for s in self.store.costs.frozen_sums(where, (by.value,))]
-        return merge_totals(frozen, totals_by(self._priced(where, now), by))
+        frozen = [sum(parts[1:], parts[0]) for parts in split.values()]
+        return merge_totals(frozen, live)
 
     def price(self, billed: BilledAttempt, now: datetime) -> list[Line]:
         """One attempt's lines, priced from the store's price history as of `now`."""
@@ -282,23 +270,22 @@ class Ledger:
 
     # -- inside --------------------------------------------------------------------------------
 
-    def _filter(
-        self,
-        since: datetime | None,
-        until: datetime | None,
-        job: str | None,
-        job_id: int | None,
-        policy: str | None,
-        provider: str | None,
-        market: str | None,
-    ) -> LineFilter | None:
+    def _filter(self, **filters: Unpack[Filters]) -> LineFilter | None:
         """The store's filter; None when the job named matches no job (no lines)."""
+        job, job_id = filters.get("job"), filters.get("job_id")
         if job is not None:
             found = self.store.jobs.get_job(job)
             if found is None or (job_id is not None and found.id != job_id):
                 return None
             job_id = found.id
-        return LineFilter(since, until, job_id, policy, provider, market)
+        return LineFilter(
+            filters.get("since"),
+            filters.get("until"),
+            job_id,
+            filters.get("policy"),
+            filters.get("provider"),
+            filters.get("market"),
+        )
 
     def _priced(self, where: LineFilter, now: datetime | None) -> Iterable[Line]:
         now = now or self.clock()
