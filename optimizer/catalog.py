@@ -15,14 +15,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from optimizer import hardware
 from optimizer.common.errors import LocatedError
-from optimizer.model import OFFER_FIELDS, Interconnect, Market, Offer, OfferError
+from optimizer.model import OFFER_FIELDS, Fabric, Interconnect, Market, Offer, OfferError
 
 OPTIONAL: dict[str, Any] = {
     "zone": None,
     "placement_score": None,
     "interruption_bucket": None,
     "source": "",
+    # A file without these columns gets the type's fabric from the hardware table.
+    "fabric": None,
+    "fabric_interfaces": None,
 }
 REQUIRED = frozenset(OFFER_FIELDS) - set(OPTIONAL)
 
@@ -64,7 +68,7 @@ def _time(raw: str) -> datetime:
     return value
 
 
-def _enum(kind: type[Market] | type[Interconnect]) -> Callable[[str], Any]:
+def _enum(kind: type[Market] | type[Interconnect] | type[Fabric]) -> Callable[[str], Any]:
     def parse(raw: str) -> Any:
         try:
             return kind(raw.strip().replace("-", "_").lower())
@@ -92,6 +96,8 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "placement_score": _optional_float,
     "interruption_bucket": _optional_text,
     "source": _text,
+    "fabric": _enum(Fabric),
+    "fabric_interfaces": _int,
 }
 assert set(PARSERS) == set(OFFER_FIELDS), "every Offer field needs a parser"
 
@@ -152,6 +158,12 @@ def iter_offers(stream: TextIO, *, path: str = "<catalog>") -> Iterator[Offer]:
                     raise CatalogError.at(
                         path, str(exc), line=line, column=column, field=name
                     ) from None
+            if values["fabric"] is None or values["fabric_interfaces"] is None:
+                spec = hardware.instance_fabric(values["provider"], values["instance_type"])
+                if values["fabric"] is None:
+                    values["fabric"] = spec.fabric
+                if values["fabric_interfaces"] is None:
+                    values["fabric_interfaces"] = spec.interfaces
             try:
                 yield Offer(**values)
             except OfferError as exc:

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from optimizer.model import Interconnect
+from optimizer.model import Fabric, Interconnect
 
 DTYPES: tuple[str, ...] = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 UNKNOWN_PREFIX = "unknown:"
@@ -396,3 +396,72 @@ def instance_interconnect(provider: str, instance_type: str, gpu_count: int) -> 
     elif cloud == "gcp" and itype.split("-", 1)[0] in _GCP_NVLINK_SERIES:
         return Interconnect.NVLINK
     return Interconnect.PCIE
+
+
+# --- inter-node fabric -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FabricSpec:
+    """An instance type's inter-node fabric: the kind, how many of its interfaces an instance
+    carries (AWS: EFA interfaces; GCP: GPU data NICs) and the line rate, Gbit/s per instance
+    (None where the source gives a range)."""
+
+    fabric: Fabric
+    interfaces: int = 0
+    gbps: float | None = None
+
+
+NO_FABRIC = FabricSpec(Fabric.NONE)
+
+# AWS: EfaInfo.MaximumEfaInterfaces and the network bandwidth of DescribeInstanceTypes (the
+# copy in getmoto/moto's instance_types.json, refreshed 2026-08-02; REFERENCE-ROUND2 §6);
+# read live as NetworkInfo.EfaInfo.MaximumEfaInterfaces. Smaller g5/g6/g6e sizes, g4ad and
+# g5g have no EFA.
+_AWS_EFA: dict[str, tuple[int, float | None]] = {
+    "p4d.24xlarge": (4, 400.0),
+    "p4de.24xlarge": (4, 400.0),
+    "p5.48xlarge": (32, 3200.0),
+    "p5e.48xlarge": (32, 3200.0),
+    "p5en.48xlarge": (16, 3200.0),
+    "p5.4xlarge": (1, 100.0),
+    "p6-b200.48xlarge": (8, 3200.0),
+    "p6-b300.48xlarge": (16, 3200.0),
+    "g6e.48xlarge": (4, 400.0),
+    "g6e.24xlarge": (2, 200.0),
+    "g6e.8xlarge": (1, None),  # 25-100 Gbit
+    "g6e.12xlarge": (1, None),
+    "g6e.16xlarge": (1, None),
+}
+# g5, g6 and g4dn carry one EFA interface from 8xlarge up (25-100 Gbit).
+_AWS_EFA_FAMILIES = frozenset({"g5", "g6", "g4dn"})
+_AWS_EFA_SIZES = frozenset({"8xlarge", "12xlarge", "16xlarge", "24xlarge", "48xlarge", "metal"})
+# GCP "GPU network bandwidth" (cloud.google.com/compute/docs/gpus/gpu-network-bandwidth;
+# REFERENCE-ROUND2 §6): the GPU data NICs of each accelerator-optimized type and their total
+# for GPU traffic. A3 Mega's and A3 High's NIC counts as dstack's cluster examples configure
+# them (8 and 4 extra VPCs). A2 and G2 have no GPU fabric.
+_GCP_FABRIC: dict[str, FabricSpec] = {
+    "a4-highgpu-8g": FabricSpec(Fabric.GPUDIRECT_RDMA, 8, 3200.0),
+    "a3-ultragpu-8g": FabricSpec(Fabric.GPUDIRECT_RDMA, 8, 3200.0),
+    "a4x-highgpu-4g": FabricSpec(Fabric.GPUDIRECT_RDMA, 4, 1600.0),
+    "a3-megagpu-8g": FabricSpec(Fabric.GPUDIRECT_TCPXO, 8, 1800.0),
+    "a3-highgpu-8g": FabricSpec(Fabric.GPUDIRECT_TCPX, 4, 1000.0),
+    "a3-edgegpu-8g": FabricSpec(Fabric.GPUDIRECT_TCPX, 4, None),  # 600-800 Gbit
+}
+
+
+def instance_fabric(provider: str, instance_type: str) -> FabricSpec:
+    """The inter-node fabric of a type (NO_FABRIC wherever none is documented). The local
+    cloud's types are the snapshot's AWS and GCP types: looked up under either cloud."""
+    cloud = provider.strip().lower()
+    itype = instance_type.strip().lower()
+    if cloud in ("aws", "local"):
+        found = _AWS_EFA.get(itype)
+        if found is not None:
+            return FabricSpec(Fabric.EFA, found[0], found[1])
+        family, _, size = itype.partition(".")
+        if family in _AWS_EFA_FAMILIES and size in _AWS_EFA_SIZES:
+            return FabricSpec(Fabric.EFA, 1, None)
+    if cloud in ("gcp", "local"):
+        return _GCP_FABRIC.get(itype, NO_FABRIC)
+    return NO_FABRIC

@@ -27,6 +27,21 @@ class Interconnect(StrEnum):
     INFINITY_FABRIC = "infinity_fabric"  # AMD's GPU-to-GPU link
 
 
+class Fabric(StrEnum):
+    """The network between instances that multi-node work runs over (docs/policies.md#multi-node).
+
+    What AWS and GCP sell for GPU-to-GPU traffic across machines: AWS's Elastic Fabric
+    Adapter, and GCP's GPUDirect generations (TCPX on A3 High/Edge, TCPXO on A3 Mega, RDMA over
+    RoCE on A3 Ultra, A4 and A4X). `none` is the ordinary VPC network.
+    """
+
+    NONE = "none"
+    EFA = "efa"
+    GPUDIRECT_TCPX = "gpudirect_tcpx"
+    GPUDIRECT_TCPXO = "gpudirect_tcpxo"
+    GPUDIRECT_RDMA = "gpudirect_rdma"
+
+
 class OfferError(ValueError):
     """An Offer field holds a value that cannot be right."""
 
@@ -62,11 +77,16 @@ class Offer:
     placement_score: float | None = None
     interruption_bucket: str | None = None
     source: str = field(default="")
+    # The inter-node fabric of the type and how many of its interfaces an instance can carry
+    # (AWS: EFA interfaces; GCP: GPU data NICs); hardware.instance_fabric has the sources.
+    fabric: Fabric = Fabric.NONE
+    fabric_interfaces: int = 0
 
     def __post_init__(self) -> None:
         # Coerce the enums and times so rows read from text compare equal to built ones.
         object.__setattr__(self, "market", Market(self.market))
         object.__setattr__(self, "interconnect", Interconnect(self.interconnect))
+        object.__setattr__(self, "fabric", Fabric(self.fabric))
         object.__setattr__(self, "observed_at", _utc(self.observed_at))
         for name in ("provider", "region", "instance_type", "gpu_model"):
             if not getattr(self, name):
@@ -81,6 +101,8 @@ class Offer:
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise OfferError(f"{name} must be a finite number >= 0, got {value}")
+        if self.fabric_interfaces < 0:
+            raise OfferError(f"fabric_interfaces must be >= 0, got {self.fabric_interfaces}")
         if self.placement_score is not None and not 0 <= self.placement_score <= 10:
             raise OfferError(f"placement_score must be within 0..10, got {self.placement_score}")
 
@@ -102,6 +124,7 @@ class Offer:
         out = asdict(self)
         out["market"] = self.market.value
         out["interconnect"] = self.interconnect.value
+        out["fabric"] = self.fabric.value
         out["observed_at"] = self.observed_at.isoformat().replace("+00:00", "Z")
         return out
 

@@ -194,7 +194,8 @@ class _Shape:
 
     def __init__(self, rules: RuleSet, key: tuple[Any, ...], buckets: dict[str, _Columns]):
         # The key is (market, provider, region, instance_type, gpu_model, gpu_count,
-        # gpu_memory_gib, interconnect, vcpus, ram_gib): everything the shape rules read.
+        # gpu_memory_gib, interconnect, vcpus, ram_gib, fabric): everything the shape rules
+        # read.
         market, provider, region, instance_type, *hardware = key
         verdict = rules.shape(market, provider, region, instance_type, *hardware)
         self.rule: str | None = None
@@ -317,6 +318,7 @@ def _first_pass(
             offer.interconnect,
             offer.vcpus,
             offer.ram_gib,
+            offer.fabric,
         )
         try:
             shape = shapes[key]

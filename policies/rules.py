@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from fnmatch import fnmatchcase
 
 from optimizer import hardware
-from optimizer.model import Interconnect, Market
+from optimizer.model import Fabric, Interconnect, Market
 from policies import budget, regions
 from policies.measured import DATASHEET, MEASURED, Measured, TypeMeasurement, as_measured
 from policies.schema import Policy
@@ -31,6 +31,7 @@ RULES: tuple[str, ...] = (
     "gpu_memory",
     "fp64",
     "interconnect",
+    "fabric",
     "throughput",
     "cpu_memory",
     "vcpus",
@@ -49,6 +50,15 @@ _SLACK = 1e-9
 
 Verdict = tuple[str, str]
 """(rule id, human reason) for an offer that fails a rule."""
+
+
+def fabric_meets(offered: str, needed: str) -> bool:
+    """Whether an offer's fabric (a `Fabric` value) meets a policy's `fabric` need."""
+    if needed == "any":
+        return True
+    if needed == "fast":
+        return offered != Fabric.NONE
+    return offered == needed.replace("-", "_")
 
 
 class EvaluationError(ValueError):
@@ -169,6 +179,7 @@ class RuleSet:
         self.memory_need = policy.memory_need_gib()
         self.fp64 = work.fp64
         self.nvlink = work.interconnect == "nvlink"
+        self.fabric = work.fabric
         self.min_tflops = {d: (v, v * grow) for d, v in work.min_tflops.items()}
         self.dtype = work.dtype()
         self.per_tflop = policy.rank_by == "price_per_tflop"
@@ -224,6 +235,7 @@ class RuleSet:
         interconnect: str,
         vcpus: int,
         ram_gib: float,
+        fabric: str = Fabric.NONE,
     ) -> Verdict | Fit:
         """market through vcpus, in order: the first failing rule, else what the shape offers."""
         if market not in self.markets:
@@ -252,6 +264,8 @@ class RuleSet:
         # nothing to link, nothing lacks NVLink. Any multi-GPU offer must have it.
         if self.nvlink and gpu_count > 1 and interconnect != Interconnect.NVLINK:
             return "interconnect", f"{interconnect} between {gpu_count} GPUs; NVLink required"
+        if self.fabric != "any" and not fabric_meets(fabric, self.fabric):
+            return "fabric", f"inter-node fabric {Fabric(fabric).value}; {self.fabric} required"
         why = self._throughput(gpu_model, gpu_count, provider, instance_type)
         if why is not None:
             return "throughput", why

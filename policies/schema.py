@@ -61,6 +61,9 @@ RECOVERY_STRATEGIES = ("failover", "eager-on-demand")
 assert set(Dtype.__args__) == set(DTYPES), "Dtype must list the hardware table's dtypes"  # type: ignore[attr-defined]
 
 
+FabricNeed = Literal["any", "fast", "efa", "gpudirect-tcpx", "gpudirect-tcpxo", "gpudirect-rdma"]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -110,6 +113,14 @@ class Workload(_Strict):
     )
     fp64: bool = Field(False, description="Needs real FP64 units (>= 5 TFLOPS per GPU).")
     interconnect: Literal["any", "nvlink"] = "any"
+    nodes: int = Field(
+        1, ge=1, le=64, description="Instances the work spans, launched together (a gang)."
+    )
+    fabric: FabricNeed = Field(
+        "any",
+        description="The network between the nodes: any, fast (any inter-node GPU fabric), "
+        "efa, gpudirect-tcpx, gpudirect-tcpxo or gpudirect-rdma.",
+    )
     gpu_models: list[str] = Field(
         default_factory=list,
         description="Only these GPU models (canonical names or aliases).",

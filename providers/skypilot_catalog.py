@@ -85,6 +85,7 @@ def _offers(
     observed_at: datetime,
 ) -> Iterator[Offer]:
     interconnect = hardware.instance_interconnect(provider, spec.instance_type, spec.gpu_count)
+    fabric = hardware.instance_fabric(provider, spec.instance_type)
     for market, price in prices.items():
         if price is None:
             continue
@@ -99,6 +100,8 @@ def _offers(
             vcpus=spec.vcpus,
             ram_gib=spec.ram_gib,
             interconnect=interconnect,
+            fabric=fabric.fabric,
+            fabric_interfaces=fabric.interfaces,
             market=market,
             usd_per_hour=price,
             observed_at=observed_at,

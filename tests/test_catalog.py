@@ -123,7 +123,7 @@ def test_missing_required_column_is_named() -> None:
 
 def test_wrong_number_of_values_names_the_line() -> None:
     text = dump([offer()]) + "aws,eu-west-1\n"
-    with pytest.raises(CatalogError, match=r"^x.csv:3: expected 16 values, found 2$"):
+    with pytest.raises(CatalogError, match=r"^x.csv:3: expected 18 values, found 2$"):
         parse_catalog(text, path="x.csv")
 
 

@@ -16,6 +16,7 @@ checkpoint_allowance_s: 20     # optional: seconds the job needs to checkpoint a
 utilization:                   # optional: rules given here replace the policy's, rule by rule
   idle: {below: 0.05, for: 20m, action: stop}
 max_duration: 72h              # optional: replaces the policy's max_duration
+nodes: 2                       # optional: instances launched together (the policy's otherwise)
 ```
 """
 
@@ -32,7 +33,17 @@ from optimizer.common.errors import LocatedError
 from policies.schema import MIN_WINDOW_S, NAME_PATTERN, Duration, Utilization
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-RESERVED_ENV = ("GPUOPT_CHECKPOINT_DIR", "GPUOPT_ATTEMPT", "GPUOPT_RESTARTS", "GPUOPT_JOB")
+RESERVED_ENV = (
+    "GPUOPT_CHECKPOINT_DIR",
+    "GPUOPT_ATTEMPT",
+    "GPUOPT_RESTARTS",
+    "GPUOPT_JOB",
+    # A multi-node job's rendezvous (and torchrun's names for it), set by the agent.
+    "GPUOPT_NODE_RANK",
+    "GPUOPT_NUM_NODES",
+    "GPUOPT_MASTER_ADDR",
+    "GPUOPT_MASTER_PORT",
+)
 # Limits past which a spec could never start: a command longer than an exec argument may be,
 # or an environment too large to hand to a process.
 MAX_RUN_BYTES = 64 * 1024
@@ -90,6 +101,14 @@ class JobSpec(BaseModel):
         None,
         ge=MIN_WINDOW_S,
         description="Stop the job (with a checkpoint) this long after it first started.",
+    )
+
+    nodes: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="Instances the job spans, launched and replaced together (default: the "
+        "policy's workload.nodes, else 1).",
     )
 
     @field_validator("run", "checkpoint_dir")

@@ -84,6 +84,12 @@ class AttemptRecord:
     disk_gib: float | None = None
     log_bytes: int = 0  # the job output held for this attempt (job_log), in bytes
     log_dropped_bytes: int = 0  # and what the per-job cap dropped of it
+    gang: int | None = None  # a multi-node attempt: its rank-0 row's number
+    node_rank: int = 0
+    nodes: int = 1
+    address: str | None = None  # where the other nodes reach this one
+    internode_status: str | None = None
+    internode_reason: str | None = None
 
     @property
     def pool(self) -> Pool:

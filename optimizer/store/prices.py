@@ -49,6 +49,7 @@ def _latest_row(offer: Offer) -> dict[str, Any]:
     row["zone"] = offer.zone or ""
     row["market"] = offer.market.value
     row["interconnect"] = offer.interconnect.value
+    row["fabric"] = offer.fabric.value
     return row
 
 

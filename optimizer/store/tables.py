@@ -103,6 +103,8 @@ class LatestPrice(SQLModel, table=True):
     placement_score: float | None = None
     interruption_bucket: str | None = None
     source: str = ""
+    fabric: str = Field(default="none", sa_column_kwargs={"server_default": "none"})
+    fabric_interfaces: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
 
 
 class Job(SQLModel, table=True):
@@ -170,6 +172,14 @@ class Attempt(SQLModel, table=True):
     terminated_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     terminated_by: str | None = None
     disk_gib: float | None = None
+    # A multi-node attempt is one row per node: `gang` is the number of its rank-0 row (None
+    # for a single node), `nodes` its size; `address` is where the other nodes reach this one.
+    gang: int | None = None
+    node_rank: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    nodes: int = Field(default=1, sa_column_kwargs={"server_default": "1"})
+    address: str | None = None
+    internode_status: str | None = None  # the inter-node probe's verdict: pass | warn | fail
+    internode_reason: str | None = Field(default=None, sa_type=Text)
 
 
 class AgentEvent(SQLModel, table=True):

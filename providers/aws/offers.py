@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from optimizer import hardware
-from optimizer.model import Market, Offer
+from optimizer.model import Fabric, Market, Offer
 from providers.aws.specs import GpuType, chunks
 
 SOURCE = "aws-api"
@@ -149,6 +149,7 @@ def build_offers(
             "vcpus": spec.vcpus,
             "ram_gib": spec.ram_mib / 1024,
             "interconnect": hardware.instance_interconnect("aws", name, spec.gpu_count),
+            **_fabric(spec),
             "observed_at": observed_at,
             "source": SOURCE,
         }
@@ -173,3 +174,13 @@ def build_offers(
                     Offer(**shape, zone=zone, market=Market.ON_DEMAND, usd_per_hour=list_price)
                 )
     return out
+
+
+def _fabric(spec: GpuType) -> dict[str, Any]:
+    """The type's EFA as DescribeInstanceTypes says (EfaSupported, EfaInfo's interface count);
+    the hardware table's count where a cached listing predates the count."""
+    if not spec.efa:
+        return {"fabric": Fabric.NONE, "fabric_interfaces": 0}
+    known = hardware.instance_fabric("aws", spec.instance_type)
+    interfaces = spec.efa_interfaces or known.interfaces or 1
+    return {"fabric": Fabric.EFA, "fabric_interfaces": interfaces}

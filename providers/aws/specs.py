@@ -42,6 +42,7 @@ class GpuType:
     efa: bool
     usage_classes: tuple[str, ...]  # on-demand, spot, capacity-block
     architectures: tuple[str, ...]  # x86_64, arm64
+    efa_interfaces: int = 0  # NetworkInfo.EfaInfo.MaximumEfaInterfaces (0 in older caches)
 
     @property
     def sold_spot(self) -> bool:
@@ -89,6 +90,7 @@ def gpu_type(info: dict[str, Any]) -> GpuType | None:
         efa=bool(network.get("EfaSupported")),
         usage_classes=tuple(info.get("SupportedUsageClasses") or ()),
         architectures=tuple((info.get("ProcessorInfo") or {}).get("SupportedArchitectures") or ()),
+        efa_interfaces=int((network.get("EfaInfo") or {}).get("MaximumEfaInterfaces") or 0),
     )
 
 

@@ -223,6 +223,7 @@ def build_offers(
                     continue
                 if market is Market.SPOT and spot_inverted and not keep_spot_above_on_demand:
                     continue
+                fabric = hardware.instance_fabric("gcp", cand.instance_type)
                 out.offers.append(
                     Offer(
                         provider="gcp",
@@ -237,6 +238,8 @@ def build_offers(
                         interconnect=hardware.instance_interconnect(
                             "gcp", cand.machine.name, cand.count
                         ),
+                        fabric=fabric.fabric,
+                        fabric_interfaces=fabric.interfaces,
                         market=market,
                         usd_per_hour=quote.usd,
                         observed_at=observed_at,
