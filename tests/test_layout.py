@@ -3,7 +3,7 @@
 Every module of `optimizer/`, `providers/` and `policies/` belongs to one layer, and a layer
 imports only the layers listed for it in `MAY_IMPORT` (and itself). Dependencies run one way:
 
-    cli -> api -> daemon -> jobs, alerts -> store -> vocabulary -> common
+    cli -> ui -> api -> daemon -> jobs, alerts -> store -> vocabulary -> common
     jobs -> policies, providers -> vocabulary;  agent -> probes -> vocabulary
 
 Imports are read from the source (every `import`, also inside functions and under
@@ -59,8 +59,21 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
         "policies",
         "providers",
     },
+    # the web console: a face built on the API (its app, state and views)
+    "optimizer.ui": BASE
+    | {
+        "optimizer.api",
+        "optimizer.daemon",
+        "optimizer.jobs",
+        "optimizer.alerts",
+        "optimizer.store",
+        "optimizer.costs",
+        "policies",
+        "providers",
+    },
     "optimizer.cli": BASE
     | {
+        "optimizer.ui",  # only to hand the API and console to the daemon it starts
         "optimizer.api",  # only to hand the API to the daemon it starts
         "optimizer.daemon",
         "optimizer.jobs",
@@ -255,7 +268,8 @@ FORBIDDEN_SAMPLES = {
     "optimizer.alerts": "from optimizer.daemon.metrics import Metrics",
     "optimizer.jobs": "from optimizer.daemon.errors import DaemonError",
     "optimizer.daemon": "from optimizer.api.serve import daemon_app",
-    "optimizer.api": "from optimizer.cli import app",
+    "optimizer.api": "from optimizer.ui import console_app",
+    "optimizer.ui": "from optimizer.cli import app",
     "optimizer.cli": "import optimizer.stray",
 }
 SAMPLE_FILES = {

@@ -60,10 +60,13 @@ def create_app(
     *,
     routers: Sequence[tuple[APIRouter, Sequence[Any]]] = (),
     max_body_bytes: int = MAX_BODY_BYTES,
+    own_auth: Sequence[str] = (),
 ) -> FastAPI:
     """The API over `state`; `routers` adds (router, dependencies) pairs after the built-in
-    areas (behind the daemon's token unless under /agent/, which takes agent tokens).
-    Request bodies over `max_body_bytes` are refused with 413 before they are read."""
+    areas (behind the daemon's token unless under /agent/, which takes agent tokens, or
+    under a prefix of `own_auth`, whose router checks its callers itself: the web console's
+    session cookie). Request bodies over `max_body_bytes` are refused with 413 before they
+    are read."""
     app = FastAPI(
         title="gpuopt",
         version=__version__,
@@ -83,7 +86,9 @@ def create_app(
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     open_paths = {getattr(route, "path", "") for router in OPEN for route in router.routes}
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
-    app.add_middleware(AuthGate, state=state, open_paths=open_paths)  # outermost: runs first
+    app.add_middleware(  # outermost: runs first
+        AuthGate, state=state, open_paths=open_paths, own_auth=tuple(own_auth)
+    )
     return app
 
 

@@ -1,7 +1,9 @@
 """Authentication before anything of a request is read: an ASGI middleware in front of the
 app. Open paths (`/healthz`, `/readyz`, `/metrics`) pass; `/agent/` paths need some attempt's
 agent token; every other path (`/openapi.json` and `/docs` included) needs the daemon's
-token. A request without the right one is answered 401 before its body is read or parsed.
+token, but for prefixes whose router checks its callers itself (`own_auth`: the web
+console's `/ui/`, by its session cookie). A request without the right one is answered 401
+before its body is read or parsed.
 The handlers' own checks (require_token, the agent's attempt check) still run after it.
 """
 
@@ -21,17 +23,29 @@ AGENT_PREFIX = "/agent/"
 
 
 class AuthGate:
-    def __init__(self, app: ASGIApp, state: ApiState, open_paths: Collection[str]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        state: ApiState,
+        open_paths: Collection[str],
+        own_auth: tuple[str, ...] = (),
+    ) -> None:
         self.app = app
         self.state = state
         self.open_paths = frozenset(open_paths)
+        self.own_auth = own_auth
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.open_paths:
+        path = scope.get("path", "")
+        if (
+            scope["type"] != "http"
+            or path in self.open_paths
+            or any(path.startswith(p) or path == p.rstrip("/") for p in self.own_auth)
+        ):
             await self.app(scope, receive, send)
             return
         authorization = _header(scope, b"authorization")
-        if scope["path"].startswith(AGENT_PREFIX):
+        if path.startswith(AGENT_PREFIX):
             allowed = await run_in_threadpool(known_agent, self.state, authorization)
             detail, challenge = "invalid agent token", b"Bearer"
         else:

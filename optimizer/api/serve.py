@@ -1,14 +1,16 @@
 """The HTTP API as the daemon's face: `Daemon(config, face=daemon_app)` serves it.
 
 The daemon does not import the API; this module joins the two, so dependencies run one way
-(api -> daemon). `gpuopt daemon` and the tests pass `daemon_app` as the daemon's `face`.
+(api -> daemon). The tests pass `daemon_app` as the daemon's `face`; `gpuopt daemon` passes
+the web console's `console_app` (optimizer/ui), which is this app with the console's router.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 
 from optimizer.api import agent
 from optimizer.api.app import create_app
@@ -18,8 +20,8 @@ if TYPE_CHECKING:
     from optimizer.daemon.service import Daemon
 
 
-def daemon_app(daemon: Daemon) -> FastAPI:
-    """The API over a daemon's parts, with the agent's endpoints (per-instance tokens)."""
+def daemon_state(daemon: Daemon) -> ApiState:
+    """What the API (and the console) read and act through, from a daemon's parts."""
     state = ApiState(
         store=daemon.store,
         policies=daemon.registry,
@@ -35,8 +37,20 @@ def daemon_app(daemon: Daemon) -> FastAPI:
         probe_window=daemon.config.probes.window(),
     )
     state.extras["replica"] = daemon.leadership.replica
+    return state
+
+
+def daemon_app(
+    daemon: Daemon,
+    *,
+    routers: Sequence[tuple[APIRouter, Sequence[Any]]] = (),
+    own_auth: Sequence[str] = (),
+) -> FastAPI:
+    """The API over a daemon's parts, with the agent's endpoints (per-instance tokens) and
+    `routers` after them (`own_auth`: their prefixes that check callers themselves)."""
     return create_app(
-        state,
-        routers=[(agent.router, [])],
+        daemon_state(daemon),
+        routers=[(agent.router, []), *routers],
         max_body_bytes=daemon.config.api.max_body_bytes,
+        own_auth=own_auth,
     )

@@ -39,13 +39,13 @@ def daemon(
     ] = None,
 ) -> None:
     """Run the daemon: poll prices, reload policies, send alerts, serve the HTTP API."""
-    from optimizer.api.serve import daemon_app
     from optimizer.daemon.config import ConfigError, load_config
     from optimizer.daemon.logsetup import configure
     from optimizer.daemon.providers import provider_secrets
     from optimizer.daemon.server import BindError
     from optimizer.daemon.service import Daemon, DaemonError
     from optimizer.store import DatabaseUrlError, is_sqlite_url
+    from optimizer.ui import console_app
 
     try:
         cfg = load_config(config)
@@ -60,13 +60,13 @@ def daemon(
     configure(log.format, log.level, secrets=secrets, access_log=api.access_log)
 
     try:
-        service = Daemon(cfg, face=daemon_app)
+        service = Daemon(cfg, face=console_app)
     except (BindError, DaemonError, DatabaseUrlError) as exc:
         fail(exc)
 
     def announce(url: str) -> None:
         token = f"token in {service.token_file}" if service.token_file else "token from api.token"
-        print(f"gpuopt: API at {url} (docs: {url}/docs; {token})", flush=True)
+        print(f"gpuopt: API at {url} (docs: {url}/docs; console: {url}/ui/; {token})", flush=True)
         print(f"gpuopt: policies from {cfg.effective_policy_dir}", flush=True)
         url_text = cfg.effective_database_url
         store = url_text.partition(":///")[2] if is_sqlite_url(url_text) else "PostgreSQL"

@@ -51,10 +51,11 @@ def make_config(data_dir: Path, **sections: Any) -> DaemonConfig:
 
 @contextmanager
 def running(config: DaemonConfig, **kwargs: Any) -> Iterator[Daemon]:
-    """A started daemon serving the API (offer sources default to one empty fake), stopped
-    afterwards."""
+    """A started daemon serving the API (offer sources default to one empty fake; `face`
+    to daemon_app, the API alone), stopped afterwards."""
     kwargs.setdefault("sources", {"local": FakeSource()})
-    daemon = Daemon(config, face=daemon_app, **kwargs)
+    kwargs.setdefault("face", daemon_app)
+    daemon = Daemon(config, **kwargs)
     daemon.start()
     try:
         yield daemon
