@@ -185,6 +185,7 @@ class EventKind(StrEnum):
     JOB_FAILED = "job.failed"
     JOB_UNDERUSED = "job.underused"
     JOB_STOPPED = "job.stopped"
+    JOB_MIGRATED = "job.migrated"
     BUDGET_THRESHOLD_CROSSED = "budget.threshold_crossed"
     # Probe results
     INSTANCE_TYPE_DEMOTED = "instance_type.demoted"

@@ -365,6 +365,33 @@ class Utilization(_Strict):
     )
 
 
+class Migration(_Strict):
+    """Moving running jobs to better capacity through a checkpoint (docs/policies.md,
+    Migration): when their price passes the bid cap, the policy stops allowing their pool, spot
+    is back after an on-demand fallback, or an offer is much cheaper for long enough."""
+
+    enabled: bool = Field(False, description="Move running jobs (off unless set).")
+    min_savings: float = Field(
+        0.25, gt=0, lt=1, description="A cheaper offer must cost this fraction less, 0..1."
+    )
+    min_stable: Duration = Field(
+        1800, ge=0, description="… for at least this long (30m) before a job moves to it."
+    )
+    return_to_spot_after: Duration = Field(
+        1800,
+        ge=0,
+        description="A job on on-demand returns to spot once an allowed spot offer has been "
+        "available this long (30m).",
+    )
+    max_per_day: int = Field(4, ge=1, description="Moves per job in any 24 hours.")
+    min_runtime: Duration = Field(
+        600, ge=0, description="A job moves only once it has run this long on its attempt."
+    )
+    disruption_budget: int = Field(
+        1, ge=1, description="At most this many of the policy's jobs moving at once."
+    )
+
+
 class Policy(_Strict):
     """One policy file (apiVersion gpuopt/v1, kind Policy)."""
 
@@ -414,6 +441,12 @@ class Policy(_Strict):
         None,
         ge=MIN_WINDOW_S,
         description="Stop a job (with a checkpoint) this long after it first started: 72h.",
+    )
+    migration: Migration = Field(
+        default_factory=Migration,
+        description="Move running jobs through a checkpoint when the market or the policy "
+        "changes (off unless enabled).",
+        examples=[{"enabled": True, "min_savings": 0.25, "min_stable": "30m"}],
     )
 
     @field_validator("markets")

@@ -48,6 +48,7 @@ TITLES: dict[str, str] = {
     EventKind.JOB_FAILED: "Job failed",
     EventKind.JOB_UNDERUSED: "GPU underused",
     EventKind.JOB_STOPPED: "Job stopped by a policy rule",
+    EventKind.JOB_MIGRATED: "Job moved to other capacity",
     EventKind.BUDGET_THRESHOLD_CROSSED: "Budget nearly spent",
     EventKind.INSTANCE_TYPE_DEMOTED: "Instance type's GPU probes keep failing",
     EventKind.COSTS_MONTHLY_SUMMARY: "Monthly cost summary",
