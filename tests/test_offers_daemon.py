@@ -155,7 +155,7 @@ def test_without_a_daemon_the_file_is_ranked_here_with_a_note(tmp_path: Path) ->
     assert snapshot.returncode == 0, snapshot.stderr
     assert snapshot.stderr == (
         f"gpuopt: {POLICY} ranked here (source: snapshot), not by the daemon: cannot reach "
-        f"the daemon at {nobody}: ConnectError (is it running?)\n"
+        f"the daemon at {nobody}: connection refused (is it running?)\n"
     )
     # Every snapshot row is another cloud's: the example policy takes none, and says why
     # without asking for the --explain it was given.

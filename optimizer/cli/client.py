@@ -5,11 +5,20 @@ The address is `--api` or `GPUOPT_API_URL` (default http://127.0.0.1:8470); the 
 ends the command with the daemon's reason (exit 2); a failure inside the daemon exits 1.
 `call` is for commands that need the daemon; `request` lets one that can do without it
 (`gpuopt offers --policy`) tell "no daemon answered" (`NoDaemon`) from a daemon that refused.
+
+A command makes one or two requests and exits, so they go through the standard library's
+`http.client`, which costs a command nothing to import, instead of an HTTP client library
+(tens to hundreds of milliseconds of imports on each run). An https:// address is checked
+against the system's certificate authorities (`SSL_CERT_FILE` / `SSL_CERT_DIR` name others).
 """
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -18,7 +27,7 @@ import typer
 from optimizer.cli.common import error, fail
 
 if TYPE_CHECKING:
-    import httpx
+    import http.client
 
 DEFAULT_URL = "http://127.0.0.1:8470"
 
@@ -64,24 +73,165 @@ def token() -> str:
     return found
 
 
-def request(method: str, path: str, api: str | None, **kwargs: Any) -> httpx.Response:
-    """One request to the daemon with its token; NoDaemon when none answers."""
-    import httpx
+@dataclass(frozen=True, slots=True)
+class Response:
+    """The daemon's answer: its status and body."""
 
+    status_code: int
+    text: str
+
+    def json(self) -> Any:
+        """The body decoded as JSON (ValueError when it is not)."""
+        return json.loads(self.text)
+
+
+def request(
+    method: str,
+    path: str,
+    api: str | None,
+    *,
+    params: Mapping[str, Any] | None = None,
+    json: Any = None,
+    timeout: float = 30,
+) -> Response:
+    """One request to the daemon with its token; NoDaemon when none answers."""
     base, found = base_url(api), _find_token()
     if found is None:
         raise NoDaemon(_no_token())
+    headers = {"Authorization": f"Bearer {found}", "Accept": "application/json"}
     try:
-        return httpx.request(
-            method, base + path, headers={"Authorization": f"Bearer {found}"}, timeout=30, **kwargs
+        return send(method, base + path, headers, params=params, body=json, timeout=timeout)
+    except OSError as exc:  # refused, reset, timed out, TLS, name resolution
+        raise NoDaemon(f"cannot reach the daemon at {base}: {why(exc)} (is it running?)") from None
+
+
+def why(exc: OSError) -> str:
+    """Why a request got no answer, in a few words."""
+    import socket
+    import ssl
+
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, TimeoutError):
+        return "no answer in time"
+    if isinstance(exc, socket.gaierror):
+        return "unknown host"
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS: {exc.reason or exc}"
+    if type(exc) is ConnectionError and exc.args:  # ours: a bad URL or a broken answer
+        return str(exc)
+    return exc.__class__.__name__
+
+
+def send(
+    method: str,
+    url: str,
+    headers: Mapping[str, str],
+    *,
+    params: Mapping[str, Any] | None = None,
+    body: Any = None,
+    timeout: float = 30,
+) -> Response:
+    """`method url?params` with `body` as JSON (when not None); raises OSError (and its
+    kinds: ConnectionError, TimeoutError, ssl.SSLError) when no answer comes."""
+    with stream(
+        method, url, headers, params=params, body=body, timeout=timeout, read_timeout=timeout
+    ) as answer:
+        return Response(answer.status, answer.text())
+
+
+class Streamed:
+    """An answer being read: its status, then its body as text pieces as they arrive."""
+
+    def __init__(self, answer: http.client.HTTPResponse) -> None:
+        self._answer = answer
+        self.status: int = answer.status
+        self._charset = _charset(answer.getheader("Content-Type"))
+
+    def pieces(self) -> Iterator[str]:
+        """The body, decoded, a piece at a time as the daemon sends it."""
+        import codecs
+
+        decoder = codecs.getincrementaldecoder(self._charset)(errors="replace")
+        while chunk := self._read(65536):
+            if text := decoder.decode(chunk):
+                yield text
+        if rest := decoder.decode(b"", final=True):
+            yield rest
+
+    def text(self) -> str:
+        """The whole body, decoded."""
+        return "".join(self.pieces())
+
+    def _read(self, size: int) -> bytes:
+        import http.client
+
+        try:
+            return self._answer.read1(size)
+        except http.client.HTTPException as exc:  # cut off mid-answer
+            raise ConnectionError(str(exc) or exc.__class__.__name__) from None
+
+
+@contextmanager
+def stream(
+    method: str,
+    url: str,
+    headers: Mapping[str, str],
+    *,
+    params: Mapping[str, Any] | None = None,
+    body: Any = None,
+    timeout: float = 30,
+    read_timeout: float | None = 30,
+) -> Iterator[Streamed]:
+    """Send the request and hold its answer open while the block reads it (see `send`);
+    `timeout` bounds connecting and waiting for the answer's head, `read_timeout` each read
+    of its body (None: a read may wait for ever, as a follower does)."""
+    import http.client
+    from urllib.parse import urlencode, urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConnectionError(f"not an http(s) URL: {url}")
+    target = parts.path or "/"
+    query = "&".join(q for q in (parts.query, urlencode(params or {}, doseq=True)) if q)
+    if query:
+        target += "?" + query
+    sent = dict(headers)
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        sent["Content-Type"] = "application/json"
+    connection: http.client.HTTPConnection
+    if parts.scheme == "https":
+        import ssl
+
+        connection = http.client.HTTPSConnection(
+            parts.hostname, parts.port, timeout=timeout, context=ssl.create_default_context()
         )
-    except httpx.HTTPError as exc:
-        raise NoDaemon(
-            f"cannot reach the daemon at {base}: {exc.__class__.__name__} (is it running?)"
-        ) from None
+    else:
+        connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    try:
+        try:
+            connection.request(method, target, body=data, headers=sent)
+            answer = connection.getresponse()
+        except http.client.HTTPException as exc:  # a malformed answer
+            raise ConnectionError(str(exc) or exc.__class__.__name__) from None
+        if connection.sock is not None and read_timeout != timeout:
+            connection.sock.settimeout(read_timeout)
+        yield Streamed(answer)
+    finally:
+        connection.close()
 
 
-def detail(response: httpx.Response) -> str:
+def _charset(content_type: str | None) -> str:
+    for part in (content_type or "").split(";")[1:]:
+        name, _, value = part.strip().partition("=")
+        if name.lower() == "charset" and value:
+            return value.strip('"')
+    return "utf-8"
+
+
+def detail(response: Response) -> str:
     """A refusal's reason in one line (a 422's fields joined)."""
     try:
         found = response.json().get("detail", response.text)
@@ -94,7 +244,7 @@ def detail(response: httpx.Response) -> str:
     return str(found)
 
 
-def check(response: httpx.Response) -> Any:
+def check(response: Response) -> Any:
     """The answer's decoded JSON; a refusal ends the command (exit 2, 1 if the daemon failed)."""
     if response.status_code >= 400:
         if response.status_code >= 500:  # the daemon failed, not the request

@@ -167,8 +167,6 @@ def logs(
     api: ApiOption = None,
 ) -> None:
     """A job's output (stdout and stderr), each attempt under a header line."""
-    import httpx
-
     params: dict[str, Any] = {"follow": "true"} if follow else {}
     if attempt is not None:
         params["attempt"] = attempt
@@ -176,18 +174,20 @@ def logs(
         params["tail"] = tail
     base = client.base_url(api)
     headers = {"Authorization": f"Bearer {client.token()}"}
-    # Following waits as long as the job runs: no read timeout then.
-    timeout = httpx.Timeout(30, read=None if follow else 60)
     out = sys.stdout
     started = False
     try:
-        with httpx.stream(
-            "GET", f"{base}/jobs/{name}/logs", params=params, headers=headers, timeout=timeout
-        ) as response:
-            if response.status_code >= 400:
-                response.read()
-                client.check(response)
-            for piece in response.iter_text():
+        # Following waits as long as the job runs: no read timeout then.
+        with client.stream(
+            "GET",
+            f"{base}/jobs/{name}/logs",
+            headers,
+            params=params,
+            read_timeout=None if follow else 60,
+        ) as answer:
+            if answer.status >= 400:
+                client.check(client.Response(answer.status, answer.text()))
+            for piece in answer.pieces():
                 started = True
                 out.write(piece)
                 out.flush()
@@ -195,11 +195,11 @@ def logs(
         raise typer.Exit(130) from None
     except BrokenPipeError:  # `| head` closed the pipe: nothing more to say
         _quiet_stdout()
-    except httpx.HTTPError as exc:
+    except OSError as exc:
         if started:  # cut off mid-answer: the daemon went away
-            error(f"lost the daemon at {base}: {exc.__class__.__name__}")
+            error(f"lost the daemon at {base}: {client.why(exc)}")
             raise typer.Exit(1) from None
-        fail(f"cannot reach the daemon at {base}: {exc.__class__.__name__} (is it running?)")
+        fail(f"cannot reach the daemon at {base}: {client.why(exc)} (is it running?)")
 
 
 def _quiet_stdout() -> None:
