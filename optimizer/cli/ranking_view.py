@@ -37,7 +37,7 @@ class RankingView:
             ranking.policy_name,
             out["evaluated_at"],
             ranking.dtype,
-            ranking.candidates,
+            tuple(ranking.candidates),
             len(ranking.candidates),
             ranking.rejection_counts(),
             ranking.rejections,

@@ -26,7 +26,7 @@ from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow, measured
 from optimizer.model import EventKind, Market, Offer
 from optimizer.store import Store
 from optimizer.store.tables import NewEvent
-from policies.engine import Ranking, evaluate
+from policies.engine import OfferTable, Ranking, evaluate
 from policies.measured import Measured
 from policies.schema import Policy
 
@@ -273,7 +273,8 @@ class PriceWatch:
         with self._lock:
             policies = self.registry.snapshot()
             stored = self.store.policies.price_signals()
-            offers = self.store.prices.latest_offers()
+            # One table for every policy: the columns are built once per poll.
+            offers = OfferTable.from_offers(self.store.prices.latest_offers())
             found = measured(self.store, self.probe_window)
             raised = 0
             for name, loaded in sorted(policies.items()):
@@ -292,7 +293,7 @@ class PriceWatch:
         name: str,
         sha256: str,
         policy: Policy,
-        offers: list[Offer],
+        offers: OfferTable,
         stored: Mapping[str, Mapping[str, Any]],
         now: datetime,
         found: Measured | None = None,

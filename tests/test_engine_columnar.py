@@ -1,0 +1,236 @@
+"""The columnar engine against the row engine it replaced (tests/helpers/row_engine.py).
+
+For random policies, offers and probe measurements, both must give the same candidates (every
+figure) in the same order, and the same rule and reason for every rejection, in the same
+order. Hypothesis runs a bounded number of examples (GPUOPT_PROPERTY_EXAMPLES, default 60) so
+the suite stays fast; raise it locally to search harder.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from optimizer.model import Fabric, Interconnect, Market, Offer
+from policies.budget import Committed
+from policies.engine import OfferTable, Ranking, evaluate
+from policies.measured import Measured, TypeMeasurement
+from policies.schema import Policy
+from tests.helpers import row_engine
+
+NOW = datetime(2026, 4, 23, 12, tzinfo=UTC)
+EXAMPLES = int(os.environ.get("GPUOPT_PROPERTY_EXAMPLES", "60"))
+
+PLACES = {
+    "aws": ["us-east-1", "eu-west-1", "eu-central-1", "eu-south-1", "ap-northeast-1"],
+    "gcp": ["us-central1", "europe-west4", "europe-west1", "asia-east1"],
+    "local": ["local"],
+}
+TYPES = ["p4d.24xlarge", "g5.xlarge", "a3-highgpu-8g", "g2-standard-8", "tiny"]
+MODELS = ["A100-80GB", "H100-80GB", "L4", "T4", "A10G", "MI300X", "unknown:Mystery"]
+PRICES = [0.5, 1.0, 2.5, 4.0, 12.0, 13.926624, 30.0, 41.2]  # few values: ties happen
+
+
+@st.composite
+def offers(draw: st.DrawFn) -> Offer:
+    provider = draw(st.sampled_from(sorted(PLACES)))
+    region = draw(st.sampled_from(PLACES[provider]))
+    count = draw(st.sampled_from([0, 1, 2, 4, 8]))
+    return Offer(
+        provider=provider,
+        region=region,
+        zone=draw(st.sampled_from([None, f"{region}-a", f"{region}-b"])),
+        instance_type=draw(st.sampled_from(TYPES)),
+        gpu_model=draw(st.sampled_from(MODELS)),
+        gpu_count=count,
+        gpu_memory_gib=draw(st.sampled_from([16.0, 24.0, 40.0, 80.0, 96.0])),
+        vcpus=draw(st.sampled_from([4, 32, 96, 192])),
+        ram_gib=draw(st.sampled_from([16.0, 256.0, 1152.0, 2048.0])),
+        interconnect=draw(st.sampled_from(list(Interconnect))),
+        market=draw(st.sampled_from(list(Market))),
+        usd_per_hour=draw(st.sampled_from(PRICES)),
+        observed_at=NOW + timedelta(minutes=draw(st.sampled_from([-900, -120, -30, 0, 3, 60]))),
+        placement_score=draw(st.sampled_from([None, 1.0, 9.0])),
+        interruption_bucket=draw(st.sampled_from([None, "<5%", "5-10%"])),
+        source=draw(st.sampled_from(["", "aws-api", "simulated"])),
+        fabric=draw(st.sampled_from(list(Fabric))),
+        fabric_interfaces=draw(st.sampled_from([0, 4])),
+    )
+
+
+def _maybe(draw: st.DrawFn, strategy: st.SearchStrategy[Any]) -> Any:
+    return draw(st.one_of(st.none(), strategy))
+
+
+@st.composite
+def policies(draw: st.DrawFn) -> Policy:
+    workload: dict[str, Any] = {
+        "gpus": draw(st.sampled_from([1, 2, 4, 8])),
+        "fp64": draw(st.booleans()),
+        "interconnect": draw(st.sampled_from(["any", "nvlink"])),
+        "gpu_models": draw(st.lists(st.sampled_from(MODELS[:-1]), max_size=3, unique=True)),
+        "cpu_memory_gib": draw(st.sampled_from([0, 64, 1024])),
+        "vcpus": draw(st.sampled_from([0, 8, 128])),
+        "fabric": draw(st.sampled_from(["any", "fast", "efa", "gpudirect-tcpx"])),
+    }
+    memory = _maybe(draw, st.sampled_from([10, 20, 66.67, 70]))
+    if memory is not None:
+        workload["gpu_memory_gib"] = memory
+    tflops = draw(
+        st.dictionaries(
+            st.sampled_from(["bf16", "fp32", "fp64", "fp8"]),
+            st.sampled_from([10, 100, 1500]),
+            max_size=2,
+        )
+    )
+    if tflops:
+        workload["min_tflops"] = tflops
+    bid = {
+        "max_usd_per_hour": _maybe(draw, st.sampled_from([2.5, 13.0, 30.0])),
+        "max_usd_per_gpu_hour": _maybe(draw, st.sampled_from([0.5, 3.5])),
+        "max_fraction_of_on_demand": _maybe(draw, st.sampled_from([0.25, 0.5, 1.0])),
+    }
+    body: dict[str, Any] = {
+        "apiVersion": "gpuopt/v1",
+        "kind": "Policy",
+        "name": "prop",
+        "workload": workload,
+        "buffer": draw(st.sampled_from([0.0, 0.2])),
+        "markets": draw(
+            st.sampled_from([["spot"], ["on_demand"], ["spot", "on_demand"], ["on_demand", "spot"]])
+        ),
+        "rank_by": draw(st.sampled_from(["price", "price_per_tflop", "price_per_tbps"])),
+        "bid": {k: v for k, v in bid.items() if v is not None},
+        "placement": {
+            "providers": draw(
+                st.lists(st.sampled_from(["aws", "gcp", "local"]), min_size=1, unique=True)
+            ),
+            "regions": {
+                "allow": draw(st.sampled_from([["*"], ["eu-*", "europe-*"], ["us-*", "local"]])),
+                "deny": draw(st.sampled_from([[], ["eu-south-*"], ["*-east*"]])),
+            },
+            "compliance": draw(st.sampled_from([None, "eu", "us"])),
+        },
+        "budget": {"monthly_usd": _maybe(draw, st.sampled_from([500, 14000]))},
+    }
+    age = _maybe(draw, st.sampled_from([1, 6]))
+    if age is not None:
+        body["max_price_age_hours"] = age
+    return Policy.model_validate(body)
+
+
+@st.composite
+def measurements(draw: st.DrawFn) -> Measured | None:
+    if draw(st.booleans()):
+        return None
+    kinds = st.tuples(st.sampled_from(sorted(PLACES)), st.sampled_from(TYPES))
+    types = draw(
+        st.dictionaries(
+            kinds,
+            st.builds(
+                TypeMeasurement,
+                tflops=st.dictionaries(
+                    st.sampled_from(["bf16", "fp64"]), st.sampled_from([0.0, 50.0, 400.0])
+                ),
+                copy_gbps=st.sampled_from([None, 0.0, 1500.0]),
+                n=st.integers(1, 9),
+                newest_at=st.just(NOW - timedelta(hours=2)),
+            ),
+            max_size=3,
+        )
+    )
+    models = draw(
+        st.dictionaries(st.sampled_from(MODELS[:-1]), st.just({"bf16": 120.0}), max_size=2)
+    )
+    demoted = draw(st.dictionaries(kinds, st.just("3 failed probes"), max_size=2))
+    return Measured(types=types, models=models, demoted=demoted)
+
+
+def _same(ours: Ranking, oracle: Ranking) -> None:
+    assert len(ours.candidates) == len(oracle.candidates)
+    assert list(ours.candidates) == list(oracle.candidates)
+    assert ours.rejection_counts() == oracle.rejection_counts()
+    assert [(r.offer, r.rule, r.reason) for r in ours.rejections] == [
+        (r.offer, r.rule, r.reason) for r in oracle.rejections
+    ]
+    assert ours.to_dict() == oracle.to_dict()
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    policy=policies(),
+    rows=st.lists(offers(), max_size=40),
+    copies=st.integers(1, 3),
+    measured=measurements(),
+    spent=st.sampled_from([None, Committed(300.0, 0.5, 1)]),
+)
+def test_columnar_engine_matches_the_row_engine(
+    policy: Policy,
+    rows: list[Offer],
+    copies: int,
+    measured: Measured | None,
+    spent: Committed | None,
+) -> None:
+    listed = rows * copies  # repeated rows: equal scores and shapes across the list
+    oracle = row_engine.evaluate(policy, listed, NOW, measured=measured, committed=spent)
+    ours = evaluate(policy, OfferTable.from_offers(listed), NOW, measured=measured, committed=spent)
+    _same(ours, oracle)
+    again = evaluate(policy, listed, NOW, measured=measured, committed=spent)  # plain offers
+    assert list(again.candidates) == list(oracle.candidates)
+
+
+def test_one_table_ranks_many_policies_alike() -> None:
+    """A table built once gives each policy the answer a fresh table would."""
+    listed = [
+        Offer(
+            "aws",
+            "eu-west-1",
+            z,
+            "p4d.24xlarge",
+            "A100-40GB",
+            8,
+            40.0,
+            96,
+            1152.0,
+            Interconnect.NVLINK,
+            m,
+            p,
+            NOW,
+            source="aws-api",
+        )
+        for z in ("euw1-az1", "euw1-az2")
+        for m, p in ((Market.SPOT, 9.0), (Market.ON_DEMAND, 32.77))
+    ]
+    table = OfferTable.from_offers(listed)
+    cheap = Policy.model_validate(
+        {
+            "apiVersion": "gpuopt/v1",
+            "kind": "Policy",
+            "name": "cheap",
+            "bid": {"max_fraction_of_on_demand": 0.25},
+        }
+    )
+    spot = Policy.model_validate(
+        {"apiVersion": "gpuopt/v1", "kind": "Policy", "name": "spot", "markets": ["spot"]}
+    )
+    for policy in (cheap, spot, cheap):
+        _same(evaluate(policy, table, NOW), row_engine.evaluate(policy, listed, NOW))
+    ranked = evaluate(cheap, table, NOW)
+    assert [c.offer.zone for c in ranked.candidates] == ["euw1-az1", "euw1-az2"]
+    assert ranked.rejected("bid.max_fraction_of_on_demand")[0].reason == (
+        "spot $9/h is 0.275 of on-demand $32.77/h > 0.25"
+    )
+
+
+def test_empty_offers_rank_to_nothing() -> None:
+    policy = Policy.model_validate({"apiVersion": "gpuopt/v1", "kind": "Policy", "name": "p"})
+    ranked = evaluate(policy, [], NOW)
+    assert ranked.best is None and ranked.rejections == () and ranked.rejection_counts() == {}
