@@ -30,8 +30,10 @@
       });
       el.scrollTop = el.scrollHeight;
     });
-    document.querySelectorAll("form[data-confirm]").forEach(function (form) {
-      form.addEventListener("submit", function (ev) { if (!window.confirm(form.dataset.confirm)) { ev.preventDefault(); } });
+    // delegated: a refreshed fragment brings new forms
+    document.addEventListener("submit", function (ev) {
+      var form = ev.target;
+      if (form.dataset && form.dataset.confirm && !window.confirm(form.dataset.confirm)) { ev.preventDefault(); }
     });
   }
   if (document.readyState === "loading") { document.addEventListener("DOMContentLoaded", init); } else { init(); }

@@ -1,0 +1,120 @@
+"""What the jobs list and a job's page show: each job's placement, restarts and spend; a
+job's attempts with their cost lines, its timeline, probe results, GPU telemetry and events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from markupsafe import Markup
+
+from optimizer.api.costs import job_attempts
+from optimizer.api.jobs import gpu_view
+from optimizer.api.logs import LogStream
+from optimizer.api.state import ApiState
+from optimizer.costs import GroupBy
+from optimizer.jobs.ledger import Ledger
+from optimizer.store import EventRecord, JobRecord
+from optimizer.store.jobs import AttemptRecord
+from optimizer.store.probes import ProbeRecord
+from optimizer.store.tables import TERMINAL_JOB_STATES
+from optimizer.ui import timeline
+
+LIST_LIMIT = 200
+EVENTS = 50
+TAIL_LINES = 200
+TELEMETRY_POINTS = 2000
+PROBES_SCANNED = 500
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    job: JobRecord
+    attempt: AttemptRecord | None
+    spend_usd: float | None
+
+    @property
+    def placement(self) -> str:
+        a = self.attempt
+        if a is None:
+            return "\u2013"
+        return f"{a.provider} {a.zone or a.region} {a.instance_type} {a.market}"
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    now: datetime
+    job: JobRecord
+    attempts: list[AttemptRecord]
+    costs: list[dict[str, Any]]  # GET /jobs/{name}'s attempts, each with its cost lines
+    timeline: Markup
+    probes: list[ProbeRecord]
+    gpu: dict[str, Any] | None
+    events: list[EventRecord]
+
+    @property
+    def ended(self) -> bool:
+        return self.job.state in TERMINAL_JOB_STATES
+
+    @property
+    def can_cancel(self) -> bool:
+        return not self.ended and self.job.cancel_requested_at is None
+
+    @property
+    def total_usd(self) -> float:
+        return sum(line["total_usd"] for a in self.costs for line in a["cost_lines"])
+
+
+def job_rows(state: ApiState, job_state: str | None = None) -> list[JobRow]:
+    jobs = state.store.jobs.jobs_page(state=job_state, limit=LIST_LIMIT)
+    attempts = state.store.jobs.attempts_of(j.id for j in jobs)
+    spend = {t.key: t.cost.total_usd for t in Ledger(state.store, state.clock).groups(GroupBy.JOB)}
+    out = []
+    for j in jobs:
+        mine = attempts.get(j.id)
+        out.append(JobRow(j, mine[-1] if mine else None, spend.get(j.given_name)))
+    return out
+
+
+def job_page(state: ApiState, job: JobRecord) -> JobPage:
+    now = state.clock()
+    attempts = state.store.jobs.attempts(job.id)
+    probes = [p for p in state.store.probes.page(limit=PROBES_SCANNED) if p.job_id == job.id]
+    return JobPage(
+        now=now,
+        job=job,
+        attempts=attempts,
+        costs=job_attempts(state, job.id),
+        timeline=timeline.svg(attempts, now),
+        probes=probes,
+        gpu=gpu_view(state.store.telemetry.summary(job_id=job.id)),
+        events=state.store.events.list_events(job_id=job.id, limit=EVENTS),
+    )
+
+
+def utilization(state: ApiState, job: JobRecord) -> dict[str, list[Any]]:
+    """The job's GPU spans as uPlot's columns: start (epoch s), utilization and memory used
+    (percent), and which attempt each span belongs to."""
+    numbers = {a.id: a.number for a in state.store.jobs.attempts(job.id)}
+    spans = state.store.telemetry.samples(job_id=job.id, limit=TELEMETRY_POINTS)
+    return {
+        "t": [s.start.timestamp() for s in spans],
+        "util": [None if s.util_mean is None else round(s.util_mean * 100, 2) for s in spans],
+        "memory": [
+            None if s.memory_used_ratio is None else round(s.memory_used_ratio * 100, 2)
+            for s in spans
+        ],
+        "attempt": [numbers.get(s.attempt_id) for s in spans],
+        "simulated": [s.simulated for s in spans],
+    }
+
+
+def logs_tail(state: ApiState, job: JobRecord, lines: int = TAIL_LINES) -> str:
+    """The last `lines` lines of the job's output, under their attempts' headers (what
+    `gpuopt jobs logs NAME --tail N` prints)."""
+    stream = LogStream(state.store, job.id, tail=lines)
+    out = []
+    while (text := stream.step()) is not None:
+        out.append(text)
+    return "".join(out)

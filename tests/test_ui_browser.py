@@ -1,0 +1,197 @@
+"""The web console in a real browser (headless Chromium through Selenium) against a real
+daemon on the local cloud: sign in, watch a job submitted through the API reach running on
+the overview, interrupt it on the local cloud and see the interruption on its timeline,
+cancel it from its page, find a rejection reason on the example policy's offers page, open a
+price chart. One daemon, one cloud and one browser for the whole story (CI time is tight).
+
+Each page is saved as a 1280x800 screenshot into $GPUOPT_UI_SCREENSHOTS (the committed ones
+in docs/screenshots/console/ come from `GPUOPT_UI_SCREENSHOTS=docs/screenshots/console`),
+else into the test's own folder.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from optimizer.clock import utc_now
+from optimizer.ui import console_app
+from providers.local.prices import STEP_S, local_offers
+from providers.snapshot import load_snapshot
+from tests.helpers import TOKEN, api, make_config, running, wait_until, write_policy
+from tests.helpers.browser import HEIGHT, WIDTH, browser, viewport
+from tests.helpers.jobs import ROOT, e2e_cloud, running_instance
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("daemon_env")]
+
+JOB = "ui-train"
+BROKEN = "apiVersion: gpuopt/v1\nkind: Policy\nname: broken\nworkload: {gpus: many}\n"
+HISTORY_H = 36  # hours of the local cloud's own price walk recorded before the run
+
+
+# read at import: the daemon_env fixture clears GPUOPT_* settings before the test runs
+SCREENSHOTS = os.environ.get("GPUOPT_UI_SCREENSHOTS", "")
+
+
+def _shots(tmp_path: Path) -> Path:
+    folder = Path(SCREENSHOTS or tmp_path / "screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _text(driver: Any, css: str) -> str:
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+
+    try:
+        return str(driver.find_element("css selector", css).text)
+    except (NoSuchElementException, StaleElementReferenceException):
+        return ""
+
+
+def test_the_console_follows_a_job_through_an_interruption_and_a_cancel(tmp_path: Path) -> None:
+    if shutil.which("chromium") is None and shutil.which("google-chrome") is None:
+        pytest.skip("no chromium here (apt-get install chromium chromium-driver)")
+    shots = _shots(tmp_path)
+    clock = utc_now  # real agent processes stamp their reports with the wall clock
+    policies = tmp_path / "policies"
+    example = (ROOT / "examples" / "local-train-policy.yaml").read_text()
+    write_policy(policies, "local-train.yaml", example)
+    write_policy(policies, "broken.yaml", BROKEN)
+    config = make_config(tmp_path, policy_dir=policies, loops={"reconcile_s": 0.25})
+    with (
+        e2e_cloud(tmp_path, clock) as cloud,
+        running(config, sources={"local": cloud}, clock=clock, face=console_app) as daemon,
+        browser() as driver,
+    ):
+        for poll in daemon.polls:
+            poll.run_once()
+        with api(daemon) as client:
+            best = client.get("/offers", params={"policy": "local-train", "limit": 1}).json()
+        region = best["candidates"][0]["offer"]["region"]
+        # the local cloud's price walk over the hours before the run, in its region
+        now = clock().timestamp()
+        snapshot = load_snapshot()
+        for step in range(int(HISTORY_H * 3600 / STEP_S), 0, -1):
+            daemon.store.prices.record_offers(
+                local_offers(snapshot, cloud.walk, now - step * STEP_S, [region])
+            )
+
+        def shot(name: str) -> None:
+            driver.save_screenshot(str(shots / f"{name}.png"))
+
+        # -- signing in ------------------------------------------------------------------
+        driver.get(f"{daemon.url}/ui/")
+        assert driver.current_url.startswith(f"{daemon.url}/ui/login")
+        driver.find_element("id", "token").send_keys("wrong-token")
+        driver.find_element("css selector", "form button[type=submit]").click()
+        assert "not the API token" in _text(driver, "#login-error")
+        assert driver.get_cookies() == []
+        shot("01-login-error")
+        driver.find_element("id", "token").send_keys(TOKEN)
+        driver.find_element("css selector", "form button[type=submit]").click()
+        wait_until(lambda: _text(driver, "h1") == "Overview", 10, "the overview")
+        (cookie,) = driver.get_cookies()
+        assert (
+            cookie["httpOnly"] and cookie["sameSite"] == "Strict" and TOKEN not in cookie["value"]
+        )
+
+        # -- a job through the API, running on the overview (no reload: live updates) -----
+        body = {
+            "name": JOB,
+            "policy": "local-train",
+            "workdir": str(ROOT),
+            "run": (
+                f"{sys.executable} examples/train_with_checkpoints.py --steps 100000 "
+                "--checkpoint-every 20 --step-sleep 0.05 --log-every 20"
+            ),
+            "checkpoint_dir": str(tmp_path / "ckpt"),
+            "probes": "quick",
+        }
+        with api(daemon) as client:
+            assert client.post("/jobs", json=body).status_code == 201
+        row = f'#live-jobs tr[data-job="{JOB}"]'
+        wait_until(lambda: "running" in _text(driver, row), 90, "running on the overview")
+        first = wait_until(lambda: running_instance(cloud, JOB, 1), 10, "attempt 1's instance")
+        cloud.inject_telemetry(first, util=0.62, memory=0.41, memory_gib=16.0, interval_s=1.0)
+        wait_until(lambda: "%" in _text(driver, f"{row} td:nth-of-type(5)"), 60, "utilization")
+        assert _text(driver, "#leader")  # this daemon leads
+        shot("02-overview")
+
+        # -- the job's page: output following, then an interruption on its timeline -------
+        driver.get(f"{daemon.url}/ui/jobs/{JOB}")
+        wait_until(lambda: "step " in _text(driver, "#logs"), 60, "the job's output")
+        util = driver.find_element("id", "util-chart")
+        wait_until(lambda: util.get_attribute("data-points") not in (None, "0"), 30, "util chart")
+        wait_until(lambda: _text(driver, "#probes"), 30, "probe results")
+        shot("03-job-running")
+        cloud.interrupt(first)
+        label = '#timeline [data-attempt="1"] .marker-label'
+        wait_until(lambda: "interrupted" in _text(driver, label), 60, "the interruption")
+        wait_until(lambda: _text(driver, '#attempts tr[data-attempt="2"]'), 60, "attempt 2")
+        wait_until(lambda: "running" in _text(driver, "#job-state"), 90, "attempt 2 running")
+        second = wait_until(lambda: running_instance(cloud, JOB, 2), 10, "attempt 2's instance")
+        cloud.inject_telemetry(second, util=0.55, memory=0.45, memory_gib=16.0, interval_s=1.0)
+        assert "job.interrupted" in _text(driver, "#job-events")
+        wait_until(lambda: "attempt 2" in _text(driver, "#logs"), 60, "attempt 2's output")
+        shot("04-job-interrupted")
+
+        # -- cancel from the page --------------------------------------------------------
+        driver.find_element("id", "cancel").click()
+        driver.switch_to.alert.accept()
+        wait_until(lambda: "Cancel requested" in _text(driver, ".flash"), 10, "the request")
+        wait_until(lambda: "cancelled" in _text(driver, "#job-state"), 60, "the cancel")
+        shot("05-job-cancelled")
+
+        driver.get(f"{daemon.url}/ui/jobs")
+        assert "cancelled" in _text(driver, f'#jobs tr[data-job="{JOB}"]')
+        shot("06-jobs")
+
+        # -- the example policy's offers: a rejection and its reason ----------------------
+        driver.get(f"{daemon.url}/ui/offers?policy=local-train")
+        reasons = driver.find_elements("css selector", "details.rule[open] td.reason")
+        assert reasons and all(r.text for r in reasons)
+        assert _text(driver, "#candidates")
+        shot("07-offers")
+        driver.execute_script("document.getElementById('rej-h').scrollIntoView()")
+        shot("08-offers-rejections")
+        driver.find_element("id", "q").send_keys("spot")
+        driver.find_element("css selector", "form.filters button").click()
+        assert "match" in _text(driver, "#rej-h ~ details summary")
+
+        # -- a price chart ---------------------------------------------------------------
+        driver.get(f"{daemon.url}/ui/prices")
+        chart = driver.find_element("id", "price-chart")
+        wait_until(lambda: chart.get_attribute("data-ready") == "1", 20, "the price chart")
+        assert int(chart.get_attribute("data-points") or 0) > 100
+        assert driver.find_elements("css selector", "#price-chart canvas")
+        assert _text(driver, '#price-summary [data-k="cap_latest"]').startswith("$")
+        shot("09-prices")
+
+        # -- policies: valid, invalid with located errors ---------------------------------
+        driver.get(f"{daemon.url}/ui/policies")
+        assert "broken.yaml:" in _text(driver, "#rejected")
+        assert "valid" in _text(driver, '#policies tr[data-policy="local-train"]')
+        shot("10-policies")
+
+        # -- a phone's width ---------------------------------------------------------------
+        viewport(driver, 390, 844, mobile=True)
+        driver.get(f"{daemon.url}/ui/")
+        wait_until(lambda: _text(driver, "h1") == "Overview", 10, "the overview")
+        assert driver.execute_script("return document.documentElement.scrollWidth") <= 390 + 1
+        shot("11-overview-phone")
+        viewport(driver, WIDTH, HEIGHT)
+
+        # -- signing out -------------------------------------------------------------------
+        driver.find_element("css selector", "form.logout button").click()
+        wait_until(lambda: "/ui/login" in driver.current_url, 10, "the login page")
+        assert driver.get_cookies() == []
+        driver.get(f"{daemon.url}/ui/jobs")
+        assert "/ui/login" in driver.current_url
+
+    for name in ("02-overview", "04-job-interrupted", "08-offers-rejections", "09-prices"):
+        assert (shots / f"{name}.png").stat().st_size > 10_000, name

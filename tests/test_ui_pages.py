@@ -1,0 +1,172 @@
+"""The console's pages over a real daemon (in process, on loopback, its offers from a fake
+source and a manual clock): what each page and data endpoint answers, without a browser;
+and the attempt timeline's pure drawing. tests/test_ui_browser.py drives the same pages in
+Chromium end to end."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+
+from optimizer.clock import ManualClock
+from optimizer.daemon.service import Daemon
+from optimizer.model import Market
+from optimizer.store.jobs import AttemptRecord
+from optimizer.ui import console_app
+from optimizer.ui import session as sessions
+from optimizer.ui.timeline import segments, svg
+from tests.helpers import TOKEN, make_config, make_offer, running, wait_until, write_policy
+from tests.helpers.offers import FakeSource
+from tests.helpers.policies import policy_text
+
+pytestmark = pytest.mark.usefixtures("daemon_env")
+
+NOW = datetime(2026, 3, 14, 12, 0, tzinfo=UTC)
+SPOT = make_offer(observed_at=NOW - timedelta(hours=2), usd_per_hour=0.50)
+ON_DEMAND = make_offer(zone=None, market=Market.ON_DEMAND, usd_per_hour=1.20, observed_at=NOW)
+EXPENSIVE = make_offer(zone="use1-az2", usd_per_hour=3.0, observed_at=NOW)
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    policies = tmp_path / "policies"
+    write_policy(policies, "small.yaml", policy_text("small", cap=1.0))
+    write_policy(
+        policies, "broken.yaml", "apiVersion: gpuopt/v1\nkind: Policy\nname: x\nbuffer: lots\n"
+    )
+    source = FakeSource([SPOT, ON_DEMAND, EXPENSIVE])
+    config = make_config(tmp_path, policy_dir=policies)
+    with running(config, face=console_app, clock=ManualClock(NOW), sources={"aws": source}) as d:
+        d.store.prices.record_offers([SPOT, replace(SPOT, usd_per_hour=0.45, observed_at=NOW)])
+        for poll in d.polls:
+            poll.run_once()
+        wait_until(lambda: d.registry.get("small") and d.registry.rejected(), 10, "policies")
+        yield d
+
+
+@pytest.fixture
+def client(daemon: Daemon) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=daemon.url, timeout=10) as c:
+        assert c.post("/ui/login", data={"token": TOKEN}).status_code == 303
+        yield c
+
+
+def test_the_offers_page_groups_rejections_by_rule_with_their_reasons(
+    client: httpx.Client,
+) -> None:
+    page = client.get("/ui/offers", params={"policy": "small"})
+    assert page.status_code == 200
+    assert 'data-rule="bid.max_usd_per_hour"' in page.text
+    assert "&gt; cap $1/h</td>" in page.text  # the reason, escaped
+    assert "use1-az1 g5.xlarge" in page.text  # the candidate
+    narrowed = client.get("/ui/offers", params={"policy": "small", "q": "use1-az2 spot"})
+    assert "(1 match)" in narrowed.text and "(0 match the filter)" in narrowed.text
+    unknown = client.get("/ui/offers", params={"policy": "nope"})
+    assert "No policy named nope is loaded" in unknown.text
+
+
+def test_the_policies_page_shows_located_errors_and_the_version_in_force(
+    client: httpx.Client, daemon: Daemon
+) -> None:
+    page = client.get("/ui/policies").text
+    loaded = daemon.registry.get("small")
+    assert loaded is not None and loaded.sha256[:12] in page
+    assert "broken.yaml:4:9: buffer: must be a number" in page
+
+
+def test_the_price_data_has_spot_on_demand_and_the_bid_cap(client: httpx.Client) -> None:
+    page = client.get("/ui/prices", params={"policy": "small"})
+    assert page.status_code == 200 and 'id="price-chart"' in page.text
+    pool = "aws|us-east-1|use1-az1|g5.xlarge"
+    data = client.get("/ui/data/prices", params={"pool": pool, "policy": "small"}).json()
+    assert data["spot"][-1] == 0.45 and 0.50 in data["spot"]
+    assert data["on_demand"][-1] == 1.20
+    assert data["cap"][-1] == 1.0  # the policy's max_usd_per_hour, under 1.20 x nothing
+    assert len(data["t"]) == len(data["spot"]) == len(data["cap"])
+    assert client.get("/ui/data/prices", params={"pool": "nonsense"}).status_code == 422
+
+
+def test_a_job_page_and_its_cancel_needs_the_forms_csrf_token(
+    client: httpx.Client, daemon: Daemon
+) -> None:
+    daemon.store.jobs.add_job("j1", "small", {"run": "x", "checkpoint_dir": "/x"})
+    page = client.get("/ui/jobs/j1")
+    assert page.status_code == 200 and 'id="cancel"' in page.text
+    assert client.get("/ui/jobs").text.count('data-job="j1"') == 1
+    assert client.get("/ui/jobs/none").status_code == 404
+    assert client.post("/ui/jobs/j1/cancel", data={"csrf": "forged"}).status_code == 403
+    assert daemon.store.jobs.get_job("j1").cancel_requested_at is None  # type: ignore[union-attr]
+    value = client.cookies[sessions.COOKIE]
+    found = sessions.verify(TOKEN, value, NOW)
+    assert found is not None
+    answer = client.post("/ui/jobs/j1/cancel", data={"csrf": sessions.csrf_token(TOKEN, found)})
+    assert answer.status_code == 303 and answer.headers["location"] == "/ui/jobs/j1?cancelled=1"
+    assert daemon.store.jobs.get_job("j1").cancel_requested_at is not None  # type: ignore[union-attr]
+    assert client.get("/ui/data/jobs/j1/logs").text == "(no output yet)"
+    assert client.get("/ui/data/jobs/j1/utilization").json()["t"] == []
+
+
+def _attempt(number: int, start: datetime, **values: object) -> AttemptRecord:
+    base = {
+        "id": number,
+        "job_id": 1,
+        "number": number,
+        "key": f"j-{number}",
+        "provider": "local",
+        "region": "eu-west-1",
+        "zone": "eu-west-1-a",
+        "instance_type": "g4dn.xlarge",
+        "market": "spot",
+        "usd_per_hour": 0.2,
+        "instance_id": f"i-{number}",
+        "state": "live",
+        "end_reason": None,
+        "started_at": start,
+        "ended_at": None,
+        "token_sha256": "",
+        "registered_at": None,
+        "probe_status": None,
+        "job_started_at": None,
+        "exit_code": None,
+        "notice_at": None,
+        "stop_sent_at": None,
+        "instance_gone": False,
+        "preempted": False,
+    }
+    base.update(values)
+    return AttemptRecord(**base)  # type: ignore[arg-type]
+
+
+def test_the_timeline_draws_phases_and_marks_the_interruption() -> None:
+    t = NOW
+    first = _attempt(
+        1,
+        t,
+        registered_at=t + timedelta(seconds=10),
+        job_started_at=t + timedelta(seconds=20),
+        notice_at=t + timedelta(seconds=60),
+        ended_at=t + timedelta(seconds=70),
+        end_reason="preempted",
+        preempted=True,
+    )
+    second = _attempt(2, t + timedelta(seconds=62), registered_at=t + timedelta(seconds=70))
+    assert [s.phase for s in segments(first, t + timedelta(seconds=90))] == [
+        "provisioning",
+        "probing",
+        "running",
+        "notice",
+    ]
+    assert [s.phase for s in segments(second, t + timedelta(seconds=90))] == [
+        "provisioning",
+        "probing",
+    ]
+    drawn = str(svg([first, second], t + timedelta(seconds=90)))
+    assert drawn.count('class="marker"') == 1
+    assert "interrupted 12:01:00" in drawn and ">live<" in drawn
+    assert 'data-attempt="2"' in drawn and "<title" in drawn
+    assert str(svg([], t)) == ""
