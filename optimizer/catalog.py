@@ -17,7 +17,15 @@ from typing import Any, TextIO
 
 from optimizer import hardware
 from optimizer.common.errors import LocatedError
-from optimizer.model import OFFER_FIELDS, Fabric, Interconnect, Market, Offer, OfferError
+from optimizer.model import (
+    OFFER_FIELDS,
+    Fabric,
+    Interconnect,
+    Market,
+    Offer,
+    OfferError,
+    PaymentOption,
+)
 
 OPTIONAL: dict[str, Any] = {
     "zone": None,
@@ -27,6 +35,9 @@ OPTIONAL: dict[str, Any] = {
     # A file without these columns gets the type's fabric from the hardware table.
     "fabric": None,
     "fabric_interfaces": None,
+    "term_years": None,
+    "payment_option": None,
+    "upfront_usd": None,
 }
 REQUIRED = frozenset(OFFER_FIELDS) - set(OPTIONAL)
 
@@ -61,6 +72,10 @@ def _optional_float(raw: str) -> float | None:
     return _float(raw) if raw.strip() else None
 
 
+def _optional_int(raw: str) -> int | None:
+    return _int(raw) if raw.strip() else None
+
+
 def _time(raw: str) -> datetime:
     value = datetime.fromisoformat(raw.strip().replace("Z", "+00:00"))
     if value.tzinfo is None:
@@ -68,7 +83,9 @@ def _time(raw: str) -> datetime:
     return value
 
 
-def _enum(kind: type[Market] | type[Interconnect] | type[Fabric]) -> Callable[[str], Any]:
+def _enum(
+    kind: type[Market] | type[Interconnect] | type[Fabric] | type[PaymentOption],
+) -> Callable[[str], Any]:
     def parse(raw: str) -> Any:
         try:
             return kind(raw.strip().replace("-", "_").lower())
@@ -77,6 +94,11 @@ def _enum(kind: type[Market] | type[Interconnect] | type[Fabric]) -> Callable[[s
             raise ValueError(f"{raw!r} is not one of: {allowed}") from None
 
     return parse
+
+
+def _optional_enum(kind: type[PaymentOption]) -> Callable[[str], Any]:
+    parse = _enum(kind)
+    return lambda raw: parse(raw) if raw.strip() else None
 
 
 PARSERS: dict[str, Callable[[str], Any]] = {
@@ -98,6 +120,9 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "source": _text,
     "fabric": _enum(Fabric),
     "fabric_interfaces": _int,
+    "term_years": _optional_int,
+    "payment_option": _optional_enum(PaymentOption),
+    "upfront_usd": _optional_float,
 }
 assert set(PARSERS) == set(OFFER_FIELDS), "every Offer field needs a parser"
 

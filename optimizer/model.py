@@ -16,6 +16,24 @@ class Market(StrEnum):
 
     SPOT = "spot"
     ON_DEMAND = "on_demand"
+    # A 1- or 3-year commitment (AWS Reserved Instance or Savings Plan rate, GCP committed use
+    # discount): paid for every hour of its term whatever the usage; `usd_per_hour` is the
+    # effective rate (upfront spread over the term's hours plus the hourly fee).
+    COMMITTED = "committed"
+
+
+class PaymentOption(StrEnum):
+    """How a commitment is paid (AWS's three purchase options; GCP CUDs are billed monthly,
+    which is `no_upfront`)."""
+
+    NO_UPFRONT = "no_upfront"
+    PARTIAL_UPFRONT = "partial_upfront"
+    ALL_UPFRONT = "all_upfront"
+
+
+# Hours in a commitment year: 365 x 24. Effective rates divide the upfront fee by these hours;
+# AWS states no convention for it (REFERENCE-ROUND2 section 3a), and 8,760 is the usual one.
+HOURS_PER_YEAR = 8760
 
 
 class Interconnect(StrEnum):
@@ -59,6 +77,11 @@ class Offer:
     `zone` is None where the cloud prices per region (on-demand, GCP spot). GPU memory
     is per GPU. `source` says where the price came from (e.g. `aws-api`, `snapshot`,
     `simulated`) so a simulated price is never mistaken for a quoted one.
+
+    A `committed` offer also has its term (`term_years`), `payment_option` and the
+    `upfront_usd` paid at the start of each term for one instance; its `usd_per_hour` is the
+    effective hourly price, upfront included (`recurring_usd_per_hour` is the hourly fee
+    alone). Offers of the other markets leave the three empty.
     """
 
     provider: str
@@ -81,6 +104,9 @@ class Offer:
     # (AWS: EFA interfaces; GCP: GPU data NICs); hardware.instance_fabric has the sources.
     fabric: Fabric = Fabric.NONE
     fabric_interfaces: int = 0
+    term_years: int | None = None
+    payment_option: PaymentOption | None = None
+    upfront_usd: float | None = None
 
     def __post_init__(self) -> None:
         # Coerce the enums and times so rows read from text compare equal to built ones.
@@ -105,6 +131,46 @@ class Offer:
             raise OfferError(f"fabric_interfaces must be >= 0, got {self.fabric_interfaces}")
         if self.placement_score is not None and not 0 <= self.placement_score <= 10:
             raise OfferError(f"placement_score must be within 0..10, got {self.placement_score}")
+        self._check_commitment()
+
+    def _check_commitment(self) -> None:
+        terms = (self.term_years, self.payment_option, self.upfront_usd)
+        if self.market is not Market.COMMITTED:
+            if any(value is not None for value in terms):
+                raise OfferError(
+                    "term_years (like payment_option and upfront_usd) is for committed offers "
+                    f"only, not {self.market.value}"
+                )
+            return
+        if self.term_years is None or self.term_years < 1:
+            raise OfferError(
+                f"term_years must be >= 1 for a committed offer, got {self.term_years}"
+            )
+        if self.payment_option is None:
+            raise OfferError("payment_option must be given for a committed offer")
+        object.__setattr__(self, "payment_option", PaymentOption(self.payment_option))
+        if self.upfront_usd is None:
+            object.__setattr__(self, "upfront_usd", 0.0)
+        upfront = self.upfront_usd
+        if upfront is None or not math.isfinite(upfront) or upfront < 0:
+            raise OfferError(f"upfront_usd must be a finite number >= 0, got {upfront}")
+        if upfront > self.usd_per_hour * self.term_hours * (1 + 1e-9) + 1e-6:
+            raise OfferError(
+                f"upfront_usd {upfront} is more than the effective price over the term "
+                f"({self.usd_per_hour} x {self.term_hours} h)"
+            )
+
+    @property
+    def term_hours(self) -> int:
+        """Hours in a committed offer's term (0 for the other markets)."""
+        return (self.term_years or 0) * HOURS_PER_YEAR
+
+    @property
+    def recurring_usd_per_hour(self) -> float:
+        """The hourly fee alone: the effective price less the upfront spread over the term."""
+        if self.market is not Market.COMMITTED:
+            return self.usd_per_hour
+        return max(0.0, self.usd_per_hour - (self.upfront_usd or 0.0) / self.term_hours)
 
     @property
     def pool(self) -> tuple[str, str, str | None, str, Market]:
@@ -126,6 +192,8 @@ class Offer:
         out["interconnect"] = self.interconnect.value
         out["fabric"] = self.fabric.value
         out["observed_at"] = self.observed_at.isoformat().replace("+00:00", "Z")
+        if self.payment_option is not None:
+            out["payment_option"] = self.payment_option.value
         return out
 
     @classmethod

@@ -27,7 +27,7 @@ API_VERSION = "gpuopt/v1"
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 DTYPES = hardware.DTYPES
 Dtype = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8"]
-Market = Literal["spot", "on_demand"]
+Market = Literal["spot", "on_demand", "committed"]
 
 
 def _known_provider(name: str) -> str:

@@ -123,7 +123,7 @@ def test_missing_required_column_is_named() -> None:
 
 def test_wrong_number_of_values_names_the_line() -> None:
     text = dump([offer()]) + "aws,eu-west-1\n"
-    with pytest.raises(CatalogError, match=r"^x.csv:3: expected 18 values, found 2$"):
+    with pytest.raises(CatalogError, match=r"^x.csv:3: expected 21 values, found 2$"):
         parse_catalog(text, path="x.csv")
 
 
@@ -155,7 +155,16 @@ def test_optional_columns_may_be_left_out() -> None:
     required = [
         f
         for f in OFFER_FIELDS
-        if f not in ("zone", "placement_score", "interruption_bucket", "source")
+        if f
+        not in (
+            "zone",
+            "placement_score",
+            "interruption_bucket",
+            "source",
+            "term_years",
+            "payment_option",
+            "upfront_usd",
+        )
     ]
     row = offer(zone=None, placement_score=None, interruption_bucket=None, source="")
     values = row.to_dict()

@@ -245,6 +245,10 @@ def bad_input_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
             ["advise", "Not/A-Job"],
             "gpuopt: error: job 'Not/A-Job': a job name is 1-63 lowercase letters",
         ),
+        "tco": (
+            ["tco", "--gpu", "H100-80GB", "--hours-per-month", "10", "--assumptions", str(missing)],
+            f"gpuopt: error: {missing}: no such file",
+        ),
         "probes": (
             ["probes", "list", "--limit", "0"],
             "gpuopt: error: --limit: expected a positive number of results, got 0",
@@ -286,6 +290,7 @@ GROUPS = [
     "costs",
     "advise",
     "probes",
+    "tco",
 ]
 
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optimizer.model import Interconnect, Market, Offer
+from optimizer.model import Interconnect, Market, Offer, PaymentOption
 from policies import regions
 from policies.budget import Committed
 from policies.engine import RULES, Candidate, EvaluationError, Ranking, Rejection, evaluate
@@ -464,6 +464,7 @@ def test_ranking_groups_rejections_by_rule_and_serializes_to_json() -> None:
 POLICIES = [
     policy(),
     policy(rank_by="price_per_tflop", markets=["spot", "on_demand"]),
+    policy(markets=["committed", "spot"]),
     policy(
         max_price_age_hours=3,
         markets=["spot"],
@@ -479,8 +480,7 @@ POLICIES = [
     ),
 ]
 
-offers_strategy = st.builds(
-    Offer,
+_offer_fields = dict(
     provider=st.sampled_from(["aws", "gcp", "local"]),
     region=st.sampled_from(["eu-central-1", "eu-west-2", "us-east-1", "europe-west4", "mars-1"]),
     zone=st.sampled_from([None, "a", "b"]),
@@ -491,9 +491,20 @@ offers_strategy = st.builds(
     vcpus=st.sampled_from([4, 96]),
     ram_gib=st.sampled_from([16.0, 1152.0]),
     interconnect=st.sampled_from(list(Interconnect)),
-    market=st.sampled_from(list(Market)),
     usd_per_hour=st.sampled_from([0.0, 0.5, 1.0, 4.0, 10.0, 40.0]),
     observed_at=st.sampled_from([T0, T0 - timedelta(hours=5), T0 + timedelta(hours=1)]),
+)
+offers_strategy = st.one_of(
+    st.builds(Offer, market=st.sampled_from([Market.SPOT, Market.ON_DEMAND]), **_offer_fields),
+    # a commitment carries its term and payment option (no upfront: any price is valid)
+    st.builds(
+        Offer,
+        market=st.just(Market.COMMITTED),
+        term_years=st.sampled_from([1, 3]),
+        payment_option=st.sampled_from(list(PaymentOption)),
+        upfront_usd=st.just(0.0),
+        **_offer_fields,
+    ),
 )
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from optimizer.model import Fabric, Interconnect, Market, Offer
+from optimizer.model import Fabric, Interconnect, Market, Offer, PaymentOption
 from policies.budget import Committed
 from policies.engine import OfferTable, Ranking, evaluate
 from policies.measured import Measured, TypeMeasurement
@@ -40,6 +40,15 @@ def offers(draw: st.DrawFn) -> Offer:
     provider = draw(st.sampled_from(sorted(PLACES)))
     region = draw(st.sampled_from(PLACES[provider]))
     count = draw(st.sampled_from([0, 1, 2, 4, 8]))
+    market = draw(st.sampled_from(list(Market)))
+    # a commitment carries its term and payment option (no upfront: any price is valid)
+    terms: dict[str, Any] = {}
+    if market is Market.COMMITTED:
+        terms = {
+            "term_years": draw(st.sampled_from([1, 3])),
+            "payment_option": draw(st.sampled_from(list(PaymentOption))),
+            "upfront_usd": 0.0,
+        }
     return Offer(
         provider=provider,
         region=region,
@@ -51,7 +60,7 @@ def offers(draw: st.DrawFn) -> Offer:
         vcpus=draw(st.sampled_from([4, 32, 96, 192])),
         ram_gib=draw(st.sampled_from([16.0, 256.0, 1152.0, 2048.0])),
         interconnect=draw(st.sampled_from(list(Interconnect))),
-        market=draw(st.sampled_from(list(Market))),
+        market=market,
         usd_per_hour=draw(st.sampled_from(PRICES)),
         observed_at=NOW + timedelta(minutes=draw(st.sampled_from([-900, -120, -30, 0, 3, 60]))),
         placement_score=draw(st.sampled_from([None, 1.0, 9.0])),
@@ -59,6 +68,7 @@ def offers(draw: st.DrawFn) -> Offer:
         source=draw(st.sampled_from(["", "aws-api", "simulated"])),
         fabric=draw(st.sampled_from(list(Fabric))),
         fabric_interfaces=draw(st.sampled_from([0, 4])),
+        **terms,
     )
 
 
@@ -101,7 +111,16 @@ def policies(draw: st.DrawFn) -> Policy:
         "workload": workload,
         "buffer": draw(st.sampled_from([0.0, 0.2])),
         "markets": draw(
-            st.sampled_from([["spot"], ["on_demand"], ["spot", "on_demand"], ["on_demand", "spot"]])
+            st.sampled_from(
+                [
+                    ["spot"],
+                    ["on_demand"],
+                    ["spot", "on_demand"],
+                    ["on_demand", "spot"],
+                    ["committed", "spot"],
+                    ["on_demand", "committed"],
+                ]
+            )
         ),
         "rank_by": draw(st.sampled_from(["price", "price_per_tflop", "price_per_tbps"])),
         "bid": {k: v for k, v in bid.items() if v is not None},

@@ -165,7 +165,11 @@ BAD: list[tuple[str, str, str]] = [
         "p.yaml:4:25: placement.providers[0]: must be 'aws', 'gcp' or 'local'",
     ),
     ("no markets", "markets: []\n", "p.yaml:4:10: markets: must not be empty"),
-    ("unknown market", "markets: [reserved]\n", "markets[0]: must be 'spot' or 'on_demand'"),
+    (
+        "unknown market",
+        "markets: [reserved]\n",
+        "markets[0]: must be 'spot', 'on_demand' or 'committed'",
+    ),
     ("market twice", "markets: [spot, spot]\n", "markets: markets lists a market twice"),
     (
         "unknown dtype",

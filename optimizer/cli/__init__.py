@@ -22,6 +22,7 @@ from optimizer.cli import (
     prices,
     probe,
     probes,
+    tco,
     version,
 )
 
@@ -47,6 +48,7 @@ app.command("offers")(offers.offers)
 app.add_typer(prices.app, name="prices")
 app.command("costs")(costs.costs)
 app.command("advise")(advise.advise)
+app.command("tco")(tco.tco)
 
 __all__ = ["app", "main"]
 

@@ -23,6 +23,7 @@ class MarketChoice(StrEnum):
     spot = "spot"
     on_demand = "on_demand"
     on_demand_dash = "on-demand"
+    committed = "committed"
 
 
 def offers(

@@ -22,6 +22,12 @@ from optimizer.store.engine import Database, aware, chunks, dialect_insert, tabl
 from optimizer.store.history import PointRow, PoolKey, PricePoint, PruneBatch, Retention
 from optimizer.store.tables import POOL_COLUMNS, LatestPrice, PriceHistory, SpecCacheEntry
 
+# The Offer fields the latest_price table keeps: a commitment's terms are not among them,
+# because committed offers stay out of the store (`Prices.record_offers`).
+STORED_FIELDS: tuple[str, ...] = tuple(
+    name for name in OFFER_FIELDS if name in LatestPrice.model_fields
+)
+
 # Rows per executemany call: big enough to amortize the round trip, small enough that one
 # chunk's parameter list stays a few MB.
 CHUNK_ROWS = 5_000
@@ -45,7 +51,7 @@ def _history_row(offer: Offer) -> dict[str, Any]:
 
 
 def _latest_row(offer: Offer) -> dict[str, Any]:
-    row = {name: getattr(offer, name) for name in OFFER_FIELDS}
+    row = {name: getattr(offer, name) for name in STORED_FIELDS}
     row["zone"] = offer.zone or ""
     row["market"] = offer.market.value
     row["interconnect"] = offer.interconnect.value
@@ -55,7 +61,7 @@ def _latest_row(offer: Offer) -> dict[str, Any]:
 
 def _offer(row: Row[Any]) -> Offer:
     values = row._mapping
-    fields = {name: values[name] for name in OFFER_FIELDS}
+    fields = {name: values[name] for name in STORED_FIELDS}
     fields["zone"] = fields["zone"] or None
     return Offer(**fields)
 
@@ -64,7 +70,7 @@ def _upsert_latest(dialect: str) -> Insert:
     """INSERT … ON CONFLICT (pool) DO UPDATE, only when the incoming row is not older."""
     stmt = dialect_insert(dialect, _LATEST)
     excluded = stmt.excluded
-    updates = {name: excluded[name] for name in OFFER_FIELDS if name not in POOL_COLUMNS}
+    updates = {name: excluded[name] for name in STORED_FIELDS if name not in POOL_COLUMNS}
     return stmt.on_conflict_do_update(
         index_elements=list(POOL_COLUMNS),
         set_=updates,
@@ -84,8 +90,11 @@ class Prices:
         """Append offers to price history and advance each pool's latest price; one transaction.
 
         A pool's latest row only moves forward: an observation older than the stored one is
-        kept in history but does not replace it. Returns the number of history rows written.
+        kept in history but does not replace it. Committed offers (a commitment's rate, fixed
+        for its term, several terms per pool) are not prices in effect and are left out.
+        Returns the number of history rows written.
         """
+        offers = (offer for offer in offers if offer.market is not Market.COMMITTED)
         newest: dict[tuple[str, str, str | None, str, Market], Offer] = {}
         written = 0
         with self._db.begin() as conn:

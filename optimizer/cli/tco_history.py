@@ -1,0 +1,56 @@
+"""`gpuopt tco --from-history`: the spot overhead and the usage, from the daemon's ledger.
+
+Two reads of `GET /costs` (docs/costs.md): grouped by market, the spot group's overhead
+seconds per useful second (billed seconds less overhead) is the spot overhead fraction;
+grouped by month, the mean billed hours of the months with any is the usage, taken as
+hours of the compared capacity (the jobs are assumed to have run on it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from optimizer.cli.client import call
+
+
+@dataclass
+class History:
+    overhead_fraction: float | None = None
+    hours_per_month: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def from_groups(by_market: list[dict[str, Any]], by_month: list[dict[str, Any]]) -> History:
+    """What the ledger's groups say (pure: the two `/costs` answers in, the figures out)."""
+    out = History()
+    for group in by_market:
+        if group.get("group") != "spot":
+            continue
+        billed = float(group.get("billed_seconds") or 0)
+        overhead = float(group.get("overhead_seconds") or 0)
+        if billed > overhead:
+            out.overhead_fraction = overhead / (billed - overhead)
+            out.notes.append(
+                f"spot overhead {out.overhead_fraction:.1%} from the ledger "
+                f"({overhead / 3600:,.1f} h of {billed / 3600:,.1f} h billed did no work)"
+            )
+    if out.overhead_fraction is None:
+        out.notes.append("the ledger has no spot hours: spot.overhead_fraction kept")
+    months = [float(g.get("billed_seconds") or 0) / 3600 for g in by_month]
+    months = [h for h in months if h > 0]
+    if months:
+        out.hours_per_month = sum(months) / len(months)
+        out.notes.append(
+            f"usage {out.hours_per_month:,.1f} h/month: the ledger's mean over {len(months)} "
+            "month(s) with billed hours"
+        )
+    return out
+
+
+def read_history(api: str | None, policy: str | None) -> History:
+    """Ask the daemon's ledger (the policy's lines only, when one is named)."""
+    params: dict[str, str] = {} if policy is None else {"policy": policy}
+    by_market = call("GET", "/costs", api, params={**params, "by": "market"})
+    by_month = call("GET", "/costs", api, params={**params, "by": "month"})
+    return from_groups(by_market, by_month)

@@ -1,0 +1,228 @@
+"""`gpuopt tco` end to end in-process: a fixed catalog and assumptions file in, the table,
+the JSON, the chart and the located errors out (the model's arithmetic: tests/test_tco.py)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from optimizer.cli import app
+from optimizer.cli.tco_history import from_groups
+
+HEADER = (
+    "provider,region,zone,instance_type,gpu_model,gpu_count,gpu_memory_gib,vcpus,ram_gib,"
+    "interconnect,market,usd_per_hour,observed_at,source,term_years,payment_option,upfront_usd"
+)
+ROWS = [
+    "aws,us-east-1,,p5.48xlarge,H100-80GB,8,80,192,2048,nvlink,on_demand,40.0,2026-11-01T00:00:00Z,t,,,",
+    "aws,us-east-1,use1-az1,p5.48xlarge,H100-80GB,8,80,192,2048,nvlink,spot,16.0,2026-11-01T00:00:00Z,t,,,",
+    "aws,us-east-1,,p5.48xlarge,H100-80GB,8,80,192,2048,nvlink,committed,28.0,2026-11-01T00:00:00Z,t,1,no_upfront,",
+    "aws,us-east-1,,p5.48xlarge,H100-80GB,8,80,192,2048,nvlink,committed,18.0,2026-11-01T00:00:00Z,t,3,all_upfront,473040",
+    # dearer, in the EU: what a GDPR policy is left with
+    "aws,eu-central-1,,p5.48xlarge,H100-80GB,8,80,192,2048,nvlink,on_demand,50.0,2026-11-01T00:00:00Z,t,,,",
+]
+ASSUMPTIONS = textwrap.dedent(
+    """\
+    spot: {overhead_fraction: 0.10, on_demand_share: 0.20}
+    on_prem:
+      server_usd: 200000
+      pue: 1.5
+      usd_per_kwh: 0.10
+      ops_fraction_per_year: 0.10
+    """
+)
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> tuple[Path, Path]:
+    catalog = tmp_path / "prices.csv"
+    catalog.write_text("\n".join([HEADER, *ROWS]) + "\n")
+    assumptions = tmp_path / "tco.yaml"
+    assumptions.write_text(ASSUMPTIONS)
+    return catalog, assumptions
+
+
+def run(*args: str) -> object:
+    return CliRunner().invoke(app, ["tco", *args])
+
+
+def test_json_has_every_option_its_totals_and_the_sources(files: tuple[Path, Path]) -> None:
+    catalog, assumptions = files
+    out = run(
+        "--gpu",
+        "h100",
+        "--gpus",
+        "8",
+        "--hours-per-month",
+        "500",
+        "--years",
+        "3",
+        "--catalog",
+        str(catalog),
+        "--assumptions",
+        str(assumptions),
+        "--json",
+    )
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    totals = {o["name"]: o["total_usd"] for o in data["options"]}
+    assert totals == {
+        "on-demand": 720_000.0,
+        "spot": 397_440.0,
+        "committed 1y no upfront": 735_840.0,
+        "committed 3y all upfront": 473_040.0,
+        "spot + committed": 397_440.0,
+        "on-premises": 291_340.52,
+    }
+    assert data["cheapest"] == "on-premises"
+    # the file's values say so; the rest keep their default's source
+    assert data["assumptions"]["on_prem.pue"] == {
+        "value": 1.5,
+        "source": "the assumptions file",
+        "confidence": "yours",
+    }
+    assert "Uptime Institute" not in data["assumptions"]["on_prem.pue"]["source"]
+    assert "EIA" not in data["assumptions"]["on_prem.usd_per_kwh"]["source"]
+    assert data["assumptions"]["on_prem.host_power_w"]["confidence"] == "secondary"
+    crossings = {(b["a"], b["b"]): b["hours_per_month"] for b in data["break_evens"]}
+    assert crossings[("on-demand", "committed 3y all upfront")] == 328.5
+
+
+def test_table_names_the_cheapest_and_the_break_evens(files: tuple[Path, Path]) -> None:
+    catalog, assumptions = files
+    out = run(
+        "--gpu",
+        "H100-80GB",
+        "--hours-per-month",
+        "500",
+        "--catalog",
+        str(catalog),
+        "--assumptions",
+        str(assumptions),
+    )
+    assert out.exit_code == 0, out.output
+    assert "on-premises *" in out.output
+    assert "$291,341" in out.output
+    assert "on-demand = committed 3y all upfront at 328 h/month" in out.output
+    assert "on-premises is cheapest at 500 h/month" in out.output
+
+
+def test_policy_chooses_the_capacity_where_it_allows(
+    files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    catalog, assumptions = files
+    policy = tmp_path / "eu.yaml"
+    policy.write_text(
+        textwrap.dedent(
+            """\
+            apiVersion: gpuopt/v1
+            kind: Policy
+            name: eu-only
+            workload: {type: training, gpus: 8, gpu_memory_gib: 60}
+            markets: [spot]
+            placement: {compliance: gdpr}
+            budget: {monthly_usd: 10}
+            """
+        )
+    )
+    out = run(
+        "--gpu",
+        "H100-80GB",
+        "--hours-per-month",
+        "100",
+        "--years",
+        "1",
+        "--catalog",
+        str(catalog),
+        "--assumptions",
+        str(assumptions),
+        "--policy",
+        str(policy),
+        "--json",
+    )
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    options = {o["name"]: o for o in data["options"]}
+    # only eu-central-1 passes: on-demand there, everything else estimated from it
+    assert options["on-demand"]["where"] == "1x p5.48xlarge (aws eu-central-1)"
+    assert options["on-demand"]["total_usd"] == 50.0 * 100 * 12
+    assert "estimated" in " ".join(options["spot"]["notes"])
+    assert data["policy"] == "eu-only"
+
+
+def test_bad_assumptions_name_file_line_and_field(files: tuple[Path, Path], tmp_path: Path) -> None:
+    catalog, _ = files
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("on_prem:\n  pue: 0.5\n  wattage: 3\n")
+    out = run(
+        "--gpu",
+        "H100-80GB",
+        "--hours-per-month",
+        "10",
+        "--catalog",
+        str(catalog),
+        "--assumptions",
+        str(bad),
+    )
+    assert out.exit_code == 2
+    assert f"{bad}:2:" in out.output and "on_prem.pue" in out.output
+    assert f"{bad}:3:" in out.output and "wattage" in out.output
+    assert "Traceback" not in out.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--gpu", "H900"], "unknown GPU model 'H900'"),
+        (["--gpu", "H100-80GB"], "--hours-per-month: give the usage"),
+        (["--gpu", "H100-80GB", "--hours-per-month", "1", "--chart", "x.gif"], "write a .svg"),
+    ],
+)
+def test_bad_flags_are_one_line_and_exit_2(args: list[str], message: str) -> None:
+    out = run(*args)
+    assert out.exit_code == 2
+    assert message in out.output
+
+
+def test_chart_writes_cumulative_cost_per_option(files: tuple[Path, Path], tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="the chart extra (matplotlib) is not installed")
+    catalog, assumptions = files
+    chart = tmp_path / "tco.svg"
+    out = run(
+        "--gpu",
+        "H100-80GB",
+        "--hours-per-month",
+        "500",
+        "--catalog",
+        str(catalog),
+        "--assumptions",
+        str(assumptions),
+        "--chart",
+        str(chart),
+    )
+    assert out.exit_code == 0, out.output
+    svg = chart.read_text()
+    assert svg.lstrip().startswith("<?xml") and "<svg" in svg
+    for label in ("on-premises ($291,341)", "committed 3y all upfront ($473,040)"):
+        assert label in svg
+
+
+def test_history_reads_the_spot_overhead_and_the_usage() -> None:
+    by_market = [
+        {"group": "on_demand", "billed_seconds": 36_000, "overhead_seconds": 0},
+        {"group": "spot", "billed_seconds": 396_000, "overhead_seconds": 36_000},
+    ]
+    by_month = [
+        {"group": "2026-09", "billed_seconds": 0},
+        {"group": "2026-10", "billed_seconds": 300 * 3600},
+        {"group": "2026-11", "billed_seconds": 100 * 3600},
+    ]
+    found = from_groups(by_market, by_month)
+    assert found.overhead_fraction == pytest.approx(36_000 / 360_000)  # 10%
+    assert found.hours_per_month == pytest.approx(200)  # months with billed hours only
+    empty = from_groups([], [])
+    assert empty.overhead_fraction is None and empty.hours_per_month is None
