@@ -19,15 +19,20 @@ from pydantic import (
     model_validator,
 )
 from pydantic.json_schema import WithJsonSchema
+from pydantic_core import PydanticCustomError, ValidationError
 
 from optimizer import hardware
-from policies import regions, sizing
+from policies import regions, sizing, windows
 
 API_VERSION = "gpuopt/v1"
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 DTYPES = hardware.DTYPES
 Dtype = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8"]
 Market = Literal["spot", "on_demand", "committed"]
+# How candidates are ordered; expected_cost is applied after the engine's rules
+# (optimizer/jobs/expected.py), the engine itself orders those by price.
+RankBy = Literal["price", "price_per_tflop", "price_per_tbps", "expected_cost"]
+Day = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
 
 
 def _known_provider(name: str) -> str:
@@ -392,6 +397,141 @@ class Migration(_Strict):
     )
 
 
+def _every_day() -> list[Day]:
+    return ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+
+
+def _unique(value: list[str], what: str) -> list[str]:
+    if len(set(value)) != len(value):
+        raise ValueError(f"{what} lists a value twice")
+    return value
+
+
+# The keys a window may set; each replaces the policy's own value of that key while the
+# window is in force (policies/schedule.py).
+WINDOW_KEYS = ("markets", "bid", "placement", "rank_by")
+
+
+class Window(_Strict):
+    """Hours on some days of the week in which some of the policy's keys take other values."""
+
+    name: str = Field(pattern=NAME_PATTERN, description="[a-z0-9-], unique in the schedule.")
+    days: list[Day] = Field(
+        default_factory=_every_day,
+        min_length=1,
+        description="The days the window starts on (a window across midnight ends the next day).",
+        examples=[["mon", "tue", "wed", "thu", "fri"]],
+    )
+    hours: str = Field(
+        description="HH:MM-HH:MM, local time; 22:00-06:00 crosses midnight, 00:00-24:00 is "
+        "the whole day.",
+        json_schema_extra={"pattern": windows.HOURS_PATTERN},
+    )
+    markets: list[Market] | None = Field(
+        None, min_length=1, description="Markets in force in the window.", examples=[["on_demand"]]
+    )
+    bid: Bid | None = Field(
+        None, description="Bid caps in force in the window.", examples=[{"max_usd_per_hour": 40}]
+    )
+    placement: Placement | None = Field(
+        None,
+        description="Placement in force in the window.",
+        examples=[{"regions": {"allow": ["eu-*", "europe-*"]}}],
+    )
+    rank_by: RankBy | None = Field(None, description="Ranking in force in the window.")
+
+    @field_validator("days")
+    @classmethod
+    def _unique_days(cls, value: list[str]) -> list[str]:
+        return _unique(value, "days")
+
+    @field_validator("markets")
+    @classmethod
+    def _unique_markets(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else _unique(value, "markets")
+
+    @field_validator("hours")
+    @classmethod
+    def _hours(cls, value: str) -> str:
+        return str(windows.parse_hours(value))
+
+    def parsed_hours(self) -> windows.Hours:
+        return windows.parse_hours(self.hours)
+
+    def overrides(self) -> dict[str, Any]:
+        """The keys this window sets, with their values."""
+        return {k: getattr(self, k) for k in WINDOW_KEYS if getattr(self, k) is not None}
+
+
+class Schedule(_Strict):
+    """Time windows in one time zone; outside every window the policy's own values apply."""
+
+    timezone: str = Field(
+        description="IANA time zone the hours are in (Europe/Berlin); summer time is followed.",
+        examples=["Europe/Berlin"],
+    )
+    windows: list[Window] = Field(
+        min_length=1,
+        description="Windows that never overlap.",
+        examples=[
+            [
+                {
+                    "name": "office-hours",
+                    "days": ["mon", "tue", "wed", "thu", "fri"],
+                    "hours": "09:00-18:00",
+                    "markets": ["on_demand"],
+                }
+            ]
+        ],
+    )
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        windows.zone(value)
+        return value
+
+    @field_validator("windows")
+    @classmethod
+    def _apart(cls, value: list[Window]) -> list[Window]:
+        """Names unique, and no two windows share a minute of the week; a problem is located
+        at the later window's field (ValidationError line errors nest under this field)."""
+        seen: dict[str, int] = {}
+        spans = [windows.weekly_spans(w.days, w.parsed_hours()) for w in value]
+        for i, window in enumerate(value):
+            if window.name in seen:
+                raise _located(
+                    (i, "name"),
+                    "window_name",
+                    f"window name {window.name!r} is already used by windows[{seen[window.name]}]",
+                    window.name,
+                )
+            seen[window.name] = i
+            for j in range(i):
+                met = windows.first_overlap(spans[j], spans[i])
+                if met is not None:
+                    raise _located(
+                        (i, "hours"),
+                        "window_overlap",
+                        f"window {window.name!r} overlaps window {value[j].name!r} "
+                        f"(windows[{j}]): {windows.describe_span(met[1])} meets "
+                        f"{windows.describe_span(met[0])}; windows may not overlap",
+                        window.hours,
+                    )
+        return value
+
+    def window(self, name: str) -> Window | None:
+        return next((w for w in self.windows if w.name == name), None)
+
+
+def _located(loc: tuple[str | int, ...], kind: str, message: str, value: Any) -> ValidationError:
+    """A validation error at `loc` below the field whose validator raises it."""
+    return ValidationError.from_exception_data(
+        "Schedule",
+        [{"type": PydanticCustomError(kind, message), "loc": loc, "input": value}],  # type: ignore[list-item]
+    )
+
+
 class Policy(_Strict):
     """One policy file (apiVersion gpuopt/v1, kind Policy)."""
 
@@ -419,7 +559,11 @@ class Policy(_Strict):
         description="Allowed markets, in order of preference (breaks price ties).",
         examples=[["spot", "on_demand"]],
     )
-    rank_by: Literal["price", "price_per_tflop", "price_per_tbps"] = "price"
+    rank_by: RankBy = Field(
+        "price",
+        description="price | price_per_tflop | price_per_tbps | expected_cost (price grown "
+        "by the pool's interruption risk times the job's restart overhead).",
+    )
     max_price_age_hours: float | None = Field(
         None, gt=0, description="Reject prices observed longer ago than this."
     )
@@ -447,6 +591,24 @@ class Policy(_Strict):
         description="Move running jobs through a checkpoint when the market or the policy "
         "changes (off unless enabled).",
         examples=[{"enabled": True, "min_savings": 0.25, "min_stable": "30m"}],
+    )
+    schedule: Schedule | None = Field(
+        None,
+        description="Time windows in which markets, bid, placement or rank_by take other "
+        "values; outside every window the values above apply.",
+        examples=[
+            {
+                "timezone": "Europe/Berlin",
+                "windows": [
+                    {
+                        "name": "office-hours",
+                        "days": ["mon", "tue", "wed", "thu", "fri"],
+                        "hours": "09:00-18:00",
+                        "markets": ["on_demand"],
+                    }
+                ],
+            }
+        ],
     )
 
     @field_validator("markets")

@@ -7,6 +7,7 @@ with `before`; the counts say how many there are in all.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
@@ -14,6 +15,7 @@ from fastapi import APIRouter, HTTPException, Query
 from optimizer.api.state import StateDep, utc_text
 from optimizer.jobs.ranking import launch_ranking
 from optimizer.model import Market
+from policies.schedule import effective, window_at
 
 router = APIRouter(tags=["offers"])
 
@@ -35,12 +37,22 @@ def offers(
     offset: Annotated[
         int, Query(ge=0, description="Skip this many first; the next page is offset + limit.")
     ] = 0,
+    at: Annotated[
+        datetime | None,
+        Query(
+            description="With a policy: rank under the policy in force at this instant "
+            "(ISO 8601 with a UTC offset), the schedule window then; prices, cooldowns and "
+            "spend are today's."
+        ),
+    ] = None,
 ) -> dict[str, Any]:
     """With `policy`: the ranking the next launch under it would walk (the latest offers of
     every provider less the pools in cooldown, with the policy's spend this month and live
     attempts for the budget rule): candidates best first, every rejection with its rule and
     reason, counts per rule. Without: the latest offers, cheapest first."""
     if policy is None:
+        if at is not None:
+            raise HTTPException(422, detail="at ranks under a policy: give policy too")
         count, rows = state.store.prices.cheapest_offers(
             provider=provider, region=region, market=market, limit=limit, offset=offset
         )
@@ -49,18 +61,29 @@ def offers(
         raise HTTPException(
             422, detail="provider, region and market filter the offers without a policy only"
         )
+    if at is not None and at.utcoffset() is None:
+        raise HTTPException(422, detail=f"at: {at.isoformat()} has no UTC offset; add one (Z)")
     loaded = state.policies.get(policy)
     if loaded is None:
         known = ", ".join(sorted(state.policies.snapshot())) or "none"
         raise HTTPException(404, detail=f"no policy named {policy!r} is loaded (loaded: {known})")
+    now = state.clock()
+    when = now if at is None else at
+    window = window_at(loaded.policy.schedule, when)
     found = launch_ranking(
-        state.store, policy, loaded.policy, state.clock(), window=state.probe_window
+        state.store,
+        policy,
+        effective(loaded.policy, when),
+        now,
+        window=state.probe_window,
     )
     ranking = found.ranking
     stop = offset + limit
     return {
         "policy": ranking.policy_name,
         "evaluated_at": utc_text(ranking.evaluated_at),
+        "at": utc_text(when),
+        "window": None if window is None else window.name,
         "dtype": ranking.dtype,
         "candidate_count": len(ranking.candidates),
         "candidates": [c.to_dict() for c in ranking.candidates[offset:stop]],

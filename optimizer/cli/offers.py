@@ -77,6 +77,14 @@ def offers(
     explain: Annotated[
         bool, typer.Option("--explain", help="With --policy: show why offers were rejected.")
     ] = False,
+    at: Annotated[
+        str | None,
+        typer.Option(
+            "--at",
+            help="With --policy: rank under the policy in force at this instant, ISO 8601 "
+            "with a UTC offset (2026-12-01T10:00:00+01:00): its schedule window then.",
+        ),
+    ] = None,
     api: ApiOption = None,
 ) -> None:
     """List GPU offers, cheapest first, from the configured providers or a catalog file."""
@@ -110,6 +118,13 @@ def offers(
         market=Market(market.value.replace("-", "_")) if market else None,
         max_usd_per_hour=max_price,
     )
+    when = None
+    if at is not None:
+        from optimizer.cli import ranked
+
+        if policy is None:
+            fail("--at needs --policy FILE")
+        when = ranked.parse_at(at)
     if policy is not None and catalog is None:
         from optimizer.cli import ranked
 
@@ -121,6 +136,7 @@ def offers(
             as_json=as_json,
             api=api,
             gather=lambda: _gather(providers, region or ()),
+            at=when,
         )
         return
     if catalog is not None:
@@ -136,12 +152,11 @@ def offers(
     chosen = select(rows, query)
     if policy is not None:
         from optimizer.cli import ranked
-        from optimizer.cli.ranking_view import RankingView
 
         arg = ranked.policy_arg(policy)
         if arg.policy is None:
             fail(f"--policy {policy}: no such file")
-        view = RankingView.of(ranked.evaluate_here(arg.policy, chosen))
+        view = ranked.view_here(arg.policy, chosen, at=when)
         ranked.render(view, limit=limit, explain=explain, as_json=as_json, source=source_name)
         return
     if explain:

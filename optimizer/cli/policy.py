@@ -49,6 +49,41 @@ def check(
         fail(f"{failed} of {len(files)} policy file(s) invalid", prefixed=False)
 
 
+@app.command("windows")
+def windows(
+    file: Annotated[Path, typer.Argument(help="Policy YAML file.", show_default=False)],
+    days: Annotated[
+        float, typer.Option("--days", min=0, help="How far ahead to list transitions.")
+    ] = 7,
+    start: Annotated[
+        str | None,
+        typer.Option(
+            "--from",
+            help="List from this instant, ISO 8601 with a UTC offset, instead of now.",
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Print the window in force and the coming transitions of a policy's schedule, with
+    what each changes (markets, bid, placement, rank_by)."""
+    from datetime import UTC, datetime, timedelta
+
+    from optimizer.cli.ranked import parse_at
+    from policies.loader import PolicyError, load_policy
+    from policies.schedule import window_plan
+
+    try:
+        policy = load_policy(file)
+    except PolicyError as exc:
+        fail(*exc.problems)
+    since = datetime.now(UTC) if start is None else parse_at(start, option="--from")
+    plan = window_plan(policy, since, since + timedelta(days=days))
+    if as_json:
+        sys.stdout.write(json.dumps(plan.to_dict(), indent=2) + "\n")
+        return
+    print(plan.text())
+
+
 @app.command("schema")
 def schema(
     output: Annotated[

@@ -16,7 +16,7 @@ import re
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -65,9 +65,11 @@ def show(
     as_json: bool,
     api: str | None,
     gather: Callable[[], tuple[list[Offer], str]],
+    at: datetime | None = None,
 ) -> None:
-    """Rank and print: the daemon's ranking when it answers, else this command's own."""
-    found = from_daemon(arg, query, limit=limit, explain=explain, api=api)
+    """Rank and print: the daemon's ranking when it answers, else this command's own; `at`:
+    under the policy in force at that instant (its schedule window)."""
+    found = from_daemon(arg, query, limit=limit, explain=explain, api=api, at=at)
     if isinstance(found, tuple):
         view, source = found
     else:
@@ -76,7 +78,8 @@ def show(
         offers, source = gather()
         note = f"{arg.path} ranked here (source: {source}), not by the daemon: {found}"
         print(f"gpuopt: {note}", file=sys.stderr)
-        view = RankingView.of(evaluate_here(arg.policy, [o for o in offers if query.matches(o)]))
+        chosen = [o for o in offers if query.matches(o)]
+        view = view_here(arg.policy, chosen, at=at)
     render(view, limit=limit, explain=explain, as_json=as_json, source=source)
 
 
@@ -91,17 +94,49 @@ def render(view: RankingView, *, limit: int, explain: bool, as_json: bool, sourc
     ranking_table(view, limit=limit, explain=explain, source=source)
 
 
-def evaluate_here(policy: Policy, offers: Iterable[Offer]) -> Ranking:
-    """The engine's ranking of `offers` under `policy`, now."""
-    from datetime import UTC
-
+def evaluate_here(
+    policy: Policy, offers: Iterable[Offer], *, at: datetime | None = None
+) -> Ranking:
+    """The engine's ranking of `offers` now, under the policy in force at `at` (default now)."""
     from policies.engine import evaluate
+    from policies.schedule import effective
 
-    return evaluate(policy, list(offers), datetime.now(UTC))
+    now = datetime.now(UTC)
+    return evaluate(effective(policy, at or now), list(offers), now)
+
+
+def view_here(policy: Policy, offers: Iterable[Offer], *, at: datetime | None) -> RankingView:
+    """The view of `evaluate_here`, saying which instant's policy and window ranked."""
+    from dataclasses import replace
+
+    from policies.schedule import window_at
+
+    when = at or datetime.now(UTC)
+    window = window_at(policy.schedule, when)
+    view = RankingView.of(evaluate_here(policy, offers, at=when))
+    stamp = when.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return replace(view, at=stamp, window=None if window is None else window.name)
+
+
+def parse_at(text: str, *, option: str = "--at") -> datetime:
+    """`--at`: an ISO 8601 instant with a UTC offset; anything else ends the command."""
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        fail(f"{option} {text!r}: not an ISO 8601 time (2026-12-01T10:00:00+01:00)")
+    if when.utcoffset() is None:
+        fail(f"{option} {text!r}: give a UTC offset (+01:00, or Z for UTC)")
+    return when
 
 
 def from_daemon(
-    arg: PolicyArg, query: OfferQuery, *, limit: int, explain: bool, api: str | None
+    arg: PolicyArg,
+    query: OfferQuery,
+    *,
+    limit: int,
+    explain: bool,
+    api: str | None,
+    at: datetime | None = None,
 ) -> tuple[RankingView, str] | str:
     """(the daemon's ranking, its source line), or why the daemon could not give one."""
     filtering = query != OfferQuery()
@@ -113,7 +148,9 @@ def from_daemon(
     offset = 0
     while True:
         size = PAGE if want is None or every_rejection else min(PAGE, want)
-        params = {"policy": arg.name, "limit": size, "offset": offset}
+        params: dict[str, Any] = {"policy": arg.name, "limit": size, "offset": offset}
+        if at is not None:
+            params["at"] = at.isoformat()
         try:
             response = request("GET", "/offers", api, params=params)
         except NoDaemon as exc:

@@ -29,6 +29,8 @@ class RankingView:
     rejection_counts: Mapping[str, int]
     rejections: tuple[Rejection, ...]
     cooling_down: int = 0  # offers left out because their pool is in cooldown (daemon only)
+    at: str | None = None  # the instant whose policy ranked (its schedule window's)
+    window: str | None = None  # the schedule window in force then; None: the top-level values
 
     @classmethod
     def of(cls, ranking: Ranking) -> RankingView:
@@ -62,6 +64,8 @@ class RankingView:
             dict(answer["rejected_by_rule"]),
             rejections,
             int(answer.get("cooling_down", 0)),
+            answer.get("at"),
+            answer.get("window"),
         )
 
     def select(self, query: OfferQuery) -> RankingView:
@@ -101,6 +105,8 @@ class RankingView:
             "candidates": [c.to_dict() for c in shown],
             "rejected_by_rule": dict(self.rejection_counts),
             "cooling_down": self.cooling_down,
+            "at": self.at,
+            "window": self.window,
         }
         if explain:
             out["rejections"] = [r.to_dict() for r in self.rejections]

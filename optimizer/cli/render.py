@@ -73,6 +73,8 @@ def ranking_table(ranking: RankingView, *, limit: int, explain: bool, source: st
         f"policy {ranking.policy_name}: {ranking.candidate_count} of {ranking.total} offers "
         f"qualify, best first (source: {source})"
     )
+    if ranking.window is not None:
+        console.print(f"Ranked under schedule window {ranking.window}, in force at {ranking.at}.")
     if ranking.cooling_down:
         console.print(
             f"{ranking.cooling_down} offers left out: their pools are in cooldown after a "

@@ -13,6 +13,7 @@ has run, and whenever the policies in force change.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 from collections.abc import Mapping
@@ -28,6 +29,7 @@ from optimizer.store import Store
 from optimizer.store.tables import NewEvent
 from policies.engine import OfferTable, Ranking, evaluate
 from policies.measured import Measured
+from policies.schedule import effective, window_at
 from policies.schema import Policy
 
 log = logging.getLogger(__name__)
@@ -278,9 +280,15 @@ class PriceWatch:
             found = measured(self.store, self.probe_window)
             raised = 0
             for name, loaded in sorted(policies.items()):
+                # Ranked as the policy in force now; a window change counts as an edit (the
+                # bid-cap sides move because the policy did, not the market).
+                window = window_at(loaded.policy.schedule, now)
+                version = loaded.sha256
+                if window is not None:
+                    version = hashlib.sha256(f"{version}:{window.name}".encode()).hexdigest()
                 try:
                     raised += self._one(
-                        name, loaded.sha256, loaded.policy, offers, stored, now, found
+                        name, version, effective(loaded.policy, now), offers, stored, now, found
                     )
                 except Exception:
                     log.exception("price signals for policy %s failed", name)

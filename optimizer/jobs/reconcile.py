@@ -52,6 +52,7 @@ from optimizer.model import EventKind, Market
 from optimizer.store import Store
 from optimizer.store.jobs import AttemptRecord
 from optimizer.store.tables import GpuSample, JobRecord, NewEvent
+from policies.schedule import effective
 from policies.schema import Policy
 from providers.base import EndReason, InstanceRef, InstanceState, InstanceStatus, ProviderError
 
@@ -150,7 +151,9 @@ class JobReconciler:
                 dedupe=f"job:{job.id}:no-policy",
             )
             return
-        policy = loaded.policy
+        # The plain policy in force now: a schedule window's markets, bid, placement and
+        # rank_by in place of the top-level ones while it is in force.
+        policy = effective(loaded.policy, ctx.now)
         strategy = strategy_for(policy, max_restarts=job.spec.get("max_restarts"))
         if current is not None and current.instance_id is None and current.state == "launching":
             # A launch that did not finish (throttled, or the daemon died mid-call): retry it
