@@ -293,3 +293,71 @@ def instance_price(
     if missing or gpu is None:
         return Quote(None, tuple(missing))
     return Quote(round(host + gpu_count * gpu, 6))
+
+
+# --- committed use discounts ---------------------------------------------------------------
+# CUD SKUs sit in the same service with usageType Commit1Yr/Commit3Yr and descriptions such as
+# "Commitment v1: A2 Cpu in Americas for 1 Year", "Commitment v1: Nvidia Tesla A100 GPU in
+# Americas for 3 Year" (REFERENCE-ROUND2 §4, Cyclenerd/google-cloud-pricing-cost-calculator
+# build/mapping.csv). They are priced like the on-demand SKUs, per vCPU-hour, GiB-hour and
+# GPU-hour, and paid every hour of the term (GCP bills them monthly: no upfront).
+COMMIT_TERMS = {"Commit1Yr": 1, "Commit3Yr": 3}
+_COMMITMENT = re.compile(
+    r"^commitment(?: v\d+)?:\s*(?P<head>.+?)\s+in\s+.+?\s+for\s+(?P<years>\d+)\s+years?$",
+    re.IGNORECASE,
+)
+_COMMIT_RESOURCE = re.compile(r"^(?P<name>.+?)\s+(?P<res>gpu|cpu|core|ram)$", re.IGNORECASE)
+
+
+def read_commitment_sku(sku: SkuRecord) -> tuple[int, SkuRate] | Unmapped | None:
+    """(term in years, the rate) of a GPU-VM commitment SKU; Unmapped when it concerns GPU
+    VMs but cannot be read; None for anything else (other series, the N1 'Cpu' SKUs that
+    name no series, non-commitment SKUs)."""
+    term = COMMIT_TERMS.get(sku.usage_type)
+    if sku.resource_family != "Compute" or term is None:
+        return None
+    text = " ".join(sku.description.split())
+    whole = _COMMITMENT.match(text)
+    part = _COMMIT_RESOURCE.match(whole["head"]) if whole else None
+    is_gpu = sku.resource_group == "GPU" or " gpu " in f" {text.lower()} "
+
+    def unmapped(why: str) -> Unmapped:
+        return Unmapped(sku.sku_id, sku.description, why)
+
+    if whole is None or part is None:
+        return unmapped("not a commitment GPU, core or RAM price") if is_gpu else None
+    if int(whole["years"]) != term:
+        return unmapped(f"says {whole['years']} year(s) but is {sku.usage_type}")
+    res = part["res"].lower()
+    resource = Resource.GPU if res == "gpu" else Resource.RAM if res == "ram" else Resource.CORE
+    if resource is Resource.GPU:
+        name = gpu_accelerator(part["name"])
+        if name is None:
+            return unmapped(f"GPU {part['name']!r} matches no known accelerator type")
+    else:
+        series = SERIES_NAMES.get(f"{part['name'].lower()} instance")
+        if series is None:
+            return None
+        name = series
+    if sku.usage_unit != _UNITS[resource]:
+        return unmapped(f"usage unit {sku.usage_unit!r}, expected {_UNITS[resource]!r}")
+    if sku.currency != "USD":
+        return unmapped(f"currency {sku.currency!r}, expected USD")
+    if not sku.service_regions:
+        return unmapped("no service regions")
+    return term, SkuRate(resource, name, Market.COMMITTED, sku.service_regions, sku.usd)
+
+
+def build_commitment_books(skus: Iterable[SkuRecord]) -> dict[int, PriceBook]:
+    """One price book per term (1, 3), market `committed`; `instance_price` reads them as it
+    reads the on-demand book. Unreadable GPU-VM commitment SKUs are problems of both."""
+    books = {term: PriceBook() for term in COMMIT_TERMS.values()}
+    for sku in skus:
+        result = read_commitment_sku(sku)
+        if isinstance(result, Unmapped):
+            for book in books.values():
+                book.problems.append(str(result))
+        elif result is not None:
+            term, rate = result
+            books[term].add(rate)
+    return books
