@@ -11,6 +11,7 @@ import typer
 from optimizer.cli import (
     advise,
     agent,
+    backtest,
     config,
     costs,
     daemon,
@@ -35,6 +36,8 @@ app = typer.Typer(
 )
 
 app.add_typer(policy.app, name="policy")
+app.command("backtest")(backtest.backtest)
+app.command("advise-bid")(backtest.advise_bid)
 app.command("probe")(probe.probe)
 app.add_typer(probes.app, name="probes")
 app.command("daemon")(daemon.daemon)

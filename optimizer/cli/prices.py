@@ -140,3 +140,29 @@ def _table(points: list[dict[str, Any]], pool: str, *, zone_given: bool) -> None
             str(p["points"]),
         )
     console.print(table)
+
+
+@app.command("export")
+def export(
+    since: Annotated[str, typer.Option("--since", help="ISO 8601 time: points from here on.")],
+    output: Annotated[str, typer.Option("-o", "--output", help="The catalog CSV to write.")],
+    config: Annotated[
+        str | None, typer.Option("--config", "-c", help="Daemon config (its store).")
+    ] = None,
+) -> None:
+    """Write the store's raw price points since --since as a catalog CSV (for backtests)."""
+    from pathlib import Path
+
+    from optimizer.catalog import write_catalog
+    from optimizer.cli.db import _database_url
+    from optimizer.jobs.history import history_offers, store_history
+    from optimizer.store import Store
+
+    start = parse_time(since, "--since")
+    with Store(_database_url(Path(config) if config else None)) as store:
+        points = store_history(store, start)
+    with open(output, "w", encoding="utf-8", newline="") as stream:
+        count = write_catalog(
+            history_offers(points), stream, comments=[f"gpuopt prices export --since {since}"]
+        )
+    print(f"wrote {count} price points of {len(points.pools)} pools to {output}")

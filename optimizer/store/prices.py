@@ -10,7 +10,7 @@ costs more than the insert itself; every write is one transaction.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -128,6 +128,23 @@ class Prices:
             query = query.where(_LATEST.c.market == Market(market).value)
         with self._db.connect() as conn:
             return [_offer(row) for row in conn.execute(query)]
+
+    def history_points(
+        self, since: datetime | None = None
+    ) -> Iterator[tuple[tuple[str, str, str | None, str, Market], datetime, float]]:
+        """Every raw price point since `since`, oldest first: (pool as `Offer.pool`, observed
+        at, USD/h). The hourly summaries of older hours are not included."""
+        c = _HISTORY.c
+        query = select(
+            c.provider, c.region, c.zone, c.instance_type, c.market, c.observed_at, c.usd_per_hour
+        ).order_by(c.observed_at, c.id)
+        if since is not None:
+            query = query.where(c.observed_at >= aware(since, "since"))
+        markets = {m.value: m for m in Market}
+        with self._db.connect() as conn:
+            for provider, region, zone, kind, market, observed, usd in conn.execute(query):
+                pool = (provider, region, zone or None, kind, markets[market])
+                yield pool, aware(observed, "observed_at"), float(usd)
 
     def cheapest_offers(
         self,

@@ -1,0 +1,189 @@
+"""Backtests and the bid-cap advisor, checked to the cent against sums done by hand
+(docs/backtest.md has the semantics)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from optimizer.catalog import write_catalog
+from optimizer.cli import app
+from optimizer.model import Market, Offer
+from policies.backtest import History, advise_bid, replay
+from policies.schema import Policy
+from tests.helpers import make_offer
+
+T0 = datetime(2026, 3, 2, tzinfo=UTC)
+H = timedelta(hours=1)
+
+
+def point(zone: str | None, hour: float, usd: float, market: Market = Market.SPOT) -> Offer:
+    return make_offer(
+        provider="aws",
+        region="us-east-1",
+        zone=zone,
+        instance_type="g5.xlarge",
+        gpu_model="A10G",
+        gpu_count=1,
+        gpu_memory_gib=24.0,
+        interconnect="none",
+        market=market,
+        usd_per_hour=usd,
+        observed_at=T0 + hour * H,
+    )
+
+
+def policy(**sections: Any) -> Policy:
+    return Policy.model_validate(
+        {"apiVersion": "gpuopt/v1", "kind": "Policy", "name": "bt", "markets": ["spot"], **sections}
+    )
+
+
+# Two spot pools and the on-demand price of their type (rejected by the market rule, still
+# the baseline). Hour 1: A passes the cap. Hour 3: B does too, and nothing is left.
+POINTS = [
+    point("use1-az1", 0, 2.0),
+    point("use1-az2", 0, 2.5),
+    point(None, 0, 10.0, Market.ON_DEMAND),
+    point("use1-az1", 1, 3.5),
+    point("use1-az2", 1, 2.5),
+    point("use1-az1", 2, 1.0),
+    point("use1-az2", 2, 2.6),
+    point("use1-az1", 3, 4.0),
+    point("use1-az2", 3, 5.0),
+]
+
+
+def test_cap_crossings_moves_and_a_gap_to_the_cent() -> None:
+    ran = replay(
+        policy(bid={"max_usd_per_hour": 3.0}), History.from_offers(POINTS), until=T0 + 4 * H
+    )
+    # A 1 h at 2.00, B 1 h at 2.50 (A crossed), B stays 1 h at 2.60 though A is cheaper,
+    # then B crosses too: 1 h with no candidate.
+    assert round(ran.cost_usd, 2) == 7.10
+    assert round(ran.on_demand_usd, 2) == 30.00  # 3 h at the on-demand 10.00
+    assert round(ran.savings_usd, 2) == 22.90
+    assert (ran.moves, ran.cap_crossings) == (1, 2)
+    assert ran.hours_without_candidate == pytest.approx(1.0)
+    assert ran.hours == pytest.approx(4.0)
+    assert [s.pool.zone if s.pool else None for s in ran.steps] == [
+        "use1-az1",
+        "use1-az2",
+        "use1-az2",
+        None,
+    ]
+
+
+def test_default_until_is_the_last_snapshot() -> None:
+    ran = replay(policy(bid={"max_usd_per_hour": 3.0}), History.from_offers(POINTS))
+    assert round(ran.cost_usd, 2) == 7.10 and ran.hours_without_candidate == 0
+    assert ran.end == T0 + 3 * H
+
+
+def test_a_pool_that_goes_stale_disappears() -> None:
+    # B is observed once, cheapest; with a 1.5 h price age it is gone at hour 2.
+    points = [
+        point("use1-az2", 0, 1.0),
+        point("use1-az1", 0, 2.0),
+        point("use1-az1", 1, 2.0),
+        point("use1-az1", 2, 2.2),
+    ]
+    ran = replay(policy(max_price_age_hours=1.5), History.from_offers(points), until=T0 + 3 * H)
+    assert [s.pool.zone if s.pool else None for s in ran.steps] == [
+        "use1-az2",
+        "use1-az2",
+        "use1-az1",
+    ]
+    assert round(ran.cost_usd, 2) == 4.20  # 1.00 + 1.00 + 2.20
+    assert ran.moves == 1 and ran.cap_crossings == 0
+    assert ran.hours_without_baseline == pytest.approx(3.0)  # no on-demand price in the file
+
+
+def test_since_starts_at_its_snapshot_with_the_prices_then_in_effect() -> None:
+    ran = replay(
+        policy(bid={"max_usd_per_hour": 3.0}),
+        History.from_offers(POINTS),
+        since=T0 + 2 * H,
+        until=T0 + 4 * H,
+    )
+    # Hour 2: A at 1.00 is best (B's earlier point does not bind the new start).
+    assert round(ran.cost_usd, 2) == 1.00
+    assert ran.hours_without_candidate == pytest.approx(1.0)
+    assert ran.cap_crossings == 1 and ran.moves == 0
+
+
+def test_advise_bid_finds_the_lowest_cap_for_the_target() -> None:
+    history = History.from_offers(POINTS)
+    # Cheapest spot per snapshot: 2.0, 2.5, 1.0, 4.0. Three of four (0.75) need 2.5.
+    advice = advise_bid(policy(bid={"max_usd_per_hour": 3.0}), history, 0.75)
+    assert advice.usd_per_hour is not None
+    assert advice.usd_per_hour.bid == {"max_usd_per_hour": 2.5}
+    assert advice.usd_per_hour.availability == pytest.approx(0.75)
+    assert advice.current.availability == pytest.approx(0.75)
+    # Under 2.5: A 2.00, B 2.50 (A crossed), A 1.00 (B still at 2.6 > 2.5), hour 3 none.
+    assert advice.usd_per_hour.backtest is not None
+    assert round(advice.usd_per_hour.backtest.cost_usd, 2) == 5.50
+    # Spot over on-demand per snapshot: 0.20, 0.25, 0.10, 0.40.
+    assert advice.fraction_of_on_demand is not None
+    assert advice.fraction_of_on_demand.bid == {"max_fraction_of_on_demand": 0.25}
+    full = advise_bid(policy(), history, 1.0)
+    assert full.usd_per_hour is not None and full.usd_per_hour.bid == {"max_usd_per_hour": 4.0}
+
+
+def test_backtest_command_reads_a_catalog_history(tmp_path: Path) -> None:
+    history = tmp_path / "history.csv"
+    with history.open("w", encoding="utf-8", newline="") as stream:
+        write_catalog(POINTS, stream, comments=["hand-made"])
+    policy_file = tmp_path / "p.yaml"
+    policy_file.write_text(
+        "apiVersion: gpuopt/v1\nkind: Policy\nname: bt\nmarkets: [spot]\n"
+        "bid: {max_usd_per_hour: 3}\n"
+    )
+    run = CliRunner().invoke(
+        app,
+        [
+            "backtest",
+            str(policy_file),
+            "--history",
+            str(history),
+            "--until",
+            "2026-03-02T04:00Z",
+            "--json",
+        ],
+    )
+    assert run.exit_code == 0, run.output
+    out = json.loads(run.output)
+    assert (out["cost_usd"], out["savings_usd"], out["moves"]) == (7.1, 22.9, 1)
+    assert len(out["series"]) == 4 and out["series"][1]["pool"].endswith("use1-az2/g5.xlarge/spot")
+    advice = CliRunner().invoke(
+        app,
+        [
+            "advise-bid",
+            str(policy_file),
+            "--history",
+            str(history),
+            "--target-availability",
+            "0.75",
+            "--json",
+        ],
+    )
+    assert advice.exit_code == 0, advice.output
+    assert json.loads(advice.output)["max_usd_per_hour"]["bid"] == {"max_usd_per_hour": 2.5}
+
+
+def test_a_bad_history_names_file_line_and_field(tmp_path: Path) -> None:
+    history = tmp_path / "bad.csv"
+    with history.open("w", encoding="utf-8", newline="") as stream:
+        write_catalog(POINTS[:2], stream)
+    text = history.read_text().replace(",2.5,", ",cheap,")
+    history.write_text(text)
+    policy_file = tmp_path / "p.yaml"
+    policy_file.write_text("apiVersion: gpuopt/v1\nkind: Policy\nname: bt\n")
+    run = CliRunner().invoke(app, ["backtest", str(policy_file), "--history", str(history)])
+    assert run.exit_code == 2
+    assert "bad.csv:3:" in run.output and "usd_per_hour" in run.output
