@@ -110,6 +110,20 @@ class LaunchSpec:
     disk_gib: int = 200
     max_usd_per_hour: float | None = None
     labels: tuple[tuple[str, str], ...] = ()  # extra tags/labels, besides job and attempt
+    gang: Gang | None = None  # one node of a multi-node attempt: launch it in the gang's placement
+
+
+@dataclass(frozen=True, slots=True)
+class Gang:
+    """One node's place in a multi-node attempt, launched together in one placement.
+
+    `placement` names the gang's placement (an AWS cluster placement group, a GCP compact
+    resource policy); the provider creates it with the first node and reuses it for the
+    others (a retried node finds it made). `nodes` is the gang's size, `rank` this node's."""
+
+    placement: str
+    nodes: int
+    rank: int
 
 
 class SpecCache(Protocol):

@@ -14,14 +14,19 @@ decision (commands, signals, the job's exit) reaches the main thread through one
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import platform
 import queue
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -52,6 +57,59 @@ JOB_ERR_LOG = "job.err.log"  # the job's stderr
 
 
 ProbeFn = Callable[[str, int | None], tuple[str, dict[str, Any]]]
+# The inter-node probe: given the daemon's `internode` block, the judged result.
+InternodeFn = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def default_internode(config: AgentConfig) -> InternodeFn:
+    """Run optimizer.probes.internode in a subprocess with a hard time limit."""
+
+    def run(ask: dict[str, Any]) -> dict[str, Any]:
+        timeout = float(ask.get("timeout_s") or 120.0)
+        argv = [
+            sys.executable,
+            "-m",
+            "optimizer.probes.internode",
+            *("--rank", str(int(ask["rank"])), "--nodes", str(int(ask["nodes"]))),
+            *("--master-addr", str(ask["master_addr"])),
+            *("--master-port", str(int(ask["master_port"]))),
+            *("--min-fraction", str(float(ask.get("min_fraction") or 0.25))),
+            *("--timeout-s", str(timeout)),
+        ]
+        if ask.get("expected_gbps"):
+            argv += ["--expected-gbps", str(float(ask["expected_gbps"]))]
+        try:
+            done = subprocess.run(
+                argv, capture_output=True, text=True, timeout=timeout + 30, check=False
+            )
+        except subprocess.TimeoutExpired:
+            return {"status": "fail", "reason": f"inter-node probe timed out after {timeout:g} s"}
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        try:
+            result = json.loads(lines[-1])
+        except (IndexError, ValueError):
+            tail = (done.stderr or "").strip().splitlines()[-1:] or ["no output"]
+            return {"status": "fail", "reason": f"inter-node probe crashed: {tail[0][:300]}"}
+        return result if isinstance(result, dict) else {"status": "fail", "reason": "bad output"}
+
+    return run
+
+
+def node_address(daemon_url: str) -> str:
+    """host:port where the other nodes reach this one: the address this host reaches the
+    daemon from (127.0.0.1 for a daemon on this host), and a port free now."""
+    parsed = urllib.parse.urlsplit(daemon_url)
+    host = "127.0.0.1"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((parsed.hostname or "127.0.0.1", parsed.port or 80))
+            host = probe.getsockname()[0]
+    except OSError:
+        pass
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port = sock.getsockname()[1]
+    return f"{host}:{port}"
 
 
 def default_probe(config: AgentConfig) -> ProbeFn:
@@ -82,6 +140,7 @@ class Agent:
         client: DaemonClient | None = None,
         watcher: Watcher | None = None,
         probe: ProbeFn | None = None,
+        internode: InternodeFn | None = None,
         register_backoff: Backoff | None = None,
         send_backoff: Backoff | None = None,
         telemetry_source: Callable[[], ReadingSource | None] | None = None,
@@ -93,6 +152,9 @@ class Agent:
             config.metadata_kind, config.metadata_url, interval_s=config.poll_s
         )
         self.probe = probe or default_probe(config)
+        self.internode = internode or default_internode(config)
+        self._gang: dict[str, Any] | None = None  # the rendezvous, as the daemon last said it
+        self._internode_done = False
         self.register_backoff = register_backoff or Backoff(base=1.0, cap=30.0)
         self.queue = EventQueue(config.agent_dir / "events.json", attempt_key=config.attempt_key)
         self.reporter = Reporter(self.queue, self.client, self._on_commands, backoff=send_backoff)
@@ -218,6 +280,7 @@ class Agent:
             "provider": self.config.cloud,
             "hostname": platform.node(),
             "agent_version": __version__,
+            "address": node_address(self.config.daemon_url),
         }
         log.info(
             "registering %s as %s with %s",
@@ -286,6 +349,9 @@ class Agent:
                 return self._await_stop()
         if self._pending_stop():
             return self._stopped()
+        self._gang = assignment.gang
+        if assignment.internode is not None:
+            self._run_internode(assignment.internode)
         if assignment.fence is not None and not self._await_fence(assignment.fence):
             return self._stopped() if self.stop_reason is not None else self._signalled
         return self._start_job(assignment)
@@ -308,6 +374,11 @@ class Agent:
                 backoff.reset()
                 commands = [c for c in answer.get("commands") or [] if isinstance(c, dict)]
                 self._on_commands(commands)
+                if isinstance(answer.get("gang"), dict):
+                    self._gang = answer["gang"]
+                if isinstance(answer.get("internode"), dict):
+                    self._run_internode(answer["internode"])
+                    continue  # report it and ask again at once
                 if not answer.get("fence"):
                     log.info("fence lifted")
                     return not self._pending_stop()
@@ -321,6 +392,30 @@ class Agent:
             if kind == "signal":
                 self._signalled = 128 + int(value)
                 return False
+
+    def _run_internode(self, ask: dict[str, Any]) -> None:
+        """Run the inter-node probe once (every node at once, at the daemon's word), and
+        report it; the daemon judges the gang from every node's report."""
+        if self._internode_done:
+            return
+        self._internode_done = True
+        self.state = "probing_internode"
+        log.info("running the inter-node probe as node %s of %s", ask.get("rank"), ask.get("nodes"))
+        try:
+            result = self.internode(ask)
+        except Exception as exc:  # a crashed probe has failed; it must not end the agent
+            log.exception("the inter-node probe crashed")
+            result = {"status": "fail", "reason": f"{type(exc).__name__}: {exc}"}
+        self.queue.put(
+            "internode_probe",
+            {
+                "status": result.get("status", "fail"),
+                "reason": result.get("reason"),
+                "result": result,
+            },
+        )
+        self.reporter.flush(5.0)
+        self.state = "fenced"
 
     def _probe(self, kind: str, expected: Any) -> tuple[str, dict[str, Any]]:
         log.info("running the %s probe", kind)
@@ -360,6 +455,8 @@ class Agent:
 
     def _start_job(self, assignment: Assignment) -> int:
         job = assignment.job
+        if self._gang is not None:
+            assignment = dataclasses.replace(assignment, gang=self._gang)
         env = job_env(os.environ, assignment.protocol_env())
         checkpoint = env["GPUOPT_CHECKPOINT_DIR"]
         if checkpoint and "://" not in checkpoint:

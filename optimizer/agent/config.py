@@ -129,6 +129,8 @@ class Assignment:
     restarts: int
     heartbeat_s: float
     fence: str | None = None  # why the job must not start yet (None: it may)
+    gang: dict[str, Any] | None = None  # a multi-node attempt: rank, nodes, rank 0's address
+    internode: dict[str, Any] | None = None  # run the inter-node probe now, with these
 
     @classmethod
     def parse(cls, answer: Mapping[str, Any]) -> Assignment:
@@ -143,6 +145,8 @@ class Assignment:
             restarts=int(answer.get("restarts") or 0),
             heartbeat_s=max(float(answer.get("heartbeat_s") or 10.0), 0.05),
             fence=str(answer["fence"]) if answer.get("fence") else None,
+            gang=answer["gang"] if isinstance(answer.get("gang"), dict) else None,
+            internode=answer["internode"] if isinstance(answer.get("internode"), dict) else None,
         )
 
     def protocol_env(self) -> dict[str, str]:
@@ -153,4 +157,36 @@ class Assignment:
             GPUOPT_RESTARTS=str(self.restarts),
             GPUOPT_JOB=str(self.job.get("name") or ""),
         )
+        gang = self.gang or {}
+        if gang.get("master_addr") and gang.get("master_port"):
+            env.update(
+                rendezvous_env(
+                    int(gang.get("rank") or 0),
+                    int(gang.get("nodes") or 1),
+                    str(gang["master_addr"]),
+                    int(gang["master_port"]),
+                )
+            )
         return env
+
+
+def rendezvous_env(rank: int, nodes: int, host: str, port: int) -> dict[str, str]:
+    """What a node's job gets: gpuopt's names, torch.distributed's env:// names for one process
+    per node, and torchrun's (`PET_*`, which its options read) for a torchrun per node."""
+    return {
+        "GPUOPT_NODE_RANK": str(rank),
+        "GPUOPT_NUM_NODES": str(nodes),
+        "GPUOPT_MASTER_ADDR": host,
+        "GPUOPT_MASTER_PORT": str(port),
+        "MASTER_ADDR": host,
+        "MASTER_PORT": str(port),
+        "NODE_RANK": str(rank),
+        "RANK": str(rank),
+        "WORLD_SIZE": str(nodes),
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "PET_NNODES": str(nodes),
+        "PET_NODE_RANK": str(rank),
+        "PET_MASTER_ADDR": host,
+        "PET_MASTER_PORT": str(port),
+    }

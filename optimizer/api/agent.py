@@ -15,7 +15,9 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Header, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
+from optimizer import hardware
 from optimizer.api.state import ApiState, StateDep
+from optimizer.jobs.gang import Gate, Node, gate, head_number, master
 from optimizer.jobs.machine import fence
 from optimizer.jobs.reconcile import attempt_view, power_off_at
 from optimizer.store.jobs import AttemptRecord, token_sha256
@@ -28,7 +30,12 @@ HEARTBEAT_S = 2  # commands (stop) ride on answers: keep them prompt
 STOP_GRACE_S = 30
 MAX_EVENTS_PER_CALL = 500
 MAX_CHUNKS_PER_CALL = 64
-MAX_CHUNK_CHARS = 64 * 1024  # the agent cuts chunks of at most 64 KiB (optimizer/agent/logship.py)
+MAX_CHUNK_CHARS = 64 * 1024
+# The inter-node probe: a link below this fraction of the fabric's line rate fails the attempt
+# (a gpuopt choice, not a published figure: NCCL over a healthy fabric reaches well above it),
+# and the probe's own time limit, rendezvous included.
+INTERNODE_MIN_FRACTION = 0.25
+INTERNODE_TIMEOUT_S = 120  # the agent cuts chunks of at most 64 KiB (optimizer/agent/logship.py)
 
 
 class Register(BaseModel):
@@ -39,6 +46,9 @@ class Register(BaseModel):
     provider: str | None = None
     hostname: str | None = None
     agent_version: str | None = None
+    # host:port where the other nodes of a multi-node attempt reach this one (its rendezvous
+    # port, free when the agent registered).
+    address: str | None = Field(None, max_length=300)
 
 
 class AgentEventIn(BaseModel):
@@ -92,16 +102,75 @@ def _fence(state: ApiState, attempt: AttemptRecord) -> str | None:
     gone or its power-off time has passed (`machine.fence`), so two runs never overlap."""
     if attempt.job_started_at is not None or attempt.ended:
         return None
+    every = state.store.jobs.attempts(attempt.job_id)
+    head = head_number(attempt.number, attempt.gang)
     earlier = [
         a
-        for a in state.store.jobs.attempts(attempt.job_id)
-        if a.number < attempt.number
+        for a in every
+        if head_number(a.number, a.gang) < head
         and a.job_started_at is not None
         and a.exit_code is None
         and not a.instance_gone
     ]
     views = [attempt_view(a, power_off_at=power_off_at(state.store, a)) for a in earlier]
-    return fence(views, now=state.clock())
+    why = fence(views, now=state.clock())
+    if why is None and attempt.nodes > 1:
+        why = _gang_gate(state, attempt, every).why
+    return why
+
+
+def _gang_nodes(attempt: AttemptRecord, every: list[AttemptRecord]) -> list[Node]:
+    return [
+        Node(
+            rank=a.node_rank,
+            registered=a.registered_at is not None,
+            address=a.address,
+            probe_status=a.probe_status,
+            internode_status=a.internode_status,
+        )
+        for a in every
+        if a.gang == attempt.gang
+    ]
+
+
+def _gang_gate(state: ApiState, attempt: AttemptRecord, every: list[AttemptRecord]) -> Gate:
+    job = state.store.jobs.get_job_by_id(attempt.job_id)
+    probes = str((job.spec if job is not None else {}).get("probes", "quick"))
+    return gate(_gang_nodes(attempt, every), probes=probes)
+
+
+def _rendezvous(state: ApiState, attempt: AttemptRecord) -> dict[str, Any]:
+    """A gang node's answer fields: `gang` (its rank, the size and rank 0's address once
+    known) and `internode` (run the inter-node probe now, once every node passed its own)."""
+    if attempt.nodes <= 1 or attempt.ended:
+        return {}
+    every = state.store.jobs.attempts(attempt.job_id)
+    nodes = _gang_nodes(attempt, every)
+    found = master(nodes)
+    block: dict[str, Any] = {"rank": attempt.node_rank, "nodes": attempt.nodes}
+    if found is not None:
+        block.update(master_addr=found[0], master_port=found[1])
+    out: dict[str, Any] = {"gang": block}
+    if (
+        found is not None
+        and attempt.internode_status is None
+        and _gang_gate(state, attempt, every).run_internode
+    ):
+        out["internode"] = {
+            **block,
+            "expected_gbps": _expected_gbps(attempt),
+            "min_fraction": INTERNODE_MIN_FRACTION,
+            "timeout_s": INTERNODE_TIMEOUT_S,
+        }
+    return out
+
+
+def _expected_gbps(attempt: AttemptRecord) -> float | None:
+    """The fabric's line rate per instance (Gbit/s), None where unknown (the local cloud's
+    processes share this host's loopback, which no fabric figure describes)."""
+    if _on_host(attempt.provider):
+        return None
+    return hardware.instance_fabric(attempt.provider, attempt.instance_type).gbps
 
 
 def known_agent(state: ApiState, authorization: str | None) -> bool:
@@ -136,6 +205,8 @@ def register(
         values: dict[str, Any] = {"registered_at": state.clock()}
         if body.instance_id and not attempt.instance_id:
             values["instance_id"] = body.instance_id
+        if body.address and attempt.nodes > 1:
+            values["address"] = body.address
         state.store.jobs.update_attempt(attempt.key, **values)
         state.wakeup.set()
     spec = job.spec
@@ -155,6 +226,7 @@ def register(
         "heartbeat_s": HEARTBEAT_S,
         "commands": _commands(attempt),
         "fence": _fence(state, attempt),
+        **_rendezvous(state, state.store.jobs.attempt(attempt.key) or attempt),
     }
 
 
@@ -178,7 +250,12 @@ def events(
     if any(e.kind != "heartbeat" for e in body.events):
         state.wakeup.set()
     after = state.store.jobs.attempt(attempt.key) or attempt
-    return {"ack": acked, "commands": _commands(after), "fence": _fence(state, after)}
+    return {
+        "ack": acked,
+        "commands": _commands(after),
+        "fence": _fence(state, after),
+        **_rendezvous(state, after),
+    }
 
 
 @router.post("/logs")

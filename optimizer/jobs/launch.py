@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 from optimizer.jobs.bootstrap import AgentSettings
 from optimizer.jobs.context import ReconcileContext
+from optimizer.jobs.gang import gang_key
 from optimizer.jobs.machine import Alert, Launch, describe_pool
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow
 from optimizer.jobs.ranking import launch_ranking, pool_of
@@ -33,6 +34,8 @@ from providers import registry
 from providers.base import (
     AuthError,
     CapacityError,
+    Gang,
+    InstanceRef,
     LaunchSpec,
     Provider,
     ProviderError,
@@ -175,13 +178,16 @@ class Launcher:
                     f"budget:{job.policy}:{ctx.now:%Y-%m}",
                     None,
                 )
+        nodes = job_nodes(job, policy)
+        if nodes > 1:
+            return self._try_gangs(ctx, job, candidates[:MAX_OFFERS_TRIED], strategy, nodes)
         return self._try(ctx, job, candidates[:MAX_OFFERS_TRIED], strategy)
 
     def _try(
         self, ctx: ReconcileContext, job: JobRecord, offers: list[Offer], strategy: Strategy
     ) -> Walk:
         skip_scopes: set[tuple[str, str]] = set()
-        number = len(ctx.store.jobs.attempts(job.id)) + 1
+        number = next_number(ctx, job)
         for offer in offers:
             if (offer.provider, offer.region) in skip_scopes:
                 continue
@@ -213,6 +219,98 @@ class Launcher:
             number += 1
         return Walk(False, f"every offer under policy {job.policy} failed to launch (see events)")
 
+    def _try_gangs(
+        self,
+        ctx: ReconcileContext,
+        job: JobRecord,
+        offers: list[Offer],
+        strategy: Strategy,
+        nodes: int,
+    ) -> Walk:
+        """Launch `nodes` instances of one offer together, all or nothing: every node's row
+        is written first (one key each), then each is launched; if one fails, the nodes
+        already launched are terminated and the next offer is tried (the failed node's error
+        costs its pool what a single launch's would)."""
+        skip_scopes: set[tuple[str, str]] = set()
+        number = next_number(ctx, job)
+        for offer in offers:
+            if (offer.provider, offer.region) in skip_scopes:
+                continue
+            if self.provider(ctx, offer.provider) is None:
+                skip_scopes.add((offer.provider, offer.region))
+                continue
+            if not ctx.leading():
+                return Walk(False, "this replica stopped leading; the new leader launches")
+            rows: list[tuple[AttemptRecord, str]] = []
+            for rank in range(nodes):
+                token = secrets.token_urlsafe(32)
+                key = gang_key(job.id, number, rank)
+                row = ctx.store.jobs.create_attempt(
+                    job.id,
+                    number + rank,
+                    key,
+                    offer,
+                    token_sha256(token),
+                    ctx.now,
+                    gang=number,
+                    node_rank=rank,
+                    nodes=nodes,
+                )
+                rows.append((row, token))
+            where = (
+                f"attempt {number} ({nodes} nodes) on {describe_pool(rows[0][0].pool)} at "
+                f"${offer.usd_per_hour:.4f}/h each"
+            )
+            outcome = LaunchOutcome.LAUNCHED
+            for row, token in rows:
+                outcome = self.launch(ctx, job, row, strategy, token=token, offer=offer)
+                if outcome is not LaunchOutcome.LAUNCHED:
+                    break
+            if outcome is LaunchOutcome.LAUNCHED:
+                return Walk(True, f"launched {where}")
+            if outcome.pending:
+                return Walk(True, f"launching {where} ({outcome.value}; retrying)")
+            self.tear_down(
+                ctx, job, [row for row, _ in rows], why=f"a node failed: {outcome.value}"
+            )
+            if outcome.skips_scope:
+                skip_scopes.add((offer.provider, offer.region))
+            number += nodes
+        return Walk(False, f"every offer under policy {job.policy} failed to launch (see events)")
+
+    def tear_down(
+        self, ctx: ReconcileContext, job: JobRecord, rows: list[AttemptRecord], *, why: str
+    ) -> None:
+        """End a partial gang: terminate every node that has an instance, end every row."""
+        source = self.provider(ctx, rows[0].provider)
+        ended = 0
+        for row in rows:
+            fresh = ctx.store.jobs.attempt(row.key) or row
+            if fresh.instance_id and not fresh.instance_gone and source is not None:
+                try:
+                    source.terminate(
+                        InstanceRef(fresh.provider, fresh.region, fresh.zone, fresh.instance_id)
+                    )
+                    ctx.store.jobs.record_billing(fresh.key, terminated_by="gpuopt")
+                    ended += 1
+                except ProviderError:
+                    pass  # still open with its instance: the clean-up asks again
+            if not fresh.ended:
+                end(ctx, fresh, "gang_incomplete")
+        self.emit(
+            ctx,
+            job,
+            Alert(
+                EventKind.JOB_LAUNCH_FAILED,
+                "warning",
+                f"gang of {len(rows)} on {describe_pool(rows[0].pool)} torn down ({why}); "
+                f"{ended} launched node(s) terminated; trying the next offer",
+                data=(("nodes", len(rows)), ("terminated", ended)),
+            ),
+            None,
+            rows[0],
+        )
+
     # -- one launch call -----------------------------------------------------------------------
 
     def launch(
@@ -240,12 +338,18 @@ class Launcher:
             if offer is None:
                 end(ctx, attempt, "offer gone")
                 return LaunchOutcome.OFFER_GONE
+        gang = None
+        if attempt.nodes > 1:
+            gang = Gang(
+                f"gpuopt-{job.id}-{attempt.gang}", nodes=attempt.nodes, rank=attempt.node_rank
+            )
         spec = LaunchSpec(
             job=job.name,
-            attempt=attempt.number,
+            attempt=attempt.gang or attempt.number,
             bootstrap=self._bootstrap(attempt, token, offer),
             image=self.agent.image(attempt.provider),
             max_usd_per_hour=None,
+            gang=gang,
         )
         if not ctx.leading():
             # Lost the lease mid-pass: leave the attempt 'launching' for the new leader, which
@@ -376,6 +480,17 @@ class Launcher:
             # instance on this host has this host's GPUs, not the simulated offer's.
             expected_gpus=None if on_host else offer.gpu_count,
         )
+
+
+def job_nodes(job: JobRecord, policy: Policy) -> int:
+    """How many instances each attempt of the job spans: the spec's `nodes`, else the
+    policy's `workload.nodes`."""
+    return int(job.spec.get("nodes") or policy.workload.nodes or 1)
+
+
+def next_number(ctx: ReconcileContext, job: JobRecord) -> int:
+    """The next attempt number: a gang of N takes N numbers (one per node's row)."""
+    return max((a.number for a in ctx.store.jobs.attempts(job.id)), default=0) + 1
 
 
 def end(ctx: ReconcileContext, attempt: AttemptRecord, why: str) -> None:

@@ -76,6 +76,7 @@ class AttemptView:
     stop_sent: bool = False
     power_off_at: datetime | None = None  # when the notice says the instance goes
     instance_launched_at: datetime | None = None  # the provider's launch time, once known
+    probe_reason: str = ""  # what failed, where a gang's probe names a node or a link
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,9 +165,8 @@ def _relaunch_reason(
             stop_job=True,
         )
     if attempt.probe_status == "fail":
-        return _Relaunch(
-            Failure.PROBE_FAILED, EventKind.JOB_PROBE_FAILED, f"GPU probe failed on {where}"
-        )
+        what = attempt.probe_reason or "GPU probe failed"
+        return _Relaunch(Failure.PROBE_FAILED, EventKind.JOB_PROBE_FAILED, f"{what} on {where}")
     if attempt.instance_gone and attempt.exit_code is None:
         return _Relaunch(
             Failure.LOST, EventKind.JOB_INSTANCE_LOST, f"instance on {where} ended unexpectedly"

@@ -24,6 +24,7 @@ from sqlalchemy import select
 from optimizer.costs.billing import rule_for
 from optimizer.jobs.bootstrap import AgentSettings
 from optimizer.jobs.context import ReconcileContext
+from optimizer.jobs.gang import fold, head_number
 from optimizer.jobs.launch import Launcher, LaunchOutcome
 from optimizer.jobs.machine import (
     LIVE,
@@ -142,6 +143,9 @@ class JobReconciler:
 
     def _job(self, ctx: ReconcileContext, job: JobRecord, attempts: list[AttemptRecord]) -> None:
         current = next((a for a in reversed(attempts) if not a.ended), None)
+        nodes = gang_rows(attempts, current)
+        if nodes:
+            current = nodes[0]
         loaded = ctx.policies.get(job.policy)
         if loaded is None:
             self._emit(
@@ -155,10 +159,18 @@ class JobReconciler:
         # rank_by in place of the top-level ones while it is in force.
         policy = effective(loaded.policy, ctx.now)
         strategy = strategy_for(policy, max_restarts=job.spec.get("max_restarts"))
-        if current is not None and current.instance_id is None and current.state == "launching":
+        unlaunched = [a for a in nodes if a.instance_id is None and a.state == "launching"]
+        if unlaunched:
             # A launch that did not finish (throttled, or the daemon died mid-call): retry it
-            # with the same key, so the provider hands back the instance if it exists.
-            outcome = self.launcher.launch(ctx, job, current, strategy)
+            # with the same key, so the provider hands back the instance if it exists (every
+            # node of a gang not launched yet, in rank order).
+            outcome = LaunchOutcome.LAUNCHED
+            for row in unlaunched:
+                outcome = self.launcher.launch(ctx, job, row, strategy)
+                if outcome is not LaunchOutcome.LAUNCHED:
+                    break
+            if len(nodes) > 1 and outcome is not LaunchOutcome.LAUNCHED and not outcome.pending:
+                self.launcher.tear_down(ctx, job, nodes, why=f"a node failed: {outcome.value}")
             self._flush(ctx)
             if outcome is not LaunchOutcome.LAUNCHED:
                 # Still pending (throttled, or this replica stopped leading): next pass or the
@@ -167,6 +179,9 @@ class JobReconciler:
             # Launched: move the job on in this pass rather than at the next tick.
             attempts = ctx.store.jobs.attempts(job.id)
             current = next((a for a in reversed(attempts) if not a.ended), None)
+            nodes = gang_rows(attempts, current)
+            if nodes:
+                current = nodes[0]
         view = JobView(
             id=job.id,
             name=job.name,
@@ -186,13 +201,13 @@ class JobReconciler:
             stop = self._watch(ctx, job, current, attempts, rules)
         decision = decide(
             view,
-            attempt_view(current) if current else None,
+            gang_view(ctx.store, nodes) if current else None,
             now=ctx.now,
             strategy=strategy,
             register_timeout=self.register_timeout,
             stop=stop,
         )
-        self._apply(ctx, job, current, decision, policy, strategy)
+        self._apply(ctx, job, current, decision, policy, strategy, nodes=nodes)
 
     def _watch(
         self,
@@ -276,14 +291,20 @@ class JobReconciler:
         decision: Decision,
         policy: Policy,
         strategy: Strategy,
+        *,
+        nodes: list[AttemptRecord] | None = None,
     ) -> None:
         events: list[NewEvent] = []
         launch: Launch | None = None
+        # An action on a gang (named by its rank-0 key) is an action on each of its nodes.
+        keys = {current.key: [n.key for n in nodes]} if current is not None and nodes else {}
         for action in decision.actions:
             if isinstance(action, Stop):
-                ctx.store.jobs.update_attempt(action.key, stop_sent_at=ctx.now)
+                for key in keys.get(action.key, [action.key]):
+                    ctx.store.jobs.update_attempt(key, stop_sent_at=ctx.now)
             elif isinstance(action, Terminate):
-                self._terminate(ctx, action.key)
+                for key in keys.get(action.key, [action.key]):
+                    self._terminate(ctx, key)
             elif isinstance(action, Cooldown):
                 ctx.store.jobs.add_cooldown(action.pool, action.until, action.reason)
             elif isinstance(action, Alert):
@@ -291,9 +312,26 @@ class JobReconciler:
             elif isinstance(action, Launch):
                 launch = action
         if current is not None and decision.end_attempt is not None:
-            ctx.store.jobs.update_attempt(
-                current.key, ended_at=ctx.now, end_reason=decision.end_attempt, state="ended"
-            )
+            for node in nodes or [current]:
+                ended: dict[str, Any] = {}
+                if (
+                    len(nodes or ()) > 1
+                    and node.job_started_at is not None
+                    and node.exit_code is None
+                    and node.stop_sent_at is None
+                    and not node.instance_gone
+                ):
+                    # Any node's end ends the gang: every node's job gets SIGTERM (rank 0
+                    # checkpoints), and its instance goes once the job exited or the grace is
+                    # over; the replacement's fence waits for them.
+                    ended["stop_sent_at"] = ctx.now
+                ctx.store.jobs.update_attempt(
+                    node.key,
+                    ended_at=ctx.now,
+                    end_reason=decision.end_attempt,
+                    state="ended",
+                    **ended,
+                )
         state, reason = decision.state, decision.reason
         subject = current  # the attempt the transition is about
         if launch is not None:
@@ -301,7 +339,7 @@ class JobReconciler:
             if launched:
                 state = JobState.PROVISIONING
                 reason = why if decision.state is JobState.PENDING else f"{reason}; {why}"
-                subject = ctx.store.jobs.attempts(job.id)[-1]  # the one just launched
+                subject = gang_head(ctx.store.jobs.attempts(job.id))  # the one just launched
             else:
                 state, reason = JobState.PENDING, why
                 if why != job.reason:  # once per reason, not every pass
@@ -522,10 +560,37 @@ def _attempt_fields(attempt: AttemptRecord | None) -> dict[str, Any]:
     """An event's `attempt` (its number) and `instance` (once known), for its data."""
     if attempt is None:
         return {}
-    fields: dict[str, Any] = {"attempt": attempt.number}
+    fields: dict[str, Any] = {"attempt": head_number(attempt.number, attempt.gang)}
+    if attempt.nodes > 1:
+        fields["nodes"] = attempt.nodes  # one attempt of N instances (rank 0's is `instance`)
     if attempt.instance_id:
         fields["instance"] = attempt.instance_id
     return fields
+
+
+def gang_rows(attempts: list[AttemptRecord], current: AttemptRecord | None) -> list[AttemptRecord]:
+    """The rows of `current`'s attempt, rank 0 first ([current] for a single node)."""
+    if current is None:
+        return []
+    if current.gang is None:
+        return [current]
+    rows = [a for a in attempts if a.gang == current.gang]
+    return sorted(rows, key=lambda a: a.node_rank)
+
+
+def gang_head(attempts: list[AttemptRecord]) -> AttemptRecord:
+    """The newest attempt's rank-0 row."""
+    last = attempts[-1]
+    return gang_rows(attempts, last)[0]
+
+
+def gang_view(store: Store, nodes: list[AttemptRecord]) -> AttemptView:
+    """The attempt as the state machine sees it: a gang folded into one (gang.fold)."""
+    views = [attempt_view(n, power_off_at=power_off_at(store, n)) for n in nodes]
+    if len(nodes) == 1:
+        return attempt_view(nodes[0])
+    internode = {n.node_rank: (n.internode_status, n.internode_reason) for n in nodes}
+    return fold(views, internode=internode)
 
 
 def _notices(store: Store, a: AttemptRecord) -> list[dict[str, Any]]:

@@ -303,10 +303,24 @@ class Jobs:
     # -- attempts --------------------------------------------------------------------------
 
     def create_attempt(
-        self, job_id: int, number: int, key: str, offer: Offer, token_sha256: str, at: datetime
+        self,
+        job_id: int,
+        number: int,
+        key: str,
+        offer: Offer,
+        token_sha256: str,
+        at: datetime,
+        *,
+        gang: int | None = None,
+        node_rank: int = 0,
+        nodes: int = 1,
     ) -> AttemptRecord:
-        """Record an attempt before launching it (or return the one with this key)."""
+        """Record an attempt before launching it (or return the one with this key); a node of a
+        multi-node attempt names its gang (the rank-0 row's number), rank and the gang's size."""
         values = {
+            "gang": gang,
+            "node_rank": node_rank,
+            "nodes": nodes,
             "job_id": job_id,
             "number": number,
             "idempotency_key": key,
@@ -555,4 +569,10 @@ def _fold(kind: str, data: Mapping[str, Any], at: datetime) -> dict[str, Any]:
         }
     if kind == "interruption_notice":
         return {"notice_at": at}
+    if kind == "internode_probe":
+        status = str(data.get("status", "fail"))
+        return {
+            "internode_status": status if status in ("pass", "warn", "fail") else "fail",
+            "internode_reason": str(data.get("reason") or "")[:2000] or None,
+        }
     return {}

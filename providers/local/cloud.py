@@ -181,6 +181,10 @@ class LocalCloud:
                 job=spec.job,
                 attempt=spec.attempt,
             )
+            if spec.gang is not None:
+                # One host: a gang's nodes share the zone, and its placement is only a name.
+                record.extra["placement"] = spec.gang.placement
+                record.extra["node_rank"] = spec.gang.rank
             self.state.save(record)  # the key is taken before anything starts
             self._spawn(record, spec.bootstrap, f"{url}/{record.id}")
             return self._ref(record)
@@ -299,14 +303,16 @@ class LocalCloud:
         error: type[ProviderError] | str = CapacityError,
         *,
         times: int = 1,
+        after: int = 0,
     ) -> None:
-        """Make the next `times` launches on a matching offer fail with `error`.
+        """Make the next `times` launches on a matching offer fail with `error`, once `after`
+        matching launches have succeeded (`after=1`: a gang's second node fails).
 
         `match` is an instance type, a region, a zone, `*`, or a whole offer pool
         (provider, region, zone, type, market). Kept in the state directory, so another
         process can inject it.
         """
-        add_fault(self.state, match, error, times)
+        add_fault(self.state, match, error, times, after)
 
     def instances(self) -> list[InstanceRecord]:
         """Every instance record, ended ones included, each brought up to date."""

@@ -44,12 +44,15 @@ def add_fault(
     match: str | tuple[str | None, ...],
     error: type[ProviderError] | str,
     times: int,
+    after: int = 0,
 ) -> None:
-    """Queue a rule: the next `times` launches matching `match` raise `error`."""
+    """Queue a rule: the next `times` launches matching `match` raise `error`, once `after`
+    matching launches have gone through (one node of a gang, say)."""
     rule = {
         "match": list(match) if isinstance(match, tuple) else match,
         "error": fault_name(error),
         "remaining": int(times),
+        "after": int(after),
     }
     with state.locked():
         state.save_faults([*state.faults(), rule])
@@ -63,6 +66,10 @@ def take_fault(state: StateDir, offer: Offer) -> None:
     faults = state.faults()
     for index, rule in enumerate(faults):
         if rule.get("remaining", 0) > 0 and matches(rule["match"], offer):
+            if rule.get("after", 0) > 0:
+                rule["after"] -= 1
+                state.save_faults(faults)
+                continue
             rule["remaining"] -= 1
             state.save_faults([f for f in faults if f.get("remaining", 0) > 0])
             cls, code = FAULTS[rule["error"]]
