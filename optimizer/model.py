@@ -230,6 +230,7 @@ class EventKind(StrEnum):
     POLICY_REJECTED = "policy.rejected"
     POLICY_REMOVED = "policy.removed"
     POLICY_KEPT = "policy.kept"
+    POLICY_WINDOW_CHANGED = "policy.window_changed"
     # Price polling and providers
     POLL_FAILED = "poll.failed"
     POLL_RECOVERED = "poll.recovered"

@@ -27,6 +27,7 @@ TITLES: dict[str, str] = {
     EventKind.POLICY_REJECTED: "Policy edit rejected",
     EventKind.POLICY_REMOVED: "Policy removed",
     EventKind.POLICY_KEPT: "Deleted policy kept in force",
+    EventKind.POLICY_WINDOW_CHANGED: "Policy schedule window changed",
     EventKind.POLL_FAILED: "Price poll failing",
     EventKind.POLL_RECOVERED: "Price poll recovered",
     EventKind.PROVIDER_DISABLED: "Provider disabled",

@@ -53,6 +53,7 @@ from optimizer.jobs.ledger import CostFreezer
 from optimizer.jobs.measured import ProbeFailureWatch
 from optimizer.jobs.reconcile import JobReconciler
 from optimizer.jobs.summary import MonthlySummary
+from optimizer.jobs.windows import WindowWatch
 from optimizer.model import EventKind, Market
 from optimizer.store import Store
 from optimizer.store.migrate import SchemaError, UnreachableError, ensure_ready
@@ -322,6 +323,8 @@ class Daemon:
         self._lead("retention", self.retention.run_once, loops.retention_s)
         self.reconcile.attach(lambda: self.scheduler.run_now("reconcile"))
         window = self.config.probes.window()
+        # first in the pass: a schedule window's boundary alerted before jobs act on it
+        self.reconcile.reconcilers.append(WindowWatch(window))
         jobs = JobReconciler(self._api_url, agent=self.config.agent.settings(), probe_window=window)
         self.reconcile.reconcilers.append(jobs)
         # types whose probes keep failing: one alert per streak (the ranking demotes them)
