@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -14,6 +15,23 @@ Clock = Callable[[], datetime]
 def utc_now() -> datetime:
     """The wall clock, in UTC."""
     return datetime.now(UTC)
+
+
+CLOCK_OFFSET_ENV = "GPUOPT_CLOCK_OFFSET_S"
+
+
+def machine_now() -> datetime:
+    """This machine's time, in UTC: the wall clock moved by GPUOPT_CLOCK_OFFSET_S seconds
+    where that is set. The local cloud sets it on its instances when it runs on a clock of its
+    own (a test's fixed start), so that what their agents report is dated on that clock."""
+    raw = os.environ.get(CLOCK_OFFSET_ENV)
+    if not raw:
+        return utc_now()
+    try:
+        offset = float(raw)
+    except ValueError:
+        raise ValueError(f"{CLOCK_OFFSET_ENV}={raw!r} is not a number of seconds") from None
+    return utc_now() + timedelta(seconds=offset)
 
 
 class ManualClock:

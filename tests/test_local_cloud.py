@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from optimizer.clock import ManualClock
+from optimizer.clock import ManualClock, SteadyClock
 from optimizer.common.procs import proc_start_ticks
 from optimizer.model import Market, Offer
 from providers.base import (
@@ -79,17 +79,31 @@ def test_the_local_cloud_is_a_provider(cloud: LocalCloud) -> None:
 def test_a_launch_runs_the_bootstrap_as_a_process_with_its_metadata_url(
     cloud: LocalCloud,
 ) -> None:
-    script = 'echo "$GPUOPT_CLOUD $GPUOPT_METADATA_URL"; sleep 60'
+    script = 'echo "$GPUOPT_CLOUD $GPUOPT_METADATA_URL ${GPUOPT_CLOCK_OFFSET_S-unset}"; sleep 60'
     ref = cloud.launch(offer(cloud), spec(script), "j/1")
     assert (ref.provider, ref.region, ref.zone) == ("local", "eu-west-1", "eu-west-1-a")
     status = cloud.describe([ref])[0]
     assert status.state is InstanceState.RUNNING and status.end_reason is None
     console = cloud.state.disk(ref.instance_id) / "console.log"
     line = wait_until(lambda: console.read_text().strip(), what="the console output")
-    assert line == f"local {cloud.metadata_url(ref.instance_id)}"
+    # on the wall clock: no offset for the machine's clock
+    assert line == f"local {cloud.metadata_url(ref.instance_id)} unset"
     record = cloud.state.load(ref.instance_id)
     assert record is not None and record.pid is not None
     assert os.getpgid(record.pid) == record.pid  # a session of its own
+
+
+def test_the_instances_of_a_cloud_on_a_clock_of_its_own_keep_its_time(tmp_path: Path) -> None:
+    clock = SteadyClock(T0)
+    print_now = "from optimizer.clock import machine_now; print(machine_now().isoformat())"
+    script = f"{sys.executable} -c '{print_now}'; sleep 60"
+    with local_cloud(tmp_path / "cloud", tick_s=0.05, clock=clock.epoch) as cloud:
+        ref = cloud.launch(offer(cloud), spec(script), "j/1")
+        console = cloud.state.disk(ref.instance_id) / "console.log"
+        line = wait_until(lambda: console.read_text().strip(), what="the machine's time")
+        seen = datetime.fromisoformat(line)
+        # the cloud's time when the machine read it, to the offset's millisecond
+        assert T0 - timedelta(seconds=0.01) <= seen <= clock() + timedelta(seconds=0.01)
 
 
 def test_launching_twice_with_one_key_gives_one_instance(cloud: LocalCloud) -> None:

@@ -22,11 +22,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import httpx
 
+from optimizer.clock import machine_now
 from optimizer.common.retry import backoff_delay
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ def _sha256(body: bytes) -> str:
 
 
 def _now_iso() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return machine_now().strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class _Dedupe:

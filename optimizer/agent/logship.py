@@ -31,11 +31,11 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 from optimizer.agent.reporter import DaemonError
+from optimizer.clock import machine_now
 from optimizer.common.retry import Backoff
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ def cut_length(data: bytes, *, at_eof: bool, flush: bool) -> int:
 
 
 def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return machine_now().isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class LogShipper:

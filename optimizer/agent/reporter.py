@@ -20,12 +20,12 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from optimizer.clock import machine_now
 from optimizer.common.retry import Backoff
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ BATCH = 100
 
 
 def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return machine_now().isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,10 +21,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
+from optimizer.clock import machine_now
 from optimizer.common.environ import basic_env
 from optimizer.common.procs import proc_stat, same_process, signal_group
 
@@ -158,7 +158,7 @@ class JobRunner:
     # --- the thread ------------------------------------------------------------------
 
     def _note(self, log_file: IO[bytes], text: str) -> None:
-        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = machine_now().strftime("%Y-%m-%dT%H:%M:%SZ")
         with contextlib.suppress(OSError):
             log_file.write(f"[gpuopt agent {stamp}] {text}\n".encode())
             log_file.flush()

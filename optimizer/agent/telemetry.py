@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from optimizer.clock import machine_now
+
 log = logging.getLogger(__name__)
 
 GIB = float(1 << 30)
@@ -315,7 +317,7 @@ class TelemetrySampler:
         self.source = source
         self.emit = emit
         self.interval_s = interval_s
-        self._now = now or (lambda: datetime.now(UTC))
+        self._now = now or machine_now
         self.aggregator = MinuteAggregator(simulated=source.simulated)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from optimizer.clock import CLOCK_OFFSET_ENV
 from optimizer.common.environ import basic_env
 from optimizer.common.procs import proc_start_ticks, signal_group
 from optimizer.model import Offer
@@ -373,6 +374,10 @@ class LocalCloud:
             GPUOPT_AGENT_DIR=str(disk / "agent"),
             **{MARK_ENV: record.mark},
         )
+        # A cloud on a clock of its own (a test's fixed start): its machines keep that time.
+        offset = round(self.clock() - time.time(), 3)
+        if offset:
+            env[CLOCK_OFFSET_ENV] = str(offset)
         try:
             with (disk / "console.log").open("ab") as console:
                 proc = subprocess.Popen(
