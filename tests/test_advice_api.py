@@ -14,7 +14,6 @@ import pytest
 from typer.testing import CliRunner
 
 from optimizer.cli import app
-from optimizer.clock import utc_now
 from optimizer.daemon.service import Daemon
 from optimizer.model import Market
 from optimizer.store import Store, token_sha256
@@ -26,6 +25,7 @@ from tests.helpers import (
     make_config,
     make_offer,
     running,
+    steady_clock,
     wait_until,
     write_policy,
 )
@@ -63,7 +63,8 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
     per_tflop = POLICY.replace("name: train", "name: perflop") + "rank_by: price_per_tflop\n"
     write_policy(tmp_path / "policies", "perflop.yaml", per_tflop)
     source = FakeSource([A100, L40S, L40S_EU, A10G])
-    with running(make_config(tmp_path), sources={"local": source}) as d, api(d) as client:
+    config = make_config(tmp_path)
+    with running(config, sources={"local": source}, clock=steady_clock()) as d, api(d) as client:
         wait_until(lambda: client.get("/readyz").status_code == 200, what="readiness")
         wait_until(lambda: len(d.store.prices.latest_offers()) == 4, what="offers stored")
         yield d
@@ -106,7 +107,7 @@ def advice(daemon: Daemon, name: str) -> Any:
 def test_the_advice_is_the_cheapest_allowed_fit_with_the_saving_at_the_duty_cycle(
     daemon: Daemon,
 ) -> None:
-    now = utc_now()
+    now = daemon.clock()
     first, second = add_job(daemon.store, "resnet", now)
     t = now - 9 * H
     daemon.store.telemetry.add(first, [sample(t, 0.30, 20.0), sample(t + H / 60, 0.50, 31.0)])
@@ -147,7 +148,7 @@ def test_the_advice_is_the_cheapest_allowed_fit_with_the_saving_at_the_duty_cycl
 
 
 def test_a_peak_that_only_the_current_gpu_holds_is_no_cheaper_fit(daemon: Daemon) -> None:
-    now = utc_now()
+    now = daemon.clock()
     first, _ = add_job(daemon.store, "big", now)
     daemon.store.telemetry.add(first, [sample(now - 9 * H, 0.9, 50.0)])
     got = advice(daemon, "big").json()
@@ -157,7 +158,7 @@ def test_a_peak_that_only_the_current_gpu_holds_is_no_cheaper_fit(daemon: Daemon
 
 
 def test_without_telemetry_there_is_no_advice(daemon: Daemon) -> None:
-    add_job(daemon.store, "quiet", utc_now(), ended=False)
+    add_job(daemon.store, "quiet", daemon.clock(), ended=False)
     got = advice(daemon, "quiet").json()
     assert got["status"] == "no_telemetry" and got["advised"] is None
     assert got["reason"] == "no GPU telemetry for job quiet yet: no advice without data"
@@ -172,7 +173,7 @@ def test_without_telemetry_there_is_no_advice(daemon: Daemon) -> None:
 
 
 def test_per_tflop_the_current_throughput_is_the_probes_measured_figure(daemon: Daemon) -> None:
-    now = utc_now()
+    now = daemon.clock()
     first, _ = add_job(daemon.store, "bert", now, policy="perflop")
     daemon.store.telemetry.add(first, [sample(now - 9 * H, 0.8, 31.0)])
     # The A100 probed at 200 bf16 TFLOPS (the datasheet says 312).

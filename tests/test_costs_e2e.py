@@ -21,13 +21,14 @@ from pathlib import Path
 import pytest
 from pytest_httpserver import HTTPServer
 
-from optimizer.clock import utc_now
+from optimizer.clock import SteadyClock
 from optimizer.daemon.service import Daemon
 from optimizer.model import Market
 from providers.local import LocalCloud
 from providers.local.state import InstanceRecord
 from tests.helpers import TOKEN, api, run_gpuopt, wait_until
 from tests.helpers.jobs import (
+    MID_MONTH,
     e2e_cloud,
     e2e_daemon,
     job_body,
@@ -92,7 +93,7 @@ def observe_a_price_change(daemon: Daemon, cloud: LocalCloud, instance: str) -> 
         for o in daemon.store.prices.latest_offers(provider="local", market=Market.SPOT)
         if o.pool == record.pool
     )
-    now = utc_now()
+    now = daemon.clock()
     daemon.store.prices.record_offers(
         [replace(listed, usd_per_hour=record.usd_per_hour * 1.4, observed_at=now)]
     )
@@ -101,9 +102,10 @@ def observe_a_price_change(daemon: Daemon, cloud: LocalCloud, instance: str) -> 
 def test_a_job_interrupted_twice_costs_what_the_clouds_records_and_the_prices_say(
     tmp_path: Path, httpserver: HTTPServer
 ) -> None:
+    clock = SteadyClock(MID_MONTH)
     with (
-        e2e_cloud(tmp_path, utc_now) as cloud,
-        e2e_daemon(tmp_path, cloud, httpserver, utc_now) as daemon,
+        e2e_cloud(tmp_path, clock) as cloud,
+        e2e_daemon(tmp_path, cloud, httpserver, clock) as daemon,
     ):
         ckpt = tmp_path / "ckpt"
         with api(daemon) as client:

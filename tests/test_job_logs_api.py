@@ -13,11 +13,18 @@ from typing import Any
 import httpx
 import pytest
 
-from optimizer.clock import utc_now
 from optimizer.daemon.service import Daemon
-from optimizer.store import Store, token_sha256
+from optimizer.store import token_sha256
 from optimizer.store.jobs import AttemptRecord
-from tests.helpers import TOKEN, api, make_config, make_offer, running, wait_until
+from tests.helpers import (
+    TOKEN,
+    api,
+    make_config,
+    make_offer,
+    running,
+    steady_clock,
+    wait_until,
+)
 
 pytestmark = pytest.mark.usefixtures("daemon_env")
 
@@ -28,16 +35,17 @@ H2 = "==> attempt 2 · aws us-east-1 p5.48xlarge on_demand · i-train-2 <=="
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Daemon]:
     config = make_config(tmp_path, logs={"max_bytes_per_job": 65536})
-    with running(config) as d:
+    with running(config, clock=steady_clock()) as d:
         yield d
 
 
-def add_attempt(store: Store, job: str, number: int, **offer: Any) -> AttemptRecord:
+def add_attempt(daemon: Daemon, job: str, number: int, **offer: Any) -> AttemptRecord:
+    store = daemon.store
     found = store.jobs.get_job(job)
     job_id = found.id if found else store.jobs.add_job(job, "small", {"run": "x"})
     key = f"{job}-{number}"
     record = store.jobs.create_attempt(
-        job_id, number, key, make_offer(**offer), token_sha256(f"token-{key}"), utc_now()
+        job_id, number, key, make_offer(**offer), token_sha256(f"token-{key}"), daemon.clock()
     )
     store.jobs.update_attempt(key, instance_id=f"i-{key}")
     return record
@@ -58,10 +66,9 @@ def logs(daemon: Daemon, name: str, **params: Any) -> httpx.Response:
 
 
 def two_attempts(daemon: Daemon) -> None:
-    store = daemon.store
-    add_attempt(store, "train", 1)
+    add_attempt(daemon, "train", 1)
     add_attempt(
-        store, "train", 2, region="us-east-1", zone=None, instance_type="p5.48xlarge",
+        daemon, "train", 2, region="us-east-1", zone=None, instance_type="p5.48xlarge",
         market="on_demand",
     )  # fmt: skip
     assert ship(daemon, "train-1", (0, "stdout", "step 1\nstep 2\n"), (1, "stderr", "warn\n"))
@@ -70,9 +77,8 @@ def two_attempts(daemon: Daemon) -> None:
 
 
 def test_an_agent_ships_with_its_own_token_and_a_resend_is_stored_once(daemon: Daemon) -> None:
-    store = daemon.store
-    add_attempt(store, "train", 1)
-    add_attempt(store, "other", 1)
+    add_attempt(daemon, "train", 1)
+    add_attempt(daemon, "other", 1)
     first = ship(daemon, "train-1", (0, "stdout", "a\n"), (1, "stderr", "b\n"))
     assert first.status_code == 200 and first.json() == {"ack": [0, 1]}
     again = ship(daemon, "train-1", (1, "stderr", "b\n"), (2, "stdout", "c\n"))
@@ -119,14 +125,14 @@ def test_unknown_jobs_and_attempts_are_404s_that_say_what_exists(daemon: Daemon)
 
 
 def test_a_line_cut_short_by_the_other_stream_is_ended_there(daemon: Daemon) -> None:
-    add_attempt(daemon.store, "train", 1)
+    add_attempt(daemon, "train", 1)
     ship(daemon, "train-1", (0, "stdout", "epoch 1: 50%"), (1, "stderr", "warning\n"))
     ship(daemon, "train-1", (2, "stdout", "\repoch 1: 100%\n"))
     assert logs(daemon, "train").text == f"{H1}\nepoch 1: 50%\nwarning\n\repoch 1: 100%\n"
 
 
 def test_past_the_cap_the_output_says_how_much_was_dropped(daemon: Daemon) -> None:
-    add_attempt(daemon.store, "train", 1)
+    add_attempt(daemon, "train", 1)
     for part in (range(40), range(40, 70)):
         ship(daemon, "train-1", *((i, "stdout", f"{i:04d}" + "x" * 1019 + "\n") for i in part))
     text = logs(daemon, "train").text
@@ -180,19 +186,19 @@ def finish(daemon: Daemon, key: str, chunks: int, state: str = "succeeded") -> N
         "kind": "job_exited",
         "data": {"exit_code": 0, "log_chunks": chunks},
     }
-    daemon.store.jobs.record_agent_events(key, [event], utc_now())
+    daemon.store.jobs.record_agent_events(key, [event], daemon.clock())
     job = daemon.store.jobs.get_job(key.rsplit("-", 1)[0])
     assert job is not None
     if state:
         daemon.store.jobs.transition_job(
-            job.id, expected=job.state, state=state, reason="done", at=utc_now()
+            job.id, expected=job.state, state=state, reason="done", at=daemon.clock()
         )
 
 
 def test_following_streams_new_output_and_new_attempts_until_the_output_is_complete(
     daemon: Daemon,
 ) -> None:
-    add_attempt(daemon.store, "train", 1)
+    add_attempt(daemon, "train", 1)
     ship(daemon, "train-1", (0, "stdout", "step 1\n"))
     follower = Follower(daemon, "train")
     try:
@@ -203,7 +209,7 @@ def test_following_streams_new_output_and_new_attempts_until_the_output_is_compl
         # An interruption: attempt 1 reported its end, attempt 2 takes over.
         finish(daemon, "train-1", 2, state="")
         add_attempt(
-            daemon.store, "train", 2, region="us-east-1", zone=None,
+            daemon, "train", 2, region="us-east-1", zone=None,
             instance_type="p5.48xlarge", market="on_demand",
         )  # fmt: skip
         ship(daemon, "train-2", (0, "stdout", "step 3\n"))
@@ -220,7 +226,7 @@ def test_following_streams_new_output_and_new_attempts_until_the_output_is_compl
 
 
 def test_following_one_attempt_ends_when_its_output_is_complete(daemon: Daemon) -> None:
-    add_attempt(daemon.store, "train", 1)
+    add_attempt(daemon, "train", 1)
     follower = Follower(daemon, "train", attempt=1, tail=5)
     try:
         wait_until(lambda: H1 in follower.text, what="the header, before any output")
@@ -236,7 +242,7 @@ def test_a_follower_gives_up_on_output_still_owed_once_the_job_ended(
     daemon: Daemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("optimizer.api.logs.SETTLE_S", 0.2)
-    add_attempt(daemon.store, "train", 1)
+    add_attempt(daemon, "train", 1)
     ship(daemon, "train-1", (0, "stdout", "partial\n"))
     follower = Follower(daemon, "train")
     try:
@@ -248,7 +254,7 @@ def test_a_follower_gives_up_on_output_still_owed_once_the_job_ended(
 
 
 def test_a_client_that_goes_away_leaves_no_follower_behind(daemon: Daemon) -> None:
-    add_attempt(daemon.store, "train", 1)
+    add_attempt(daemon, "train", 1)
     ship(daemon, "train-1", (0, "stdout", "step 1\n"))
     host, port = daemon.url.removeprefix("http://").rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as conn:
@@ -264,8 +270,8 @@ def test_a_client_that_goes_away_leaves_no_follower_behind(daemon: Daemon) -> No
 
 
 def test_followers_end_cleanly_when_the_daemon_stops(tmp_path: Path) -> None:
-    with running(make_config(tmp_path)) as daemon:
-        add_attempt(daemon.store, "train", 1)
+    with running(make_config(tmp_path), clock=steady_clock()) as daemon:
+        add_attempt(daemon, "train", 1)
         ship(daemon, "train-1", (0, "stdout", "step 1\n"))
         follower = Follower(daemon, "train")
         wait_until(lambda: "step 1" in follower.text, what="the output so far")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,6 @@ import pytest
 from typer.testing import CliRunner
 
 from optimizer.cli import app
-from optimizer.clock import utc_now
 from optimizer.daemon.service import Daemon
 from optimizer.model import Interconnect, Market
 from optimizer.store import token_sha256
@@ -26,6 +24,7 @@ from tests.helpers import (
     make_config,
     make_offer,
     running,
+    steady_clock,
     wait_until,
     write_policy,
 )
@@ -46,7 +45,6 @@ def node(kind: str, model: str, usd: float, provider: str = "aws"):
     return make_offer(
         provider=provider, instance_type=kind, gpu_model=model, gpu_count=8, gpu_memory_gib=80.0,
         interconnect=Interconnect.NVLINK, market=Market.ON_DEMAND, zone=None, usd_per_hour=usd,
-        observed_at=utc_now() - timedelta(minutes=1),
     )  # fmt: skip
 
 
@@ -59,7 +57,8 @@ H100 = node("p5.48xlarge", "H100-80GB", 40.0)
 def daemon(tmp_path: Path) -> Iterator[Daemon]:
     write_policy(tmp_path / "policies", "perflop.yaml", POLICY)
     source = FakeSource([A100, H100])
-    with running(make_config(tmp_path), sources={"local": source}) as d, api(d) as client:
+    config = make_config(tmp_path)
+    with running(config, sources={"local": source}, clock=steady_clock()) as d, api(d) as client:
         wait_until(lambda: client.get("/readyz").status_code == 200, what="readiness")
         wait_until(lambda: len(d.store.prices.latest_offers()) == 2, what="offers stored")
         yield d
@@ -69,7 +68,7 @@ def attempt(daemon: Daemon, job: str, offer: Any) -> str:
     store = daemon.store
     job_id = store.jobs.add_job(job, "perflop", {"run": "x"})
     key = f"{job}-1"
-    store.jobs.create_attempt(job_id, 1, key, offer, token_sha256(f"token-{key}"), utc_now())
+    store.jobs.create_attempt(job_id, 1, key, offer, token_sha256(f"token-{key}"), daemon.clock())
     return key
 
 
@@ -80,7 +79,7 @@ def report(daemon: Daemon, key: str, status: str, result: dict[str, Any]) -> htt
             {
                 "id": f"{key}-probe",
                 "kind": "probe_result",
-                "at": utc_now().isoformat(),
+                "at": daemon.clock().isoformat(),
                 "data": {"status": status, "result": result},
             }
         ],

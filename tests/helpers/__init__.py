@@ -1,7 +1,8 @@
 """Helpers shared by the tests (and the benches that drive a daemon): import them from here.
 
 - waiting: `wait_until`, the one way to wait for a condition (with a deadline).
-- offers: `make_offer`, the one offer factory; `FakeSource`, an offer source a test steers.
+- offers: `make_offer`, the one offer factory; `FakeSource`, an offer source a test steers;
+  `steady_clock`, the clock of daemons serving offers observed at `T0`.
 - policies: `policy_text`, `write_policy`.
 - daemon: the in-process daemon (`make_config`, `running`, `api`) and `gpuopt` as a real
   process (`start_gpuopt`, `run_gpuopt`, `DaemonProcess`).
@@ -24,7 +25,7 @@ from tests.helpers.daemon import (
     running,
     start_gpuopt,
 )
-from tests.helpers.offers import T0, FakeSource, make_offer
+from tests.helpers.offers import T0, FakeSource, make_offer, steady_clock
 from tests.helpers.policies import policy_text, write_policy
 from tests.helpers.waiting import wait_until
 
@@ -43,6 +44,7 @@ __all__ = [
     "run_gpuopt",
     "running",
     "start_gpuopt",
+    "steady_clock",
     "wait_until",
     "write_policy",
 ]

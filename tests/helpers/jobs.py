@@ -10,6 +10,7 @@ import json
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,9 @@ placement: {providers: [local], compliance: eu}
 recovery: {max_restarts: 5, pool_cooldown_minutes: 10, on_demand_after_interruptions: 5}
 """
 SECRET = "hook-secret-for-the-e2e-test"
+MID_MONTH = datetime(2026, 3, 14, 12, 0, tzinfo=UTC)
+"""Where the end-to-end tests' clocks start (a SteadyClock): mid-month, so that month-to-date
+spend, budgets and projections come out the same on any day the suite runs."""
 
 
 def job_body(name: str, ckpt: Path, steps: int, **extra: Any) -> dict[str, Any]:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from optimizer.clock import SteadyClock
 from optimizer.model import Interconnect, Market, Offer
 
-T0 = datetime(2026, 1, 15, 12, 0, tzinfo=UTC)  # in the past: wall-clock daemons accept it
+T0 = datetime(2026, 1, 15, 12, 0, tzinfo=UTC)  # mid-month, and in the past
 
 BASE = Offer(
     provider="aws",
@@ -35,6 +36,13 @@ def make_offer(**changes: Any) -> Offer:
     point binds its own: `offer = functools.partial(make_offer, **MY_NODE)`; keywords given at
     the call still win."""
     return replace(BASE, **changes)
+
+
+def steady_clock() -> SteadyClock:
+    """A clock from five minutes after T0, moving at the wall clock's pace: for daemons that
+    run real loops and servers on offers observed at T0 (the same on any day the suite runs,
+    and mid-month)."""
+    return SteadyClock(T0 + timedelta(minutes=5))
 
 
 class FakeSource:
