@@ -390,7 +390,7 @@ class Migration(_Strict):
     )
     max_per_day: int = Field(4, ge=1, description="Moves per job in any 24 hours.")
     min_runtime: Duration = Field(
-        600, ge=0, description="A job moves only once it has run this long on its attempt."
+        600, ge=0, description="A job moves only once its attempt has run this long."
     )
     disruption_budget: int = Field(
         1, ge=1, description="At most this many of the policy's jobs moving at once."

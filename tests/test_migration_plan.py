@@ -236,7 +236,7 @@ def test_min_runtime_and_max_per_day_hold_a_move_back_and_say_why() -> None:
     forced = {A: "bid.max_usd_per_hour"}
     young = plan([job(A, 2.0, ran=timedelta(minutes=9))], market([(B, 0.5)], refused=forced), NOW)
     assert young.moves == ()
-    assert "less than min_runtime 10 min" in young.held[0].why
+    assert young.held[0].why == "its attempt has run 9 min, less than min_runtime 10 min"
     busy = [NOW - timedelta(hours=h) for h in (1, 5, 9, 23)]
     tired = plan([job(A, 2.0, moved=tuple(busy))], market([(B, 0.5)], refused=forced), NOW)
     assert tired.moves == () and "moved 4 time(s) in the last 24 h" in tired.held[0].why

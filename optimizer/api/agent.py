@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from optimizer import hardware
 from optimizer.api.state import ApiState, StateDep
 from optimizer.jobs.gang import Gate, Node, gate, head_number, master
-from optimizer.jobs.machine import fence
+from optimizer.jobs.machine import MIGRATED, fence
 from optimizer.jobs.reconcile import attempt_view, power_off_at
 from optimizer.store.jobs import AttemptRecord, token_sha256
 from optimizer.store.logs import NewChunk
@@ -183,8 +183,11 @@ def known_agent(state: ApiState, authorization: str | None) -> bool:
 
 
 def _commands(attempt: AttemptRecord) -> list[dict[str, Any]]:
-    # An interrupted attempt's job keeps running until the daemon stops it (a hot handover).
-    handing_over = attempt.end_reason == "preempted" and attempt.notice_at is not None
+    # An interrupted or migrated attempt's job keeps running until the daemon stops it (a hot
+    # handover).
+    handing_over = (
+        attempt.end_reason == "preempted" and attempt.notice_at is not None
+    ) or attempt.end_reason == MIGRATED
     if attempt.stop_sent_at is not None or (attempt.ended and not handing_over):
         reason = attempt.end_reason or "stop requested"
         return [{"kind": "stop", "reason": reason, "grace_s": STOP_GRACE_S}]

@@ -408,6 +408,9 @@ class Daemon:
         if any(p.name not in self._polled for p in self.polls):
             return
         self.prices.evaluate(now or self.clock())
+        # New prices: a reconcile pass now decides on moving running jobs (migration) at once
+        # rather than up to a reconcile interval later.
+        self.reconcile.wakeup.set()
 
     def _policies_changed(self) -> None:
         """The policies in force changed: reconcile now, and rank them now rather than at

@@ -161,6 +161,10 @@ class Launcher:
                 f"no offer meets policy {job.policy}" + (f": rejected by {top}" if top else ""),
             )
         candidates = [c.offer for c in ranking.candidates]
+        if launch.only is not None:  # a move: only the pools it was decided for
+            candidates = [o for o in candidates if pool_of(o) in launch.only]
+            if not candidates:
+                return Walk(False, "none of the offers this move was decided for is allowed now")
         if cap is not None:
             first = budget_model.projected(
                 spend, candidates[0].usd_per_hour, ctx.now, policy.budget.hours_per_month

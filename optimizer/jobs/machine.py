@@ -12,6 +12,11 @@ same inputs always give the same answer.
                   ▲                        │
                   └──── interrupted ◄──────┘   (a preemption, a failed probe, a lost instance)
 
+A job that gpuopt moves to other capacity (migration.py decides which) leaves its attempt as
+an interruption does, with the end reason `migrated`: its job keeps running while the next
+attempt boots and probes, and `handover` stops it once that one is ready; the fence keeps the
+new job from starting until the old one has exited.
+
 A running job is `stopped` when a rule of its policy or spec says so (utilization.py: a
 utilization rule with `action: stop`, or `max_duration`): its job gets SIGTERM to checkpoint,
 and its instance is terminated once the job has exited or the stop's grace is over.
@@ -43,6 +48,8 @@ class JobState(StrEnum):
     STOPPED = "stopped"
 
 
+MIGRATED = "migrated"  # the end reason of an attempt gpuopt moved its job away from
+
 TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.STOPPED})
 LIVE = frozenset(JobState) - TERMINAL
 
@@ -56,6 +63,7 @@ class JobView:
     probes: str = "quick"  # quick | deep | none
     cancel_requested: bool = False
     failures: tuple[Past, ...] = ()  # how and when earlier attempts failed
+    migrations: int = 0  # restarts that were moves: they do not count toward max_restarts
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +85,7 @@ class AttemptView:
     power_off_at: datetime | None = None  # when the notice says the instance goes
     instance_launched_at: datetime | None = None  # the provider's launch time, once known
     probe_reason: str = ""  # what failed, where a gang's probe names a node or a link
+    migrated: bool = False  # gpuopt ended it to move the job (a hot handover, as a notice)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +94,7 @@ class Launch:
 
     avoid: frozenset[Pool] = frozenset()
     markets: tuple[Market, ...] | None = None  # None: the policy's own markets
+    only: frozenset[Pool] | None = None  # a move's targets: no other pool (None: any)
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,7 +292,11 @@ def decide(
 
     restarts = job.restarts + 1
     where = strategy.after_failure(
-        relaunch.why, attempt.pool, restarts=job.restarts, history=job.failures, now=now
+        relaunch.why,
+        attempt.pool,
+        restarts=job.restarts - job.migrations,
+        history=job.failures,
+        now=now,
     )
     if isinstance(where, GiveUp):
         gone: tuple[Action, ...] = ()
@@ -373,9 +387,10 @@ DEFAULT_CHECKPOINT_ALLOWANCE = timedelta(seconds=20)
 
 
 def handing_over(old: AttemptView) -> bool:
-    """Whether an interrupted attempt's job may still be running unstopped (a hot handover)."""
+    """Whether an interrupted (or migrated) attempt's job may still be running unstopped (a
+    hot handover)."""
     return (
-        old.interruption_notice_at is not None
+        (old.interruption_notice_at is not None or old.migrated)
         and not old.stop_sent
         and not old.instance_gone
         and old.exit_code is None
@@ -390,20 +405,22 @@ def handover(
     probes: str,
     allowance: timedelta = DEFAULT_CHECKPOINT_ALLOWANCE,
 ) -> Stop | None:
-    """When an interrupted attempt's job gets SIGTERM to checkpoint: once its replacement
-    (`new`, the job's current attempt) is ready to start the job, or once the power-off is
-    within the job's checkpoint `allowance`, whichever comes first; at once if the job never
-    started. None: keep it running (or it is already stopped or over)."""
+    """When an interrupted (or migrated) attempt's job gets SIGTERM to checkpoint: once its
+    replacement (`new`, the job's current attempt) is ready to start the job, or once the
+    power-off is within the job's checkpoint `allowance`, whichever comes first; at once if
+    the job never started. None: keep it running (or it is already stopped or over). A
+    migrated attempt has no power-off: it runs until its replacement is ready."""
     if not handing_over(old):
         return None
+    why = "moved" if old.migrated and old.interruption_notice_at is None else "interrupted"
     if not old.job_started:
-        return Stop(old.key, "interrupted before the job started")
+        return Stop(old.key, f"{why} before the job started")
     if (
         new is not None
         and new.registered
         and (probes == "none" or new.probe_status in ("pass", "warn"))
     ):
-        return Stop(old.key, f"interrupted; attempt {new.number} is ready to take over")
+        return Stop(old.key, f"{why}; attempt {new.number} is ready to take over")
     if old.power_off_at is not None and now >= old.power_off_at - allowance:
         return Stop(old.key, "interrupted; the power-off is near")
     return None

@@ -24,7 +24,8 @@ A job moves when (in this order of precedence):
    time is more than the restart overhead costs (`Reason.CHEAPER`; for an on-demand job,
    spot offers count only by rule 2).
 
-Guards, for every reason: a job moves only once it has run `min_runtime` on its attempt, at
+Guards, for every reason: a job moves only once its attempt has run `min_runtime` (from its
+launch, on the daemon's clock), at
 most `max_per_day` times in any 24 hours, and at most `disruption_budget` jobs of one policy
 move at once (those already moving count): moves forced by the policy go first, then returns
 to spot, then the largest expected savings.
@@ -139,7 +140,7 @@ class RunningJob:
     policy: str
     pool: Pool  # its attempt's pool as the offers key it (a regional on-demand pool: zone None)
     usd_per_hour: float  # its pool's price now (its launch price when no longer listed)
-    running_since: datetime  # its job started on this attempt
+    running_since: datetime  # when its attempt launched (the daemon's clock)
     remaining: timedelta  # how much longer it is expected to run
     remaining_note: str  # where that comes from, for the event
     overhead: timedelta  # what one restart costs it in time
@@ -371,9 +372,7 @@ def _guard(want: _Want, s: MigrationSettings, now: datetime) -> str | None:
         return want.message
     ran = now - job.running_since
     if ran < s.min_runtime:
-        return (
-            f"it has run {_span(ran)} on its attempt, less than min_runtime {_span(s.min_runtime)}"
-        )
+        return f"its attempt has run {_span(ran)}, less than min_runtime {_span(s.min_runtime)}"
     recent = sum(1 for at in job.moved_at if now - at < DAY)
     if recent >= s.max_per_day:
         return f"it moved {recent} time(s) in the last 24 h (max_per_day {s.max_per_day})"

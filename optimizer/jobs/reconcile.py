@@ -28,6 +28,7 @@ from optimizer.jobs.gang import fold, head_number
 from optimizer.jobs.launch import Launcher, LaunchOutcome
 from optimizer.jobs.machine import (
     LIVE,
+    MIGRATED,
     REGISTER_TIMEOUT,
     Alert,
     AttemptView,
@@ -47,6 +48,15 @@ from optimizer.jobs.machine import (
     reclaim,
 )
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow
+from optimizer.jobs.migration import Move, Plan, Reason, describe, plan
+from optimizer.jobs.migration_inputs import (
+    InForce,
+    Overheads,
+    WindowName,
+    as_written,
+    gather,
+    no_window,
+)
 from optimizer.jobs.recovery import Failure, Strategy, strategy_for
 from optimizer.jobs.utilization import Rules, Sample, rules_for, watch
 from optimizer.model import EventKind, Market
@@ -76,9 +86,17 @@ class JobReconciler:
         agent: AgentSettings | None = None,
         register_timeout: timedelta = REGISTER_TIMEOUT,
         probe_window: ProbeWindow = DEFAULT_WINDOW,
+        in_force: InForce = as_written,
+        window_name: WindowName = no_window,
     ) -> None:
         self.launcher = Launcher(daemon_url, self._emit, agent=agent, probe_window=probe_window)
         self.register_timeout = register_timeout
+        self.probe_window = probe_window
+        # The policy in force at an instant (a schedule window's values), and the window's name.
+        self.in_force = in_force
+        self.window_name = window_name
+        self._overheads = Overheads()  # each policy's measured restart overhead, for a while
+        self._held: dict[int, str] = {}  # job id -> why its move waits (logged when it changes)
         # Events raised while acting on a job, recorded with its transition (one transaction).
         self._buffer: list[NewEvent] = []
         # Attempts whose instance this reconciler has recorded leaving to the cloud.
@@ -97,8 +115,9 @@ class JobReconciler:
         attempts = ctx.store.jobs.attempts_of(job.id for job in live)
         open_keys = {a.key for rows in attempts.values() for a in rows if not a.ended}
         self._alerted = {k: v for k, v in self._alerted.items() if k[0] in open_keys}
+        moves = {m.job_id: m for m in self._plan(ctx, live, attempts).moves}
         for job in live:
-            self._job(ctx, job, attempts.get(job.id, []))
+            self._job(ctx, job, attempts.get(job.id, []), moves.get(job.id))
             self._flush(ctx)  # events of a job whose pass made no transition
         self._clean_up(ctx)
 
@@ -139,9 +158,127 @@ class JobReconciler:
                 elif launched is not None:
                     ctx.store.jobs.record_billing(attempt.key, launched_at=launched)
 
+    # -- moving running jobs ---------------------------------------------------------------------
+
+    def _plan(
+        self,
+        ctx: ReconcileContext,
+        live: list[JobRecord],
+        attempts: dict[int, list[AttemptRecord]],
+    ) -> Plan:
+        """The pass's moves (migration.plan over what migration_inputs gathers); the moves it
+        holds back are logged once per reason."""
+        inputs = gather(
+            ctx.store,
+            live,
+            attempts,
+            {name: p.policy for name, p in ctx.policies.items()},
+            ctx.now,
+            overheads=self._overheads,
+            probe_window=self.probe_window,
+            in_force=self.in_force,
+            window_name=self.window_name,
+        )
+        if inputs is None:
+            self._held.clear()
+            return Plan()
+        decided = plan(inputs.jobs, inputs.markets, ctx.now)
+        held = {h.job_id: f"{h.reason.value}: {h.why}" for h in decided.held}
+        names = {j.id: j.name for j in live}
+        for job_id, why in held.items():
+            if self._held.get(job_id) != why:
+                log.info("job %s: not moved yet (%s)", names.get(job_id, job_id), why)
+        self._held = held
+        return decided
+
+    def _migrate(
+        self,
+        ctx: ReconcileContext,
+        job: JobRecord,
+        current: AttemptRecord,
+        move: Move,
+        policy: Policy,
+        strategy: Strategy,
+    ) -> None:
+        """Move a running job: end its attempt as `migrated` (its job keeps running: a hot
+        handover, stopped once the next attempt is ready) and launch the next attempt on the
+        move's targets. A launch that finds no capacity leaves the job where it was."""
+        ctx.store.jobs.update_attempt(
+            current.key, ended_at=ctx.now, end_reason=MIGRATED, state="ended"
+        )
+        launch = Launch(avoid=frozenset({current.pool}), only=frozenset(move.targets))
+        launched, why = self.launcher.walk(ctx, job, launch, policy, strategy)
+        if not launched:
+            ctx.store.jobs.update_attempt(
+                current.key, ended_at=None, end_reason=None, state=current.state
+            )
+            self._flush(ctx)  # what the failed launches raised
+            log.info("job %s: not moved (%s): %s", job.name, move.reason.value, why)
+            return
+        subject = ctx.store.jobs.attempts(job.id)[-1]  # the one just launched
+        forced = move.reason in (Reason.BID_CAP, Reason.NOT_ALLOWED)
+        told = f"moved ({move.reason.value}): {move.message}; {why}"
+        events = [*self._buffer]
+        self._buffer.clear()
+        events.append(
+            self._draft(
+                ctx,
+                job,
+                Alert(
+                    EventKind.JOB_MIGRATED,
+                    "warning" if forced else "info",
+                    f"job {job.name}: {move.message}",
+                    data=(
+                        ("reason", move.reason.value),
+                        ("from_pool", _pool_text(current.pool)),
+                        ("to_pool", _pool_text(subject.pool)),
+                        ("from_usd_per_hour", move.from_usd),
+                        ("to_usd_per_hour", subject.usd_per_hour),
+                        ("expected_saving_usd", round(move.expected_saving_usd, 4)),
+                        ("overhead_usd", round(move.overhead_usd, 4)),
+                        ("explanation", move.message),
+                        ("to", describe(subject.pool)),
+                    ),
+                ),
+                dedupe=f"attempt:{current.key}:migrated",
+                attempt=current,
+            )
+        )
+        events.append(
+            ctx.emitter.draft(
+                EventKind.JOB_STATE_CHANGED,
+                f"job {job.name}: {job.state} → {JobState.PROVISIONING.value} ({told})",
+                policy=job.policy,
+                data={
+                    "job": job.given_name,
+                    **_attempt_fields(subject),
+                    "from": job.state,
+                    "to": JobState.PROVISIONING.value,
+                    "reason": told,
+                },
+            )
+        )
+        moved = ctx.store.jobs.transition_job(
+            job.id,
+            expected=job.state,
+            state=JobState.PROVISIONING.value,
+            reason=told,
+            restarts=job.restarts + 1,
+            events=events,
+            at=ctx.now,
+        )
+        if moved is None:
+            log.info("job %s changed while it was being moved; deciding again next pass", job.name)
+
     # -- one job -------------------------------------------------------------------------------
 
-    def _job(self, ctx: ReconcileContext, job: JobRecord, attempts: list[AttemptRecord]) -> None:
+    def _job(
+        self,
+        ctx: ReconcileContext,
+        job: JobRecord,
+        attempts: list[AttemptRecord],
+        move: Move | None = None,
+    ) -> None:
         current = next((a for a in reversed(attempts) if not a.ended), None)
         nodes = gang_rows(attempts, current)
         if nodes:
@@ -194,6 +331,7 @@ class JobReconciler:
                 for a in attempts
                 if a.end_reason in FAILURES and a.ended_at
             ),
+            migrations=sum(1 for a in attempts if a.end_reason == MIGRATED),
         )
         stop: PolicyStop | None = None
         rules = rules_for(policy, job.spec)
@@ -207,6 +345,17 @@ class JobReconciler:
             register_timeout=self.register_timeout,
             stop=stop,
         )
+        if (
+            move is not None
+            and current is not None
+            and len(nodes) <= 1  # a gang is not moved
+            and decision.state is JobState.RUNNING
+            and not decision.actions
+            and decision.end_attempt is None
+        ):
+            # Healthy and running, as the move was decided for: move it instead.
+            self._migrate(ctx, job, current, move, policy, strategy)
+            return
         self._apply(ctx, job, current, decision, policy, strategy, nodes=nodes)
 
     def _watch(
@@ -549,6 +698,12 @@ class JobReconciler:
             ctx.store.events.record_events(events, ctx.now)
 
 
+def _pool_text(pool: tuple[str, str, str | None, str, str]) -> str:
+    """A pool as events name it: provider/region/zone/type/market (`-` for no zone)."""
+    provider, region, zone, kind, market = pool
+    return "/".join((provider, region, zone or "-", kind, market))
+
+
 def _attempt_key(data: dict[str, Any] | None) -> object:
     """The attempt key a `job.instance_left_to_cloud` event names (`attempt` held the key in
     events recorded before `attempt` became the number)."""
@@ -672,6 +827,7 @@ def attempt_view(a: AttemptRecord, *, power_off_at: datetime | None = None) -> A
         stop_sent=a.stop_sent_at is not None,
         power_off_at=power_off_at,
         instance_launched_at=a.launched_at,
+        migrated=a.end_reason == MIGRATED,
     )
 
 

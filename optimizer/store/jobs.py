@@ -11,7 +11,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import func, insert, select, update
@@ -536,6 +536,29 @@ class Jobs:
                     reason=reason,
                 )
             )
+
+    def cooldown_ends(self, since: datetime) -> dict[Pool, datetime]:
+        """Each pool's latest cooldown end, for pools whose cooldown ends after `since`
+        (whether it is over by now or not): when each became, or becomes, available again."""
+        t = _COOLDOWN
+        query = (
+            select(
+                t.c.provider,
+                t.c.region,
+                t.c.zone,
+                t.c.instance_type,
+                t.c.market,
+                func.max(t.c.until),
+            )
+            .where(t.c.until > since)
+            .group_by(t.c.provider, t.c.region, t.c.zone, t.c.instance_type, t.c.market)
+        )
+        with self._db.connect() as conn:
+            rows = conn.execute(query).all()
+        return {
+            (p, r, z or None, k, m): until if until.tzinfo else until.replace(tzinfo=UTC)
+            for p, r, z, k, m, until in rows
+        }
 
     def cooled_pools(self, now: datetime) -> set[Pool]:
         query = select(_COOLDOWN).where(_COOLDOWN.c.until > now)
