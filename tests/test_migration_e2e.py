@@ -4,6 +4,11 @@ played with `LocalCloud.pin_price` / `set_capacity` (what `gpuopt local price` /
 write), and a clock that starts at a fixed instant and jumps ahead when the test needs half an
 hour of price history (tests/helpers/clocks.py).
 
+Cases: (d) offers not cheap enough, or not for long enough, move nothing; (a) a price over the
+bid cap moves the job within two polls; (b) an on-demand job returns to spot once capacity is
+back, and stays; (c) an office-hours window moves a spot job to on-demand at its start. The
+guards under a burst across 20 jobs (e) are in tests/test_migration_plan.py.
+
 The job checkpoints only when told to stop (SIGTERM), so "no lost steps" is exact: the step
 the old attempt's job saved on its way out is the step the new attempt's job resumed from.
 """
@@ -83,11 +88,11 @@ def daemon(tmp_path: Path, cloud: LocalCloud, clock: JumpClock) -> Iterator[Daem
         yield d
 
 
-def submit(daemon: Daemon, tmp_path: Path, name: str) -> int:
+def submit(daemon: Daemon, tmp_path: Path, name: str, policy: str = "movers") -> int:
     """A training job that runs for hours and checkpoints only when stopped."""
     body = {
         "name": name,
-        "policy": "movers",
+        "policy": policy,
         "workdir": str(ROOT),
         "run": (
             f"{sys.executable} examples/train_with_checkpoints.py --steps 10000000 "
@@ -217,3 +222,39 @@ def test_a_job_on_on_demand_returns_to_spot_once_capacity_is_back_and_stays(
     assert len(migrations(daemon, job_id)) == 1
     assert started(daemon, job_id).key == back.key  # type: ignore[union-attr]
     assert daemon.store.jobs.get_job("od").state == "running"  # type: ignore[union-attr]
+
+
+OFFICE = POLICY.replace("name: movers", "name: office") + (
+    "schedule:\n"
+    "  timezone: Europe/Berlin\n"
+    "  windows:\n"
+    '    - {name: office-hours, days: [mon, tue, wed, thu, fri], hours: "10:30-18:00",'
+    " markets: [on_demand]}\n"
+)
+
+
+def test_an_office_hours_window_moves_a_spot_job_to_on_demand_at_its_start(
+    tmp_path: Path, daemon: Daemon, cloud: LocalCloud, clock: JumpClock
+) -> None:
+    write_policy(tmp_path / "policies", "office.yaml", OFFICE)
+    wait_until(lambda: daemon.registry.get("office"), 10, "the office policy loaded")
+    cloud.pin_price(XL_A, 0.15)
+    for poll in daemon.polls:
+        poll.run_once()
+    job_id = submit(daemon, tmp_path, "desk", policy="office")
+    first = wait_until(lambda: started(daemon, job_id, 1), 60, "attempt 1 running")
+    assert first.market == "spot"  # Tue 10:00 in Berlin: before office hours
+    passes_after(daemon, 1)
+    assert migrations(daemon, job_id) == []
+
+    boundary = datetime(2026, 12, 1, 9, 30, tzinfo=UTC)  # 10:30 in Berlin
+    clock.skip(seconds=(boundary - clock()).total_seconds())
+    [event] = wait_until(lambda: migrations(daemon, job_id), 30, "the move at the boundary")
+    assert boundary <= event.at <= boundary + timedelta(seconds=2 * POLL_S)
+    assert event.data["reason"] == "not_allowed"
+    assert "the policy in force during window office-hours no longer allows" in event.message
+    # (the attempt records the zone its on-demand instance landed in)
+    assert event.data["to_pool"] == "local/eu-central-1/eu-central-1-a/g4dn.xlarge/on_demand"
+    second = wait_until(lambda: started(daemon, job_id, 2), 90, "attempt 2 running")
+    assert second.market == "on_demand"
+    assert attempts(daemon, job_id)[0].exit_code == 143  # checkpointed on its way out

@@ -36,6 +36,7 @@ from optimizer.store.jobs import AttemptRecord
 from optimizer.store.tables import JobRecord
 from policies.engine import evaluate
 from policies.measured import Measured
+from policies.schedule import effective, window_at
 from policies.schema import Policy
 
 ASSUMED_OVERHEAD = timedelta(minutes=10)
@@ -48,12 +49,16 @@ InForce = Callable[[Policy, datetime], Policy]
 WindowName = Callable[[Policy, datetime], str | None]
 
 
-def as_written(policy: Policy, now: datetime) -> Policy:
-    return policy
+def in_force_now(policy: Policy, now: datetime) -> Policy:
+    """The plain policy in force at `now`: a schedule window's values in place of the
+    top-level ones while it is in force (policies/schedule.py)."""
+    return effective(policy, now)
 
 
-def no_window(policy: Policy, now: datetime) -> str | None:
-    return None
+def window_now(policy: Policy, now: datetime) -> str | None:
+    """The name of the policy's schedule window in force at `now` (None: none)."""
+    window = window_at(policy.schedule, now)
+    return None if window is None else window.name
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,8 +190,8 @@ def gather(
     *,
     overheads: Overheads | None = None,
     probe_window: ProbeWindow = DEFAULT_WINDOW,
-    in_force: InForce = as_written,
-    window_name: WindowName = no_window,
+    in_force: InForce = in_force_now,
+    window_name: WindowName = window_now,
 ) -> Inputs | None:
     """The pass's inputs (module docstring); None when no live job's policy in force has
     migration enabled (the pass reads nothing more then)."""

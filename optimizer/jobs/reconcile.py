@@ -53,9 +53,9 @@ from optimizer.jobs.migration_inputs import (
     InForce,
     Overheads,
     WindowName,
-    as_written,
     gather,
-    no_window,
+    in_force_now,
+    window_now,
 )
 from optimizer.jobs.recovery import Failure, Strategy, strategy_for
 from optimizer.jobs.utilization import Rules, Sample, rules_for, watch
@@ -86,8 +86,8 @@ class JobReconciler:
         agent: AgentSettings | None = None,
         register_timeout: timedelta = REGISTER_TIMEOUT,
         probe_window: ProbeWindow = DEFAULT_WINDOW,
-        in_force: InForce = as_written,
-        window_name: WindowName = no_window,
+        in_force: InForce = in_force_now,
+        window_name: WindowName = window_now,
     ) -> None:
         self.launcher = Launcher(daemon_url, self._emit, agent=agent, probe_window=probe_window)
         self.register_timeout = register_timeout
