@@ -14,12 +14,13 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from itertools import pairwise
+from typing import Any, Protocol
 
 import numpy as np
 
 from optimizer.model import Market, Offer
-from policies import budget
+from policies import budget, schedule
 from policies.columnar import PASSED, shapes
 from policies.rules import _SLACK, RuleSet
 from policies.schema import Policy
@@ -76,6 +77,14 @@ class History:
         )
 
 
+class Mover(Protocol):
+    """Whether a job on a pool that is still a candidate moves anyway, and where to."""
+
+    def __call__(
+        self, found: Market_, snapshot: int, pool: int, placed: int, first_start: int
+    ) -> int | None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Step:
     """One snapshot of the replay: where the job ran until the next one, and at what price."""
@@ -105,6 +114,7 @@ class Backtest:
     moves: int
     cap_crossings: int
     steps: Sequence[Step] = field(repr=False)
+    migrations: int = 0  # moves the policy's migration block made (counted in moves too)
 
     @property
     def savings_usd(self) -> float:
@@ -125,6 +135,7 @@ class Backtest:
             "hours_without_baseline": round(self.hours_without_baseline, 4),
             "moves": self.moves,
             "cap_crossings": self.cap_crossings,
+            "migrations": self.migrations,
         }
         if series:
             out["series"] = [
@@ -160,10 +171,11 @@ class Market_:
     allowed: np.ndarray  # bool: passes every rule but the bid caps and the budget
     capped: np.ndarray  # bool: allowed, and fails a bid cap
     candidate: np.ndarray  # bool: passes every rule
-    score: np.ndarray  # what rank_by orders on
-    on_demand: np.ndarray  # per pool: the baseline price; NaN where none
-    rank: np.ndarray  # per pool: position in the engine's tie-break order
-    over_budget: np.ndarray  # bool: allowed, under the caps, fails the budget rule
+    score: np.ndarray  # what rank_by orders on; inf where not a candidate
+    on_demand: np.ndarray  # the baseline price; NaN where none
+    best: np.ndarray  # per snapshot: the best candidate's pool row, -1 where none
+    cheapest_allowed: np.ndarray  # per snapshot: the lowest price any cap would have to allow
+    share_allowed: np.ndarray  # per snapshot: likewise, as a share of on-demand
 
 
 def snapshots(history: History, since: datetime | None, until: datetime | None) -> np.ndarray:
@@ -183,36 +195,73 @@ def market(
     since: datetime | None = None,
     until: datetime | None = None,
     *,
-    caps: bool = True,
+    bid: dict[str, float] | None = None,
 ) -> Market_:
-    """The matrices a replay walks (module docstring); `caps=False` leaves the bid caps out
-    of `candidate` (advise-bid reads what each snapshot would need)."""
+    """The matrices a replay walks (module docstring), each snapshot under the policy in
+    force then (its schedule's window); `bid` replaces the bid block of every policy in force
+    (what advise-bid replays)."""
     times = snapshots(history, since, until)
     if len(times) == 0:
         raise BacktestError("the history has no observation in the window")
     every = np.unique(history.at)
-    n_pools = len(history.pools)
-    filled = np.full((len(every), n_pools), -1, dtype=np.int64)
+    filled = np.full((len(every), len(history.pools)), -1, dtype=np.int64)
     # Each point's index in the point arrays, at its (time, pool) cell; a later row of the
     # same pool and time wins. Filling forward then gives each cell its latest point.
     order = np.argsort(history.at, kind="stable")
-    rows = np.searchsorted(every, history.at[order])
-    filled[rows, history.pool[order]] = order
+    filled[np.searchsorted(every, history.at[order]), history.pool[order]] = order
     np.maximum.accumulate(filled, axis=0, out=filled)
     picked = filled[np.searchsorted(every, times)]
     del filled
     exists = picked >= 0
     price = np.where(exists, history.usd_per_hour[picked], np.nan)
+    observed = np.where(exists, history.at[picked], np.iinfo(np.int64).min)
+    del picked
+    parts = [
+        _judge(
+            _in_force(policy, instant(times[start]), bid),
+            history,
+            times[start:stop],
+            price[start:stop],
+            observed[start:stop],
+        )
+        for start, stop in _segments(policy, times)
+    ]
+    if len(parts) == 1:
+        return parts[0]
+    return Market_(*(np.concatenate([getattr(p, f) for p in parts]) for f in Market_.__slots__))
 
+
+def _in_force(policy: Policy, when: datetime, bid: dict[str, float] | None) -> Policy:
+    plain = schedule.effective(policy, when)
+    if bid is not None:
+        plain = plain.model_copy(update={"bid": plain.bid.model_validate(bid)})
+    return plain
+
+
+def _segments(policy: Policy, times: np.ndarray) -> list[tuple[int, int]]:
+    """(start, stop) snapshot ranges under one schedule window each."""
+    edges = [0]
+    if policy.schedule is not None and len(times) > 1:
+        moments = schedule.transitions(policy.schedule, instant(times[0]), instant(times[-1]))
+        at = np.array([seconds(t.at) for t in moments], dtype=np.int64)
+        edges += [int(i) for i in np.searchsorted(times, at, side="left") if 0 < i < len(times)]
+    return list(pairwise([*sorted(set(edges)), len(times)]))
+
+
+def _judge(
+    policy: Policy,
+    history: History,
+    times: np.ndarray,
+    price: np.ndarray,
+    observed: np.ndarray,
+) -> Market_:
+    """The rules of one plain policy over snapshots x pools (the engine's formulas)."""
     rules = RuleSet(policy, instant(times[0]))
     found = shapes(rules, history.pools)
     shape_ok = found.rule[found.ids] == PASSED
-    fresh = exists.copy()
+    fresh = ~np.isnan(price)
     if policy.max_price_age_hours is not None:
-        observed = np.where(exists, history.at[picked], 0)
-        oldest = times[:, None] - policy.max_price_age_hours * 3600
-        fresh &= observed >= oldest
-    del picked
+        fresh &= observed >= times[:, None] - policy.max_price_age_hours * 3600
     price = np.where(fresh, price, np.nan)
     allowed = fresh & shape_ok[None, :]
 
@@ -225,6 +274,7 @@ def market(
     count = pools.number("gpu_count")
 
     over = np.zeros(price.shape, dtype=bool)
+    over_budget = np.zeros(price.shape, dtype=bool)
     with np.errstate(invalid="ignore"):
         if rules.max_usd_per_hour is not None:
             over |= price > rules.max_usd_per_hour * (1 + _SLACK)
@@ -235,15 +285,13 @@ def market(
             over |= spot_pool & (
                 no_reference | (price > rules.max_fraction * reference * (1 + _SLACK))
             )
-        over_budget = np.zeros(price.shape, dtype=bool)
         if rules.monthly_usd is not None:
             hours = np.array(
                 [budget.hours_left(instant(t), rules.hours_per_month) for t in times.tolist()]
             )
             monthly = price * hours[:, None]  # nothing spent: see docs/backtest.md
             over_budget = monthly > rules.monthly_usd * (1 + _SLACK)
-    capped = allowed & over
-    candidate = allowed & ~over_budget & (~over if caps else True)
+    candidate = allowed & ~over & ~over_budget
 
     node = found.node_tflops[found.ids]
     tbps = found.node_tbps[found.ids]
@@ -253,18 +301,39 @@ def market(
         score = price / tbps
     else:
         score = price
-    baseline = np.where(on_demand_pool, price, reference)
+    score = np.where(candidate, score, np.inf)
     return Market_(
         times=times,
         price=price,
         allowed=allowed,
-        capped=capped,
+        capped=allowed & over,
         candidate=candidate,
         score=score,
-        on_demand=baseline,
-        rank=_ranks(rules, pools),
-        over_budget=allowed & ~over & over_budget,
+        on_demand=np.where(on_demand_pool, price, reference),
+        best=_best(score, _ranks(rules, pools)),
+        cheapest_allowed=np.where(allowed & ~over_budget, price, np.inf).min(axis=1),
+        share_allowed=_shares(allowed & ~over_budget, spot_pool, price, reference),
     )
+
+
+def _shares(
+    allowed: np.ndarray, spot: np.ndarray, price: np.ndarray, reference: np.ndarray
+) -> np.ndarray:
+    """Per snapshot, the lowest spot-to-on-demand share among allowed offers (0 where an
+    allowed offer is not spot: no fraction caps it); inf where none has one."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(spot, price / reference, 0.0)
+    return np.where(allowed & ~np.isnan(share), share, np.inf).min(axis=1)  # type: ignore[no-any-return]
+
+
+def _best(score: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """Per snapshot, the engine's first candidate (a pool row), -1 where there is none:
+    the lowest score, ties to the lower rank."""
+    by_rank = np.argsort(rank)
+    ranked = score[:, by_rank]
+    first = ranked.argmin(axis=1)
+    found = np.isfinite(ranked[np.arange(len(first)), first])
+    return np.where(found, by_rank[first], -1)
 
 
 def _references(price: np.ndarray, on_demand: np.ndarray, groups: np.ndarray) -> np.ndarray:
@@ -303,15 +372,6 @@ def _ranks(rules: RuleSet, pools: OfferTable) -> np.ndarray:
     return rank
 
 
-def best(found: Market_) -> np.ndarray:
-    """Per snapshot, the engine's first candidate (a pool row), -1 where there is none."""
-    by_rank = np.argsort(found.rank)
-    score = np.where(found.candidate, found.score, np.inf)[:, by_rank]
-    first = score.argmin(axis=1)
-    winner = by_rank[first]
-    return np.where(np.isfinite(score[np.arange(len(first)), first]), winner, -1)
-
-
 def replay(
     policy: Policy,
     history: History,
@@ -319,30 +379,46 @@ def replay(
     until: datetime | None = None,
     *,
     found: Market_ | None = None,
+    mover: Mover | None = None,
 ) -> Backtest:
-    """One job under `policy` from the first snapshot to `until` (docs/backtest.md)."""
+    """One job under `policy` from the first snapshot to `until` (docs/backtest.md).
+
+    `mover`, where given, is asked at each snapshot on which the job's pool is still a
+    candidate whether it moves anyway (the policy's `migration` block)."""
     found = found or market(policy, history, since, until)
     times = found.times
     end = seconds(until) if until is not None else int(times[-1])
     if end < times[-1]:
         raise BacktestError("--until is before the last snapshot")
-    winners = best(found).tolist()
+    winners = found.best.tolist()
     stops = [*times[1:].tolist(), end]
     candidate, capped, price, baseline = found.candidate, found.capped, found.price, found.on_demand
     offers = history.pools.offers
     current = last = -1
     cost = on_demand = idle = unpriced = 0.0
-    moves = crossings = 0
+    moves = crossings = migrations = 0
     steps: list[Step] = []
+    first_start = placed = 0
     for s, start in enumerate(times.tolist()):
         if current < 0 or not candidate[s, current]:
             if current >= 0 and capped[s, current]:
                 crossings += 1
             current = winners[s]
             if current >= 0:
+                if last < 0:
+                    first_start = start
                 if last >= 0 and current != last:
                     moves += 1
+                if current != last:
+                    placed = start
                 last = current
+        elif mover is not None:
+            target = mover(found, s, current, placed, first_start)
+            if target is not None and target != current:
+                current = last = target
+                moves += 1
+                migrations += 1
+                placed = start
         hours = (stops[s] - start) / 3600
         usd = reference = None
         if current < 0:
@@ -381,6 +457,7 @@ def replay(
         moves=moves,
         cap_crossings=crossings,
         steps=steps,
+        migrations=migrations,
     )
 
 
@@ -425,10 +502,6 @@ class BidAdvice:
         }
 
 
-def _with_bid(policy: Policy, bid: dict[str, float]) -> Policy:
-    return policy.model_copy(update={"bid": policy.bid.model_validate(bid)})
-
-
 def _lowest(needs: np.ndarray, target: float) -> float | None:
     """The smallest value v such that needs <= v in at least `target` of snapshots."""
     k = max(1, math.ceil(target * len(needs) - 1e-9))
@@ -449,38 +522,23 @@ def advise_bid(
     if not 0 < target <= 1:
         raise BacktestError(f"target availability must be within (0, 1], got {target}")
     current = market(policy, history, since, until)
-    free = market(_with_bid(policy, {}), history, since, until)
-    snapshots_n = len(free.times)
+    snapshots_n = len(current.times)
 
     def availability(found: Market_) -> float:
-        return float(found.candidate.any(axis=1).mean())
+        return float((found.best >= 0).mean())
+
+    def weigh(cap: dict[str, float]) -> CapAdvice:
+        found = market(policy, history, since, until, bid=cap)
+        return CapAdvice(
+            cap, availability(found), replay(policy, history, since, until, found=found)
+        )
 
     ran = replay(policy, history, since, until, found=current)
     mine = CapAdvice({}, availability(current), ran)
-    cheapest = np.where(free.candidate, free.price, np.inf).min(axis=1)
-    usd = _lowest(cheapest, target)
-    by_usd = None
-    if usd is not None:
-        capped_policy = _with_bid(policy, {"max_usd_per_hour": usd})
-        found = market(capped_policy, history, since, until)
-        by_usd = CapAdvice(
-            {"max_usd_per_hour": usd},
-            availability(found),
-            replay(capped_policy, history, since, until, found=found),
-        )
-    pools = history.pools.column("market")
-    spot = pools.codes == pools.code_of(Market.SPOT)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        share = np.where(spot, free.price / free.on_demand, 0.0)  # on-demand pools: no cap
-    share = np.where(free.candidate & ~np.isnan(share), share, np.inf)
-    fraction = _lowest(share.min(axis=1), target)
+    usd = _lowest(current.cheapest_allowed, target)
+    by_usd = None if usd is None else weigh({"max_usd_per_hour": usd})
+    fraction = _lowest(current.share_allowed, target)
     by_fraction = None
     if fraction is not None and 0 < fraction <= 1:
-        capped_policy = _with_bid(policy, {"max_fraction_of_on_demand": fraction})
-        found = market(capped_policy, history, since, until)
-        by_fraction = CapAdvice(
-            {"max_fraction_of_on_demand": fraction},
-            availability(found),
-            replay(capped_policy, history, since, until, found=found),
-        )
+        by_fraction = weigh({"max_fraction_of_on_demand": fraction})
     return BidAdvice(policy.name, target, snapshots_n, mine, by_usd, by_fraction)

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from optimizer.catalog import write_catalog
 from optimizer.cli import app
+from optimizer.jobs.backtest import Migrations
 from optimizer.model import Market, Offer
 from policies.backtest import History, advise_bid, replay
 from policies.schema import Policy
@@ -187,3 +188,51 @@ def test_a_bad_history_names_file_line_and_field(tmp_path: Path) -> None:
     run = CliRunner().invoke(app, ["backtest", str(policy_file), "--history", str(history)])
     assert run.exit_code == 2
     assert "bad.csv:3:" in run.output and "usd_per_hour" in run.output
+
+
+def test_each_snapshot_runs_under_the_schedule_window_in_force() -> None:
+    windowed = policy(
+        bid={"max_usd_per_hour": 3.0},
+        schedule={
+            "timezone": "UTC",
+            "windows": [
+                {"name": "tight", "hours": "02:00-03:00", "bid": {"max_usd_per_hour": 2.0}}
+            ],
+        },
+    )
+    ran = replay(windowed, History.from_offers(POINTS), until=T0 + 4 * H)
+    # Hour 2 under the window's 2.00 cap: B at 2.60 crosses it and the job moves to A at 1.00;
+    # hour 3, back under 3.00: A at 4.00 crosses, B at 5.00 too, nothing left.
+    assert [s.pool.zone if s.pool else None for s in ran.steps] == [
+        "use1-az1",
+        "use1-az2",
+        "use1-az1",
+        None,
+    ]
+    assert round(ran.cost_usd, 2) == 5.50
+    assert (ran.moves, ran.cap_crossings) == (2, 3)
+
+
+def test_migration_moves_to_a_pool_cheaper_for_long_enough() -> None:
+    points = [
+        point("use1-az1", 0, 2.0),
+        point("use1-az2", 0, 3.0),
+        point("use1-az1", 1, 2.0),
+        point("use1-az2", 1, 1.0),  # 50% cheaper, but only for the last hour's second half
+        point("use1-az1", 2, 2.0),
+        point("use1-az2", 2, 1.0),  # cheap at every point of the last hour: it moves
+    ]
+    history = History.from_offers(points)
+    migrating = policy(migration={"enabled": True, "min_savings": 0.25, "min_stable": 3600})
+    ran = replay(migrating, history, until=T0 + 3 * H, mover=Migrations(migrating, history))
+    # A 2.00 + A 2.00 + B 1.00: at hour 2 the saving (2.00 - 1.00) x 2 h run so far beats a
+    # 10-minute restart at 1.00.
+    assert [s.pool.zone if s.pool else None for s in ran.steps] == [
+        "use1-az1",
+        "use1-az1",
+        "use1-az2",
+    ]
+    assert round(ran.cost_usd, 2) == 5.00
+    assert (ran.moves, ran.migrations) == (1, 1)
+    stays = replay(migrating, history, until=T0 + 3 * H)  # without the pass: no reason to move
+    assert round(stays.cost_usd, 2) == 6.00 and stays.moves == 0

@@ -63,12 +63,14 @@ def backtest(
     as_json: JsonOption = False,
 ) -> None:
     """Replay a policy over a price history: cost, on-demand baseline, moves, gaps."""
+    from optimizer.jobs.backtest import Migrations
     from policies.backtest import BacktestError, replay
 
     start, end = parse_time(since, "--since"), parse_time(until, "--until")
     policy, points = _inputs(policy_file, history, from_store, config, start)
+    mover = Migrations(policy, points) if policy.migration.enabled else None
     try:
-        result = replay(policy, points, start, end)
+        result = replay(policy, points, start, end, mover=mover)
     except BacktestError as exc:
         fail(exc)
     if as_json:
@@ -81,7 +83,8 @@ def backtest(
     print(f"  cost       ${out['cost_usd']:,.2f}")
     print(f"  on-demand  ${out['on_demand_usd']:,.2f} (same shape)")
     print(f"  savings    ${out['savings_usd']:,.2f}")
-    print(f"  moves {out['moves']}, cap crossings {out['cap_crossings']}")
+    print(f"  moves {out['moves']} ({out['migrations']} by migration), "
+          f"cap crossings {out['cap_crossings']}")  # fmt: skip
     print(f"  hours without a candidate {out['hours_without_candidate']:.2f}")
     if out["hours_without_baseline"]:
         print(f"  hours without an on-demand price {out['hours_without_baseline']:.2f}")

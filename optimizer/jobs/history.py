@@ -24,6 +24,7 @@ from policies.backtest import History, seconds
 from policies.table import OfferTable
 
 POOL = ("provider", "region", "zone", "instance_type", "market")
+PARQUET = ".parquet"  # a history in Parquet: the catalog's columns, one row per point
 
 
 def _comment_lines(path: Path) -> int:
@@ -57,21 +58,37 @@ def read_history(path: str | Path) -> History:
     file = Path(path)
     if not file.is_file():
         raise CatalogError([Problem(str(file), "no such file")])
+    types: dict[str, pa.DataType] = {
+        "observed_at": pa.timestamp("s", tz="UTC"),
+        "zone": pa.string(),
+    }
+    for name, declared in Offer.__dataclass_fields__.items():  # numbers as the Offer types them
+        kind = str(declared.type).replace(" | None", "")
+        if kind in ("int", "float"):
+            types[name] = pa.int64() if kind == "int" else pa.float64()
     try:
-        table = pcsv.read_csv(
-            file,
-            read_options=pcsv.ReadOptions(skip_rows=_comment_lines(file), use_threads=False),
-            convert_options=pcsv.ConvertOptions(
-                column_types={
-                    "observed_at": pa.timestamp("s", tz="UTC"),
-                    "usd_per_hour": pa.float64(),
-                    "zone": pa.string(),
-                },
-                strings_can_be_null=False,
-            ),
-        )
-    except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError) as exc:
+        if file.suffix == PARQUET:
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(file)
+            table = table.cast(
+                pa.schema([pa.field(f.name, types.get(f.name, f.type)) for f in table.schema])
+            )
+        else:
+            table = pcsv.read_csv(
+                file,
+                read_options=pcsv.ReadOptions(skip_rows=_comment_lines(file), use_threads=False),
+                convert_options=pcsv.ConvertOptions(
+                    column_types=types, strings_can_be_null=False, auto_dict_encode=True
+                ),
+            )
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError) as exc:
+        if file.suffix == PARQUET:
+            raise CatalogError([Problem(str(file), f"not a history: {exc}")]) from None
         raise _located(file, exc) from None
+    except UnicodeDecodeError as exc:
+        raise _located(file, exc) from None
+    table = table.unify_dictionaries()  # one dictionary per column across chunks
     names = set(table.column_names)
     missing = sorted(REQUIRED - names)
     unknown = sorted(names - set(OFFER_FIELDS))
@@ -88,7 +105,10 @@ def read_history(path: str | Path) -> History:
         raise _located(file, ValueError("a missing time or a bad price"))
     key = np.zeros(table.num_rows, dtype=np.int64)
     for name in POOL:
-        encoded = pc.dictionary_encode(table.column(name)).combine_chunks()
+        column = table.column(name)
+        if not pa.types.is_dictionary(column.type):
+            column = pc.dictionary_encode(column)
+        encoded = column.combine_chunks()
         size = max(len(encoded.dictionary), 1)
         key = key * size + encoded.indices.to_numpy(zero_copy_only=False)
     _, first, pool = np.unique(key, return_index=True, return_inverse=True)
