@@ -157,6 +157,7 @@ class ProviderSettings:
     regions: tuple[str, ...] = ()  # empty: every region the provider knows
     project: str | None = None
     placement_scores: bool = False
+    commitments: bool = False  # also fetch committed offers (1-/3-year commitment rates)
     interruption_queue_url: str | None = None
     data_dir: Path | None = None
     cache: SpecCache | None = None

@@ -44,6 +44,8 @@ class Capabilities:
     interruption_queue: bool = False  # read interruptions from an event queue when one is
     # configured (`interruption_queue_url`): the source is an InterruptionQueue
     placement_scores: bool = False  # fetch spot placement scores when asked (`placement_scores`)
+    commitments: bool = False  # fetch committed offers (1- and 3-year commitment rates) when
+    # asked (`commitments`): `gpuopt tco`, and `gpuopt offers` when the committed market is wanted
     live_offers: bool = False  # `gpuopt offers --provider NAME` asks it live (else its
     # snapshot rows); the local cloud's live offers are its simulated prices of the moment
     watcher: str | None = None  # the metadata watcher kind its instances' agent runs
@@ -165,6 +167,7 @@ register(
             interruption_queue=True,
             placement_scores=True,
             live_offers=True,
+            commitments=True,
             watcher="aws-imds",
         ),
         aws.build,

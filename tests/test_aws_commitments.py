@@ -4,59 +4,28 @@ from `savingsplans.describe_savings_plans_offering_rates`; effective prices by h
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from optimizer.model import Interconnect, Market, Offer, PaymentOption
+from providers.aws import AwsProvider
 from providers.aws import commitments as C
 from providers.aws import pricing as P
-from tests.helpers.aws import StubSession, price_item
-
-
-def reserved(
-    code: str,
-    length: str,
-    option: str,
-    hourly: float,
-    upfront: float | None,
-    offering: str = "standard",
-) -> dict[str, Any]:
-    """One `terms.Reserved` entry in the offer file's shape (REFERENCE-ROUND2 §3a)."""
-    dims: dict[str, Any] = {
-        f"SKU.{code}.6YS6EN2CT7": {
-            "unit": "Hrs",
-            "pricePerUnit": {"USD": f"{hourly:.10f}"},
-            "description": "USD per instance-hour used this month",
-            "beginRange": "0",
-            "endRange": "Inf",
-        }
-    }
-    if upfront is not None:
-        dims[f"SKU.{code}.2TG2D8R56U"] = {
-            "unit": "Quantity",
-            "pricePerUnit": {"USD": f"{upfront:g}"},
-            "description": "Upfront Fee",
-        }
-    return {
-        "offerTermCode": code,
-        "sku": "SKU",
-        "effectiveDate": "2026-11-01T00:00:00Z",
-        "priceDimensions": dims,
-        "termAttributes": {
-            "LeaseContractLength": length,
-            "OfferingClass": offering,
-            "PurchaseOption": option,
-        },
-    }
-
-
-def with_reserved(item: str, *terms: dict[str, Any]) -> str:
-    data = json.loads(item)
-    data["terms"]["Reserved"] = {f"SKU.{t['offerTermCode']}": t for t in terms}
-    return json.dumps(data)
+from tests.helpers.aws import (
+    NOW,
+    Clock,
+    StubSession,
+    offering_rate,
+    price_item,
+    reserved_term,
+    savings_plans_request,
+    stub_p5_market,
+    stub_p5_price_list,
+    stub_p5_region,
+    with_reserved,
+)
 
 
 def test_reserved_terms_become_effective_hourly_rates() -> None:
@@ -64,12 +33,12 @@ def test_reserved_terms_become_effective_hourly_rates() -> None:
     pricing = session.stub("pricing")
     item = with_reserved(
         price_item("p5.48xlarge", "us-east-1", 55.04),
-        reserved("4NA7Y494T4", "1yr", "No Upfront", 38.0, None),
+        reserved_term("4NA7Y494T4", "1yr", "No Upfront", 38.0, None),
         # 157,680 upfront over 8,760 h is $18/h, plus $18.50/h: $36.50 effective
-        reserved("HU7G6KETJZ", "1yr", "Partial Upfront", 18.5, 157_680),
+        reserved_term("HU7G6KETJZ", "1yr", "Partial Upfront", 18.5, 157_680),
         # 735,840 upfront over 26,280 h: $28/h, no hourly fee
-        reserved("MZU6U2429S", "3yr", "All Upfront", 0.0, 735_840),
-        reserved("7NE97W5U4E", "3yr", "No Upfront", 33.0, None, offering="convertible"),
+        reserved_term("MZU6U2429S", "3yr", "All Upfront", 0.0, 735_840),
+        reserved_term("7NE97W5U4E", "3yr", "No Upfront", 33.0, None, offering="convertible"),
     )
     pricing.add_response(
         "get_products",
@@ -93,56 +62,18 @@ def test_reserved_terms_become_effective_hourly_rates() -> None:
     }
 
 
-def offering_rate(
-    plan: str, option: str, years: int, rate: str, operation: str = "RunInstances"
-) -> dict[str, Any]:
-    """One `searchResults` entry (REFERENCE-ROUND2 §3b)."""
-    return {
-        "savingsPlanOffering": {
-            "offeringId": f"{plan}-{option}-{years}".replace(" ", ""),
-            "paymentOption": option,
-            "planType": plan,
-            "durationSeconds": years * 31_536_000,
-            "currency": "USD",
-            "planDescription": f"{years} year {option} {plan}",
-        },
-        "rate": rate,
-        "unit": "Hrs",
-        "productType": "EC2",
-        "serviceCode": "AmazonEC2",
-        "usageType": "BoxUsage:p5.48xlarge",
-        "operation": operation,
-        "properties": [
-            {"name": "region", "value": "us-east-1"},
-            {"name": "instanceType", "value": "p5.48xlarge"},
-            {"name": "instanceFamily", "value": "p5"},
-            {"name": "productDescription", "value": "Linux/UNIX"},
-            {"name": "tenancy", "value": "shared"},
-        ],
-    }
-
-
 def test_savings_plan_rates_pages_and_prepaid_share() -> None:
     session = StubSession()
     plans = session.stub("savingsplans")
-    request = {
-        "savingsPlanTypes": ["EC2Instance", "Compute"],
-        "products": ["EC2"],
-        "serviceCodes": ["AmazonEC2"],
-        "filters": [
-            {"name": "instanceType", "values": ["p5.48xlarge"]},
-            {"name": "region", "values": ["us-east-1"]},
-            {"name": "tenancy", "values": ["shared"]},
-            {"name": "productDescription", "values": ["Linux/UNIX"]},
-        ],
-        "maxResults": 1000,
-    }
+    request = savings_plans_request("p5.48xlarge", "us-east-1")
     plans.add_response(
         "describe_savings_plans_offering_rates",
         {
             "searchResults": [
                 offering_rate("EC2Instance", "No Upfront", 1, "37.1"),
-                offering_rate("EC2Instance", "No Upfront", 1, "60.0", "RunInstances:0002"),
+                offering_rate(
+                    "EC2Instance", "No Upfront", 1, "60.0", operation="RunInstances:0002"
+                ),
             ],
             "nextToken": "page-2",
         },
@@ -203,3 +134,130 @@ def test_rates_become_committed_offers_with_the_on_demand_specs() -> None:
     assert (offer.usd_per_hour, offer.term_years, offer.upfront_usd) == (28.0, 3, 735_840.0)
     assert offer.recurring_usd_per_hour == pytest.approx(0.0)
     assert offer.gpu_model == "H100-80GB" and offer.source == "aws reserved standard"
+
+
+# --- the provider's poll: committed offers beside spot and on-demand ----------------------
+
+P5_RESERVED = (
+    reserved_term("4NA7Y494T4", "1yr", "No Upfront", 38.0, None),
+    # 157,680 upfront over 8,760 h is $18/h, plus $18.50/h: $36.50 effective
+    reserved_term("HU7G6KETJZ", "1yr", "Partial Upfront", 18.5, 157_680),
+    # 735,840 upfront over 26,280 h: $28/h
+    reserved_term("MZU6U2429S", "3yr", "All Upfront", 0.0, 735_840),
+    reserved_term("7NE97W5U4E", "3yr", "No Upfront", 33.0, None, offering="convertible"),
+)
+P5_PLANS = [
+    offering_rate("EC2Instance", "No Upfront", 1, "37.1"),
+    offering_rate("Compute", "All Upfront", 3, "26.5"),
+    offering_rate("EC2Instance", "No Upfront", 1, "40.0", region="eu-west-1"),  # not polled
+]
+# (source, term, payment) → (effective $/h, upfront $), worked by hand above and here:
+# the all-upfront Compute plan prepays 26.5 x 26,280 h = $696,420.
+P5_COMMITTED = {
+    ("aws reserved standard", 1, PaymentOption.NO_UPFRONT): (38.0, 0.0),
+    ("aws reserved standard", 1, PaymentOption.PARTIAL_UPFRONT): (36.5, 157_680.0),
+    ("aws reserved standard", 3, PaymentOption.ALL_UPFRONT): (28.0, 735_840.0),
+    ("aws savings plan EC2Instance", 1, PaymentOption.NO_UPFRONT): (37.1, 0.0),
+    ("aws savings plan Compute", 3, PaymentOption.ALL_UPFRONT): (26.5, 696_420.0),
+}
+
+
+def stub_plans(session: StubSession, results: list[dict[str, Any]] = P5_PLANS) -> None:
+    session.stub("savingsplans", "us-east-1").add_response(
+        "describe_savings_plans_offering_rates",
+        {"searchResults": results},
+        savings_plans_request("p5.48xlarge"),
+    )
+
+
+def committed(offers: list[Offer]) -> dict[tuple[str, int, PaymentOption], tuple[float, float]]:
+    out = {}
+    for o in offers:
+        if o.market is Market.COMMITTED:
+            assert o.term_years is not None and o.payment_option is not None
+            out[(o.source, o.term_years, o.payment_option)] = (
+                pytest.approx(o.usd_per_hour),
+                pytest.approx(o.upfront_usd),
+            )
+    return out
+
+
+@pytest.mark.usefixtures("aws_env", "offline")
+def test_a_poll_with_commitments_offers_each_rate_with_the_on_demand_specs() -> None:
+    session = StubSession()
+    stub_p5_region(session, NOW)
+    stub_p5_price_list(session, *P5_RESERVED)  # one chain: list prices and Reserved terms
+    stub_plans(session)
+    aws = AwsProvider(session=session, clock=Clock(), max_workers=1, commitments=True)
+    offers = aws.fetch_offers(["us-east-1"])
+    session.assert_done()
+    assert aws.problems == []
+    assert committed(offers) == P5_COMMITTED
+    rows = [o for o in offers if o.market is Market.COMMITTED]
+    assert {(o.region, o.zone, o.instance_type, o.gpu_model, o.gpu_count) for o in rows} == {
+        ("us-east-1", None, "p5.48xlarge", "H100-80GB", 8)
+    }
+    assert {o.market for o in offers} == {Market.SPOT, Market.ON_DEMAND, Market.COMMITTED}
+
+
+@pytest.mark.usefixtures("aws_env", "offline")
+def test_without_commitments_no_rate_is_asked_for() -> None:
+    session = StubSession()
+    stub_p5_region(session, NOW)
+    stub_p5_price_list(session, *P5_RESERVED)
+    offers = AwsProvider(session=session, clock=Clock(), max_workers=1).fetch_offers(["us-east-1"])
+    session.assert_done()
+    assert {o.market for o in offers} == {Market.SPOT, Market.ON_DEMAND}
+    assert ("savingsplans", "us-east-1") not in session.made
+
+
+@pytest.mark.usefixtures("aws_env", "offline")
+def test_commitment_rates_are_cached_a_day_and_reserved_terms_ride_on_list_prices() -> None:
+    clock, session = Clock(), StubSession()
+    stub_p5_region(session, clock.now)
+    stub_p5_price_list(session, *P5_RESERVED)
+    stub_plans(session)
+    aws = AwsProvider(session=session, clock=clock, max_workers=1, commitments=True)
+    aws.fetch_offers(["us-east-1"])
+    session.assert_done()
+
+    # 13 h on: the list prices (12 h) are read again, and their Reserved terms with them;
+    # the Savings Plans rates (24 h) are not asked: the Stubber would refuse the call.
+    clock.advance(hours=13)
+    stub_p5_market(session, clock.now)
+    stub_p5_price_list(session, reserved_term("4NA7Y494T4", "1yr", "No Upfront", 35.0, None))
+    later = aws.fetch_offers(["us-east-1"])
+    session.assert_done()
+    assert aws.problems == []
+    assert committed(later) == {
+        ("aws reserved standard", 1, PaymentOption.NO_UPFRONT): (35.0, 0.0),
+        ("aws savings plan EC2Instance", 1, PaymentOption.NO_UPFRONT): (37.1, 0.0),
+        ("aws savings plan Compute", 3, PaymentOption.ALL_UPFRONT): (26.5, 696_420.0),
+    }
+
+    # A day after the first poll: the Savings Plans rates are asked again.
+    clock.advance(hours=12)
+    stub_p5_region(session, clock.now)
+    stub_plans(session, P5_PLANS[:1])
+    assert len([o for o in aws.fetch_offers(["us-east-1"]) if o.market is Market.COMMITTED]) == 2
+    session.assert_done()
+
+
+@pytest.mark.usefixtures("aws_env", "offline")
+def test_a_refused_savings_plans_call_is_a_problem_and_reserved_rates_still_flow() -> None:
+    session = StubSession()
+    stub_p5_region(session, NOW)
+    stub_p5_price_list(session, *P5_RESERVED)
+    session.stub("savingsplans", "us-east-1").add_client_error(
+        "describe_savings_plans_offering_rates",
+        "AccessDeniedException",
+        "not authorized to perform: savingsplans:DescribeSavingsPlansOfferingRates",
+        http_status_code=400,
+    )
+    aws = AwsProvider(session=session, clock=Clock(), max_workers=1, commitments=True)
+    offers = aws.fetch_offers(["us-east-1"])
+    session.assert_done()
+    assert {k[0] for k in committed(offers)} == {"aws reserved standard"}
+    (problem,) = aws.problems
+    assert problem.startswith("savings plans rates unavailable: AccessDeniedException")
+    assert "1 of 1 types" in problem

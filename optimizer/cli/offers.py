@@ -17,6 +17,7 @@ from optimizer.cli.common import fail
 
 if TYPE_CHECKING:
     from optimizer.model import Offer
+    from policies.schema import Policy
 
 
 class MarketChoice(StrEnum):
@@ -125,17 +126,20 @@ def offers(
         if policy is None:
             fail("--at needs --policy FILE")
         when = ranked.parse_at(at)
+    commitments = query.market is Market.COMMITTED
     if policy is not None and catalog is None:
         from optimizer.cli import ranked
 
+        arg = ranked.policy_arg(policy)
+        wants = commitments or (arg.policy is not None and _allows_committed(arg.policy))
         ranked.show(
-            ranked.policy_arg(policy),
+            arg,
             query,
             limit=limit,
             explain=explain,
             as_json=as_json,
             api=api,
-            gather=lambda: _gather(providers, region or ()),
+            gather=lambda: _gather(providers, region or (), commitments=wants),
             at=when,
         )
         return
@@ -147,7 +151,7 @@ def offers(
             fail(str(exc))
         source_name = file_source.name
     else:
-        rows, source_name = _gather(providers, region or ())
+        rows, source_name = _gather(providers, region or (), commitments=commitments)
 
     chosen = select(rows, query)
     if policy is not None:
@@ -172,12 +176,23 @@ def offers(
     offers_table(shown, total=len(chosen), source=source_name)
 
 
-def _gather(providers: list[str], regions: Sequence[str]) -> tuple[list[Offer], str]:
+def _allows_committed(policy: Policy) -> bool:
+    """Whether the policy lists the committed market, itself or in a schedule window."""
+    windows = policy.schedule.windows if policy.schedule is not None else []
+    return "committed" in policy.markets or any(
+        w.markets is not None and "committed" in w.markets for w in windows
+    )
+
+
+def _gather(
+    providers: list[str], regions: Sequence[str], *, commitments: bool = False
+) -> tuple[list[Offer], str]:
     """The offers of the providers asked for (the snapshot when none), each source that
-    could not run said in one line on stderr."""
+    could not run said in one line on stderr; committed offers are asked for only when
+    `commitments` (the committed market is wanted): they take calls of their own."""
     from optimizer.cli.sources import gather
 
-    gathered = gather(providers, regions)
+    gathered = gather(providers, regions, commitments=commitments)
     for note in gathered.notes:
         print(f"gpuopt: {note}", file=sys.stderr)
     return gathered.offers, ", ".join(gathered.names)

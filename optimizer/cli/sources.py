@@ -44,12 +44,13 @@ def expand_regions(provider: str, globs: Sequence[str]) -> list[str] | None:
     return sorted(set(matched) | set(exact))
 
 
-def _live(provider: str) -> tuple[OfferSource | None, str | None]:
+def _live(provider: str, commitments: bool) -> tuple[OfferSource | None, str | None]:
     """A live source for the provider, or (None, why it cannot run here).
 
     Built as the daemon builds it (the registry's builder, the same settings and endpoints,
     the daemon's data directory, where the local cloud would keep its state: reading its
-    offers creates nothing there), without a spec cache.
+    offers creates nothing there), without a spec cache; with `commitments`, asking for
+    committed offers too where the provider has them.
     """
     from optimizer.daemon.settings import data_dir
 
@@ -57,18 +58,24 @@ def _live(provider: str) -> tuple[OfferSource | None, str | None]:
     if entry is None or not entry.capabilities.live_offers:
         return None, f"no live adapter for {provider!r}"
     try:
-        return entry.build(ProviderSettings(data_dir=data_dir())), None
+        settings = ProviderSettings(
+            data_dir=data_dir(), commitments=commitments and entry.capabilities.commitments
+        )
+        return entry.build(settings), None
     except ProviderDisabled as exc:
         return None, str(exc)
 
 
-def gather(providers: Sequence[str], region_globs: Sequence[str]) -> Gathered:
-    """Offers for `gpuopt offers`: the snapshot by default, live clouds when named."""
+def gather(
+    providers: Sequence[str], region_globs: Sequence[str], *, commitments: bool = False
+) -> Gathered:
+    """Offers for `gpuopt offers`: the snapshot by default, live clouds when named (with their
+    committed offers when `commitments`: those take calls of their own)."""
     out = Gathered()
     live = [p for p in providers if p in live_providers()]
     fallback: set[str] = set()
     for provider in live:
-        source, why = _live(provider)
+        source, why = _live(provider, commitments)
         if source is None:
             out.notes.append(f"{provider}: disabled ({why}); showing the bundled snapshot")
             fallback.add(provider)

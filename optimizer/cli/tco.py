@@ -176,7 +176,7 @@ def _offers(catalog: Path | None, providers: list[str]) -> tuple[list[Offer], st
             fail(f"--provider: unknown provider {name!r}; known: {', '.join(registry.names())}")
     from optimizer.cli.sources import gather
 
-    gathered = gather(names, ())
+    gathered = gather(names, (), commitments=True)
     for note in gathered.notes:
         print(f"gpuopt: {note}", file=sys.stderr)
     return gathered.offers, ", ".join(gathered.names)

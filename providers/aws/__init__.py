@@ -34,4 +34,5 @@ def build(settings: ProviderSettings) -> AwsProvider:
         clock=settings.clock,
         placement_scores=settings.placement_scores,
         queue_url=settings.interruption_queue_url,
+        commitments=settings.commitments,
     )

@@ -21,11 +21,11 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from optimizer.model import HOURS_PER_YEAR, Market, Offer, PaymentOption
-from providers.aws.pricing import PAGE_SIZE, SERVICE_CODE, product_filters
+from providers.aws.pricing import SERVICE_CODE, price_list
 
 _TERMS = {"1yr": 1, "3yr": 3}
 _PAYMENT = {
@@ -38,6 +38,11 @@ _SECONDS_PER_YEAR = 365 * 24 * 3600  # durationSeconds: 31,536,000 (1 year), 94,
 # systems carry a suffix, RunInstances:0002 …).
 _LINUX_OPERATION = "RunInstances"
 _PLAN_TYPES = ("EC2Instance", "Compute")
+SAVINGS_PLANS_PAGE_SIZE = 1000  # maxResults upper bound (REFERENCE-ROUND2 §3b)
+# The Savings Plans API has one global endpoint, savingsplans.amazonaws.com (REFERENCE-ROUND2
+# §3b); its client is made for this region.
+SAVINGS_PLANS_REGION = "us-east-1"
+RESERVED = "reserved standard"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +56,22 @@ class Rate:
     effective_usd_per_hour: float
     upfront_usd: float
     kind: str  # "reserved standard", "savings plan EC2Instance" …
+
+
+def encode_rates(rates: Iterable[Rate]) -> list[dict[str, Any]]:
+    """Rates as JSON-able rows, for the SpecCache."""
+    return [{**asdict(r), "payment_option": r.payment_option.value} for r in rates]
+
+
+def decode_rates(rows: Any) -> list[Rate]:
+    """Rates back from `encode_rates` rows; rows that do not read are dropped."""
+    out = []
+    for row in rows if isinstance(rows, list) else []:
+        try:
+            out.append(Rate(**{**row, "payment_option": PaymentOption(row["payment_option"])}))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out
 
 
 def _usd(dimension: dict[str, Any]) -> float | None:
@@ -109,23 +130,21 @@ def parse_reserved_item(item: str | dict[str, Any]) -> list[Rate]:
     return out
 
 
-def reserved_rates(pricing: Any, instance_type: str, region: str | None = None) -> list[Rate]:
-    """Every standard Reserved Instance rate for one type: one paginated GetProducts chain
-    (the on-demand product carries its Reserved terms). Convertible ones are left out: they
-    cost more for the right to exchange, which a TCO does not price."""
-    pages = pricing.get_paginator("get_products").paginate(
-        ServiceCode=SERVICE_CODE,
-        Filters=product_filters(instance_type, region),
-        FormatVersion="aws_v1",
-        PaginationConfig={"PageSize": PAGE_SIZE},
-    )
-    items: Iterable[str] = (item for page in pages for item in page.get("PriceList", []))
+def reserved_from(items: Iterable[str | dict[str, Any]], instance_type: str) -> list[Rate]:
+    """The standard Reserved Instance rates of one type among PriceList elements. Convertible
+    ones are left out: they cost more for the right to exchange, which a TCO does not price."""
     return [
         rate
         for item in items
         for rate in parse_reserved_item(item)
-        if rate.instance_type == instance_type and rate.kind == "reserved standard"
+        if rate.instance_type == instance_type and rate.kind == RESERVED
     ]
+
+
+def reserved_rates(pricing: Any, instance_type: str, region: str | None = None) -> list[Rate]:
+    """Every standard Reserved Instance rate for one type: one paginated GetProducts chain
+    (the on-demand product carries its Reserved terms)."""
+    return reserved_from(price_list(pricing, instance_type, region), instance_type)
 
 
 def parse_offering_rates(results: Iterable[dict[str, Any]]) -> list[Rate]:
@@ -166,22 +185,25 @@ def parse_offering_rates(results: Iterable[dict[str, Any]]) -> list[Rate]:
     return out
 
 
-def savings_plan_rates(client: Any, instance_type: str, region: str) -> list[Rate]:
-    """EC2 Instance and Compute Savings Plans rates for one type in one region."""
+def savings_plan_rates(client: Any, instance_type: str, region: str | None = None) -> list[Rate]:
+    """EC2 Instance and Compute Savings Plans rates for one type: in one region, or in every
+    region at once without `region` (one paged chain either way)."""
     out: list[Rate] = []
     token: str | None = None
+    filters = [{"name": "instanceType", "values": [instance_type]}]
+    if region is not None:
+        filters.append({"name": "region", "values": [region]})
+    filters += [
+        {"name": "tenancy", "values": ["shared"]},
+        {"name": "productDescription", "values": ["Linux/UNIX"]},
+    ]
     while True:
         kwargs: dict[str, Any] = {
             "savingsPlanTypes": list(_PLAN_TYPES),
             "products": ["EC2"],
             "serviceCodes": [SERVICE_CODE],
-            "filters": [
-                {"name": "instanceType", "values": [instance_type]},
-                {"name": "region", "values": [region]},
-                {"name": "tenancy", "values": ["shared"]},
-                {"name": "productDescription", "values": ["Linux/UNIX"]},
-            ],
-            "maxResults": 1000,
+            "filters": filters,
+            "maxResults": SAVINGS_PLANS_PAGE_SIZE,
         }
         if token:
             kwargs["nextToken"] = token

@@ -93,12 +93,12 @@ def parse_price_list(items: Iterable[str | dict[str, Any]]) -> dict[tuple[str, s
     return prices
 
 
-def on_demand_prices(
-    pricing: Any, instance_type: str, region: str | None = None
-) -> dict[str, float]:
-    """{region: USD per hour} for one type: one paginated GetProducts chain.
+def price_list(pricing: Any, instance_type: str, region: str | None = None) -> list[dict[str, Any]]:
+    """Every PriceList element for one type, parsed: one paginated GetProducts chain.
 
-    With `region` the query is narrowed to it; without, every region comes back at once.
+    With `region` the query is narrowed to it; without, every region comes back at once. Each
+    element carries the product's `terms.OnDemand` and its `terms.Reserved` (the Reserved
+    Instance rates, providers/aws/commitments.py), so one chain serves both.
     """
     pages = pricing.get_paginator("get_products").paginate(
         ServiceCode=SERVICE_CODE,
@@ -106,5 +106,20 @@ def on_demand_prices(
         FormatVersion="aws_v1",
         PaginationConfig={"PageSize": PAGE_SIZE},
     )
-    items = (item for page in pages for item in page.get("PriceList", []))
+    return [
+        json.loads(item) if isinstance(item, str) else item
+        for page in pages
+        for item in page.get("PriceList", [])
+    ]
+
+
+def on_demand_from(items: Iterable[str | dict[str, Any]], instance_type: str) -> dict[str, float]:
+    """{region: USD per hour} for one type from its PriceList elements."""
     return {r: usd for (t, r), usd in parse_price_list(items).items() if t == instance_type}
+
+
+def on_demand_prices(
+    pricing: Any, instance_type: str, region: str | None = None
+) -> dict[str, float]:
+    """{region: USD per hour} for one type: one paginated GetProducts chain."""
+    return on_demand_from(price_list(pricing, instance_type, region), instance_type)

@@ -9,7 +9,8 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from optimizer.model import Offer
+from optimizer.model import Market, Offer
+from providers.aws import commitments as C
 from providers.aws import launch as L
 from providers.aws import offers as O
 from providers.aws import pricing as P
@@ -23,6 +24,10 @@ from providers.base import ProviderDisabled, ProviderError, SpecCache
 # (`pkg/controllers/providers/pricing/controller.go`, REFERENCE.md §1.2).
 LIST_PRICE_MAX_AGE = timedelta(hours=12)
 SCORE_MAX_AGE = timedelta(hours=1)
+# Commitment rates change more rarely still: Reserved Instance terms come in the same
+# GetProducts elements as the list prices and are saved with them (every 12 h, no call of
+# their own); Savings Plans rates are one call chain per type, asked once a day.
+COMMITMENT_MAX_AGE = timedelta(hours=24)
 
 Inventory = tuple[dict[str, S.GpuType], dict[str, str]]  # (types by name, zone name → ID)
 
@@ -36,8 +41,10 @@ class AwsProvider(InstanceOps):
 
     `fetch_offers` emits, per region: a spot offer per (GPU type, zone ID) with the latest
     spot price, and an on-demand offer per (GPU type, zone ID) where the type is offered,
-    priced at the region's list price. `problems` lists what went wrong in the last poll
-    without stopping it (a region unreachable, pricing down, specs served from an old copy).
+    priced at the region's list price; with `commitments=True`, also a committed offer per
+    (type, region, Reserved Instance or Savings Plans rate) where there is an on-demand one.
+    `problems` lists what went wrong in the last poll without stopping it (a region
+    unreachable, pricing down, specs served from an old copy).
     """
 
     name = "aws"
@@ -55,6 +62,7 @@ class AwsProvider(InstanceOps):
         placement_scores: bool = False,
         endpoint_url: str | Mapping[str, str] | None = None,
         launch_config: L.AwsLaunchConfig | None = None,
+        commitments: bool = False,
     ) -> None:
         self.regions = tuple(regions) if regions else None
         self.cache: SpecCache = cache if cache is not None else S.MemoryCache()
@@ -63,6 +71,7 @@ class AwsProvider(InstanceOps):
         self.pricing_region = pricing_region
         self.queue_url = queue_url
         self.placement_scores = placement_scores
+        self.commitments = commitments
         self.launch_config = launch_config or L.AwsLaunchConfig()
         self.problems: list[str] = []
         self.queue_problems: list[str] = []
@@ -234,6 +243,8 @@ class AwsProvider(InstanceOps):
                         region, types, zones, offered, spot, on_demand.get(region, {}), scores, now
                     )
                 )
+            if self.commitments:
+                offers.extend(self._committed(pool, offers, problems))
 
         if price_errors:
             problems.append(
@@ -256,24 +267,86 @@ class AwsProvider(InstanceOps):
         rows = O.spot_history(ec2, spot_types, now) if spot_types else []
         return offered, O.latest_spot_prices(rows)
 
-    def _list_prices(self, instance_type: str, errors: list[str]) -> dict[str, float]:
-        """{region: USD/h} for one type, from the cache or one GetProducts chain."""
+    def _list_prices(
+        self, instance_type: str, errors: list[str], *, refresh: bool = False
+    ) -> dict[str, float]:
+        """{region: USD/h} for one type, from the cache or one GetProducts chain; the chain's
+        Reserved Instance rates are saved beside them (`reserved/<type>`)."""
         key = f"on-demand/{instance_type}"
         hit = self.cache.load_cached(S.PROVIDER, key)
         now = self.clock()
-        if hit is not None and now - hit[0] < LIST_PRICE_MAX_AGE:
+        if not refresh and hit is not None and now - hit[0] < LIST_PRICE_MAX_AGE:
             return dict(hit[1])
         if errors:  # pricing already failed this poll: don't wait on it once per type
             errors.append(errors[0])
             return dict(hit[1]) if hit is not None else {}
         try:
-            pricing = self.client("pricing", self.pricing_region)
-            value = P.on_demand_prices(pricing, instance_type)
+            items = P.price_list(self.client("pricing", self.pricing_region), instance_type)
         except Exception as exc:
             errors.append(str(translate(exc)))
             return dict(hit[1]) if hit is not None else {}
+        value = P.on_demand_from(items, instance_type)
+        reserved = C.encode_rates(C.reserved_from(items, instance_type))
         self.cache.save_cached(S.PROVIDER, key, value, now)
+        self.cache.save_cached(S.PROVIDER, f"reserved/{instance_type}", reserved, now)
         return value
+
+    # --- commitments --------------------------------------------------------------------------
+
+    def _committed(
+        self, pool: ThreadPoolExecutor, offers: Sequence[Offer], problems: list[str]
+    ) -> list[Offer]:
+        """Committed offers for the types with an on-demand offer (which gives their specs)."""
+        names = sorted({o.instance_type for o in offers if o.market is Market.ON_DEMAND})
+        reserved_errors: list[str] = []
+        plan_errors: list[str] = []
+        futures = [
+            pool.submit(self._commitment_rates, name, reserved_errors, plan_errors)
+            for name in names
+        ]
+        rates = [rate for future in futures for rate in future.result()]
+        for what, errors in (
+            ("reserved instance rates", reserved_errors),
+            ("savings plans rates", plan_errors),
+        ):
+            if errors:
+                problems.append(
+                    f"{what} unavailable: {errors[0]} ({len(errors)} of {len(names)} types "
+                    "without fresh rates)"
+                )
+        return C.committed_offers(offers, rates)
+
+    def _commitment_rates(
+        self, instance_type: str, reserved_errors: list[str], plan_errors: list[str]
+    ) -> list[C.Rate]:
+        """One type's Reserved Instance and Savings Plans rates, every region."""
+        key = f"reserved/{instance_type}"
+        hit = self.cache.load_cached(S.PROVIDER, key)
+        if hit is None or self.clock() - hit[0] >= COMMITMENT_MAX_AGE:
+            # Not saved with a list price yet (or long ago): read the chain again.
+            self._list_prices(instance_type, reserved_errors, refresh=True)
+            hit = self.cache.load_cached(S.PROVIDER, key)
+        reserved = C.decode_rates(hit[1]) if hit is not None else []
+        return reserved + self._savings_plans(instance_type, plan_errors)
+
+    def _savings_plans(self, instance_type: str, errors: list[str]) -> list[C.Rate]:
+        key = f"savings-plans/{instance_type}"
+        hit = self.cache.load_cached(S.PROVIDER, key)
+        now = self.clock()
+        stale = C.decode_rates(hit[1]) if hit is not None else []
+        if hit is not None and now - hit[0] < COMMITMENT_MAX_AGE:
+            return stale
+        if errors:  # the API already failed this poll: the cached copy, no more waiting
+            errors.append(errors[0])
+            return stale
+        try:
+            client = self.client("savingsplans", C.SAVINGS_PLANS_REGION)
+            rates = C.savings_plan_rates(client, instance_type)
+        except Exception as exc:
+            errors.append(str(translate(exc)))
+            return stale
+        self.cache.save_cached(S.PROVIDER, key, C.encode_rates(rates), now)
+        return rates
 
     def _scores(
         self, pool: ThreadPoolExecutor, inventories: Mapping[str, Inventory], problems: list[str]

@@ -219,3 +219,198 @@ def state_change(instance_id: str, state: str = "shutting-down") -> dict[str, An
         "resources": [f"arn:aws:ec2:{QUEUE_REGION}:123456789012:instance/{instance_id}"],
         "detail": {"instance-id": instance_id, "state": state},
     }
+
+
+# -- one p5.48xlarge in one zone, with its commitment rates -------------------------------
+
+P5_ZONE, P5_ZONE_ID = "us-east-1b", "use1-az1"
+P5_ON_DEMAND = 55.04
+
+
+def reserved_term(
+    code: str,
+    length: str,
+    option: str,
+    hourly: float,
+    upfront: float | None,
+    offering: str = "standard",
+) -> dict[str, Any]:
+    """One `terms.Reserved` entry in the offer file's shape (REFERENCE-ROUND2 §3a)."""
+    dims: dict[str, Any] = {
+        f"SKU.{code}.6YS6EN2CT7": {
+            "unit": "Hrs",
+            "pricePerUnit": {"USD": f"{hourly:.10f}"},
+            "description": "USD per instance-hour used this month",
+            "beginRange": "0",
+            "endRange": "Inf",
+        }
+    }
+    if upfront is not None:
+        dims[f"SKU.{code}.2TG2D8R56U"] = {
+            "unit": "Quantity",
+            "pricePerUnit": {"USD": f"{upfront:g}"},
+            "description": "Upfront Fee",
+        }
+    return {
+        "offerTermCode": code,
+        "sku": "SKU",
+        "effectiveDate": "2026-11-01T00:00:00Z",
+        "priceDimensions": dims,
+        "termAttributes": {
+            "LeaseContractLength": length,
+            "OfferingClass": offering,
+            "PurchaseOption": option,
+        },
+    }
+
+
+def with_reserved(item: str, *terms: dict[str, Any]) -> str:
+    """A Price List element with these Reserved terms beside its OnDemand one."""
+    data = json.loads(item)
+    data["terms"]["Reserved"] = {f"SKU.{t['offerTermCode']}": t for t in terms}
+    return json.dumps(data)
+
+
+def offering_rate(
+    plan: str,
+    option: str,
+    years: int,
+    rate: str,
+    *,
+    operation: str = "RunInstances",
+    region: str = "us-east-1",
+    instance_type: str = "p5.48xlarge",
+) -> dict[str, Any]:
+    """One DescribeSavingsPlansOfferingRates `searchResults` entry (REFERENCE-ROUND2 §3b)."""
+    return {
+        "savingsPlanOffering": {
+            "offeringId": f"{plan}-{option}-{years}".replace(" ", ""),
+            "paymentOption": option,
+            "planType": plan,
+            "durationSeconds": years * 31_536_000,
+            "currency": "USD",
+            "planDescription": f"{years} year {option} {plan}",
+        },
+        "rate": rate,
+        "unit": "Hrs",
+        "productType": "EC2",
+        "serviceCode": "AmazonEC2",
+        "usageType": f"BoxUsage:{instance_type}",
+        "operation": operation,
+        "properties": [
+            {"name": "region", "value": region},
+            {"name": "instanceType", "value": instance_type},
+            {"name": "instanceFamily", "value": instance_type.split(".")[0]},
+            {"name": "productDescription", "value": "Linux/UNIX"},
+            {"name": "tenancy", "value": "shared"},
+        ],
+    }
+
+
+def savings_plans_request(instance_type: str, region: str | None = None) -> dict[str, Any]:
+    """The DescribeSavingsPlansOfferingRates request for one type (every region without one)."""
+    filters: list[dict[str, Any]] = [{"name": "instanceType", "values": [instance_type]}]
+    if region is not None:
+        filters.append({"name": "region", "values": [region]})
+    filters += [
+        {"name": "tenancy", "values": ["shared"]},
+        {"name": "productDescription", "values": ["Linux/UNIX"]},
+    ]
+    return {
+        "savingsPlanTypes": ["EC2Instance", "Compute"],
+        "products": ["EC2"],
+        "serviceCodes": ["AmazonEC2"],
+        "filters": filters,
+        "maxResults": 1000,
+    }
+
+
+def stub_p5_region(session: StubSession, now: datetime, spot_usd: float = 31.464) -> None:
+    """DescribeInstanceTypes, DescribeAvailabilityZones, the offerings and spot history of
+    us-east-1 selling one p5.48xlarge (8 H100) in one zone."""
+    ec2 = session.stub("ec2", "us-east-1")
+    info = gpu_type_info("p5.48xlarge", "H100", 8, 81920, vcpus=192, ram_mib=2097152)
+    ec2.add_response(
+        "describe_instance_types",
+        {"InstanceTypes": [info]},
+        {"Filters": [{"Name": "instance-type", "Values": ["g*", "p*"]}]},
+    )
+    ec2.add_response(
+        "describe_availability_zones",
+        {
+            "AvailabilityZones": [
+                {
+                    "ZoneName": P5_ZONE,
+                    "ZoneId": P5_ZONE_ID,
+                    "RegionName": "us-east-1",
+                    "State": "available",
+                }
+            ]
+        },
+        {},
+    )
+    stub_p5_market(session, now, spot_usd)
+
+
+def stub_p5_market(session: StubSession, now: datetime, spot_usd: float = 31.464) -> None:
+    """The per-poll calls of that region: offerings and the spot price in effect at `now`."""
+    ec2 = session.stub("ec2", "us-east-1")
+    ec2.add_response(
+        "describe_instance_type_offerings",
+        {
+            "InstanceTypeOfferings": [
+                {
+                    "InstanceType": "p5.48xlarge",
+                    "LocationType": "availability-zone",
+                    "Location": P5_ZONE,
+                }
+            ]
+        },
+        {
+            "LocationType": "availability-zone",
+            "Filters": [{"Name": "instance-type", "Values": ["p5.48xlarge"]}],
+        },
+    )
+    ec2.add_response(
+        "describe_spot_price_history",
+        {
+            "SpotPriceHistory": [
+                {
+                    "AvailabilityZone": P5_ZONE,
+                    "InstanceType": "p5.48xlarge",
+                    "ProductDescription": "Linux/UNIX",
+                    "SpotPrice": f"{spot_usd:.6f}",
+                    "Timestamp": now,
+                }
+            ]
+        },
+        {
+            "InstanceTypes": ["p5.48xlarge"],
+            "ProductDescriptions": ["Linux/UNIX", "Linux/UNIX (Amazon VPC)"],
+            "StartTime": now,
+            "MaxResults": 1000,
+        },
+    )
+
+
+def stub_p5_price_list(session: StubSession, *reserved: dict[str, Any]) -> None:
+    """One GetProducts chain for p5.48xlarge, every region: us-east-1 at $55.04/h with the
+    Reserved terms given, and eu-west-1 (not polled) with the same."""
+    from providers.aws import pricing as P
+
+    items = [
+        with_reserved(price_item("p5.48xlarge", "us-east-1", P5_ON_DEMAND), *reserved),
+        with_reserved(
+            price_item("p5.48xlarge", "eu-west-1", 60.0, location="EU (Ireland)"), *reserved
+        ),
+    ]
+    session.stub("pricing", "us-east-1").add_response(
+        "get_products",
+        {"FormatVersion": "aws_v1", "PriceList": items},
+        {
+            "ServiceCode": "AmazonEC2",
+            "Filters": P.product_filters("p5.48xlarge"),
+            "FormatVersion": "aws_v1",
+            "MaxResults": P.PAGE_SIZE,
+        },
+    )
