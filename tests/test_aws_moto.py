@@ -6,16 +6,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from optimizer.model import Interconnect, Market, Offer
+from optimizer.model import Fabric, Interconnect, Market, Offer
 from providers.aws import AwsProvider, client_token
 from providers.aws import launch as L
 from providers.aws import specs as S
-from providers.base import EndReason, InstanceState, LaunchSpec
+from providers.base import CapacityError, EndReason, Gang, InstanceState, LaunchSpec
 from tests.helpers.aws import NOW, Clock, StubSession
+from tests.helpers.gang import gang_walk
 
 pytestmark = pytest.mark.usefixtures("aws_env", "offline")
 
@@ -348,3 +351,84 @@ def test_describe_reports_the_times_ec2_keeps(session: Any, image: str) -> None:
     assert (taken.state, taken.end_reason) == (InstanceState.TERMINATED, EndReason.PREEMPTED)
     assert taken.launched_at == ec2_says(reclaimed.instance_id)["LaunchTime"]
     assert taken.terminated_at is None  # the reconciler falls back to the notice's time
+
+
+def test_a_gang_node_launches_in_the_cluster_placement_group_with_every_efa_interface(
+    session: Any, image: str, captured: list[dict[str, Any]]
+) -> None:
+    groups = placement_groups(session)
+    aws = AwsProvider(["us-east-1"], session=session, clock=Clock())
+    offer = replace(_offer(aws), fabric=Fabric.EFA, fabric_interfaces=4)
+    for rank in (0, 1):
+        gang = Gang("gpuopt-7-3", nodes=2, rank=rank)
+        aws.launch(offer, _spec(image, gang=gang), f"7-3-n{rank}")
+
+    # Asked for by both nodes, made by the first; the second finds it made (Duplicate).
+    assert [(g["GroupName"], g["Strategy"]) for g in groups] == [("gpuopt-7-3", "cluster")] * 2
+    for request in captured:  # both nodes, the group made once
+        assert request["Placement"]["GroupName"] == "gpuopt-7-3"
+        assert request["NetworkInterfaces"] == [
+            {"NetworkCardIndex": 0, "DeviceIndex": 0, "InterfaceType": "interface"},
+            {"NetworkCardIndex": 0, "DeviceIndex": 1, "InterfaceType": "efa-only"},
+            {"NetworkCardIndex": 1, "DeviceIndex": 0, "InterfaceType": "efa-only"},
+            {"NetworkCardIndex": 2, "DeviceIndex": 0, "InterfaceType": "efa-only"},
+            {"NetworkCardIndex": 3, "DeviceIndex": 0, "InterfaceType": "efa-only"},
+        ]
+    assert len(captured) == 2
+
+
+def placement_groups(session: Any) -> list[dict[str, Any]]:
+    """Answer CreatePlacementGroup, which moto 5.2 does not implement, as EC2 does: success
+    the first time, `InvalidPlacementGroup.Duplicate` (HTTP 400) for a name already made;
+    the requests, in order."""
+    made: list[dict[str, Any]] = []
+
+    def answer(params: dict[str, Any], **_: Any) -> Any:
+        body = params["body"]
+        name = body["GroupName"]
+        known = any(m["GroupName"] == name for m in made)
+        made.append({"GroupName": name, "Strategy": body["Strategy"]})
+        if known:
+            error = {"Code": "InvalidPlacementGroup.Duplicate", "Message": f"{name} exists"}
+            return SimpleNamespace(status_code=400, headers={}), {"Error": error}
+        return SimpleNamespace(status_code=200, headers={}), {"PlacementGroup": {}}
+
+    session.events.register("before-call.ec2.CreatePlacementGroup", answer)
+    return made
+
+
+def test_a_partial_gang_on_aws_is_terminated_and_the_next_offer_tried(
+    session: Any, image: str, tmp_path: Path
+) -> None:
+    placement_groups(session)
+    config = L.AwsLaunchConfig(image_id=image)
+    aws = AwsProvider(["us-east-1"], session=session, clock=Clock(), launch_config=config)
+    first = _offer(aws)
+    second = replace(first, instance_type="g6.2xlarge", usd_per_hour=first.usd_per_hour + 1)
+
+    class SecondNodeFails:
+        """AWS in moto, except that the first gang's second node finds no capacity."""
+
+        name = "aws"
+
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def launch(self, offer: Offer, spec: LaunchSpec, key: str) -> Any:
+            self.calls += 1
+            if self.calls == 2:
+                raise CapacityError("InsufficientInstanceCapacity", provider="aws")
+            return aws.launch(offer, spec, key)
+
+        def terminate(self, ref: Any) -> None:
+            aws.terminate(ref)
+
+    refs = gang_walk(tmp_path, SecondNodeFails(), [first, second])
+    states = {
+        i["InstanceId"]: (i["InstanceType"], i["State"]["Name"])
+        for r in _ec2().describe_instances()["Reservations"]
+        for i in r["Instances"]
+    }
+    torn_down = refs[0]
+    assert states.pop(torn_down) == ("g6.xlarge", "terminated")
+    assert sorted(states.values()) == [("g6.2xlarge", "running")] * 2

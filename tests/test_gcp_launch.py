@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from providers.base import (
     AuthError,
     CapacityError,
     EndReason,
+    Gang,
     InstanceRef,
     InstanceState,
     LaunchSpec,
@@ -31,6 +33,7 @@ from providers.gcp import GcpProvider
 from providers.gcp.fake import FakeGcp, error_body
 from providers.gcp.names import request_id
 from tests.helpers import make_offer
+from tests.helpers.gang import gang_walk
 
 DATA = Path(__file__).parent / "data" / "gcp"
 T0 = datetime(2026, 5, 4, 9, 0, tzinfo=UTC)
@@ -414,3 +417,54 @@ def test_the_agent_bootstrap_arrives_intact_as_the_startup_script(fake) -> None:
     assert metadata["startup-script"] == script
     assert "install-nvidia-driver" not in metadata  # a configured image brings its driver
     assert stored["disks"][0]["initializeParams"]["sourceImage"] == image
+
+
+def test_gang_nodes_share_one_compact_placement_policy(fake) -> None:
+    gcp = provider(fake)
+    a3 = offer("a3-megagpu-8g")
+    for rank in (0, 1):
+        spec = replace(SPEC, gang=Gang("gpuopt-7-3", nodes=2, rank=rank))
+        gcp.launch(a3, spec, f"7-3-n{rank}")
+    policies = fake.calls("POST", "/resourcePolicies")
+    assert len(policies) == 2  # asked by both nodes; the second finds it made (409)
+    assert (
+        policies[0].path == "/compute/v1/projects/gpuopt-test/regions/us-central1/resourcePolicies"
+    )
+    assert policies[0].body == {
+        "name": "gpuopt-7-3",
+        "groupPlacementPolicy": {"collocation": "COLLOCATED", "vmCount": 2},
+    }
+    assert list(fake.resource_policies) == [("us-central1", "gpuopt-7-3")]
+    for call in inserts(fake):
+        assert call.body["resourcePolicies"] == [
+            "projects/gpuopt-test/regions/us-central1/resourcePolicies/gpuopt-7-3"
+        ]
+
+
+def test_a_partial_gang_on_gcp_is_deleted_and_the_next_offer_tried(fake, tmp_path: Path) -> None:
+    gcp = provider(fake)
+    first, second = offer("a3-megagpu-8g"), offer("a3-highgpu-8g", usd=2.0)
+
+    class SecondNodeFails:
+        """The GCP fake, except that the first gang's second node meets a stockout."""
+
+        name = "gcp"
+
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def launch(self, offer: Offer, spec: LaunchSpec, key: str) -> InstanceRef:
+            self.calls += 1
+            if self.calls == 2:
+                raise CapacityError("ZONE_RESOURCE_POOL_EXHAUSTED", provider="gcp")
+            return gcp.launch(offer, spec, key)
+
+        def terminate(self, ref: InstanceRef) -> None:
+            gcp.terminate(ref)
+
+    torn_down, *kept = gang_walk(tmp_path, SecondNodeFails(), [first, second])
+    assert (ZONE, torn_down) not in fake.instances
+    assert sorted(fake.instances) == sorted((ZONE, name) for name in kept) and len(kept) == 2
+    assert {i["machineType"].rsplit("/", 1)[1] for i in fake.instances.values()} == {
+        "a3-highgpu-8g"
+    }

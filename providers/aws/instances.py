@@ -19,6 +19,7 @@ IMAGE_MAX_AGE = timedelta(hours=24)
 # cannot find yet is reported pending, not gone.
 LAUNCH_VISIBILITY_GRACE = timedelta(seconds=90)
 NOT_FOUND = "InvalidInstanceID.NotFound"
+PG_DUPLICATE = "InvalidPlacementGroup.Duplicate"  # the gang's group exists already
 
 
 def queue_region(queue_url: str) -> str | None:
@@ -69,6 +70,8 @@ class InstanceOps:
             types, zones = self._inventory(region, [])
             instance = self._by_token(ec2, token)
             if instance is None:
+                if spec.gang is not None:
+                    self._placement_group(ec2, spec)
                 request = self._run_request(ec2, offer, spec, token, types, zones)
                 instance = ec2.run_instances(**request)["Instances"][0]
                 self._launched[instance["InstanceId"]] = self.clock()
@@ -109,6 +112,17 @@ class InstanceOps:
             config=config,
             root_device_name=root,
         )
+
+    def _placement_group(self, ec2: Any, spec: LaunchSpec) -> None:
+        """Make the gang's cluster placement group, once: the first node makes it, the others
+        (and a retried node) find it made."""
+        assert spec.gang is not None
+        try:
+            ec2.create_placement_group(**L.placement_group_request(spec.gang.placement, spec.job))
+        except Exception as exc:
+            typed = translate(exc)
+            if typed.code != PG_DUPLICATE:
+                raise typed from exc
 
     def _by_token(self, ec2: Any, token: str) -> Mapping[str, Any] | None:
         """An instance launched earlier under this ClientToken (found by its tag), if any."""

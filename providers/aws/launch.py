@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from optimizer.model import Market, Offer
+from optimizer.model import Fabric, Market, Offer
 from providers.base import EndReason, InstanceState, LaunchSpec
 
 TAG_JOB = "gpuopt:job"
@@ -121,6 +121,8 @@ def run_request(
     if config.instance_profile:
         key = "Arn" if config.instance_profile.startswith("arn:") else "Name"
         request["IamInstanceProfile"] = {key: config.instance_profile}
+    if spec.gang is not None:
+        _gang(request, offer, spec.gang.placement)
     if offer.market is Market.SPOT:
         spot: dict[str, Any] = {
             "SpotInstanceType": "one-time",
@@ -132,6 +134,47 @@ def run_request(
             spot["MaxPrice"] = _price_text(spec.max_usd_per_hour)
         request["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
     return request
+
+
+def _gang(request: dict[str, Any], offer: Offer, placement: str) -> None:
+    """A node of a multi-node attempt: in the gang's cluster placement group, with every EFA
+    interface the type has (REFERENCE-ROUND2 §6, the EC2 guide's "Maximize network bandwidth"
+    layout: the primary ENA interface and an EFA-only one on network card 0, an EFA-only
+    interface at device index 0 on every other card). Interfaces take the subnet and security
+    groups, which the request then may not carry itself."""
+    place = dict(request.get("Placement") or {})
+    place["GroupName"] = placement
+    request["Placement"] = place
+    if offer.fabric is not Fabric.EFA or offer.fabric_interfaces < 1:
+        return
+    where: dict[str, Any] = {}
+    subnet = request.pop("SubnetId", None)
+    groups = request.pop("SecurityGroupIds", None)
+    if subnet:
+        where["SubnetId"] = subnet
+    if groups:
+        where["Groups"] = groups
+    interfaces = [
+        {"NetworkCardIndex": 0, "DeviceIndex": 0, "InterfaceType": "interface", **where},
+        {"NetworkCardIndex": 0, "DeviceIndex": 1, "InterfaceType": "efa-only", **where},
+    ]
+    for card in range(1, offer.fabric_interfaces):
+        interfaces.append(
+            {"NetworkCardIndex": card, "DeviceIndex": 0, "InterfaceType": "efa-only", **where}
+        )
+    request["NetworkInterfaces"] = interfaces
+
+
+def placement_group_request(placement: str, job: str) -> dict[str, Any]:
+    """CreatePlacementGroup for a gang: `cluster` packs it into one AZ's low-latency segment
+    (API_CreatePlacementGroup), tagged so an orphan can be found."""
+    return {
+        "GroupName": placement,
+        "Strategy": "cluster",
+        "TagSpecifications": [
+            {"ResourceType": "placement-group", "Tags": [{"Key": TAG_JOB, "Value": job}]}
+        ],
+    }
 
 
 _STATES = {

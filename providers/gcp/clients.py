@@ -125,6 +125,10 @@ class Clients:
         return self._compute("InstancesClient")
 
     @property
+    def resource_policies(self) -> Any:
+        return self._compute("ResourcePoliciesClient")
+
+    @property
     def zone_operations(self) -> Any:
         return self._compute("ZoneOperationsClient")
 

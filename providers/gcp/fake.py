@@ -41,6 +41,8 @@ _ROUTES = [  # (method, full-path regex, handler)
     ("GET", _ZONE + r"/operations/(?P<op>[^/]+)", "_operation"),
     ("POST", _ZONE + r"/operations/(?P<op>[^/]+)/wait", "_operation"),
     ("GET", r"/v1/services/(?P<service>[^/]+)/skus", "_skus"),
+    ("POST", _COMPUTE + r"/regions/(?P<region>[^/]+)/resourcePolicies", "_insert_policy"),
+    ("GET", _COMPUTE + r"/regions/(?P<region>[^/]+)/resourcePolicies/(?P<name>[^/]+)", "_policy"),
 ]
 _LABEL_FILTER = re.compile(r"labels\.([a-z0-9_-]+):\*")
 _OPERATION_FILTER = re.compile(r'operationType\s*=\s*"([^"]+)"')
@@ -88,6 +90,7 @@ class FakeGcp:
     instances: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     operations: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # by zone
     requests: list[Recorded] = field(default_factory=list)
+    resource_policies: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._lock = threading.RLock()
@@ -351,6 +354,45 @@ class FakeGcp:
         if request_id:
             self._by_request_id[request_id] = op
         return 200, self._public(op)
+
+    def _insert_policy(self, query: dict[str, str], body: Any, project: str, region: str) -> Any:
+        """resourcePolicies.insert: a regional Operation, DONE at once; a name already used
+        is 409 alreadyExists, as the API answers."""
+        name = body["name"]
+        where = f"projects/{project}/regions/{region}/resourcePolicies/{name}"
+        if (region, name) in self.resource_policies:
+            return 409, error_body(409, f"The resource '{where}' already exists", "alreadyExists")
+        self.resource_policies[(region, name)] = {
+            **body,
+            "kind": "compute#resourcePolicy",
+            "region": f"{_BASE}/projects/{project}/regions/{region}",
+            "selfLink": f"{_BASE}/{where}",
+            "status": "READY",
+        }
+        number = next(self._ids)
+        now = self._now()
+        return 200, {
+            "kind": "compute#operation",
+            "id": str(number),
+            "name": f"operation-{number}-fake",
+            "region": f"{_BASE}/projects/{project}/regions/{region}",
+            "operationType": "insert",
+            "targetLink": f"{_BASE}/{where}",
+            "status": "DONE",
+            "progress": 100,
+            "insertTime": now,
+            "startTime": now,
+            "endTime": now,
+        }
+
+    def _policy(
+        self, query: dict[str, str], body: Any, project: str, region: str, name: str
+    ) -> Any:
+        found = self.resource_policies.get((region, name))
+        if found is None:
+            where = f"projects/{project}/regions/{region}/resourcePolicies/{name}"
+            return 404, error_body(404, f"The resource '{where}' was not found", "notFound")
+        return 200, found
 
     def _public(self, instance: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in instance.items() if not k.startswith("_")}

@@ -122,6 +122,25 @@ def instance_body(
     return instance
 
 
+def placement_policy(name: str, nodes: int) -> Any:
+    """A gang's compact placement: a resource policy with a COLLOCATED group placement for
+    exactly `nodes` VMs, which must all be created at the same time (REFERENCE-ROUND2 §6:
+    `groupPlacementPolicy.{collocation, vmCount}`; the instances name it in
+    `resourcePolicies`)."""
+    from google.cloud import compute_v1
+
+    return compute_v1.ResourcePolicy(
+        name=name,
+        group_placement_policy=compute_v1.ResourcePolicyGroupPlacementPolicy(
+            collocation="COLLOCATED", vm_count=nodes
+        ),
+    )
+
+
+def placement_url(project: str, region: str, name: str) -> str:
+    return f"projects/{project}/regions/{region}/resourcePolicies/{name}"
+
+
 @dataclass(frozen=True, slots=True)
 class Preemption:
     """A `compute.instances.preempted` operation: when GCP took the VM back."""

@@ -252,6 +252,11 @@ class GcpProvider:
             image=self._image,
             network=self._network,
         )
+        if spec.gang is not None:
+            self._placement(offer.region, spec.gang.placement, spec.gang.nodes, zone)
+            body.resource_policies = [
+                gce.placement_url(self.project, offer.region, spec.gang.placement)
+            ]
         request = compute_v1.InsertInstanceRequest(
             project=self.project,
             zone=zone,
@@ -276,6 +281,28 @@ class GcpProvider:
                 return ref
             raise classify(facts, zone=zone)
         return ref
+
+    def _placement(self, region: str, name: str, nodes: int, zone: str) -> None:
+        """Make a gang's compact placement policy, once (the first node makes it; the others,
+        and a retried node, find it made: alreadyExists)."""
+        from google.cloud import compute_v1
+
+        request = compute_v1.InsertResourcePolicyRequest(
+            project=self.project,
+            region=region,
+            resource_policy_resource=gce.placement_policy(name, nodes),
+            request_id=request_id(f"placement:{name}"),
+        )
+        try:
+            self._clients.resource_policies.insert_unary(request=request)
+        except Exception as exc:
+            facts = exception_facts(exc)
+            if facts is not None and is_already_exists(facts):
+                return
+            mapped = from_exception(exc, zone=zone)
+            if mapped is None:
+                raise
+            raise mapped from exc
 
     def _wait(self, operation: Any, zone: str) -> Any:
         """Wait for an insert to finish (stockouts show only then), up to the launch timeout."""
