@@ -176,6 +176,18 @@ def test_an_offer_cheaper_by_min_savings_for_min_stable_moves_the_job_stating_th
     assert "= $4.00 > restart overhead 0.100 h x $0.6000/h = $0.06 (measured)" in move.message
 
 
+def test_a_spike_of_the_jobs_own_price_moves_nothing_until_the_gap_has_lasted() -> None:
+    # B has cost 0.60 for hours; A cost 0.70 until 10 minutes ago, 1.00 since: B is 40%
+    # cheaper now, but only 14% cheaper than A was 10 minutes ago
+    history = {A: [(NOW - timedelta(hours=2), 0.70), (NOW - timedelta(minutes=10), 1.00)]}
+    history[B] = steady(0.6)
+    offers = [(A, 1.0), (B, 0.6)]
+    assert plan([job(A, 1.00)], market(offers, history=history), NOW).moves == ()
+    later = NOW + timedelta(minutes=21)  # the rise has lasted 31 minutes
+    [move] = plan([job(A, 1.00)], market(offers, history=history), later).moves
+    assert move.reason is Reason.CHEAPER and move.targets == (B,)
+
+
 def test_a_saving_that_does_not_pay_for_the_restart_moves_nothing() -> None:
     nearly_done = job(A, 1.00, remaining=timedelta(minutes=5), overhead=timedelta(minutes=20))
     # (1.00 - 0.50) x 0.083 h = $0.04 < 0.333 h x 0.50 = $0.17

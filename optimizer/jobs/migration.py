@@ -20,7 +20,8 @@ A job moves when (in this order of precedence):
    been available — listed, out of cooldown — for `return_to_spot_after`
    (`Reason.RETURN_TO_SPOT`);
 3. an allowed offer ranking above its own has cost at most `1 - min_savings` of the job's
-   price for all of the last `min_stable`, and the saving over the job's expected remaining
+   price for all of the last `min_stable` (of the lowest price the job's own pool had in that
+   time: the gap must have held all along), and the saving over the job's expected remaining
    time is more than the restart overhead costs (`Reason.CHEAPER`; for an on-demand job,
    spot offers count only by rule 2).
 
@@ -214,6 +215,16 @@ def highest_since(history: History, since: datetime) -> float | None:
     return max(usd for _, usd in history[first:])
 
 
+def lowest_since(history: History, since: datetime) -> float | None:
+    """The lowest price in effect over [since, …) (None: no history at all); a history that
+    starts after `since` gives the lowest it has."""
+    if not history:
+        return None
+    times = [at for at, _ in history]
+    first = max(bisect_right(times, since) - 1, 0)
+    return min(usd for _, usd in history[first:])
+
+
 def available_since(market: PolicyMarket, pool: Pool, now: datetime) -> datetime | None:
     """Since when the pool has been listed and out of cooldown (None: it is cooling down, or
     no history)."""
@@ -277,16 +288,26 @@ def _economics(job: RunningJob, to_usd: float) -> tuple[float, float, str]:
     return saving, overhead, words
 
 
-def _want(
-    job: RunningJob, market: PolicyMarket, now: datetime, highest: dict[Pool, float | None]
-) -> _Want | None:
-    """The move the job qualifies for, before the guards (None: none). `highest` remembers
-    each pool's highest price over the policy's `min_stable` across the policy's jobs."""
+@dataclass
+class _Memo:
+    """What one policy's jobs share within a pass: each pool's highest and lowest price over
+    `min_stable`, and the targets found for jobs on the same pool at the same price."""
+
+    highest: dict[Pool, float | None]
+    lowest: dict[Pool, float | None]
+    targets: dict[tuple[str, Pool, float, bool], tuple[Option, ...]]
+
+
+def _want(job: RunningJob, market: PolicyMarket, now: datetime, memo: _Memo) -> _Want | None:
+    """The move the job qualifies for, before the guards (None: none)."""
     s = market.settings
     where = f"{describe(job.pool)} at {_usd(job.usd_per_hour)}"
     rule = market.refused.get(job.pool)
     if rule is not None and rule not in NOT_A_TRIGGER:
-        targets = _targets(market, job, now, lambda o: True, rank_above=False)
+        key = ("forced", job.pool, job.usd_per_hour, job.spot_allowed)
+        if key not in memo.targets:
+            memo.targets[key] = _targets(market, job, now, lambda o: True, rank_above=False)
+        targets = memo.targets[key]
         if rule.startswith("bid."):
             reason = Reason.BID_CAP
             why = f"{where} is above the policy's bid cap ({rule})"
@@ -319,7 +340,10 @@ def _want(
                 and began <= since
             )
 
-        targets = _targets(market, job, now, settled, rank_above=True)
+        key = ("spot", job.pool, job.usd_per_hour, job.spot_allowed)
+        if key not in memo.targets:
+            memo.targets[key] = _targets(market, job, now, settled, rank_above=True)
+        targets = memo.targets[key]
         if targets:
             to = targets[0]
             saving, overhead, words = _economics(job, to.usd_per_hour)
@@ -333,20 +357,30 @@ def _want(
                 f"been available for at least {_span(s.return_to_spot_after)}; {words}",
             )
 
-    ceiling = (1 - s.min_savings) * job.usd_per_hour
     stable_since = now - s.min_stable
+    # The gap must have held all along: against the lowest the job's own pool cost over the
+    # window (a spike of its own price alone moves nothing until it has lasted).
+    if job.pool not in memo.lowest:
+        memo.lowest[job.pool] = lowest_since(market.history.get(job.pool, ()), stable_since)
+    own = memo.lowest[job.pool]
+    ceiling = (1 - s.min_savings) * (
+        job.usd_per_hour if own is None else min(own, job.usd_per_hour)
+    )
 
     def cheap(o: Option) -> bool:
         # An on-demand job goes back to spot by the rule above, which asks for the capacity
         # to have been there (out of cooldown), not only for the price.
         if o.usd_per_hour > ceiling or (job.pool[4] == "on_demand" and o.market == "spot"):
             return False
-        if o.pool not in highest:
-            highest[o.pool] = highest_since(market.history.get(o.pool, ()), stable_since)
-        top = highest[o.pool]
+        if o.pool not in memo.highest:
+            memo.highest[o.pool] = highest_since(market.history.get(o.pool, ()), stable_since)
+        top = memo.highest[o.pool]
         return top is not None and top <= ceiling
 
-    targets = _targets(market, job, now, cheap, rank_above=True)
+    key = ("cheaper", job.pool, job.usd_per_hour, job.spot_allowed)
+    if key not in memo.targets:
+        memo.targets[key] = _targets(market, job, now, cheap, rank_above=True)
+    targets = memo.targets[key]
     if not targets:
         return None
     to = targets[0]
@@ -383,12 +417,13 @@ def plan(jobs: Sequence[RunningJob], markets: Mapping[str, PolicyMarket], now: d
     """The moves to make now, and those held back (module docstring)."""
     wanted: dict[str, list[_Want]] = {}
     held: list[Held] = []
-    highest: dict[str, dict[Pool, float | None]] = {}
+    memos: dict[str, _Memo] = {}
     for job in jobs:
         market = markets.get(job.policy)
         if market is None or not market.settings.enabled:
             continue
-        want = _want(job, market, now, highest.setdefault(job.policy, {}))
+        memo = memos.setdefault(job.policy, _Memo({}, {}, {}))
+        want = _want(job, market, now, memo)
         if want is None:
             continue
         why = _guard(want, market.settings, now)
@@ -451,5 +486,6 @@ __all__ = [
     "RunningJob",
     "available_since",
     "highest_since",
+    "lowest_since",
     "plan",
 ]

@@ -20,7 +20,6 @@ from statistics import median
 from optimizer.jobs.machine import MIGRATED, JobState
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow, measured
 from optimizer.jobs.migration import (
-    MAX_TARGETS,
     History,
     MigrationSettings,
     Option,
@@ -42,7 +41,7 @@ from policies.schema import Policy
 ASSUMED_OVERHEAD = timedelta(minutes=10)
 OVERHEAD_TTL = timedelta(minutes=5)  # how long a policy's measured overhead is reused
 LEDGER_DAYS = 30  # the ledger's lines read for the overhead
-HISTORY_POOLS = 200  # pools per policy whose price history is read, cheapest first
+HISTORY_POOLS = 100  # pools per policy whose price history is read, best ranked first
 INTERRUPTED = frozenset({Failure.PREEMPTED.value, MIGRATED})
 
 InForce = Callable[[Policy, datetime], Policy]
@@ -218,6 +217,7 @@ def gather(
                 cooldowns[key] = until
 
     running_jobs: list[RunningJob] = []
+    spent_by: dict[str, tuple[timedelta, str]] = {}
     in_motion: dict[str, int] = dict.fromkeys(forced, 0)
     for job in mine:
         rows = attempts.get(job.id, ())
@@ -231,9 +231,10 @@ def gather(
         pool = offer_pool(current.pool, listed)
         offer = listed.get(pool)
         left, left_note = remaining(policy, job, rows, now)
-        spent, spent_note = overheads.of(
-            store, job.policy, [attempts.get(j.id, ()) for j in mine], now
-        )
+        if job.policy not in spent_by:
+            theirs_rows = [attempts.get(j.id, ()) for j in mine if j.policy == job.policy]
+            spent_by[job.policy] = overheads.of(store, job.policy, theirs_rows, now)
+        spent, spent_note = spent_by[job.policy]
         strategy = strategy_for(policy, max_restarts=job.spec.get("max_restarts"))
         history = tuple(
             (Failure(a.end_reason), a.ended_at)
@@ -268,14 +269,8 @@ def gather(
         options = [Option(pool_of(c.offer), c.offer.usd_per_hour) for c in ranking.candidates]
         refused = _refusals(policy, theirs, listed, offers, now, found)
         s = settings[name]
-        dearest = max((j.usd_per_hour for j in theirs), default=0.0)
-        on_demand_jobs = any(j.pool[4] == Market.ON_DEMAND.value for j in theirs)
-        pools = [
-            o.pool
-            for o in options
-            if o.usd_per_hour <= (1 - s.min_savings) * dearest
-            or (on_demand_jobs and o.market == Market.SPOT.value)
-        ][: max(HISTORY_POOLS, MAX_TARGETS)]
+        pools = _could_be_targets(options, theirs, refused, s)
+        pools = list(dict.fromkeys([*pools, *(j.pool for j in theirs)]))  # and their own
         wanted[name] = pools
         windows.extend((p, now - s.lookback, now) for p in pools)
         markets[name] = PolicyMarket(
@@ -307,6 +302,38 @@ def gather(
             window=market.window,
         )
     return Inputs(tuple(running_jobs), markets, forced)
+
+
+def _could_be_targets(
+    options: Sequence[Option],
+    jobs: Sequence[RunningJob],
+    refused: Mapping[Pool, str],
+    s: MigrationSettings,
+) -> list[Pool]:
+    """The allowed pools whose price history the pass needs: those cheaper by `min_savings`
+    than some job ranked below them (a forced move needs no history), and for on-demand jobs
+    the spot pools; in rank order, at most HISTORY_POOLS."""
+    rank = {o.pool: i for i, o in enumerate(options)}
+    # the dearest price, among jobs ranked at or below each position, a target there must beat
+    below = [0.0] * (len(options) + 1)
+    spot_for_od = False
+    for j in jobs:
+        if j.pool in refused:
+            continue
+        at = rank.get(j.pool, len(options))
+        below[at] = max(below[at], j.usd_per_hour)
+        spot_for_od = spot_for_od or j.pool[4] == Market.ON_DEMAND.value
+    for i in range(len(options) - 1, -1, -1):
+        below[i] = max(below[i], below[i + 1])
+    out: list[Pool] = []
+    for i, o in enumerate(options):
+        if o.usd_per_hour <= (1 - s.min_savings) * below[i + 1] or (
+            spot_for_od and o.market == Market.SPOT.value
+        ):
+            out.append(o.pool)
+            if len(out) == HISTORY_POOLS:
+                break
+    return out
 
 
 def _refusals(
