@@ -175,6 +175,7 @@ def _records(
         _nan_none(per_tbps),
         bandwidth,
         shapes.probe_failures[shape].tolist(),
+        *(repeat(None),) * 5,  # the expected-cost fields: filled outside the engine
     )
     return list(map(tuple.__new__, repeat(Candidate), zip(*columns)))  # noqa: B905
 

@@ -104,6 +104,12 @@ class Candidate(NamedTuple):
     usd_per_tbps_hour: float | None = None
     bandwidth: str | None = None  # where node_tbps came from: measured | datasheet
     probe_failures: str | None = None  # the type's probes keep failing: ranked after the rest
+    # Expected cost (policies/risk.py), where the daemon or the CLI worked it out:
+    interruption_p: float | None = None  # the pool's interruption probability per hour
+    interruption_source: str | None = None  # where p came from, in words
+    expected_usd_per_hour: float | None = None  # price x (1 + p x overhead_hours)
+    overhead_hours: float | None = None  # the job's restart overhead it was worked out with
+    risk: str | None = None  # a recent interruption in the pool, in words
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -122,6 +128,11 @@ class Candidate(NamedTuple):
             "usd_per_tbps_hour": self.usd_per_tbps_hour,
             "bandwidth": self.bandwidth,
             "probe_failures": self.probe_failures,
+            "interruption_p": self.interruption_p,
+            "interruption_source": self.interruption_source,
+            "expected_usd_per_hour": self.expected_usd_per_hour,
+            "overhead_hours": self.overhead_hours,
+            "risk": self.risk,
             "offer": self.offer.to_dict(),
         }
 

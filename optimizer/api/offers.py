@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query
 
 from optimizer.api.state import StateDep, utc_text
-from optimizer.jobs.ranking import launch_ranking
+from optimizer.jobs.ranking import launch_ranking, with_expected
 from optimizer.model import Market
 from policies.schedule import effective, window_at
 
@@ -86,7 +86,7 @@ def offers(
         "window": None if window is None else window.name,
         "dtype": ranking.dtype,
         "candidate_count": len(ranking.candidates),
-        "candidates": [c.to_dict() for c in ranking.candidates[offset:stop]],
+        "candidates": [c.to_dict() for c in _expected(state, policy, ranking, offset, stop)],
         "rejection_count": sum(ranking.rejection_counts().values()),
         "rejected_by_rule": ranking.rejection_counts(),
         "rejections": [r.to_dict() for r in ranking.rejections[offset:stop]],
@@ -94,3 +94,12 @@ def offers(
         "policy_status": loaded.status,
         "policy_sha256": loaded.sha256,
     }
+
+
+def _expected(state: Any, policy: str, ranking: Any, offset: int, stop: int) -> list[Any]:
+    """The page of candidates, each with its p, p's source and expected USD/h (a ranking by
+    expected cost has them already)."""
+    page = list(ranking.candidates[offset:stop])
+    if page and page[0].expected_usd_per_hour is None:
+        page = with_expected(state.store, policy, page, state.clock())
+    return page

@@ -98,11 +98,21 @@ def evaluate_here(
     policy: Policy, offers: Iterable[Offer], *, at: datetime | None = None
 ) -> Ranking:
     """The engine's ranking of `offers` now, under the policy in force at `at` (default now)."""
+    from dataclasses import replace
+
+    from policies import risk
     from policies.engine import evaluate
     from policies.schedule import effective
 
     now = datetime.now(UTC)
-    return evaluate(effective(policy, at or now), list(offers), now)
+    plain = effective(policy, at or now)
+    ranking = evaluate(plain, list(offers), now)
+    # No store here: each pool's p is its prior, the overhead the default (policies/risk.py).
+    overhead = risk.Overhead(risk.DEFAULT_OVERHEAD_H, "default")
+    annotated = risk.annotate_all(ranking.candidates, {}, overhead, now)
+    if plain.rank_by == "expected_cost":
+        annotated = risk.by_expected_cost(annotated)
+    return replace(ranking, candidates=tuple(annotated))
 
 
 def view_here(policy: Policy, offers: Iterable[Offer], *, at: datetime | None) -> RankingView:

@@ -98,6 +98,9 @@ def ranking_table(ranking: RankingView, *, limit: int, explain: bool, source: st
             headers += [f"{ranking.dtype} TFLOPS", "$/TFLOP-h"]
         if per_tbps:
             headers += ["mem TB/s", "$/TB/s-h"]
+        risky = any(c.expected_usd_per_hour is not None for c in shown)
+        if risky:
+            headers += ["p/h", "p from", "exp $/h"]
         if sources:
             headers += ["figures"]
         for header in headers:
@@ -122,12 +125,24 @@ def ranking_table(ranking: RankingView, *, limit: int, explain: bool, source: st
                     "-" if c.node_tbps is None else f"{c.node_tbps:,.2f}",
                     "-" if c.usd_per_tbps_hour is None else f"{c.usd_per_tbps_hour:.4f}",
                 ]
+            if risky:
+                row += expected_cells(c)
             if sources:
                 row.append(figures(c))
             table.add_row(*row)
         console.print(table)
     if explain:
         _rejections(console, ranking)
+
+
+def expected_cells(c: Candidate) -> list[str]:
+    """p per hour, where it came from (and a recent interruption), and the expected $/h."""
+    if c.expected_usd_per_hour is None or c.interruption_p is None:
+        return ["-", "-", "-"]
+    source = c.interruption_source or "-"
+    if c.risk:
+        source += f"; {c.risk}"
+    return [f"{c.interruption_p:.3g}", source, f"{c.expected_usd_per_hour:.4f}"]
 
 
 def _measured(c: Candidate) -> bool:

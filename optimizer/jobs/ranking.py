@@ -4,21 +4,28 @@ One function for the launcher and for `GET /offers?policy=`, so what the API sho
 next launch would try: the latest stored offers of every provider, less the pools in cooldown
 (and those a launch's decision avoids), ranked by the engine with the policy's spend this
 month and its live attempts for the budget rule, and with what the probes measured.
+
+Under `rank_by: expected_cost` the engine's candidates (ordered by price) are re-ranked here
+by expected USD/h, each with its pool's interruption probability, its source and the restart
+overhead (policies/risk.py, inputs from optimizer/jobs/expected.py); `with_expected` gives
+any other ranking's candidates the same figures without reordering them (GET /offers shows
+them on every page).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 
-from optimizer.jobs import budget
+from optimizer.jobs import budget, expected
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow, measured
 from optimizer.model import Offer
 from optimizer.store import Store
 from optimizer.store.jobs import Pool
 from policies import budget as budget_model
-from policies.engine import Ranking, evaluate
+from policies import risk
+from policies.engine import Candidate, Ranking, evaluate
 from policies.schema import Policy
 
 
@@ -64,4 +71,25 @@ def launch_ranking(
         spend = budget.committed(store, policy_name, now, listed, replacing=replacing)
     found = measured(store, window)
     ranking = evaluate(policy, offers, now, measured=found, committed=spend)
+    if policy.rank_by == "expected_cost" and ranking.candidates:
+        annotated = with_expected(store, policy_name, ranking.candidates, now, job_id=replacing)
+        ranking = replace(ranking, candidates=tuple(risk.by_expected_cost(annotated)))
     return LaunchRanking(ranking, spend, len(listed) - len(offers))
+
+
+def with_expected(
+    store: Store,
+    policy_name: str,
+    candidates: Sequence[Candidate],
+    now: datetime,
+    *,
+    job_id: int | None = None,
+) -> list[Candidate]:
+    """`candidates` with their interruption probability, its source and expected USD/h
+    (same order): pool histories from every job's attempts, the restart overhead of the job
+    (where given and it has relaunched) or else of the policy."""
+    if not candidates:
+        return []
+    histories = expected.pool_histories(store, now)
+    overhead = expected.overhead_of(store, policy_name, now, job_id=job_id)
+    return risk.annotate_all(candidates, histories, overhead, now)

@@ -439,6 +439,18 @@ class Jobs:
         with self._db.connect() as conn:
             return [_attempt(r) for r in conn.execute(query).all()]
 
+    def attempts_since(self, since: datetime) -> list[AttemptRecord]:
+        """Every job's attempts that had an instance and had not ended by `since` (the
+        history expected-cost ranking reads per pool), oldest first."""
+        query = (
+            select(_ATTEMPT)
+            .where(_ATTEMPT.c.instance_id.is_not(None))
+            .where(_ATTEMPT.c.ended_at.is_(None) | (_ATTEMPT.c.ended_at > since))
+            .order_by(_ATTEMPT.c.id)
+        )
+        with self._db.connect() as conn:
+            return [_attempt(r) for r in conn.execute(query).all()]
+
     def open_attempts(self) -> list[AttemptRecord]:
         """Attempts whose instance may still run (not known gone), any job state."""
         query = select(_ATTEMPT).where(_ATTEMPT.c.instance_gone.is_(False))
