@@ -188,3 +188,21 @@ def test_an_unknown_provider_is_refused_with_the_known_ones(tmp_path: Path) -> N
     assert done.stderr == (
         "gpuopt: error: --provider: unknown provider 'azure'; known: local, aws, gcp\n"
     )
+
+
+def test_the_daemon_ranks_at_an_instant_and_shows_each_candidates_expected_cost(
+    data: Path, daemon: DaemonProcess
+) -> None:
+    answer = ranked(data, daemon.url, "--limit", "0", "--at", "2026-12-01T10:00:00+01:00")
+    assert answer["at"] == "2026-12-01T09:00:00Z" and answer["window"] is None  # no schedule
+    candidates = answer["candidates"]
+    assert candidates and all(c["expected_usd_per_hour"] is not None for c in candidates)
+    for c in candidates:
+        spot = c["offer"]["market"] == "spot"
+        # no attempts yet: a spot pool's p is the default prior, the overhead the default
+        assert (c["interruption_p"], c["interruption_source"]) == (
+            (0.01, "prior (default)") if spot else (0.0, "on-demand")
+        )
+        assert c["expected_usd_per_hour"] == pytest.approx(
+            c["offer"]["usd_per_hour"] * (1 + c["interruption_p"] * 0.25)
+        )
