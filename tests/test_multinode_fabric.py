@@ -4,13 +4,19 @@ counts), catalog files with and without the columns, the policy's `fabric` rule,
 from __future__ import annotations
 
 import io
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
 from optimizer import hardware
 from optimizer.catalog import iter_offers, write_catalog
+from optimizer.costs import GroupBy
+from optimizer.jobs.ledger import Ledger
 from optimizer.jobs.spec import JobSpecError, parse_job_spec
-from optimizer.model import Fabric, Offer
+from optimizer.model import Fabric, Market, Offer
+from optimizer.store import Store
 from policies.engine import evaluate
 from policies.rules import fabric_meets
 from providers.aws.specs import gpu_type
@@ -114,3 +120,37 @@ def test_job_spec_nodes_and_reserved_rendezvous_variables() -> None:
         parse_job_spec(base + "nodes: 0\n")
     with pytest.raises(JobSpecError, match="GPUOPT_MASTER_ADDR is set by gpuopt"):
         parse_job_spec(base + "env: {GPUOPT_MASTER_ADDR: x}\n")
+
+
+def test_the_ledger_counts_a_gang_as_one_attempt_of_two_instances(tmp_path: Path) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    store.create_all()
+    start, end = T0, T0 + timedelta(hours=2)
+    spot = offer(observed_at=start, market=Market.SPOT, usd_per_hour=10.0)
+    store.prices.record_offers([spot, replace(spot, market=Market.ON_DEMAND, zone=None)])
+    job = store.jobs.add_job("pair", "p", {"run": "x", "nodes": 2}, at=start)
+    for rank in (0, 1):
+        key = f"{job}-1" if rank == 0 else f"{job}-1-n1"
+        store.jobs.create_attempt(
+            job, 1 + rank, key, spot, "s", start, gang=1, node_rank=rank, nodes=2
+        )
+        store.jobs.update_attempt(
+            key,
+            instance_id=f"i-{rank}",
+            launched_at=start,
+            job_started_at=start,
+            ended_at=end,
+            state="ended",
+            instance_gone=True,
+            terminated_at=end,
+            terminated_by="gpuopt",
+        )
+    ledger = Ledger(store)
+    live = ledger.lines(now=end + timedelta(days=1))
+    assert [(line.attempt, line.instance_id) for line in live] == [(1, "i-0"), (1, "i-1")]
+    assert ledger.freeze(end + timedelta(days=1)) == 2
+    for by in (GroupBy.JOB, GroupBy.POLICY):  # summed in Python, and by the database
+        (group,) = ledger.groups(by, now=end + timedelta(days=1))
+        assert group.attempts == 1
+        assert group.cost.spend_usd == pytest.approx(2 * 2 * 10.0)  # two instances, 2 h each
+    store.close()

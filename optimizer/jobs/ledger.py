@@ -37,6 +37,7 @@ from optimizer.costs import Cost, GroupBy, Line, Usage, billed_span, monthly, to
 from optimizer.costs.ledger import Interval, PricePoints
 from optimizer.costs.lines import Totals, merge_totals, totals_by
 from optimizer.jobs.context import ReconcileContext
+from optimizer.jobs.gang import head_number
 from optimizer.model import Market
 from optimizer.store import (
     AttemptRecord,
@@ -327,7 +328,7 @@ def _lines(
             job_id=a.job_id,
             job=billed.job,
             policy=billed.policy,
-            attempt=a.number,
+            attempt=head_number(a.number, a.gang),  # a gang's nodes: one attempt
             provider=a.provider,
             region=a.region,
             zone=a.zone,

@@ -23,6 +23,7 @@ from sqlalchemy import (
     String,
     and_,
     case,
+    cast,
     func,
     literal,
     or_,
@@ -254,6 +255,7 @@ class Costs:
                 c,
                 j.c.name.label("job_name"),
                 a.c.number,
+                a.c.gang,
                 a.c.instance_id,
                 func.coalesce(a.c.launched_at, a.c.started_at).label("launched"),
                 func.coalesce(a.c.terminated_at, a.c.ended_at).label("ended"),
@@ -328,14 +330,20 @@ def _sums_query(f: LineFilter, by: Sequence[str]) -> Select[Any]:
     if unknown:
         raise ValueError(f"cannot sum cost lines by {', '.join(unknown)}")
     keys = [c.c.period_start if name == "month" else c.c[name] for name in by]
+    # Attempts as people count them: the nodes of a multi-node attempt (one row each, with
+    # the gang's number) are one attempt.
+    a = _ATTEMPT
+    number = func.coalesce(a.c.gang, a.c.number)
+    attempt = cast(c.c.job_id, String) + literal("-") + cast(number, String)
     query: Select[Any] = select(
         *keys,
         func.count(),
-        func.count(func.distinct(c.c.attempt_id)),
+        func.count(func.distinct(attempt)),
         func.count(c.c.on_demand_usd),
         func.coalesce(func.sum(c.c.on_demand_usd), 0.0),
         *(total for figure in _SUMMED[::2] for total in both(c.c[figure])),
     )
+    query = query.select_from(c.join(a, a.c.id == c.c.attempt_id))
     query = _where(_period(query, f), f, c.c, c.c.policy)
     if keys:
         query = query.group_by(*keys).order_by(*keys)
@@ -388,7 +396,7 @@ def _line(m: Any) -> CostLineRecord:
         job_id=m["job_id"],
         job=m["job_name"],
         policy=m["policy"],
-        attempt=m["number"],
+        attempt=m["gang"] or m["number"],  # a multi-node attempt is one, of N instances
         provider=m["provider"],
         region=m["region"],
         zone=m["zone"] or None,
