@@ -177,7 +177,7 @@ register(
 register(
     ProviderEntry(
         "gcp",
-        Capabilities(launch=True, live_offers=True, watcher="gcp-metadata"),
+        Capabilities(launch=True, live_offers=True, commitments=True, watcher="gcp-metadata"),
         gcp.build,
         ("GPUOPT_GCP_BILLING_API_KEY",),
     )

@@ -261,3 +261,27 @@ def test_a_refused_savings_plans_call_is_a_problem_and_reserved_rates_still_flow
     (problem,) = aws.problems
     assert problem.startswith("savings plans rates unavailable: AccessDeniedException")
     assert "1 of 1 types" in problem
+
+
+@pytest.mark.usefixtures("aws_env", "offline")
+def test_tco_prices_each_term_at_the_cheapest_live_rate() -> None:
+    from optimizer.costs.tco import Usage
+    from optimizer.costs.tco_assumptions import Assumptions
+    from optimizer.costs.tco_plan import plan
+
+    session = StubSession()
+    stub_p5_region(session, NOW)
+    stub_p5_price_list(session, *P5_RESERVED)
+    stub_plans(session)
+    aws = AwsProvider(session=session, clock=Clock(), max_workers=1, commitments=True)
+    offers = aws.fetch_offers(["us-east-1"])
+    result = plan(Usage("H100-80GB", 8, 500.0, 3), offers, Assumptions(), tdp_w=700.0)
+    totals = {o.name: o.total(500.0) for o in result.options if o.name.startswith("committed")}
+    assert totals == {
+        # the EC2 Instance plan's $37.10 beats the reserved $38.00: 3 one-year terms
+        "committed 1y no upfront": pytest.approx(37.1 * 8760 * 3),  # 975,004
+        "committed 1y partial upfront": pytest.approx(36.5 * 8760 * 3),  # 959,220
+        # the Compute plan's $26.50 beats the reserved $28.00 over one 26,280 h term
+        "committed 3y all upfront": pytest.approx(26.5 * 26_280),  # 696,420
+    }
+    assert not any("estimated" in n for o in result.options for n in o.notes)

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from optimizer.cli import app
 from optimizer.cli.tco_history import from_groups
+from tests.helpers.gcp import A2_COMMITMENT_SKUS, DATA
 
 HEADER = (
     "provider,region,zone,instance_type,gpu_model,gpu_count,gpu_memory_gib,vcpus,ram_gib,"
@@ -226,3 +229,56 @@ def test_history_reads_the_spot_overhead_and_the_usage() -> None:
     assert found.hours_per_month == pytest.approx(200)  # months with billed hours only
     empty = from_groups([], [])
     assert empty.overhead_fraction is None and empty.hours_per_month is None
+
+
+# --- live commitment rates: the GCP adapter against the fake Billing and Compute APIs -----
+
+
+@pytest.fixture
+def gcp_fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
+    """The environment pointing `gpuopt tco --provider gcp` at the fake, us-central1 only,
+    whose catalog holds the A2 commitment SKUs of both terms (tests/helpers/gcp.py)."""
+    pytest.importorskip("google.cloud.compute_v1")
+    from providers.gcp.fake import COMPUTE_SERVICE_ID, FakeGcp
+
+    with FakeGcp.from_recorded(DATA) as fake:
+        fake.skus[COMPUTE_SERVICE_ID].extend(A2_COMMITMENT_SKUS)
+        monkeypatch.setenv("GPUOPT_DATA_DIR", str(tmp_path / "data"))
+        monkeypatch.setenv("GPUOPT_GCP_PROJECT", "gpuopt-test")
+        monkeypatch.setenv("GPUOPT_GCP_REGIONS", "us-central1")
+        monkeypatch.setenv("GPUOPT_GCP_COMPUTE_ENDPOINT", fake.url)
+        monkeypatch.setenv("GPUOPT_GCP_BILLING_ENDPOINT", fake.url)
+        yield fake
+
+
+def test_tco_with_gcp_prices_commitments_at_the_catalogs_rates(gcp_fake: Any) -> None:
+    out = run(
+        "--provider", "gcp", "--gpu", "A100-40GB", "--gpus", "8", "--hours-per-month", "500",
+        "--years", "3", "--json",
+    )  # fmt: skip
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout)
+    options = {o["name"]: o for o in data["options"]}
+    # 8 GPUs: one a2-highgpu-8g or eight a2-highgpu-1g, the same per GPU-hour.
+    # 1 year: 96 x 0.019915 + 680 x 0.002669 + 8 x 1.848362 = 18.513656 $/h, 3 terms of 8,760 h
+    one = options["committed 1y no upfront"]
+    assert one["total_usd"] == pytest.approx(18.513656 * 8760 * 3)  # 486,538.88
+    # 3 years: 8 x (12 x 0.014225 + 85 x 0.001907 + 1.0285) = 10.89036 $/h, 26,280 h
+    three = options["committed 3y no upfront"]
+    assert three["total_usd"] == pytest.approx(10.89036 * 26_280)  # 286,198.66
+    for option in (one, three):
+        assert not any("estimated" in note for note in option["notes"])
+    assert not any("no committed offer" in note for note in data["notes"])
+
+
+def test_tco_with_gcp_estimates_a_term_no_sku_prices_and_says_so(gcp_fake: Any) -> None:
+    out = run(
+        "--provider", "gcp", "--gpu", "L4", "--gpus", "1", "--hours-per-month", "200", "--json"
+    )
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout)
+    assert any(note.startswith("no committed offer for L4 from gcp:") for note in data["notes"]), (
+        data["notes"]
+    )
+    one = next(o for o in data["options"] if o["name"].startswith("committed 1y"))
+    assert any("estimated" in note for note in one["notes"])

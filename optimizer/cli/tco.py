@@ -111,6 +111,14 @@ def tco(
     policy_name = None
     if policy is not None:
         offers, policy_name = _under_policy(policy, offers)
+    if provider and not any(
+        o.market.value == "committed" and o.gpu_model == spec.name for o in offers
+    ):
+        notes.append(
+            f"no committed offer for {spec.name} from {source}"
+            f"{' that the policy accepts' if policy_name else ''}: each commitment term is "
+            "estimated from on-demand and the assumptions' discounts"
+        )
     if from_history:
         from optimizer.cli.tco_history import read_history
 

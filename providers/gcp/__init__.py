@@ -22,4 +22,6 @@ def build(settings: ProviderSettings) -> GcpProvider:
     """The provider for the daemon's `providers.gcp` settings over the `GPUOPT_GCP_*`
     environment (the registry's builder); ProviderDisabled while GCP cannot run here."""
     gcp = GcpSettings.from_env(project=settings.project, regions=settings.regions or None)
-    return make_gcp_provider(gcp, cache=settings.cache, clock=settings.clock)
+    return make_gcp_provider(
+        gcp, cache=settings.cache, clock=settings.clock, commitments=settings.commitments
+    )

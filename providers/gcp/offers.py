@@ -1,20 +1,21 @@
 """What each zone sells (accelerator and machine types) and the priced offers that makes.
 
 `read_accelerators` and `read_machines` turn the Compute API's aggregated lists into plain,
-JSON-able specs (cached for a day); `build_offers` joins them with a PriceBook. Both pure.
+JSON-able specs (cached for a day); `build_offers` joins them with a PriceBook, and
+`build_committed_offers` with the commitment price books. All pure.
 """
 
 from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
 from optimizer import hardware
-from optimizer.model import Market, Offer
+from optimizer.model import Market, Offer, PaymentOption
 from providers.gcp.billing import PriceBook, billing_series, instance_price
 from providers.gcp.names import attached_instance_type, basename, region_of
 
@@ -223,29 +224,7 @@ def build_offers(
                     continue
                 if market is Market.SPOT and spot_inverted and not keep_spot_above_on_demand:
                     continue
-                fabric = hardware.instance_fabric("gcp", cand.instance_type)
-                out.offers.append(
-                    Offer(
-                        provider="gcp",
-                        region=region,
-                        zone=zone,
-                        instance_type=cand.instance_type,
-                        gpu_model=model.name,
-                        gpu_count=cand.count,
-                        gpu_memory_gib=model.memory_gib,
-                        vcpus=cand.machine.vcpus,
-                        ram_gib=ram_gib,
-                        interconnect=hardware.instance_interconnect(
-                            "gcp", cand.machine.name, cand.count
-                        ),
-                        fabric=fabric.fabric,
-                        fabric_interfaces=fabric.interfaces,
-                        market=market,
-                        usd_per_hour=quote.usd,
-                        observed_at=observed_at,
-                        source=SOURCE,
-                    )
-                )
+                out.offers.append(_offer(cand, region, zone, market, quote.usd, observed_at))
     for acc, kinds in sorted(unknown.items()):
         out.problems.append(
             f"accelerator type {acc} is not in the hardware table; {_few(kinds)} not offered"
@@ -261,6 +240,102 @@ def build_offers(
     for (region, kind), (spot, on_demand) in sorted(inverted.items()):
         out.problems.append(
             f"{region} {kind}: spot ${spot:.4f}/h is above on-demand ${on_demand:.4f}/h; {action}"
+        )
+    return out
+
+
+def _offer(
+    cand: _Candidate,
+    region: str,
+    zone: str | None,
+    market: Market,
+    usd: float,
+    observed_at: datetime,
+    **terms: Any,
+) -> Offer:
+    model = hardware.from_gcp(cand.accelerator)
+    fabric = hardware.instance_fabric("gcp", cand.instance_type)
+    return Offer(
+        provider="gcp",
+        region=region,
+        zone=zone,
+        instance_type=cand.instance_type,
+        gpu_model=model.name,
+        gpu_count=cand.count,
+        gpu_memory_gib=model.memory_gib,
+        vcpus=cand.machine.vcpus,
+        ram_gib=cand.machine.memory_mb / 1024,
+        interconnect=hardware.instance_interconnect("gcp", cand.machine.name, cand.count),
+        fabric=fabric.fabric,
+        fabric_interfaces=fabric.interfaces,
+        market=market,
+        usd_per_hour=usd,
+        observed_at=observed_at,
+        source=SOURCE,
+        **terms,
+    )
+
+
+def build_committed_offers(
+    specs: ZoneSpecs,
+    books: Mapping[int, PriceBook],
+    *,
+    observed_at: datetime,
+    regions: Iterable[str] | None = None,
+) -> OfferBuild:
+    """One committed offer per (region, instance type, term) that the term's commitment SKUs
+    price whole (cores, RAM and GPUs): zone none, as a commitment is bought per region; no
+    upfront, as GCP bills commitments monthly. A type they cannot price is left out, and
+    one line per term says how many were and which SKUs were missing."""
+    wanted = set(regions) if regions is not None else None
+    out = OfferBuild()
+    seen: set[tuple[str, str]] = set()
+    missing: dict[int, set[str]] = defaultdict(set)
+    unpriced: dict[int, set[tuple[str, str]]] = defaultdict(set)
+    for zone in specs.zones:
+        region = region_of(zone)
+        if wanted is not None and region not in wanted:
+            continue
+        for cand in _candidates(specs, zone):
+            if (region, cand.instance_type) in seen:
+                continue
+            seen.add((region, cand.instance_type))
+            if not hardware.from_gcp(cand.accelerator).known:
+                continue  # reported with the on-demand offers
+            if billing_series(cand.machine.name) is None:
+                continue
+            for term, book in sorted(books.items()):
+                quote = instance_price(
+                    book,
+                    region=region,
+                    market=Market.COMMITTED,
+                    machine_type=cand.machine.name,
+                    vcpus=cand.machine.vcpus,
+                    ram_gib=cand.machine.memory_mb / 1024,
+                    accelerator=cand.accelerator,
+                    gpu_count=cand.count,
+                )
+                if quote.usd is None:
+                    missing[term].update(quote.missing)
+                    unpriced[term].add((region, cand.instance_type))
+                    continue
+                out.offers.append(
+                    _offer(
+                        cand,
+                        region,
+                        None,
+                        Market.COMMITTED,
+                        quote.usd,
+                        observed_at,
+                        term_years=term,
+                        payment_option=PaymentOption.NO_UPFRONT,
+                        upfront_usd=0.0,
+                    )
+                )
+    for term, pairs in sorted(unpriced.items()):
+        out.problems.append(
+            f"committed {term}-year: {len(pairs)} region/type pair(s) not priced "
+            f"(no commitment SKU for {_few(missing[term])})"
         )
     return out
 

@@ -29,8 +29,8 @@ from providers.gcp import launch as gce
 from providers.gcp.billing import (
     COMPUTE_SERVICE,
     SKU_PAGE_SIZE,
-    PriceBook,
     SkuRecord,
+    build_commitment_books,
     build_price_book,
 )
 from providers.gcp.clients import Clients, options_from_settings
@@ -43,7 +43,13 @@ from providers.gcp.errors import (
     translated,
 )
 from providers.gcp.names import basename, instance_name, parse_instance_type, request_id
-from providers.gcp.offers import ZoneSpecs, build_offers, read_accelerators, read_machines
+from providers.gcp.offers import (
+    ZoneSpecs,
+    build_committed_offers,
+    build_offers,
+    read_accelerators,
+    read_machines,
+)
 from providers.gcp.settings import EndpointError, GcpSettings, gcp_disabled_reason
 
 PROVIDER = "gcp"
@@ -84,10 +90,13 @@ class GcpProvider:
         keep_spot_above_on_demand: bool = False,
         launch_timeout_s: float = 120.0,
         settings: GcpSettings | None = None,
+        commitments: bool = False,
     ) -> None:
         """`client_options` (dict or ClientOptions) point the Compute clients elsewhere, and the
         Billing client too unless `billing_client_options` is given. Left out, endpoints come
-        from `settings` (default: the `GPUOPT_GCP_*` environment), else Google's defaults."""
+        from `settings` (default: the `GPUOPT_GCP_*` environment), else Google's defaults.
+        With `commitments`, `fetch_offers` also returns the committed offers the catalog's
+        commitment SKUs price (docs/providers-gcp.md, "Commitments")."""
         if not project:
             raise ProviderDisabled("no GCP project: set GPUOPT_GCP_PROJECT", provider=PROVIDER)
         env_compute, env_billing = options_from_settings(settings or GcpSettings.from_env())
@@ -113,6 +122,7 @@ class GcpProvider:
         self._image = image
         self._network = network
         self._keep_inverted = keep_spot_above_on_demand
+        self.commitments = commitments
         self._launch_timeout = timedelta(seconds=launch_timeout_s)
         self._specs: tuple[datetime, ZoneSpecs] | None = None
         self._specs_lock = threading.Lock()
@@ -125,21 +135,23 @@ class GcpProvider:
     # --- offers ---------------------------------------------------------------------------------
 
     def fetch_offers(self, regions: Sequence[str] | None = None) -> list[Offer]:
-        """On-demand and Spot offers per zone, priced per region from the billing catalog."""
+        """On-demand and Spot offers per zone, priced per region from the billing catalog;
+        with `commitments`, 1- and 3-year committed offers per region from the same SKUs."""
         wanted = list(regions) if regions is not None else self.regions
         now = self._clock()
         problems: list[str] = []
         cached = self._cached_specs(now)
         stale = cached is None or now - cached[0] >= SPECS_MAX_AGE
         with ThreadPoolExecutor(max_workers=min(3, self._max_workers)) as pool:
-            skus = pool.submit(self._price_book)
+            listed = pool.submit(self._skus)
             accs: Future[Any] | None = None
             machines: Future[Any] | None = None
             if stale:
                 accs = pool.submit(self._list_accelerators)
                 machines = pool.submit(self._list_machines)
             specs = self._settle_specs(now, cached, accs, machines, problems)
-            book = skus.result()
+            skus = listed.result()
+        book = build_price_book(skus)
         built = build_offers(
             specs,
             book,
@@ -147,8 +159,17 @@ class GcpProvider:
             regions=wanted,
             keep_spot_above_on_demand=self._keep_inverted,
         )
-        self.problems = [*problems, *book.problems, *built.problems]
-        return built.offers
+        problems += [*book.problems, *built.problems]
+        offers = built.offers
+        if self.commitments:
+            # The commitment SKUs come in the same list: no call of their own.
+            books = build_commitment_books(skus)
+            committed = build_committed_offers(specs, books, observed_at=now, regions=wanted)
+            read = dict.fromkeys(p for b in books.values() for p in b.problems)  # once each
+            problems += [*read, *committed.problems]
+            offers = [*offers, *committed.offers]
+        self.problems = problems
+        return offers
 
     def _settle_specs(
         self,
@@ -214,11 +235,11 @@ class GcpProvider:
         with translated():
             return read_machines(self._clients.machine_types.aggregated_list(request=request))
 
-    def _price_book(self) -> PriceBook:
+    def _skus(self) -> list[SkuRecord]:
+        """Every Compute Engine SKU, page by page (on-demand, Spot and commitments alike)."""
         request = {"parent": COMPUTE_SERVICE, "page_size": SKU_PAGE_SIZE, "currency_code": "USD"}
         with translated():
-            skus = [SkuRecord.from_message(s) for s in self._clients.catalog.list_skus(request)]
-        return build_price_book(skus)
+            return [SkuRecord.from_message(s) for s in self._clients.catalog.list_skus(request)]
 
     # --- launch, describe, terminate --------------------------------------------------------
 
