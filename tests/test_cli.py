@@ -210,6 +210,7 @@ def test_a_named_cloud_without_credentials_is_one_note_and_its_snapshot_rows() -
 
 # -- bad input: every command group refuses it the same way ------------------------------------
 
+EXAMPLE_POLICY = Path(__file__).resolve().parents[1] / "examples" / "local-train-policy.yaml"
 BAD_CONFIG = "providers:\n  azure: {}\n"  # line 2, col 3: an unknown provider
 
 
@@ -268,6 +269,14 @@ def bad_input_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
             ],
             "gpuopt: error: --since: 'last tuesday' is not an ISO 8601 time",
         ),
+        "backtest": (
+            ["backtest", str(EXAMPLE_POLICY), "--history", str(tmp / "none.csv")],
+            f"gpuopt: error: {tmp / 'none.csv'}: no such file",
+        ),
+        "advise-bid": (
+            ["advise-bid", str(EXAMPLE_POLICY), "--target-availability", "0.95"],
+            "gpuopt: error: give one of --history FILE or --from-store",
+        ),
         "agent": (
             ["agent", "run"],
             "gpuopt: error: missing environment variable(s): "
@@ -291,6 +300,8 @@ GROUPS = [
     "advise",
     "probes",
     "tco",
+    "backtest",
+    "advise-bid",
 ]
 
 
