@@ -238,4 +238,9 @@ def _tie_keys(verdicts: Verdicts, rows: np.ndarray) -> list[np.ndarray]:
         rank("placement_score", lambda v: -1.0 if v is None else v),
         rank("interruption_bucket", lambda v: v or ""),
         rank("source"),
+        rank("fabric", lambda v: v.value),
+        number("fabric_interfaces"),
+        rank("term_years", lambda v: -1 if v is None else v),
+        rank("payment_option", lambda v: "" if v is None else v.value),
+        rank("upfront_usd", lambda v: -1.0 if v is None else v),
     ]

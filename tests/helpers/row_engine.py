@@ -74,6 +74,11 @@ def _fallback(offer: Offer) -> tuple[Any, ...]:
         -1.0 if offer.placement_score is None else offer.placement_score,
         offer.interruption_bucket or "",
         offer.source,
+        offer.fabric.value,
+        offer.fabric_interfaces,
+        -1 if offer.term_years is None else offer.term_years,
+        "" if offer.payment_option is None else offer.payment_option.value,
+        -1.0 if offer.upfront_usd is None else offer.upfront_usd,
     )
 
 
