@@ -13,7 +13,7 @@ import io
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
@@ -61,6 +61,51 @@ SNAPSHOT_SOURCES = {
 }
 
 
+# The columns the source's rows are priced in: skypilot-catalog v7 vms.csv, `Price` on-demand
+# and `SpotPrice` spot, USD per hour (the shared catalog's SOURCE.md).
+SOURCE_PRICE_COLUMNS = ("Price", "SpotPrice")
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """A market the snapshot has no rows of, for which providers, and why."""
+
+    market: Market
+    providers: tuple[str, ...]
+    why: str
+
+    def __str__(self) -> str:
+        return (
+            f"the snapshot has no {self.market.value} rows for {' or '.join(self.providers)}: "
+            f"{self.why}"
+        )
+
+
+# Every market the snapshot lacks, said once (tests/test_snapshot.py checks the list is whole
+# and true of the bundled file, and the reason against the source's columns).
+SNAPSHOT_GAPS = (
+    Gap(
+        Market.SPOT,
+        ("aws", "gcp"),
+        "spot prices change daily, so a dated list does not carry them and none are "
+        "invented (the local cloud simulates them, labelled simulated); live prices come "
+        "with --provider aws or gcp",
+    ),
+    Gap(
+        Market.COMMITTED,
+        ("aws", "gcp"),
+        "its source (the SkyPilot catalog's vms.csv) prices on-demand and spot only, with no "
+        "Reserved Instance, Savings Plans or committed use discount rate; --provider aws or "
+        "gcp asks the cloud for them",
+    ),
+)
+
+
+def gaps(market: Market | None = None) -> list[Gap]:
+    """What the snapshot lacks: every gap, or the one of `market` (empty when it has rows)."""
+    return [g for g in SNAPSHOT_GAPS if market is None or g.market is market]
+
+
 def load_snapshot() -> list[Offer]:
     """The bundled snapshot's offers."""
     data = resources.files("optimizer") / "data" / SNAPSHOT_RESOURCE
@@ -76,7 +121,8 @@ def _in_regions(offers: list[Offer], regions: Sequence[str] | None) -> list[Offe
 
 
 class SnapshotSource:
-    """The embedded default's offers: bundled on-demand list prices, no credentials needed."""
+    """The embedded default's offers: bundled on-demand list prices, no credentials needed
+    (`gaps()` says which markets it has no rows of, and why)."""
 
     name = "snapshot"
     problems: tuple[str, ...] = ()

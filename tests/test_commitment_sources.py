@@ -130,3 +130,53 @@ def test_tco_always_asks_for_commitments_and_prices_the_offered_rate(asked: list
     # 28 $/h x 8,760 h x 3 one-year terms, every hour paid
     assert one_year["total_usd"] == pytest.approx(28 * 8760 * 3)
     assert not any("estimated" in n for n in one_year["notes"])
+
+
+# --- the snapshot says it has no committed rows, and why -----------------------------------
+
+LACKS = "the snapshot has no committed rows for aws or gcp: its source"
+
+
+@pytest.fixture
+def no_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("GPUOPT_DATA_DIR", str(tmp_path / "data"))
+    return tmp_path
+
+
+def test_offers_for_the_committed_market_from_the_snapshot_say_what_it_lacks(
+    no_env: Path,
+) -> None:
+    wanted = CliRunner().invoke(app, ["offers", "--market", "committed", "--json"])
+    assert wanted.exit_code == 0, wanted.output
+    assert json.loads(wanted.stdout) == []
+    assert LACKS in wanted.stderr and "Reserved Instance" in wanted.stderr
+    plain = CliRunner().invoke(app, ["offers", "--json"])
+    assert plain.exit_code == 0 and "committed rows" not in plain.stderr
+
+
+def test_explaining_a_committed_policy_over_the_snapshot_says_what_it_lacks(
+    no_env: Path,
+) -> None:
+    policy = no_env / "reserved.yaml"
+    policy.write_text(
+        "apiVersion: gpuopt/v1\nkind: Policy\nname: reserved-first\n"
+        "workload: {type: training, gpus: 8, gpu_memory_gib: 60}\n"
+        "markets: [committed, on_demand]\n"
+    )
+    result = CliRunner().invoke(
+        app, ["offers", "--policy", str(policy), "--explain", "--api", NO_DAEMON]
+    )
+    assert result.exit_code == 0, result.output
+    assert LACKS in result.stderr
+
+
+def test_tco_over_the_snapshot_notes_the_missing_commitments_and_the_estimate(
+    no_env: Path,
+) -> None:
+    result = CliRunner().invoke(
+        app, ["tco", "--gpu", "A100-80GB", "--gpus", "8", "--hours-per-month", "500", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    notes = json.loads(result.stdout)["notes"]
+    assert any(n.startswith("no committed offer for A100-80GB from snapshot") for n in notes)
+    assert any(n.startswith(LACKS) for n in notes)

@@ -13,7 +13,9 @@ from optimizer.model import Market
 from providers.base import OfferSource
 from providers.snapshot import (
     SNAPSHOT_DATE,
+    SNAPSHOT_GAPS,
     SNAPSHOT_SOURCES,
+    SOURCE_PRICE_COLUMNS,
     CatalogFileSource,
     SnapshotSource,
     build_snapshot,
@@ -93,3 +95,25 @@ def test_aws_prices_match_the_source_rows(snapshot, shared_catalog_dir) -> None:
         assert offer.usd_per_hour == min(listed[(offer.region, offer.instance_type)])
     p4d = next(o for o in aws if o.instance_type == "p4d.24xlarge" and o.region == "us-east-1")
     assert (p4d.gpu_model, p4d.gpu_count, p4d.interconnect.value) == ("A100-40GB", 8, "nvlink")
+
+
+def test_the_snapshot_names_every_market_it_has_no_rows_of(snapshot) -> None:
+    held = {o.market for o in snapshot}
+    said = {gap.market for gap in SNAPSHOT_GAPS}
+    assert held | said == set(Market) and not held & said  # whole, and true of the file
+    assert said == {Market.SPOT, Market.COMMITTED}
+    providers = tuple(sorted({o.provider for o in snapshot}))
+    assert all(tuple(sorted(gap.providers)) == providers for gap in SNAPSHOT_GAPS)
+    docs = (Path(__file__).parents[1] / "docs" / "snapshot.md").read_text()
+    assert "No commitment rows" in docs and "No spot prices" in docs
+
+
+@pytest.mark.catalog
+def test_its_source_has_no_commitment_price_to_carry(shared_catalog_dir) -> None:
+    for name in ("aws_gpu_vms.csv", "gcp_gpu_vms.csv"):
+        with open(shared_catalog_dir / name, newline="") as stream:
+            header = next(csv.reader(stream))
+        priced = tuple(c for c in header if "price" in c.lower())
+        assert priced == SOURCE_PRICE_COLUMNS, name  # on-demand and spot, nothing else
+        words = ("reserv", "commit", "saving", "upfront", "term")
+        assert not [c for c in header if any(w in c.lower() for w in words)], name

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
-from optimizer.model import Offer
+from optimizer.model import Market, Offer
 from providers import registry
 from providers.base import OfferSource, ProviderDisabled, ProviderError, ProviderSettings
-from providers.snapshot import SnapshotSource
+from providers.snapshot import Gap, SnapshotSource, gaps
 
 
 def live_providers() -> tuple[str, ...]:
@@ -25,11 +25,13 @@ def live_providers() -> tuple[str, ...]:
 
 @dataclass
 class Gathered:
-    """Offers from every source asked for, with one note per source that could not run."""
+    """Offers from every source asked for, with one note per source that could not run (and
+    per market wanted that the snapshot, where it stood in, has no rows of: `lacking`)."""
 
     offers: list[Offer] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
+    lacking: list[Gap] = field(default_factory=list)
 
 
 def expand_regions(provider: str, globs: Sequence[str]) -> list[str] | None:
@@ -95,4 +97,8 @@ def gather(
             rows = [o for o in rows if o.provider in fallback]
         out.offers.extend(rows)
         out.names.append(snapshot.name)
+        if commitments:  # wanted, and the snapshot has none: say so, and why
+            stand_in = fallback if live else set(registry.names())
+            out.lacking = [g for g in gaps(Market.COMMITTED) if stand_in & set(g.providers)]
+            out.notes.extend(str(gap) for gap in out.lacking)
     return out

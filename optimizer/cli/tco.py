@@ -107,11 +107,11 @@ def tco(
         fail(*exc.problems)
     given = given_keys(values)
     notes: list[str] = []
-    offers, source = _offers(catalog, provider or [])
+    offers, source, gap_notes = _offers(catalog, provider or [])
     policy_name = None
     if policy is not None:
         offers, policy_name = _under_policy(policy, offers)
-    if provider and not any(
+    if catalog is None and not any(
         o.market.value == "committed" and o.gpu_model == spec.name for o in offers
     ):
         notes.append(
@@ -119,6 +119,7 @@ def tco(
             f"{' that the policy accepts' if policy_name else ''}: each commitment term is "
             "estimated from on-demand and the assumptions' discounts"
         )
+        notes.extend(gap_notes)
     if from_history:
         from optimizer.cli.tco_history import read_history
 
@@ -167,7 +168,8 @@ def tco(
     _table(result, source, assumptions)
 
 
-def _offers(catalog: Path | None, providers: list[str]) -> tuple[list[Offer], str]:
+def _offers(catalog: Path | None, providers: list[str]) -> tuple[list[Offer], str, list[str]]:
+    """(the offers, their source's name, what the snapshot said it lacks where it stood in)."""
     from optimizer.catalog import CatalogError
     from providers import registry
     from providers.snapshot import CatalogFileSource
@@ -175,7 +177,7 @@ def _offers(catalog: Path | None, providers: list[str]) -> tuple[list[Offer], st
     if catalog is not None:
         file_source = CatalogFileSource(catalog)
         try:
-            return file_source.fetch_offers(), file_source.name
+            return file_source.fetch_offers(), file_source.name, []
         except CatalogError as exc:
             fail(str(exc))
     names = [p.lower() for p in providers]
@@ -187,7 +189,7 @@ def _offers(catalog: Path | None, providers: list[str]) -> tuple[list[Offer], st
     gathered = gather(names, (), commitments=True)
     for note in gathered.notes:
         print(f"gpuopt: {note}", file=sys.stderr)
-    return gathered.offers, ", ".join(gathered.names)
+    return gathered.offers, ", ".join(gathered.names), [str(g) for g in gathered.lacking]
 
 
 def _under_policy(path: Path, offers: list[Offer]) -> tuple[list[Offer], str]:
