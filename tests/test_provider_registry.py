@@ -47,6 +47,7 @@ def test_the_built_in_providers_and_what_each_declares() -> None:
     assert (aws.watcher, gcp.watcher) == ("aws-imds", "gcp-metadata")
     assert gcp.launch and gcp.live_offers and not gcp.interruption_queue
     assert not gcp.placement_scores
+    assert aws.commitments and gcp.commitments and not local.commitments  # committed offers
     assert live_providers() == ("local", "aws", "gcp")  # what `gpuopt offers --provider` asks
 
 
