@@ -8,9 +8,12 @@ The offers are the real AWS and GCP rows of the shared SkyPilot catalog snapshot
 with seeded price noise (+-20%) and observation times shifted back half an hour per copy, so
 some copies are stale and one is stamped in the future. Runs pinned to one core where the OS
 allows. Each timing is a warm-up and then `--runs` calls; freeing the result is timed apart.
-Besides the headline figure it times the same offers shuffled (cache-hostile), a policy that
-passes every offer (100k candidates to sort), and the reading of every rejection (reasons are
-formatted when read) and of every candidate (records are built when read). The garbage
+Each figure is the median of the process's CPU time (what the targets are judged on: the
+cores here are shared, and wall time also counts other processes' turns on the pinned core)
+beside the wall-clock median. Besides the headline figure it times the same offers shuffled
+(cache-hostile), a policy that passes every offer (100k candidates to sort), and the reading
+of every rejection (reasons are formatted when read) and of every candidate (records are
+built when read). The garbage
 collector stays on throughout, as in the daemon. Peak memory comes from separate runs under
 tracemalloc. If `gpuhunt` is importable, its filter runs over the same rows for a ratio.
 Prints the figures and writes them to bench/results/ranking.json.
@@ -129,16 +132,25 @@ def pin_to_one_core() -> str:
     return f"pinned to core {min(os.sched_getaffinity(0))}"
 
 
-def time_runs(fn: Callable[[], object], runs: int) -> tuple[list[float], list[float]]:
+class Timings(list[float]):
+    """Wall times in ms, with the process's CPU time of the same calls in `cpu`."""
+
+    cpu: list[float]
+
+
+def time_runs(fn: Callable[[], object], runs: int) -> tuple[Timings, list[float]]:
     """(call times, release times) in ms. Freeing a result (100k records) is timed apart:
-    it is paid by whoever drops the ranking, not by the ranking."""
+    it is paid by whoever drops the ranking, not by the ranking. CPU time is taken too: the
+    cores here are shared, and wall time counts other processes' turns on the pinned core."""
     fn()  # warm-up: imports, the hardware and region tables
-    times: list[float] = []
+    times = Timings()
+    times.cpu = []
     releases: list[float] = []
     for _ in range(runs):
-        start = time.perf_counter()
+        cpu, start = time.process_time(), time.perf_counter()
         result = fn()
         times.append((time.perf_counter() - start) * 1000)
+        times.cpu.append((time.process_time() - cpu) * 1000)
         start = time.perf_counter()
         del result
         releases.append((time.perf_counter() - start) * 1000)
@@ -146,11 +158,15 @@ def time_runs(fn: Callable[[], object], runs: int) -> tuple[list[float], list[fl
 
 
 def figures(times: list[float]) -> dict[str, float]:
-    return {
+    out = {
         "median_ms": round(statistics.median(times), 2),
         "min_ms": round(min(times), 2),
         "max_ms": round(max(times), 2),
     }
+    cpu = getattr(times, "cpu", None)
+    if cpu:
+        out["median_cpu_ms"] = round(statistics.median(cpu), 2)
+    return out
 
 
 def gpuhunt_query(policy: Policy, offers: list[Offer], runs: int) -> dict[str, Any] | str:
@@ -300,11 +316,12 @@ def main() -> None:
         "targets_ms": {"evaluate": 10, "evaluate_permissive_policy": 30, "table_build": 150},
         "target_gpuhunt_over_evaluate": 4,
     }
+    # Judged on CPU time (module docstring); wall medians are beside them.
     result["within_targets"] = {
-        name: result[name]["median_ms"] <= limit for name, limit in result["targets_ms"].items()
+        name: result[name]["median_cpu_ms"] <= limit for name, limit in result["targets_ms"].items()
     }
     if isinstance(hunt, dict):
-        ratio = round(hunt["median_ms"] / result["evaluate"]["median_ms"], 2)
+        ratio = round(hunt["median_cpu_ms"] / result["evaluate"]["median_cpu_ms"], 2)
         result["gpuhunt_over_evaluate"] = ratio
         result["within_targets"]["gpuhunt_over_evaluate"] = ratio >= 4
 
@@ -325,14 +342,18 @@ def main() -> None:
         "release_result",
     ):
         f = result[name]
-        print(f"{name}: median {f['median_ms']} ms (min {f['min_ms']}, max {f['max_ms']})")
+        print(
+            f"{name}: median {f['median_cpu_ms']} ms CPU, {f['median_ms']} ms wall "
+            f"(min {f['min_ms']}, max {f['max_ms']})"
+        )
     print(f"peak memory (tracemalloc, MiB): {memory}")
     print(f"candidates: {result['candidates']}")
     for rule, count in by_rule.items():
         print(f"  rejected by {rule}: {count:,}")
     if isinstance(hunt, dict):
         ratio = result["gpuhunt_over_evaluate"]
-        print(f"gpuhunt filter: median {hunt['median_ms']} ms (gpuhunt / evaluate = {ratio})")
+        cpu = hunt["median_cpu_ms"]
+        print(f"gpuhunt filter: median {cpu} ms CPU (gpuhunt / evaluate = {ratio})")
     else:
         print(f"gpuhunt: {hunt}")
     print(f"within targets: {result['within_targets']}")

@@ -180,7 +180,10 @@ class Market_:
 
 def snapshots(history: History, since: datetime | None, until: datetime | None) -> np.ndarray:
     """The replay's snapshot times: distinct observation times within [since, until]."""
-    times = np.unique(history.at)
+    return _window(np.unique(history.at), since, until)
+
+
+def _window(times: np.ndarray, since: datetime | None, until: datetime | None) -> np.ndarray:
     keep = np.ones(len(times), dtype=bool)
     if since is not None:
         keep &= times >= seconds(since)
@@ -196,25 +199,42 @@ def market(
     until: datetime | None = None,
     *,
     bid: dict[str, float] | None = None,
+    advice: bool = False,
 ) -> Market_:
     """The matrices a replay walks (module docstring), each snapshot under the policy in
     force then (its schedule's window); `bid` replaces the bid block of every policy in force
     (what advise-bid replays)."""
-    times = snapshots(history, since, until)
+    at = history.at
+    if bool(np.all(at[1:] >= at[:-1])):  # written in time order, as exports and polls are
+        order = None
+        change = np.empty(len(at), dtype=bool)
+        change[:1] = True
+        np.not_equal(at[1:], at[:-1], out=change[1:])
+        every = at[change]
+        rows = np.cumsum(change) - 1
+    else:
+        order = np.argsort(at, kind="stable")
+        every = np.unique(at)
+        rows = np.searchsorted(every, at[order])
+    times = _window(every, since, until)
     if len(times) == 0:
         raise BacktestError("the history has no observation in the window")
-    every = np.unique(history.at)
     filled = np.full((len(every), len(history.pools)), -1, dtype=np.int64)
     # Each point's index in the point arrays, at its (time, pool) cell; a later row of the
     # same pool and time wins. Filling forward then gives each cell its latest point.
-    order = np.argsort(history.at, kind="stable")
-    filled[np.searchsorted(every, history.at[order]), history.pool[order]] = order
+    # Positions in time order, so that the largest is the latest; mapped back to rows below.
+    filled[rows, history.pool if order is None else history.pool[order]] = np.arange(len(at))
+    del rows
     np.maximum.accumulate(filled, axis=0, out=filled)
     picked = filled[np.searchsorted(every, times)]
     del filled
+    if order is not None:
+        picked = np.where(picked >= 0, order[picked], -1)
     exists = picked >= 0
     price = np.where(exists, history.usd_per_hour[picked], np.nan)
-    observed = np.where(exists, history.at[picked], np.iinfo(np.int64).min)
+    observed = None  # only the stale rule reads when each price was observed
+    if policy.max_price_age_hours is not None:
+        observed = np.where(exists, history.at[picked], np.iinfo(np.int64).min)
     del picked
     parts = [
         _judge(
@@ -222,7 +242,8 @@ def market(
             history,
             times[start:stop],
             price[start:stop],
-            observed[start:stop],
+            None if observed is None else observed[start:stop],
+            advice,
         )
         for start, stop in _segments(policy, times)
     ]
@@ -253,14 +274,16 @@ def _judge(
     history: History,
     times: np.ndarray,
     price: np.ndarray,
-    observed: np.ndarray,
+    observed: np.ndarray | None,
+    advice: bool,
 ) -> Market_:
-    """The rules of one plain policy over snapshots x pools (the engine's formulas)."""
+    """The rules of one plain policy over snapshots x pools (the engine's formulas); with
+    `advice`, also what each snapshot needs of a bid cap."""
     rules = RuleSet(policy, instant(times[0]))
     found = shapes(rules, history.pools)
     shape_ok = found.rule[found.ids] == PASSED
     fresh = ~np.isnan(price)
-    if policy.max_price_age_hours is not None:
+    if policy.max_price_age_hours is not None and observed is not None:
         fresh &= observed >= times[:, None] - policy.max_price_age_hours * 3600
     price = np.where(fresh, price, np.nan)
     allowed = fresh & shape_ok[None, :]
@@ -311,8 +334,12 @@ def _judge(
         score=score,
         on_demand=np.where(on_demand_pool, price, reference),
         best=_best(score, _ranks(rules, pools)),
-        cheapest_allowed=np.where(allowed & ~over_budget, price, np.inf).min(axis=1),
-        share_allowed=_shares(allowed & ~over_budget, spot_pool, price, reference),
+        cheapest_allowed=np.where(allowed & ~over_budget, price, np.inf).min(axis=1)
+        if advice
+        else np.zeros(0),
+        share_allowed=_shares(allowed & ~over_budget, spot_pool, price, reference)
+        if advice
+        else np.zeros(0),
     )
 
 
@@ -521,7 +548,7 @@ def advise_bid(
     policy's bid caps, next to the policy as written (docs/backtest.md)."""
     if not 0 < target <= 1:
         raise BacktestError(f"target availability must be within (0, 1], got {target}")
-    current = market(policy, history, since, until)
+    current = market(policy, history, since, until, advice=True)
     snapshots_n = len(current.times)
 
     def availability(found: Market_) -> float:

@@ -123,6 +123,19 @@ class Verdicts:
             raise AssertionError(f"row {row}: masks say {rule}, the rule says {verdict!r}")
         return str(verdict[1])
 
+    def reasons(self, rows: np.ndarray) -> list[str]:
+        """`reason` of each row, each distinct reason formatted once: a shape rule's per
+        shape, stale's per observation time; the price rules' per row."""
+        if len(rows) == 0:
+            return []
+        rule = RULES[int(self.rule[rows[0]])]
+        if rule in _PRICE_RULES or np.any(self.rule[rows] != self.rule[rows[0]]):
+            return list(map(self.reason, rows.tolist()))
+        by = self.table.column("observed_at").codes if rule == "stale" else self.shapes.ids
+        _, first, inverse = np.unique(by[rows], return_index=True, return_inverse=True)
+        words = np.array([self.reason(int(rows[i])) for i in first], dtype=object)
+        return words[inverse.reshape(-1)].tolist()  # type: ignore[no-any-return]
+
 
 def _lookup(table: OfferTable, name: str, rows: np.ndarray, fn: Callable[[Any], Any]) -> Any:
     """`fn` of the named column's value at `rows`, computed once per distinct value."""

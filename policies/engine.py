@@ -95,7 +95,13 @@ def _rejected(verdicts: Verdicts) -> tuple[tuple[str, LazyRows[Offer], LazyRows[
     for index, count in enumerate(counts.tolist()):
         if count:
             rows = order[start : start + count]
-            out.append((RULES[index], LazyRows(offers, rows), LazyRows(verdicts.reason, rows)))
+            out.append(
+                (
+                    RULES[index],
+                    LazyRows(offers, rows),
+                    LazyRows(verdicts.reason, rows, verdicts.reasons),
+                )
+            )
             start += count
     return tuple(out)
 

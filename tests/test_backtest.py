@@ -14,7 +14,9 @@ from typer.testing import CliRunner
 from optimizer.catalog import write_catalog
 from optimizer.cli import app
 from optimizer.jobs.backtest import Migrations
+from optimizer.jobs.history import read_history, store_history, write_history
 from optimizer.model import Market, Offer
+from optimizer.store import Store
 from policies.backtest import History, advise_bid, replay
 from policies.schema import Policy
 from tests.helpers import make_offer
@@ -236,3 +238,27 @@ def test_migration_moves_to_a_pool_cheaper_for_long_enough() -> None:
     assert (ran.moves, ran.migrations) == (1, 1)
     stays = replay(migrating, history, until=T0 + 3 * H)  # without the pass: no reason to move
     assert round(stays.cost_usd, 2) == 6.00 and stays.moves == 0
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".arrow", ".parquet"])
+def test_store_history_round_trips_through_every_file_format(
+    store: Store, tmp_path: Path, suffix: str
+) -> None:
+    for p in POINTS:  # each poll's offers, as the daemon records them
+        store.prices.record_offers([p])
+    found = store_history(store, since=T0 + H)
+    assert len(found.at) == 6 and len(found.pools) == 2  # the on-demand point is older
+    written = tmp_path / f"history{suffix}"
+    assert write_history(store_history(store), written, comment="export") == len(POINTS)
+    again = read_history(written)
+    ran = replay(policy(bid={"max_usd_per_hour": 3.0}), again, until=T0 + 4 * H)
+    assert round(ran.cost_usd, 2) == 7.10 and round(ran.savings_usd, 2) == 22.90
+    assert {o.pool for o in again.pools.offers} == {p.pool for p in POINTS}
+
+
+def test_points_in_any_order_replay_alike() -> None:
+    shuffled = POINTS[::-1]  # newest first: the history's rows need not be in time order
+    ran = replay(
+        policy(bid={"max_usd_per_hour": 3.0}), History.from_offers(shuffled), until=T0 + 4 * H
+    )
+    assert round(ran.cost_usd, 2) == 7.10 and (ran.moves, ran.cap_crossings) == (1, 2)

@@ -150,19 +150,16 @@ def export(
         str | None, typer.Option("--config", "-c", help="Daemon config (its store).")
     ] = None,
 ) -> None:
-    """Write the store's raw price points since --since as a catalog CSV (for backtests)."""
+    """Write the store's raw price points since --since for backtests: a catalog CSV, or
+    Arrow IPC (.arrow) or Parquet (.parquet) with the same columns."""
     from pathlib import Path
 
-    from optimizer.catalog import write_catalog
     from optimizer.cli.db import _database_url
-    from optimizer.jobs.history import history_offers, store_history
+    from optimizer.jobs.history import store_history, write_history
     from optimizer.store import Store
 
     start = parse_time(since, "--since")
     with Store(_database_url(Path(config) if config else None)) as store:
         points = store_history(store, start)
-    with open(output, "w", encoding="utf-8", newline="") as stream:
-        count = write_catalog(
-            history_offers(points), stream, comments=[f"gpuopt prices export --since {since}"]
-        )
+    count = write_history(points, output, comment=f"gpuopt prices export --since {since}")
     print(f"wrote {count} price points of {len(points.pools)} pools to {output}")

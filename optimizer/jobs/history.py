@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime
+from enum import Enum
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from optimizer import hardware
-from optimizer.catalog import OPTIONAL, REQUIRED, CatalogError, iter_offers
+from optimizer.catalog import OPTIONAL, REQUIRED, CatalogError, iter_offers, write_catalog
 from optimizer.common.errors import Problem
 from optimizer.model import OFFER_FIELDS, Offer
 from optimizer.store import Store
@@ -24,7 +26,9 @@ from policies.backtest import History, seconds
 from policies.table import OfferTable
 
 POOL = ("provider", "region", "zone", "instance_type", "market")
+_TEXT = frozenset(POOL) | {"gpu_model", "interconnect", "source", "fabric", "interruption_bucket"}
 PARQUET = ".parquet"  # a history in Parquet: the catalog's columns, one row per point
+ARROW = (".arrow", ".feather")  # the same as an Arrow IPC file, read in place (memory-mapped)
 
 
 def _comment_lines(path: Path) -> int:
@@ -67,10 +71,14 @@ def read_history(path: str | Path) -> History:
         if kind in ("int", "float"):
             types[name] = pa.int64() if kind == "int" else pa.float64()
     try:
-        if file.suffix == PARQUET:
+        if file.suffix in ARROW:
+            with pa.memory_map(str(file)) as source:
+                table = pa.ipc.open_file(source).read_all()  # no copy: the file is mapped
+        elif file.suffix == PARQUET:
             import pyarrow.parquet as pq
 
-            table = pq.read_table(file)
+            strings = [n for n in pq.read_schema(file).names if n in _TEXT]
+            table = pq.read_table(file, read_dictionary=strings)
             table = table.cast(
                 pa.schema([pa.field(f.name, types.get(f.name, f.type)) for f in table.schema])
             )
@@ -83,7 +91,7 @@ def read_history(path: str | Path) -> History:
                 ),
             )
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError) as exc:
-        if file.suffix == PARQUET:
+        if file.suffix == PARQUET or file.suffix in ARROW:
             raise CatalogError([Problem(str(file), f"not a history: {exc}")]) from None
         raise _located(file, exc) from None
     except UnicodeDecodeError as exc:
@@ -104,19 +112,27 @@ def read_history(path: str | Path) -> History:
     ):
         raise _located(file, ValueError("a missing time or a bad price"))
     key = np.zeros(table.num_rows, dtype=np.int64)
+    width = 1
     for name in POOL:
         column = table.column(name)
         if not pa.types.is_dictionary(column.type):
             column = pc.dictionary_encode(column)
         encoded = column.combine_chunks()
-        size = max(len(encoded.dictionary), 1)
-        key = key * size + encoded.indices.to_numpy(zero_copy_only=False)
-    _, first, pool = np.unique(key, return_index=True, return_inverse=True)
-    rows = table.take(pa.array(first))
+        size = len(encoded.dictionary) + 1  # the last code: null (a zone not known)
+        if width * size >= 1 << 40:  # keep the packed key small: number what is seen so far
+            key, _ = _dense_ids(key)
+            width = int(key.max()) + 1
+        np.multiply(key, size, out=key)
+        codes = pc.fill_null(encoded.indices, size - 1).to_numpy(zero_copy_only=False)
+        np.add(key, codes, out=key)
+        width *= size
+    pool, first = _dense_ids(key)
     columns = [c for c in OFFER_FIELDS if c in names]
+    picked = pa.array(first)
+    rows = pa.table({c: table.column(c).take(picked) for c in columns})
     offers = []
     try:
-        for values in rows.select(columns).to_pylist():
+        for values in rows.to_pylist():
             for name, default in OPTIONAL.items():
                 if values.get(name) in ("", None):
                     values[name] = default
@@ -129,7 +145,27 @@ def read_history(path: str | Path) -> History:
     except (TypeError, ValueError) as exc:
         raise _located(file, exc) from None
     at = table.column("observed_at").cast(pa.int64()).to_numpy()
-    return History(OfferTable.from_offers(offers), pool.reshape(-1), at, price)
+    return History(OfferTable.from_offers(offers), pool, at, price)
+
+
+def _dense_ids(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(id per row, first row of each id) for the distinct values of `key`, ids in key order.
+    Keys are packed dictionary codes, so a table as long as the largest key beats a sort of
+    millions of rows; past 64 Mi keys, numpy's unique sorts instead."""
+    n = len(key)
+    top = int(key.max()) + 1
+    if top <= 1 << 26:
+        present = np.zeros(top, dtype=bool)
+        present[key] = True
+        distinct = np.flatnonzero(present)
+        ids = np.empty(top, dtype=np.int64)
+        ids[distinct] = np.arange(len(distinct))
+        pool = ids[key]
+        first = np.full(len(distinct), n, dtype=np.int64)
+        np.minimum.at(first, pool, np.arange(n, dtype=np.int64))
+        return pool, first
+    _, first, pool = np.unique(key, return_index=True, return_inverse=True)
+    return pool.reshape(-1), first
 
 
 def store_history(store: Store, since: datetime | None = None) -> History:
@@ -158,6 +194,50 @@ def store_history(store: Store, since: datetime | None = None) -> History:
         np.array(at, dtype=np.int64),
         np.array(price, dtype=np.float64),
     )
+
+
+def history_table(history: History) -> Any:
+    """The points as an Arrow table with the catalog's columns (a pyarrow.Table): every
+    column but the price and the time dictionary-encoded, from the pools' own values."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    pools = history.pools.offers
+    pool = pa.array(history.pool.astype(np.int32))
+    columns: dict[str, Any] = {}
+    for name in OFFER_FIELDS:
+        if name == "usd_per_hour":
+            columns[name] = pa.array(history.usd_per_hour)
+        elif name == "observed_at":
+            columns[name] = pa.array(history.at, pa.int64()).cast(pa.timestamp("s", tz="UTC"))
+        else:
+            values = [getattr(o, name) for o in pools]
+            values = [v.value if isinstance(v, Enum) else v for v in values]
+            if all(v is None for v in values) and name in OPTIONAL:
+                continue  # a column left out reads as not known
+            encoded = pc.dictionary_encode(pa.array(values))
+            indices = pc.take(encoded.indices, pool)  # a pool's null stays null
+            columns[name] = pa.DictionaryArray.from_arrays(indices, encoded.dictionary)
+    return pa.table(columns)
+
+
+def write_history(history: History, path: str | Path, *, comment: str = "") -> int:
+    """Write the points to `path`: Arrow IPC (.arrow, .feather), Parquet (.parquet), else a
+    catalog CSV. Returns how many points were written."""
+    file = Path(path)
+    if file.suffix in ARROW or file.suffix == PARQUET:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = history_table(history)
+        if file.suffix == PARQUET:
+            pq.write_table(table, file)
+        else:
+            with pa.OSFile(str(file), "wb") as sink, pa.ipc.new_file(sink, table.schema) as out:
+                out.write_table(table)
+        return int(table.num_rows)
+    with file.open("w", encoding="utf-8", newline="") as stream:
+        return write_catalog(history_offers(history), stream, comments=[comment] if comment else [])
 
 
 def history_offers(history: History) -> Iterator[Offer]:
