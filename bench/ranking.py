@@ -342,9 +342,9 @@ def main() -> None:
         "release_result",
     ):
         f = result[name]
+        cpu = f"{f['median_cpu_ms']} ms CPU, " if "median_cpu_ms" in f else ""
         print(
-            f"{name}: median {f['median_cpu_ms']} ms CPU, {f['median_ms']} ms wall "
-            f"(min {f['min_ms']}, max {f['max_ms']})"
+            f"{name}: median {cpu}{f['median_ms']} ms wall (min {f['min_ms']}, max {f['max_ms']})"
         )
     print(f"peak memory (tracemalloc, MiB): {memory}")
     print(f"candidates: {result['candidates']}")

@@ -11,15 +11,16 @@ verdict with one indexing step (`Codes.lookup`).
 Why numpy and not Arrow: measured on 100k offers (docs/policies.md, "The columnar engine"),
 numpy's element-wise steps are 2 to 5 times faster than pyarrow.compute's on arrays this
 size, where each call's fixed cost dominates, and the engine makes dozens of them per
-evaluation; Arrow only won at dictionary-encoding Python strings, which the table does once
-per poll.
+evaluation; Arrow only won at dictionary-encoding Python strings, which is what the table
+uses it for, once per poll.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cache
 from operator import attrgetter
 from typing import Any
 
@@ -29,6 +30,9 @@ from optimizer.model import Fabric, Interconnect, Market, Offer
 
 # Annotations (as written, `from __future__ import annotations`) that make a number column.
 _NUMBER_TYPES = {"int": np.int64, "float": np.float64}
+
+# Text-typed Offer fields, by annotation: encoded by Arrow.
+_TEXT_TYPES = frozenset({"str", "str | None"})
 
 # Enum-typed Offer fields, by annotation: encoded by their values.
 _ENUMS: dict[str, type[Enum]] = {"Market": Market, "Interconnect": Interconnect, "Fabric": Fabric}
@@ -47,6 +51,8 @@ SHAPE_FIELDS = (
     "ram_gib",
     "fabric",
 )
+# The fields every evaluation reads, built with the table; the rest when first read.
+EAGER = (*SHAPE_FIELDS, "usd_per_hour", "observed_at")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,11 +96,26 @@ def _same(value: Any) -> Any:
 
 
 def _encode(column: list[Any]) -> Codes:
-    index = {value: code for code, value in enumerate(dict.fromkeys(column))}
+    distinct = dict.fromkeys(column)
+    if len(distinct) == 1:  # one value throughout (a field no offer here sets): nothing to look up
+        return Codes(np.zeros(len(column), dtype=np.int32), tuple(distinct))
+    index = {value: code for code, value in enumerate(distinct)}
     codes = np.fromiter(map(index.__getitem__, column), dtype=np.int32, count=len(column))
     return Codes(codes, tuple(index))
 
 
+def _encode_text(column: list[str | None]) -> Codes:
+    """A text column through Arrow's hash table: a quarter faster than a dict at 100k rows
+    (the one step where Arrow beat numpy and plain Python, docs/policies.md)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    found = pc.dictionary_encode(pa.array(column, type=pa.string()), null_encoding="encode")
+    codes = found.indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    return Codes(codes, tuple(found.dictionary.to_pylist()))
+
+
+@cache
 def _field_types() -> dict[str, str]:
     return {name: str(f.type) for name, f in Offer.__dataclass_fields__.items()}
 
@@ -110,35 +131,50 @@ class OfferTable:
 
     @classmethod
     def from_offers(cls, offers: Iterable[Offer]) -> OfferTable:
-        """Build the columns (one pass per field, in C where numpy and dict allow)."""
+        """Build the columns every evaluation reads (one pass per field, in C where numpy,
+        dict and Arrow allow); the others (the tie-break's, fields no rule reads) are built
+        the first time they are read."""
         rows = offers if isinstance(offers, tuple) else tuple(offers)
-        numbers: dict[str, np.ndarray] = {}
-        codes: dict[str, Codes] = {}
-        for name, kind in _field_types().items():
-            dtype = _NUMBER_TYPES.get(kind)
-            enum = _ENUMS.get(kind)
-            if enum is not None:
-                # An enum member hashes in Python code; its value (a str) in C, and cached.
-                found = _encode(list(map(attrgetter(f"{name}._value_"), rows)))
-                codes[name] = Codes(found.codes, tuple(map(enum, found.values)))
-                continue
-            column = list(map(attrgetter(name), rows))
-            if dtype is not None:
-                numbers[name] = np.fromiter(column, dtype=dtype, count=len(rows))
-            elif all(isinstance(v, Hashable) for v in column[:1]):
-                codes[name] = _encode(column)
-        table = cls(rows, numbers, codes)
+        table = cls(rows, {}, {})
+        for name in EAGER:
+            table._build(name)
         table.shape_ids()
         return table
+
+    def _build(self, name: str) -> None:
+        kind = _field_types()[name]
+        rows = self.offers
+        dtype = _NUMBER_TYPES.get(kind)
+        enum = _ENUMS.get(kind)
+        if dtype is not None:
+            self.numbers[name] = np.fromiter(map(attrgetter(name), rows), dtype, len(rows))
+        elif enum is not None:
+            # An enum member hashes in Python code; its value (a str) in C, and cached.
+            found = _encode(list(map(attrgetter(f"{name}._value_"), rows)))
+            self.codes[name] = Codes(found.codes, tuple(map(enum, found.values)))
+        elif kind in _TEXT_TYPES:
+            self.codes[name] = _encode_text(list(map(attrgetter(name), rows)))
+        else:
+            self.codes[name] = _encode(list(map(attrgetter(name), rows)))
 
     def __len__(self) -> int:
         return len(self.offers)
 
     def number(self, name: str) -> np.ndarray:
-        return self.numbers[name]
+        """An int or float field's column."""
+        found = self.numbers.get(name)
+        if found is None:
+            self._build(name)
+            found = self.numbers[name]
+        return found
 
     def column(self, name: str) -> Codes:
-        return self.codes[name]
+        """Any other field's column, dictionary-encoded."""
+        found = self.codes.get(name)
+        if found is None:
+            self._build(name)
+            found = self.codes[name]
+        return found
 
     def memo(self, key: str, build: Callable[[], Any]) -> Any:
         """A value derived from the columns alone, built once per table."""
@@ -166,11 +202,11 @@ def _group(table: OfferTable, names: Sequence[str]) -> tuple[np.ndarray, np.ndar
     combined = np.zeros(n, dtype=np.int64)
     width = 1
     for name in names:
-        if name in table.codes:
-            column = table.codes[name]
+        if _NUMBER_TYPES.get(_field_types()[name]) is None:
+            column = table.column(name)
             values, size = column.codes.astype(np.int64), max(len(column.values), 1)
         else:
-            keys.append(table.numbers[name])
+            keys.append(table.number(name))
             continue
         if width * size >= 2**62:  # the packed key would overflow: start another
             keys.append(combined)
