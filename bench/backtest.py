@@ -54,7 +54,7 @@ POLICY: dict[str, Any] = {
     "markets": ["spot", "on_demand"],
     "rank_by": "price_per_tflop",
     "max_price_age_hours": 1,
-    "bid": {"max_usd_per_gpu_hour": 2.5, "max_fraction_of_on_demand": 0.6},
+    "bid": {"max_usd_per_gpu_hour": 2.5, "max_fraction_of_on_demand": 0.3},
     "placement": {"regions": {"allow": ["us-*", "eu-*", "europe-*"]}},
 }
 
