@@ -94,6 +94,13 @@ def test_an_interrupted_node_stops_the_gang_which_is_replaced_and_resumes(
     rows = daemon.store.jobs.attempts(job_id)
     assert [(a.gang, a.node_rank) for a in rows] == [(1, 0), (1, 1), (3, 0), (3, 1)]
     assert {a.end_reason for a in rows[:2]} == {"preempted"}
+    shown = state_of(daemon, "pair")["attempts"]
+    assert [(a["gang"], a["node_rank"], a["nodes"]) for a in shown] == [
+        (1, 0, 2),
+        (1, 1, 2),
+        (3, 0, 2),
+        (3, 1, 2),
+    ]
     wait_until(
         lambda: all(r.state == "terminated" for r in cloud.instances()), 30, "every instance gone"
     )

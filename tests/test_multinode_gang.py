@@ -184,3 +184,13 @@ def test_two_processes_meet_and_a_link_below_the_fabrics_figure_fails_naming_the
         assert result["busbw_gbs"] > 0
         assert result["reason"].startswith("slow inter-node link between node 0 and node 1: ")
     assert [p.returncode for p in procs] == [1, 1]
+
+
+def test_a_node_that_never_checks_in_tears_the_whole_gang_down_and_relaunches() -> None:
+    silent = fold([view(0, job_started=False), view(1, registered=False, job_started=False)])
+    assert not silent.registered
+    decision = decide(JOB, silent, now=T0 + timedelta(minutes=11))  # past the 10 min timeout
+    assert decision.end_attempt == "not_registered"
+    # The gang's key: the reconciler terminates every node's instance under it.
+    assert any(isinstance(a, Terminate) and a.key == "7-3" for a in decision.actions)
+    assert any(isinstance(a, Launch) for a in decision.actions)

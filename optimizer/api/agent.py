@@ -224,7 +224,7 @@ def register(
             "probes": spec.get("probes", "quick"),
             "expected_gpus": spec.get("expected_gpus"),
         },
-        "attempt": attempt.number,
+        "attempt": head_number(attempt.number, attempt.gang),  # a gang's: rank 0's number
         "restarts": job.restarts,
         "heartbeat_s": HEARTBEAT_S,
         "commands": _commands(attempt),

@@ -20,6 +20,7 @@ from optimizer.costs.ledger import month_windows
 from optimizer.costs.lines import totals_by
 from optimizer.costs.report import TimeError, line_figures, parse_time, report
 from optimizer.costs.summary import message, months, previous_month
+from optimizer.jobs.gang import head_number
 from optimizer.jobs.ledger import Filters, Ledger
 from optimizer.jobs.summary import REQUEST, raise_summary
 from optimizer.model import EventKind, Market
@@ -98,12 +99,17 @@ def costs(
 def job_attempts(state: ApiState, job_id: int) -> list[dict[str, Any]]:
     """A job's attempts in number order, each with its cost lines (one per month it billed
     in; none for an attempt that never got an instance). Read by `GET /jobs/{name}`."""
-    lines: dict[int, list[Line]] = {}
+    lines: dict[tuple[int, str | None], list[Line]] = {}
     for line in Ledger(state.store, state.clock).lines(job_id=job_id):
-        lines.setdefault(line.attempt, []).append(line)
+        # A multi-node attempt's lines share its number: each node's row takes its instance's.
+        lines.setdefault((line.attempt, line.instance_id), []).append(line)
     return [
         {
             "number": a.number,
+            # A node of a multi-node attempt: the attempt (rank 0's number), rank and size.
+            "gang": a.gang,
+            "node_rank": a.node_rank,
+            "nodes": a.nodes,
             "provider": a.provider,
             "region": a.region,
             "zone": a.zone,
@@ -127,7 +133,7 @@ def job_attempts(state: ApiState, job_id: int) -> list[dict[str, Any]]:
                     "refunded": line.cost.refunded,
                     **line_figures([line]),
                 }
-                for line in lines.get(a.number, [])
+                for line in lines.get((head_number(a.number, a.gang), a.instance_id), [])
             ],
         }
         for a in state.store.jobs.attempts(job_id)
