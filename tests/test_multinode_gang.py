@@ -105,9 +105,10 @@ def test_a_failed_inter_node_probe_fails_the_attempt_naming_the_pair() -> None:
     assert why in alert.message  # type: ignore[attr-defined]
 
 
-def test_the_gang_finishes_with_rank_0s_exit_and_fails_with_any_nodes_failure() -> None:
+def test_the_gang_finishes_once_every_node_exited_and_fails_with_any_nodes_failure() -> None:
     assert fold([view(0, exit_code=0), view(1, exit_code=0)]).exit_code == 0
     assert fold([view(0), view(1, exit_code=0)]).exit_code is None  # rank 0 still runs
+    assert fold([view(0, exit_code=0), view(1)]).exit_code is None  # and so does rank 1
     assert fold([view(0), view(1, exit_code=3)]).exit_code == 3
 
 
@@ -194,3 +195,9 @@ def test_a_node_that_never_checks_in_tears_the_whole_gang_down_and_relaunches() 
     # The gang's key: the reconciler terminates every node's instance under it.
     assert any(isinstance(a, Terminate) and a.key == "7-3" for a in decision.actions)
     assert any(isinstance(a, Launch) for a in decision.actions)
+
+
+def test_a_node_gone_after_its_job_exited_is_not_a_lost_node() -> None:
+    finishing = fold([view(0, exit_code=0, instance_gone=True), view(1)])
+    assert (finishing.exit_code, finishing.instance_gone) == (None, False)
+    assert decide(JOB, finishing, now=T0).state is JobState.RUNNING

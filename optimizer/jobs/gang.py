@@ -83,8 +83,8 @@ def fold(
 
     Registered once every node is; probed once every node and the inter-node probe passed
     (a failure anywhere fails it, with its reason); started once any node's job started; the
-    job's exit is rank 0's, or the first failing exit of another node; an interruption notice
-    or a lost instance on any node is the gang's."""
+    job's exit is the first failing exit of any node, else rank 0's once every node's job has
+    exited; an interruption notice or a lost instance on any node is the gang's."""
     first = nodes[0]
     if len(nodes) == 1 and not internode:
         return first
@@ -104,9 +104,11 @@ def fold(
         probe = "warn" if "warn" in statuses else "pass"
     else:
         probe = None
-    exit_code = first.exit_code
-    if exit_code is None:
-        exit_code = next((n.exit_code for n in nodes if n.exit_code not in (None, 0)), None)
+    # A failing exit anywhere is the job's; otherwise the job is over once every node's job
+    # has exited (rank 0's code), so no node is cut short while it finishes.
+    exit_code = next((n.exit_code for n in nodes if n.exit_code not in (None, 0)), None)
+    if exit_code is None and all(n.exit_code is not None for n in nodes):
+        exit_code = first.exit_code
     if any(n.instance_gone and n.exit_code is None for n in nodes):
         exit_code = None  # a lost node: the others' jobs fail with it, which is no job failure
     notices = [n.interruption_notice_at for n in nodes if n.interruption_notice_at is not None]
@@ -119,7 +121,9 @@ def fold(
         job_started=any(n.job_started for n in nodes),
         exit_code=exit_code,
         interruption_notice_at=min(notices) if notices else None,
-        instance_gone=any(n.instance_gone for n in nodes),
+        # A node whose job has exited may be gone (its agent ends with it on the local cloud):
+        # only a node gone mid-job is a lost one.
+        instance_gone=any(n.instance_gone and n.exit_code is None for n in nodes),
         preempted=any(n.preempted for n in nodes),
         stop_sent=all(n.stop_sent for n in nodes),
         power_off_at=min(offs) if offs else None,
