@@ -6,7 +6,8 @@ for `--days` days (30: 12.96 million points) on a seeded random walk around each
 and writes them as Arrow IPC, Parquet and a catalog CSV, the same columns in each. Then,
 pinned to one core, times end to end what `gpuopt backtest POLICY --history FILE` does: reading the
 history (`optimizer.jobs.history.read_history`) and the replay (`policies.backtest.replay`),
-for each file, and `advise-bid` on the history read. Times are the process's CPU time (the
+for each file; then the replay with the policy's migration block on (timed apart), and
+`advise-bid` on the history read. Times are the process's CPU time (the
 target's measure: on a shared machine wall time also counts other processes' turns on the
 core), with wall time beside them. Peak memory is the process's peak RSS after the
 runs. Prints figures and writes bench/results/backtest.json.
@@ -32,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
+from optimizer.jobs.backtest import Migrations
 from optimizer.jobs.history import history_table, read_history, write_history
 from optimizer.model import Market, Offer
 from policies.backtest import History, advise_bid, replay
@@ -45,6 +47,7 @@ START = datetime(2026, 3, 1, tzinfo=UTC)
 STEP = timedelta(minutes=10)
 SEED = 20260301
 TARGET_S = 5.0
+MIGRATION = {"enabled": True, "min_savings": 0.2, "min_stable": 3600}  # timed apart
 
 POLICY: dict[str, Any] = {
     "apiVersion": "gpuopt/v1",
@@ -54,7 +57,7 @@ POLICY: dict[str, Any] = {
     "markets": ["spot", "on_demand"],
     "rank_by": "price_per_tflop",
     "max_price_age_hours": 1,
-    "bid": {"max_usd_per_gpu_hour": 2.5, "max_fraction_of_on_demand": 0.3},
+    "bid": {"max_usd_per_gpu_hour": 2.5, "max_fraction_of_on_demand": 0.15},
     "placement": {"regions": {"allow": ["us-*", "eu-*", "europe-*"]}},
 }
 
@@ -177,6 +180,15 @@ def main() -> None:
             f"{name}: read {read_s:.2f} s + replay {replay_s:.2f} s = {total:.2f} s CPU "
             f"({wall:.2f} s wall)"
         )
+    history = read_history(files["arrow"])
+    migrating = policy.model_copy(update={"migration": policy.migration.model_validate(MIGRATION)})
+    moved_s, moved = timed(lambda: replay(migrating, history, mover=Migrations(migrating, history)))
+    result["with_migration"] = {
+        "migration": MIGRATION,
+        "replay_cpu_s": round(moved_s, 2),
+        "backtest": moved.to_dict(series=False),
+    }
+    print(f"replay with migration on: {moved_s:.2f} s CPU, {moved.migrations} migrations")
     advise_s, advice = timed(lambda: advise_bid(policy, history, 0.95))
     result["advise_bid_cpu_s"] = round(advise_s, 2)
     result["advise_bid"] = advice.to_dict()

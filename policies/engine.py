@@ -181,9 +181,12 @@ def _records(
         _nan_none(per_tbps),
         bandwidth,
         shapes.probe_failures[shape].tolist(),
-        *(repeat(None),) * 5,  # the expected-cost fields: filled outside the engine
     )
-    return list(map(tuple.__new__, repeat(Candidate), zip(*columns)))  # noqa: B905
+    # Fields the engine does not fill (the expected cost, worked out outside it) take their
+    # defaults: built as bare tuples, the records get no defaults of their own.
+    rest = Candidate._fields[len(columns) :]
+    filled = (*columns, *(repeat(Candidate._field_defaults[name]) for name in rest))
+    return list(map(tuple.__new__, repeat(Candidate), zip(*filled)))  # noqa: B905
 
 
 def _order(
