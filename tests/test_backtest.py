@@ -262,3 +262,36 @@ def test_points_in_any_order_replay_alike() -> None:
         policy(bid={"max_usd_per_hour": 3.0}), History.from_offers(shuffled), until=T0 + 4 * H
     )
     assert round(ran.cost_usd, 2) == 7.10 and (ran.moves, ran.cap_crossings) == (1, 2)
+
+
+def test_prices_export_and_backtest_from_the_store_through_the_cli(tmp_path: Path) -> None:
+    database = tmp_path / "gpuopt.db"
+    with Store(f"sqlite:///{database}") as db:
+        db.create_all()
+        for p in POINTS:
+            db.prices.record_offers([p])
+    config = tmp_path / "gpuopt.yaml"
+    config.write_text(f"database_url: sqlite:///{database}\n")
+    policy_file = tmp_path / "p.yaml"
+    policy_file.write_text(
+        "apiVersion: gpuopt/v1\nkind: Policy\nname: bt\nmarkets: [spot]\n"
+        "bid: {max_usd_per_hour: 3}\n"
+    )
+    exported = tmp_path / "h.arrow"
+    run = CliRunner().invoke(
+        app, ["prices", "export", "--since", "2026-03-01", "-o", str(exported), "-c", str(config)]
+    )
+    assert run.exit_code == 0, run.output
+    assert "wrote 9 price points of 3 pools" in run.output
+    for source in (["--history", str(exported)], ["--from-store", "-c", str(config)]):
+        done = CliRunner().invoke(
+            app,
+            ["backtest", str(policy_file), *source, "--until", "2026-03-02T04:00Z", "--json"],
+        )
+        assert done.exit_code == 0, done.output
+        out = json.loads(done.output)
+        assert (out["cost_usd"], out["cap_crossings"], out["hours_without_candidate"]) == (
+            7.1,
+            2,
+            1.0,
+        )
