@@ -7,7 +7,8 @@ hour of price history (tests/helpers/clocks.py).
 Cases: (d) offers not cheap enough, or not for long enough, move nothing; (a) a price over the
 bid cap moves the job within two polls; (b) an on-demand job returns to spot once capacity is
 back, and stays; (c) an office-hours window moves a spot job to on-demand at its start. The
-guards under a burst across 20 jobs (e) are in tests/test_migration_plan.py.
+guards under a burst of price changes across 20 jobs (e) are in
+tests/test_migration_burst_e2e.py.
 
 The job checkpoints only when told to stop (SIGTERM), so "no lost steps" is exact: the step
 the old attempt's job saved on its way out is the step the new attempt's job resumed from.
@@ -30,7 +31,7 @@ from optimizer.store.jobs import AttemptRecord
 from providers.local import LocalCloud
 from tests.helpers import api, make_config, running, wait_until, write_policy
 from tests.helpers.clocks import JumpClock
-from tests.helpers.jobs import ROOT, e2e_cloud
+from tests.helpers.jobs import ROOT, e2e_cloud, polls_and_passes
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("daemon_env")]
 
@@ -124,14 +125,7 @@ def migrations(daemon: Daemon, job_id: int) -> list[Any]:
 
 def passes_after(daemon: Daemon, polls: int) -> None:
     """Wait for `polls` more spot polls, each followed by a reconcile pass."""
-    ran = daemon.metrics.loop_runs.labels("reconcile", "ok")
-    polled = daemon.metrics.loop_runs.labels("poll:local:spot", "ok")
-    want_polls, want_passes = polled._value.get() + polls, ran._value.get() + polls
-    wait_until(
-        lambda: polled._value.get() >= want_polls and ran._value.get() >= want_passes,
-        30 + 3 * polls * POLL_S,
-        f"{polls} polls and reconcile passes",
-    )
+    polls_and_passes(daemon, polls, POLL_S)
 
 
 def log_of(daemon: Daemon, name: str, attempt: int) -> str:

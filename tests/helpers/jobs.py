@@ -1,7 +1,7 @@
 """Managed jobs end to end on the local cloud: the policy, job bodies, an in-process daemon
 with a signed webhook, and reading the world's state (instances, checkpoints, alerts).
 
-Used by test_jobs_e2e, test_jobs_fallback_e2e and the leader-election tests.
+Used by test_jobs_e2e, test_jobs_fallback_e2e, the migration and the leader-election tests.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from providers.local import LocalCloud
 from tests.helpers.cloud import local_cloud
 from tests.helpers.daemon import api, make_config, running
 from tests.helpers.policies import write_policy
+from tests.helpers.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -96,6 +97,19 @@ def e2e_daemon(
         for poll in d.polls:  # offers in the store before the first job
             poll.run_once()
         yield d
+
+
+def polls_and_passes(daemon: Daemon, polls: int, poll_s: float) -> None:
+    """Wait for `polls` more polls of the local cloud's spot prices (every `poll_s`), each
+    followed by a reconcile pass."""
+    ran = daemon.metrics.loop_runs.labels("reconcile", "ok")
+    polled = daemon.metrics.loop_runs.labels("poll:local:spot", "ok")
+    want_polls, want_passes = polled._value.get() + polls, ran._value.get() + polls
+    wait_until(
+        lambda: polled._value.get() >= want_polls and ran._value.get() >= want_passes,
+        30 + 3 * polls * poll_s,
+        f"{polls} polls and reconcile passes",
+    )
 
 
 def state_of(daemon: Daemon, name: str) -> dict[str, Any]:
