@@ -35,17 +35,14 @@ writes bench/results/ledger.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import random
-import sqlite3
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -64,15 +61,20 @@ from pydantic import SecretStr  # noqa: E402
 from sqlalchemy import insert  # noqa: E402
 
 from bench.prices_retention import (  # noqa: E402
-    RETENTION,
     START,
     Engine,
+    compact_timed,
+    count,
+    data_options,
+    engines,
+    first_pass,
+    load_timed,
     make_pools,
-    mib,
-    polls,
-    postgres_engine_factory,
-    sqlite_engine,
+    parse_data_options,
+    print_sizes,
+    report_head,
     timed_pass,
+    write_report,
 )
 from optimizer.alerts.outbox import Emitter  # noqa: E402
 from optimizer.alerts.routing import Router  # noqa: E402
@@ -86,7 +88,7 @@ from optimizer.daemon.server import ApiServer  # noqa: E402
 from optimizer.jobs.counters import cumulative  # noqa: E402
 from optimizer.jobs.ledger import Ledger  # noqa: E402
 from optimizer.model import Market  # noqa: E402
-from optimizer.store import Store, is_sqlite_url, normalize_database_url  # noqa: E402
+from optimizer.store import Store  # noqa: E402
 from optimizer.store.engine import table  # noqa: E402
 from optimizer.store.tables import Attempt, CostLine, Job, PriceHistory  # noqa: E402
 
@@ -334,24 +336,12 @@ def print_costs(name: str, label: str, figures: dict[str, Any]) -> None:
     )
 
 
-def count(store: Store, model: type) -> int:
-    with store.engine.connect() as conn:
-        return int(
-            conn.execute(
-                sqlalchemy.select(sqlalchemy.func.count()).select_from(table(model))
-            ).scalar_one()
-        )
-
-
 def run(make: Callable[[], Any], pools: Sequence[tuple[str, ...]], args: argparse.Namespace) -> Any:
     end = START + timedelta(days=args.days)
     engine: Engine
     with make() as engine:
         store, name = engine.store, engine.name
-        started = time.perf_counter()
-        points = engine.load(polls(pools, args.days, random.Random(SEED)))
-        load_s = time.perf_counter() - started
-        print(f"{name:<10} loaded {points:,} raw points in {load_s:.1f} s")
+        points, load_s = load_timed(engine, pools, args.days)
         loaded = load_ledger(store, pools, args.attempts, end)
         print(
             f"{name:<10} {loaded['attempts']:,} attempts of {loaded['jobs']:,} jobs "
@@ -368,14 +358,12 @@ def run(make: Callable[[], Any], pools: Sequence[tuple[str, ...]], args: argpars
         for statement, plan in before["plans"].items():
             print(f"{name:<10}   plan of {statement[:60]}…: {' | '.join(plan)[:300]}")
         size_before = engine.sizes()
-        print(f"{name:<10} size before: {json.dumps({k: mib(v) for k, v in size_before.items()})}")
+        print_sizes(name, "before", size_before)
 
-        first = timed_pass(store, end, args.batch_rows)
-        days = args.days - RETENTION.raw.days
-        first["days_of_data"] = days
-        first["seconds_per_day_of_data"] = round(first["seconds"] / max(days, 1), 3)
+        first = first_pass(store, end, args)
         print(
-            f"{name:<10} pruning, first pass: {first['summarized']:,} points ({days} days) in "
+            f"{name:<10} pruning, first pass: {first['summarized']:,} points "
+            f"({first['days_of_data']} days) in "
             f"{first['seconds']} s = {first['seconds_per_day_of_data']} s per day of data "
             f"({first['batches']} batches, longest {first['longest_batch_seconds']} s)"
         )
@@ -385,18 +373,11 @@ def run(make: Callable[[], Any], pools: Sequence[tuple[str, ...]], args: argpars
             f"{next_day['seconds']} s"
         )
         size_after = engine.sizes()
-        print(f"{name:<10} size after: {json.dumps({k: mib(v) for k, v in size_after.items()})}")
+        print_sizes(name, "after", size_after)
         after = costs_by_month(store, end + timedelta(days=1), args.runs)
         print_costs(name, "(downsampled)", after)
         raw_left, lines = count(store, PriceHistory), count(store, CostLine)
-        started = time.perf_counter()
-        engine.compact()
-        compact_s = time.perf_counter() - started
-        compacted = engine.sizes()
-        print(
-            f"{name:<10} size after compaction ({compact_s:.1f} s): "
-            f"{json.dumps({k: mib(v) for k, v in compacted.items()})}"
-        )
+        compacted, compact_s = compact_timed(engine)
         met = all(
             figures[key]["median_s"] <= TARGET_S
             for figures in (before, after)
@@ -423,23 +404,9 @@ def run(make: Callable[[], Any], pools: Sequence[tuple[str, ...]], args: argpars
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--pools", type=int, default=3000)
-    parser.add_argument("--days", type=int, default=30)
-    parser.add_argument("--attempts", type=int, default=10_000)
+    parser = data_options((__doc__ or "").splitlines()[0], RESULTS)
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get("GPUOPT_TEST_DATABASE_URL", "").strip() or None,
-        help="PostgreSQL URL to bench as well (default: $GPUOPT_TEST_DATABASE_URL)",
-    )
-    parser.add_argument("--skip-sqlite", action="store_true")
-    parser.add_argument("--batch-rows", type=int, default=5_000, help="rows per pruning batch")
-    parser.add_argument("--output", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
-    if args.days <= RETENTION.raw.days:
-        parser.error(f"--days must be more than the raw retention ({RETENTION.raw.days})")
-
+    args = parse_data_options(parser, argv)
     pools = make_pools(args.pools)
     print(
         f"{len(pools):,} pools x {args.days} days of 10-minute points = "
@@ -454,37 +421,19 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise SystemExit(f"gpuopt costs --help failed: {shown.stderr.strip()}")
     startup = round(statistics.median(startups), 3)
     print(f"gpuopt costs --help (Python's start and the command's imports): {startup} s median")
-    engines: list[Callable[[], Any]] = [] if args.skip_sqlite else [sqlite_engine]
-    if args.database_url:
-        url = normalize_database_url(args.database_url, origin="--database-url")
-        if not is_sqlite_url(url):
-            engines.append(postgres_engine_factory(url))
-    results = [run(make, pools, args) for make in engines]
-    report = {
-        "bench": "ledger",
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": "python bench/ledger.py "
-        + f"--pools {args.pools} --days {args.days} --attempts {args.attempts} --runs {args.runs}"
-        + (" --database-url postgresql://…" if args.database_url else ""),
-        "python": platform.python_version(),
-        "machine": {
-            "cores": os.cpu_count(),
-            "platform": platform.platform(),
-            "arch": platform.machine(),
-        },
-        "sqlalchemy": sqlalchemy.__version__,
-        "sqlite": sqlite3.sqlite_version,
-        "pools": len(pools),
-        "days": args.days,
-        "raw_points": len(pools) * args.days * 144,
-        "target_s": TARGET_S,
-        "gpuopt_costs_help_wall_s": startup,
-        "retention": {"raw_days": RETENTION.raw.days, "hourly_days": RETENTION.hourly.days},
-        "results": results,
-    }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.output}")
+    results = [run(make, pools, args) for make in engines(args)]
+    command = (
+        f"python bench/ledger.py --pools {args.pools} --days {args.days} "
+        f"--attempts {args.attempts} --runs {args.runs}"
+    )
+    report = report_head("ledger", command, args, len(pools))
+    report.update(
+        raw_points=len(pools) * args.days * 144,
+        target_s=TARGET_S,
+        gpuopt_costs_help_wall_s=startup,
+        results=results,
+    )
+    write_report(report, args.output)
 
 
 if __name__ == "__main__":

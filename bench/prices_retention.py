@@ -46,10 +46,12 @@ from typing import Any
 
 import sqlalchemy
 from sqlalchemy import create_engine, func, select, text
+from sqlmodel import SQLModel
 
 from optimizer.clock import ManualClock
 from optimizer.daemon.loops.retention import RetentionLoop
 from optimizer.store import PruneBatch, Retention, Store, is_sqlite_url, normalize_database_url
+from optimizer.store.engine import table
 from optimizer.store.tables import PriceHistory, PriceHourly
 
 RESULTS = Path(__file__).resolve().parent / "results" / "prices_retention.json"
@@ -271,9 +273,41 @@ def postgres_engine_factory(url: str) -> Callable[[], Any]:
 # -- measuring -----------------------------------------------------------------------------------
 
 
-def count(store: Store, table: type) -> int:
+def count(store: Store, model: type[SQLModel]) -> int:
     with store.engine.connect() as conn:
-        return int(conn.execute(select(func.count()).select_from(table)).scalar_one())
+        return int(conn.execute(select(func.count()).select_from(table(model))).scalar_one())
+
+
+def load_timed(engine: Engine, pools: Sequence[tuple[str, ...]], days: int) -> tuple[int, float]:
+    """The raw points of `days` days of polls of `pools` loaded; (points, seconds)."""
+    started = time.perf_counter()
+    points = engine.load(polls(pools, days, random.Random(SEED)))
+    seconds = time.perf_counter() - started
+    print(f"{engine.name:<10} loaded {points:,} raw points in {seconds:.1f} s")
+    return points, seconds
+
+
+def print_sizes(name: str, label: str, sizes: dict[str, int]) -> None:
+    print(f"{name:<10} size {label}: {json.dumps({k: mib(v) for k, v in sizes.items()})} MiB")
+
+
+def first_pass(store: Store, end: datetime, args: argparse.Namespace) -> dict[str, Any]:
+    """The first retention pass at the end of the data, per day of data it summarized."""
+    first = timed_pass(store, end, args.batch_rows)
+    days = args.days - RETENTION.raw.days
+    first["days_of_data"] = days
+    first["seconds_per_day_of_data"] = round(first["seconds"] / max(days, 1), 3)
+    return first
+
+
+def compact_timed(engine: Engine) -> tuple[dict[str, int], float]:
+    """The store compacted (VACUUM); (its sizes after, seconds)."""
+    started = time.perf_counter()
+    engine.compact()
+    seconds = time.perf_counter() - started
+    sizes = engine.sizes()
+    print_sizes(engine.name, f"after compaction ({seconds:.1f} s)", sizes)
+    return sizes, seconds
 
 
 def timed_pass(store: Store, now: datetime, batch_rows: int) -> dict[str, Any]:
@@ -356,16 +390,12 @@ def mib(n: int) -> float:
 def run(
     make: Callable[[], Any], pools: list[tuple[str, ...]], args: argparse.Namespace
 ) -> dict[str, Any]:
-    rng = random.Random(SEED)
     with make() as engine:
         store = engine.store
         name = engine.name
-        started = time.perf_counter()
-        rows = engine.load(polls(pools, args.days, rng))
-        load_seconds = time.perf_counter() - started
-        print(f"{name:<10} loaded {rows:,} raw points in {load_seconds:.1f} s")
+        rows, load_seconds = load_timed(engine, pools, args.days)
         before = engine.sizes()
-        print(f"{name:<10} size before: {json.dumps({k: mib(v) for k, v in before.items()})} MiB")
+        print_sizes(name, "before", before)
         plan = query_plan(engine, pools[0])
         print(
             f"{name:<10} points-in-effect plan: " + " | ".join(p.strip() for p in plan if p.strip())
@@ -379,18 +409,16 @@ def run(
         )
 
         end = START + timedelta(days=args.days)
-        past_days = args.days - RETENTION.raw.days
-        first = timed_pass(store, end, args.batch_rows)
-        first["days_of_data"] = past_days
-        first["seconds_per_day_of_data"] = round(first["seconds"] / max(past_days, 1), 3)
+        first = first_pass(store, end, args)
         print(
-            f"{name:<10} first pass: {first['summarized']:,} points ({past_days} days) -> "
+            f"{name:<10} first pass: {first['summarized']:,} points "
+            f"({first['days_of_data']} days) -> "
             f"{first['hourly_rows_written']:,} hourly rows in {first['seconds']} s = "
             f"{first['seconds_per_day_of_data']} s per day of data; {first['batches']} batches, "
             f"longest {first['longest_batch_seconds']} s"
         )
         after = engine.sizes()
-        print(f"{name:<10} size after: {json.dumps({k: mib(v) for k, v in after.items()})} MiB")
+        print_sizes(name, "after", after)
 
         steady = timed_pass(store, end + timedelta(days=1), args.batch_rows)
         print(
@@ -415,14 +443,7 @@ def run(
             f"p99 {reads_tiered['p99_ms']} ms)"
         )
         raw_left, hourly_rows = count(store, PriceHistory), count(store, PriceHourly)
-        started = time.perf_counter()
-        engine.compact()
-        compact_seconds = time.perf_counter() - started
-        compacted = engine.sizes()
-        print(
-            f"{name:<10} size after compaction ({compact_seconds:.1f} s): "
-            f"{json.dumps({k: mib(v) for k, v in compacted.items()})} MiB"
-        )
+        compacted, compact_seconds = compact_timed(engine)
         return {
             "engine": name,
             "raw_points_loaded": rows,
@@ -443,42 +464,49 @@ def run(
         }
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def data_options(description: str, results: Path) -> argparse.ArgumentParser:
+    """The options of the benches over a price history (this one and bench/ledger.py): its
+    size, the engines and where the results go."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--pools", type=int, default=3000)
     parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--attempts", type=int, default=10_000)
-    parser.add_argument("--batch-rows", type=int, default=5_000)
+    parser.add_argument("--batch-rows", type=int, default=5_000, help="rows per pruning batch")
     parser.add_argument(
         "--database-url",
         default=os.environ.get("GPUOPT_TEST_DATABASE_URL", "").strip() or None,
         help="PostgreSQL URL to bench as well (default: $GPUOPT_TEST_DATABASE_URL)",
     )
     parser.add_argument("--skip-sqlite", action="store_true")
-    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--output", type=Path, default=results)
+    return parser
+
+
+def parse_data_options(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None
+) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.days <= RETENTION.raw.days:
         parser.error(f"--days must be more than the raw retention ({RETENTION.raw.days})")
+    return args
 
-    pools = make_pools(args.pools)
-    print(
-        f"{len(pools):,} pools x {args.days} days of 10-minute points = "
-        f"{len(pools) * args.days * 144:,} rows"
-    )
-    engines: list[Callable[[], Any]] = [] if args.skip_sqlite else [sqlite_engine]
+
+def engines(args: argparse.Namespace) -> list[Callable[[], Any]]:
+    """A fresh SQLite store unless --skip-sqlite, and a PostgreSQL one for --database-url."""
+    makers: list[Callable[[], Any]] = [] if args.skip_sqlite else [sqlite_engine]
     if args.database_url:
         url = normalize_database_url(args.database_url, origin="--database-url")
         if not is_sqlite_url(url):
-            engines.append(postgres_engine_factory(url))
-    results = [run(make, pools, args) for make in engines]
+            makers.append(postgres_engine_factory(url))
+    return makers
 
-    report = {
-        "bench": "prices_retention",
+
+def report_head(bench: str, command: str, args: argparse.Namespace, pools: int) -> dict[str, Any]:
+    """What a results file says first: the bench, when, how it ran, on what."""
+    return {
+        "bench": bench,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": "python bench/prices_retention.py "
-        + f"--pools {args.pools} --days {args.days} --attempts {args.attempts} "
-        + f"--batch-rows {args.batch_rows}"
-        + (" --database-url postgresql://…" if args.database_url else ""),
+        "command": command + (" --database-url postgresql://…" if args.database_url else ""),
         "python": platform.python_version(),
         "machine": {
             "cores": os.cpu_count(),
@@ -487,15 +515,34 @@ def main(argv: Sequence[str] | None = None) -> None:
         },
         "sqlalchemy": sqlalchemy.__version__,
         "sqlite": sqlite3.sqlite_version,
-        "pools": len(pools),
+        "pools": pools,
         "days": args.days,
         "retention": {"raw_days": RETENTION.raw.days, "hourly_days": RETENTION.hourly.days},
-        "batch_rows": args.batch_rows,
-        "results": results,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.output}")
+
+
+def write_report(report: dict[str, Any], output: Path) -> None:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {output}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = data_options(__doc__.splitlines()[0], RESULTS)
+    args = parse_data_options(parser, argv)
+    pools = make_pools(args.pools)
+    print(
+        f"{len(pools):,} pools x {args.days} days of 10-minute points = "
+        f"{len(pools) * args.days * 144:,} rows"
+    )
+    results = [run(make, pools, args) for make in engines(args)]
+    command = (
+        f"python bench/prices_retention.py --pools {args.pools} --days {args.days} "
+        f"--attempts {args.attempts} --batch-rows {args.batch_rows}"
+    )
+    report = report_head("prices_retention", command, args, len(pools))
+    report.update(batch_rows=args.batch_rows, results=results)
+    write_report(report, args.output)
 
 
 if __name__ == "__main__":
