@@ -22,20 +22,16 @@ from providers.base import (
 )
 from tests.helpers import make_offer
 from tests.helpers.aws import NOW, Clock, StubSession, gpu_type_info
+from tests.helpers.offers import G6_XLARGE
 
 pytestmark = pytest.mark.usefixtures("aws_env", "offline")
 
 REGION = "us-east-1"
 ZONES = {"us-east-1a": "use1-az6", "us-east-1b": "use1-az1"}
 OFFER = make_offer(
+    **G6_XLARGE,
     region=REGION,
     zone="use1-az1",
-    instance_type="g6.xlarge",
-    gpu_model="L4",
-    gpu_count=1,
-    gpu_memory_gib=22.35,
-    vcpus=4,
-    ram_gib=16,
     market=Market.SPOT,
     usd_per_hour=0.34,
     observed_at=NOW,

@@ -11,8 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from optimizer.catalog import CatalogError, parse_catalog, read_catalog, write_catalog
-from optimizer.model import OFFER_FIELDS, Interconnect, Market, Offer
+from optimizer.model import OFFER_FIELDS, Market, Offer
 from tests.helpers import make_offer
+from tests.helpers.offers import P4DE_24XLARGE
 
 T0 = datetime(2026, 4, 23, 12, 30, tzinfo=UTC)
 
@@ -20,15 +21,9 @@ T0 = datetime(2026, 4, 23, 12, 30, tzinfo=UTC)
 # An 8 x A100-80GB node on AWS spot in Ireland, every optional field set.
 offer = partial(
     make_offer,
+    **P4DE_24XLARGE,
     region="eu-west-1",
     zone="euw1-az1",
-    instance_type="p4de.24xlarge",
-    gpu_model="A100-80GB",
-    gpu_count=8,
-    gpu_memory_gib=80.0,
-    vcpus=96,
-    ram_gib=1152.0,
-    interconnect=Interconnect.NVLINK,
     market=Market.SPOT,
     usd_per_hour=12.3456,
     observed_at=T0,

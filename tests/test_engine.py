@@ -20,23 +20,12 @@ from policies.budget import Committed
 from policies.engine import RULES, Candidate, EvaluationError, Ranking, Rejection, evaluate
 from policies.schema import Policy
 from tests.helpers.engine import T0, offer, policy
+from tests.helpers.offers import G6_XLARGE
 
 # An 8 x A100-80GB NVLink node on demand in Frankfurt at $40/h, observed at T0.
 
 # A single L4 on demand in us-east-1 at $0.80/h.
-small = partial(
-    offer,
-    region="us-east-1",
-    zone="use1-az1",
-    instance_type="g6.xlarge",
-    gpu_model="L4",
-    gpu_count=1,
-    gpu_memory_gib=22.35,
-    vcpus=4,
-    ram_gib=16.0,
-    interconnect=Interconnect.NONE,
-    usd_per_hour=0.8,
-)
+small = partial(offer, **G6_XLARGE, region="us-east-1", zone="use1-az1", usd_per_hour=0.8)
 
 
 def only_rejection(ranking: Ranking) -> Rejection:

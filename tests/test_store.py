@@ -15,6 +15,7 @@ from optimizer.model import OFFER_FIELDS, Interconnect, Market
 from optimizer.store import DuplicateJobError, Store
 from optimizer.store.tables import LatestPrice, PriceHistory
 from tests.helpers import make_offer as any_offer
+from tests.helpers.offers import P4D_24XLARGE
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
 TOKYO = timezone(timedelta(hours=9))
@@ -23,14 +24,8 @@ TOKYO = timezone(timedelta(hours=9))
 # An 8 x A100-40GB node on AWS spot in us-east-1 at $9.8304/h, observed at T0.
 make_offer = partial(
     any_offer,
+    **P4D_24XLARGE,
     zone="use1-az2",
-    instance_type="p4d.24xlarge",
-    gpu_model="A100-40GB",
-    gpu_count=8,
-    gpu_memory_gib=40.0,
-    vcpus=96,
-    ram_gib=1152.0,
-    interconnect=Interconnect.NVLINK,
     market=Market.SPOT,
     usd_per_hour=9.8304,
     observed_at=T0,

@@ -6,24 +6,18 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from optimizer.model import Interconnect, Market
+from optimizer.model import Market
 from policies.schema import Policy
-from tests.helpers import make_offer
+from tests.helpers.offers import P4DE_24XLARGE, make_offer
 
 T0 = datetime(2026, 4, 23, 12, tzinfo=UTC)
 
 
 offer = partial(
     make_offer,
+    **P4DE_24XLARGE,
     region="eu-central-1",
     zone="euc1-az1",
-    instance_type="p4de.24xlarge",
-    gpu_model="A100-80GB",
-    gpu_count=8,
-    gpu_memory_gib=80.0,
-    vcpus=96,
-    ram_gib=1152.0,
-    interconnect=Interconnect.NVLINK,
     market=Market.ON_DEMAND,
     usd_per_hour=40.0,
     observed_at=T0,

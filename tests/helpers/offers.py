@@ -12,17 +12,39 @@ from optimizer.model import Interconnect, Market, Offer
 
 T0 = datetime(2026, 1, 15, 12, 0, tzinfo=UTC)  # mid-month, and in the past
 
+# Instance types' hardware as AWS describes them (DescribeInstanceTypes), to start an offer
+# of another type from: `make_offer(**P4DE_24XLARGE, ...)`.
+G5_XLARGE: dict[str, Any] = {
+    "instance_type": "g5.xlarge",
+    "gpu_model": "A10G",
+    "gpu_count": 1,
+    "gpu_memory_gib": 22.35,
+    "vcpus": 4,
+    "ram_gib": 16.0,
+    "interconnect": Interconnect.NONE,
+}
+G6_XLARGE = {**G5_XLARGE, "instance_type": "g6.xlarge", "gpu_model": "L4"}
+P4D_24XLARGE: dict[str, Any] = {
+    "instance_type": "p4d.24xlarge",
+    "gpu_model": "A100-40GB",
+    "gpu_count": 8,
+    "gpu_memory_gib": 40.0,
+    "vcpus": 96,
+    "ram_gib": 1152.0,
+    "interconnect": Interconnect.NVLINK,
+}
+P4DE_24XLARGE = {
+    **P4D_24XLARGE,
+    "instance_type": "p4de.24xlarge",
+    "gpu_model": "A100-80GB",
+    "gpu_memory_gib": 80.0,
+}
+
 BASE = Offer(
     provider="aws",
     region="us-east-1",
     zone="use1-az1",
-    instance_type="g5.xlarge",
-    gpu_model="A10G",
-    gpu_count=1,
-    gpu_memory_gib=22.35,
-    vcpus=4,
-    ram_gib=16.0,
-    interconnect=Interconnect.NONE,
+    **G5_XLARGE,
     market=Market.SPOT,
     usd_per_hour=0.40,
     observed_at=T0,
