@@ -312,7 +312,8 @@ def _judge(
             hours = np.array(
                 [budget.hours_left(instant(t), rules.hours_per_month) for t in times.tolist()]
             )
-            monthly = price * hours[:, None]  # nothing spent: see docs/backtest.md
+            # Nothing spent: see docs/backtest.md; a gang launches `nodes` instances.
+            monthly = price * rules.nodes * hours[:, None]
             over_budget = monthly > rules.monthly_usd * (1 + _SLACK)
     candidate = allowed & ~over & ~over_budget
 

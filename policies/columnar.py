@@ -304,7 +304,7 @@ def _price_masks(
     if rules.monthly_usd is not None:
         spend = rules.committed
         hours = budget.hours_left(rules.now, rules.hours_per_month)
-        monthly = spend.spent_usd + (spend.live_usd_per_hour + price) * hours
+        monthly = spend.spent_usd + (spend.live_usd_per_hour + price * rules.nodes) * hours
         masks[3] = monthly > rules.monthly_usd * (1 + _SLACK)
     return masks
 

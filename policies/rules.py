@@ -192,6 +192,9 @@ class RuleSet:
         self.monthly_usd = policy.budget.monthly_usd
         self.hours_per_month = policy.budget.hours_per_month
         self.committed = committed or budget.NOTHING
+        # A launch under a multi-node workload starts `nodes` instances of the offer: the
+        # budget projects each of them (policies/budget.py).
+        self.nodes = work.nodes
         self.budget_hours = budget.hours_left(self.now, self.hours_per_month)
         caps = (self.max_usd_per_hour, self.max_usd_per_gpu_hour, self.max_fraction)
         self.prices_capped = self.monthly_usd is not None or any(c is not None for c in caps)
@@ -416,17 +419,20 @@ class RuleSet:
                 )
         if self.monthly_usd is not None:
             spend = self.committed
-            monthly = budget.projected(spend, usd_per_hour, self.now, self.hours_per_month)
+            monthly = budget.projected(
+                spend, usd_per_hour, self.now, self.hours_per_month, instances=self.nodes
+            )
             if monthly > self.monthly_usd * (1 + _SLACK):
-                live = (
-                    f" + {spend.live_attempts} live at {usd(spend.live_usd_per_hour)}/h"
-                    if spend.live_attempts
-                    else ""
-                )
+                live = budget.live_text(spend)
+                if live:
+                    live = f" + {live} at {usd(spend.live_usd_per_hour)}/h"
+                new = f"{usd(usd_per_hour)}/h"
+                if self.nodes > 1:
+                    new = f"{self.nodes} nodes x {new}"
                 return (
                     "budget",
                     f"projected ${monthly:,.2f} this month (${spend.spent_usd:,.2f} spent"
-                    f"{live} + {usd(usd_per_hour)}/h, for {self.budget_hours:.1f} h) "
+                    f"{live} + {new}, for {self.budget_hours:.1f} h) "
                     f"> budget ${self.monthly_usd:,.2f}/month",
                 )
         return None

@@ -32,7 +32,7 @@ def test_live_attempts_count_at_their_current_price_else_their_launch_price() ->
     ]
     # $19 spent so far this month, as the ledger prices it
     assert budget.committed(19.0, live) == Committed(
-        spent_usd=19.0, live_usd_per_hour=4.0, live_attempts=2
+        spent_usd=19.0, live_usd_per_hour=4.0, live_attempts=2, live_instances=2
     )
     # what a $6/h launch brings the month to: 19 + (3 + 1 + 6) x 420
     assert budget.projected(budget.committed(19.0, live), 6.0, NOW) == pytest.approx(4219.0)

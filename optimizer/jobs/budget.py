@@ -5,6 +5,11 @@ module reads its inputs: the policy's month-to-date spend as the cost ledger pri
 (optimizer/jobs/ledger.py: frozen lines plus live attempts up to now, root volumes included),
 and every live attempt at its pool's current price among the latest offers (its launch price
 when the pool is no longer listed). The projection prices instances only.
+
+A multi-node attempt is one attempt row per node (its own instance); its live rows are one
+`Live` of as many instances, each at the pool's price, so a gang of N costs N instances and
+is counted once as an attempt. The ledger's month-to-date spend bills each node's instance on
+its own lines already, so nothing here adds to it.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
+from optimizer.jobs.gang import head_number
 from optimizer.jobs.ledger import Ledger
 from optimizer.model import Offer
 from optimizer.store import Store
@@ -39,11 +45,21 @@ def committed(
             prices[pool] = offer.usd_per_hour
     start, end = budget.month_bounds(now)
     spent = Ledger(store).total(since=start, until=end, policy=policy, now=now).total_usd
-    live = []
+    by_attempt: dict[tuple[int, int], list[budget.Live]] = {}
     for a in store.jobs.policy_attempts(policy, start):
         if a.ended_at is not None or a.job_id == replacing:
             continue
         provider, region, _zone, instance_type, market = a.pool
         current = prices.get(a.pool, prices.get((provider, region, None, instance_type, market)))
-        live.append(budget.Live(a.usd_per_hour, current))
-    return budget.committed(spent, live)
+        attempt = (a.job_id, head_number(a.number, a.gang))
+        by_attempt.setdefault(attempt, []).append(budget.Live(a.usd_per_hour, current))
+    return budget.committed(spent, [_one(nodes) for nodes in by_attempt.values()])
+
+
+def _one(nodes: list[budget.Live]) -> budget.Live:
+    """A gang's live nodes as one attempt of as many instances (a single node as itself);
+    the nodes of one gang share one offer, so one per-instance price stands for all."""
+    if len(nodes) == 1:
+        return nodes[0]
+    each = sum(n.price for n in nodes) / len(nodes)
+    return budget.Live(each, instances=len(nodes))

@@ -3,9 +3,9 @@
 `Launcher.walk` takes the offers the policy ranks (`ranking.launch_ranking`, which
 `GET /offers?policy=` shows too: minus pools in cooldown and pools the decision avoids; the
 ranking's budget rule, given what the policy has spent and runs now, drops those the month's
-budget cannot pay for), and tries them in order:
-each try writes its attempt row first (so a daemon killed mid-call retries with the same
-idempotency key), then calls the provider. `Launcher.launch` is one call, and says what
+budget cannot pay for, a multi-node job's offers priced once per node), and tries them in
+order: each try writes its attempt row first (so a daemon killed mid-call retries with the
+same idempotency key), then calls the provider. `Launcher.launch` is one call, and says what
 happened as a `LaunchOutcome`; what a capacity, quota or credentials error costs the pool or
 the provider is the recovery strategy's answer (recovery.py).
 """
@@ -129,6 +129,12 @@ class Launcher:
         """Launch the next attempt on the best allowed offer."""
         if launch.markets is not None:
             policy = policy.model_copy(update={"markets": [m.value for m in launch.markets]})
+        # The ranking's budget rule projects a launch of every node the job asks for (the
+        # spec's `nodes` wins over the policy's).
+        nodes = job_nodes(job, policy)
+        if nodes != policy.workload.nodes:
+            work = policy.workload.model_copy(update={"nodes": nodes})
+            policy = policy.model_copy(update={"workload": work})
         found = launch_ranking(
             ctx.store,
             job.policy,
@@ -144,15 +150,18 @@ class Launcher:
             if cap is not None and over:
                 cheapest = min(r.offer.usd_per_hour for r in over)
                 need = budget_model.projected(
-                    spend, cheapest, ctx.now, policy.budget.hours_per_month
+                    spend, cheapest, ctx.now, policy.budget.hours_per_month, instances=nodes
                 )
-                running = (
-                    f", {spend.live_attempts} attempt(s) running" if spend.live_attempts else ""
-                )
+                running = ""
+                if spend.live_attempts:
+                    running = f", {spend.live_attempts} attempt(s) running"
+                    if spend.live_instances > spend.live_attempts:
+                        running += f" on {spend.live_instances} instances"
+                gang = f" of {nodes} nodes" if nodes > 1 else ""
                 return Walk(
                     False,
                     f"budget: ${spend.spent_usd:,.2f} spent this month under policy "
-                    f"{job.policy}{running}; the cheapest launch projects ${need:,.2f} "
+                    f"{job.policy}{running}; the cheapest launch{gang} projects ${need:,.2f} "
                     f"> ${cap:,.2f}",
                 )
             top = ", ".join(f"{rule} ({n})" for rule, n in ranking.rejection_counts().items())
@@ -167,7 +176,11 @@ class Launcher:
                 return Walk(False, "none of the offers this move was decided for is allowed now")
         if cap is not None:
             first = budget_model.projected(
-                spend, candidates[0].usd_per_hour, ctx.now, policy.budget.hours_per_month
+                spend,
+                candidates[0].usd_per_hour,
+                ctx.now,
+                policy.budget.hours_per_month,
+                instances=nodes,
             )
             if first > budget_model.ALERT_FRACTION * cap:
                 self.emit(
@@ -182,7 +195,6 @@ class Launcher:
                     f"budget:{job.policy}:{ctx.now:%Y-%m}",
                     None,
                 )
-        nodes = job_nodes(job, policy)
         if nodes > 1:
             return self._try_gangs(ctx, job, candidates[:MAX_OFFERS_TRIED], strategy, nodes)
         return self._try(ctx, job, candidates[:MAX_OFFERS_TRIED], strategy)
