@@ -2,12 +2,13 @@
 
 `gather(...)` builds the pure pass's inputs (migration.py): for every live job of a policy
 whose `migration.enabled` is set in the policy in force, whether it runs healthy on its
-attempt (a `RunningJob`) or is moving (its last move has not reached a running job yet), and
-per policy the offers it allows now in rank order, the rule that rejects each running job's
-pool, the pools' recent price history, and the cooldowns. The restart overhead each job is
-charged comes from the cost ledger's frozen lines when the policy has relaunched attempts
-there, else from the observed times from an interruption (or a move) to the job running again,
-else an assumed 10 minutes; each source is named in the event.
+attempt (a `RunningJob`; never a multi-node job, which is not moved) or is moving (its last
+move has not reached a running job yet), and per policy the offers it allows now in rank
+order, the rule that rejects each running job's pool, the pools' recent price history, and
+the cooldowns. The restart overhead each job is charged comes from the cost ledger's frozen
+lines when the policy has relaunched attempts there, else from the observed times from an
+interruption (or a move) to the job running again, else an assumed 10 minutes; each source is
+named in the event.
 """
 
 from __future__ import annotations
@@ -139,12 +140,15 @@ def moving(rows: Sequence[AttemptRecord]) -> bool:
 
 
 def running(job: JobRecord, rows: Sequence[AttemptRecord]) -> AttemptRecord | None:
-    """The attempt the job runs on, healthy, with nothing handing over (None: it does not)."""
+    """The attempt the job runs on, healthy, with nothing handing over (None: it does not,
+    or it runs as a gang: a multi-node job is never moved, so it is no candidate and takes
+    no slot of the disruption budget)."""
     if job.state != JobState.RUNNING.value or job.cancel_requested_at is not None:
         return None
     current = next((a for a in reversed(rows) if not a.ended), None)
     if (
         current is None
+        or current.nodes > 1
         or current.job_started_at is None
         or current.exit_code is not None
         or current.notice_at is not None
