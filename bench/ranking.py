@@ -18,7 +18,7 @@ collector stays on throughout, as in the daemon. Peak memory comes from separate
 tracemalloc. If `gpuhunt` is importable, its filter runs over the same rows for a ratio.
 Prints the figures and writes them to bench/results/ranking.json.
 
-    python -m bench.ranking [--offers 100000] [--runs 15]
+    python -m bench.ranking [--offers 100000] [--runs 15]   (gpuhunt: pip install -e .[bench])
 """
 
 from __future__ import annotations
