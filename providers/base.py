@@ -222,6 +222,19 @@ class Launcher(Protocol):
 
 
 @runtime_checkable
+class PlacementOwner(Protocol):
+    """Deletes a gang's placement (`Gang.placement`: an AWS cluster placement group, a GCP
+    compact resource policy), for providers that declare `gang_placement`
+    (providers/registry.py). The reconciler asks once every node of the gang has ended."""
+
+    def release_placement(self, region: str, placement: str) -> bool:
+        """Delete the placement named `placement` in `region`: True once it is gone (deleted
+        now, or already gone, so asking again is harmless), False while the cloud says an
+        instance still uses it (ask again later); ProviderError for any other failure."""
+        ...
+
+
+@runtime_checkable
 class Provider(OfferSource, Launcher, Protocol):
     """A cloud gpuopt can launch on: offers and instances."""
 

@@ -10,8 +10,9 @@ line at the bottom of this module and the provider's rows in `policies/regions.c
 
 A declared capability is a promise about the built source's type: `launch` means it is a
 `Launcher` (launch, describe, terminate, close), `interruption_queue` an
-`InterruptionQueue`. The lookups (`ProviderEntry.launcher`, `.interruption_queue`) return the
-source under that type, or None when the provider does not declare it;
+`InterruptionQueue`, `gang_placement` a `PlacementOwner`. The lookups
+(`ProviderEntry.launcher`, `.interruption_queue`, `.placement_owner`) return the source under
+that type, or None when the provider does not declare it;
 tests/test_provider_registry.py checks each built-in provider implements what it declares.
 """
 
@@ -24,7 +25,13 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from providers import aws, gcp, local
-from providers.base import InterruptionQueue, OfferSource, Provider, ProviderSettings
+from providers.base import (
+    InterruptionQueue,
+    OfferSource,
+    PlacementOwner,
+    Provider,
+    ProviderSettings,
+)
 
 NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 # A metadata watcher kind names the metadata endpoint an instance's agent watches for
@@ -48,6 +55,8 @@ class Capabilities:
     # asked (`commitments`): `gpuopt tco`, and `gpuopt offers` when the committed market is wanted
     live_offers: bool = False  # `gpuopt offers --provider NAME` asks it live (else its
     # snapshot rows); the local cloud's live offers are its simulated prices of the moment
+    gang_placement: bool = False  # makes a placement for each gang it launches
+    # (`LaunchSpec.gang`) and deletes it once the gang is over: the source is a PlacementOwner
     watcher: str | None = None  # the metadata watcher kind its instances' agent runs
     agent_on_host: bool = False  # its instances run on this host with this gpuopt: the
     # bootstrap installs nothing and starts the agent with this interpreter
@@ -88,6 +97,11 @@ class ProviderEntry:
     def interruption_queue(self, source: OfferSource) -> InterruptionQueue | None:
         """`source` as an InterruptionQueue when this provider declares one, else None."""
         return cast(InterruptionQueue, source) if self.capabilities.interruption_queue else None
+
+    def placement_owner(self, source: OfferSource) -> PlacementOwner | None:
+        """`source` as a PlacementOwner when this provider declares `gang_placement`, else
+        None."""
+        return cast(PlacementOwner, source) if self.capabilities.gang_placement else None
 
 
 _ENTRIES: dict[str, ProviderEntry] = {}
@@ -168,6 +182,7 @@ register(
             placement_scores=True,
             live_offers=True,
             commitments=True,
+            gang_placement=True,
             watcher="aws-imds",
         ),
         aws.build,
@@ -177,7 +192,13 @@ register(
 register(
     ProviderEntry(
         "gcp",
-        Capabilities(launch=True, live_offers=True, commitments=True, watcher="gcp-metadata"),
+        Capabilities(
+            launch=True,
+            live_offers=True,
+            commitments=True,
+            gang_placement=True,
+            watcher="gcp-metadata",
+        ),
         gcp.build,
         ("GPUOPT_GCP_BILLING_API_KEY",),
     )

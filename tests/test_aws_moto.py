@@ -356,7 +356,7 @@ def test_describe_reports_the_times_ec2_keeps(session: Any, image: str) -> None:
 def test_a_gang_node_launches_in_the_cluster_placement_group_with_every_efa_interface(
     session: Any, image: str, captured: list[dict[str, Any]]
 ) -> None:
-    groups = placement_groups(session)
+    groups = PlacementGroups(session).created
     aws = AwsProvider(["us-east-1"], session=session, clock=Clock())
     offer = replace(_offer(aws), fabric=Fabric.EFA, fabric_interfaces=4)
     for rank in (0, 1):
@@ -377,30 +377,88 @@ def test_a_gang_node_launches_in_the_cluster_placement_group_with_every_efa_inte
     assert len(captured) == 2
 
 
-def placement_groups(session: Any) -> list[dict[str, Any]]:
-    """Answer CreatePlacementGroup, which moto 5.2 does not implement, as EC2 does: success
-    the first time, `InvalidPlacementGroup.Duplicate` (HTTP 400) for a name already made;
-    the requests, in order."""
-    made: list[dict[str, Any]] = []
+class PlacementGroups:
+    """Answer CreatePlacementGroup and DeletePlacementGroup, which moto 5.2 does not
+    implement, as EC2 does. Create: success the first time, `InvalidPlacementGroup.Duplicate`
+    (HTTP 400) for a name already made. Delete: `InvalidPlacementGroup.Unknown` (HTTP 400)
+    for a name not made (or deleted), `InvalidPlacementGroup.InUse` (HTTP 400) while an
+    instance launched into the group is not terminated (moto keeps no group on its
+    instances: they are known by the ClientToken their RunInstances carried), else success
+    (`{"Return": true}`). `created` and `deleted` are the requests, in order."""
 
-    def answer(params: dict[str, Any], **_: Any) -> Any:
+    def __init__(self, session: Any) -> None:
+        self.created: list[dict[str, Any]] = []
+        self.deleted: list[str] = []
+        self.live: set[str] = set()
+        self.tokens: dict[str, str] = {}  # ClientToken -> the group its instance went into
+        session.events.register("before-call.ec2.CreatePlacementGroup", self._create)
+        session.events.register("before-call.ec2.DeletePlacementGroup", self._delete)
+        session.events.register("provide-client-params.ec2.RunInstances", self._run)
+
+    @staticmethod
+    def _error(code: str, message: str) -> Any:
+        return SimpleNamespace(status_code=400, headers={}), {
+            "Error": {"Code": code, "Message": message}
+        }
+
+    def _create(self, params: dict[str, Any], **_: Any) -> Any:
         body = params["body"]
         name = body["GroupName"]
-        known = any(m["GroupName"] == name for m in made)
-        made.append({"GroupName": name, "Strategy": body["Strategy"]})
-        if known:
-            error = {"Code": "InvalidPlacementGroup.Duplicate", "Message": f"{name} exists"}
-            return SimpleNamespace(status_code=400, headers={}), {"Error": error}
+        self.created.append({"GroupName": name, "Strategy": body["Strategy"]})
+        if name in self.live:
+            return self._error("InvalidPlacementGroup.Duplicate", f"{name} exists")
+        self.live.add(name)
         return SimpleNamespace(status_code=200, headers={}), {"PlacementGroup": {}}
 
-    session.events.register("before-call.ec2.CreatePlacementGroup", answer)
-    return made
+    def _run(self, params: dict[str, Any], **_: Any) -> None:
+        group = (params.get("Placement") or {}).get("GroupName")
+        if group:
+            self.tokens[params["ClientToken"]] = group
+
+    def _delete(self, params: dict[str, Any], **_: Any) -> Any:
+        name = params["body"]["GroupName"]
+        self.deleted.append(name)
+        if name not in self.live:
+            return self._error(
+                "InvalidPlacementGroup.Unknown", f"The Placement Group '{name}' is unknown."
+            )
+        tokens = [t for t, group in self.tokens.items() if group == name]
+        found = _ec2().describe_instances(
+            Filters=[{"Name": f"tag:{L.TAG_TOKEN}", "Values": tokens}]
+        )["Reservations"]
+        if any(i["State"]["Name"] != "terminated" for r in found for i in r["Instances"]):
+            return self._error(
+                "InvalidPlacementGroup.InUse",
+                f"The placement group '{name}' is in use and may not be deleted.",
+            )
+        self.live.discard(name)
+        return SimpleNamespace(status_code=200, headers={}), {"Return": True}
+
+
+def test_a_gangs_placement_group_is_deleted_once_every_node_is_terminated(
+    session: Any, image: str
+) -> None:
+    groups = PlacementGroups(session)
+    aws = AwsProvider(["us-east-1"], session=session, clock=Clock())
+    offer = _offer(aws)
+    refs = [
+        aws.launch(offer, _spec(image, gang=Gang("gpuopt-7-3", nodes=2, rank=r)), f"7-3-n{r}")
+        for r in (0, 1)
+    ]
+    assert aws.release_placement("us-east-1", "gpuopt-7-3") is False  # both nodes in it
+    aws.terminate(refs[0])
+    assert aws.release_placement("us-east-1", "gpuopt-7-3") is False  # one still is
+    aws.terminate(refs[1])
+    assert aws.release_placement("us-east-1", "gpuopt-7-3") is True
+    assert groups.live == set()
+    assert aws.release_placement("us-east-1", "gpuopt-7-3") is True  # gone already: Unknown
+    assert groups.deleted == ["gpuopt-7-3"] * 4
 
 
 def test_a_partial_gang_on_aws_is_terminated_and_the_next_offer_tried(
     session: Any, image: str, tmp_path: Path
 ) -> None:
-    placement_groups(session)
+    PlacementGroups(session)
     config = L.AwsLaunchConfig(image_id=image)
     aws = AwsProvider(["us-east-1"], session=session, clock=Clock(), launch_config=config)
     first = _offer(aws)

@@ -468,3 +468,28 @@ def test_a_partial_gang_on_gcp_is_deleted_and_the_next_offer_tried(fake, tmp_pat
     assert {i["machineType"].rsplit("/", 1)[1] for i in fake.instances.values()} == {
         "a3-highgpu-8g"
     }
+
+
+def test_a_gangs_compact_placement_policy_is_deleted_once_its_vms_are(fake) -> None:
+    gcp = provider(fake)
+    a3 = offer("a3-megagpu-8g")
+    refs = [
+        gcp.launch(a3, replace(SPEC, gang=Gang("gpuopt-7-3", nodes=2, rank=rank)), f"7-3-n{rank}")
+        for rank in (0, 1)
+    ]
+    assert gcp.release_placement("us-central1", "gpuopt-7-3") is False  # both VMs name it
+    gcp.terminate(refs[0])
+    assert gcp.release_placement("us-central1", "gpuopt-7-3") is False  # one still does
+    gcp.terminate(refs[1])
+    assert gcp.release_placement("us-central1", "gpuopt-7-3") is True
+    assert fake.resource_policies == {}
+    assert gcp.release_placement("us-central1", "gpuopt-7-3") is True  # gone already: 404
+    path = "/compute/v1/projects/gpuopt-test/regions/us-central1/resourcePolicies/gpuopt-7-3"
+    assert [c.path for c in fake.calls("DELETE", "/resourcePolicies/")] == [path] * 4
+
+
+def test_a_refused_placement_delete_is_a_typed_error(fake) -> None:
+    forbidden = error_body(403, "Required 'compute.resourcePolicies.delete'", "forbidden")
+    fake.fail_next("DELETE", "/resourcePolicies/", 403, forbidden)
+    with pytest.raises(AuthError):
+        provider(fake).release_placement("us-central1", "gpuopt-7-3")

@@ -24,6 +24,7 @@ from providers.base import (
     InterruptionQueue,
     Launcher,
     OfferSource,
+    PlacementOwner,
     ProviderDisabled,
     ProviderSettings,
 )
@@ -48,6 +49,7 @@ def test_the_built_in_providers_and_what_each_declares() -> None:
     assert gcp.launch and gcp.live_offers and not gcp.interruption_queue
     assert not gcp.placement_scores
     assert aws.commitments and gcp.commitments and not local.commitments  # committed offers
+    assert aws.gang_placement and gcp.gang_placement and not local.gang_placement
     assert live_providers() == ("local", "aws", "gcp")  # what `gpuopt offers --provider` asks
 
 
@@ -76,6 +78,8 @@ def test_each_built_in_provider_implements_what_it_declares(
     assert isinstance(source, InterruptionQueue) is entry.capabilities.interruption_queue
     assert (entry.launcher(source) is source) is entry.capabilities.launch
     assert (entry.interruption_queue(source) is source) is entry.capabilities.interruption_queue
+    assert isinstance(source, PlacementOwner) is entry.capabilities.gang_placement
+    assert (entry.placement_owner(source) is source) is entry.capabilities.gang_placement
     launcher = entry.launcher(source)
     assert launcher is not None
     launcher.close()

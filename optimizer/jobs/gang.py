@@ -26,6 +26,13 @@ def gang_key(job_id: int, number: int, rank: int) -> str:
     return f"{job_id}-{number}" if rank == 0 else f"{job_id}-{number}-n{rank}"
 
 
+def placement_name(job_id: int, gang: int) -> str:
+    """The name of a gang's placement (AWS cluster placement group, GCP compact resource
+    policy): the provider makes it with the first node, and gpuopt deletes it once the gang
+    is over (placements.py)."""
+    return f"gpuopt-{job_id}-{gang}"
+
+
 @dataclass(frozen=True, slots=True)
 class Node:
     """One node of a gang as the fence sees it."""

@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from optimizer.jobs.bootstrap import AgentSettings
 from optimizer.jobs.context import ReconcileContext
-from optimizer.jobs.gang import gang_key
+from optimizer.jobs.gang import gang_key, placement_name
 from optimizer.jobs.machine import Alert, Launch, describe_pool
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow
 from optimizer.jobs.ranking import launch_ranking, pool_of
@@ -357,7 +357,9 @@ class Launcher:
         gang = None
         if attempt.nodes > 1:
             gang = Gang(
-                f"gpuopt-{job.id}-{attempt.gang}", nodes=attempt.nodes, rank=attempt.node_rank
+                placement_name(job.id, attempt.gang or attempt.number),
+                nodes=attempt.nodes,
+                rank=attempt.node_rank,
             )
         spec = LaunchSpec(
             job=job.name,

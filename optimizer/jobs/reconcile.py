@@ -57,6 +57,7 @@ from optimizer.jobs.migration_inputs import (
     in_force_now,
     window_now,
 )
+from optimizer.jobs.placements import release_placements
 from optimizer.jobs.recovery import Failure, Strategy, strategy_for
 from optimizer.jobs.utilization import Rules, Sample, rules_for, watch
 from optimizer.model import EventKind, Market
@@ -120,6 +121,7 @@ class JobReconciler:
             self._job(ctx, job, attempts.get(job.id, []), moves.get(job.id))
             self._flush(ctx)  # events of a job whose pass made no transition
         self._clean_up(ctx)
+        release_placements(ctx, self.launcher.provider)  # of gangs that are over
 
     # -- observing ---------------------------------------------------------------------------
 

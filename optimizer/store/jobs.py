@@ -90,6 +90,7 @@ class AttemptRecord:
     address: str | None = None  # where the other nodes reach this one
     internode_status: str | None = None
     internode_reason: str | None = None
+    placement_released_at: datetime | None = None  # a gang's placement deleted (every row)
 
     @property
     def pool(self) -> Pool:
@@ -450,6 +451,34 @@ class Jobs:
         )
         with self._db.connect() as conn:
             return [_attempt(r) for r in conn.execute(query).all()]
+
+    def unreleased_gangs(self, providers: Iterable[str]) -> list[list[AttemptRecord]]:
+        """The rows of every gang on `providers` whose placement is not known deleted, one
+        list per gang in rank order (gangs in attempt order)."""
+        names = list(providers)
+        if not names:
+            return []
+        query = (
+            select(_ATTEMPT)
+            .where(_ATTEMPT.c.gang.is_not(None), _ATTEMPT.c.placement_released_at.is_(None))
+            .where(_ATTEMPT.c.provider.in_(names))
+            .order_by(_ATTEMPT.c.id)
+        )
+        gangs: dict[tuple[int, int], list[AttemptRecord]] = {}
+        with self._db.connect() as conn:
+            for row in conn.execute(query).all():
+                a = _attempt(row)
+                gangs.setdefault((a.job_id, a.gang or 0), []).append(a)
+        return [sorted(rows, key=lambda a: a.node_rank) for rows in gangs.values()]
+
+    def mark_placement_released(self, job_id: int, gang: int, at: datetime) -> None:
+        """Record on every row of the gang that its placement is deleted."""
+        with self._db.begin() as conn:
+            conn.execute(
+                update(_ATTEMPT)
+                .where(_ATTEMPT.c.job_id == job_id, _ATTEMPT.c.gang == gang)
+                .values(placement_released_at=self._db.now(at))
+            )
 
     def open_attempts(self) -> list[AttemptRecord]:
         """Attempts whose instance may still run (not known gone), any job state."""

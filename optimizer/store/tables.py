@@ -180,6 +180,9 @@ class Attempt(SQLModel, table=True):
     address: str | None = None
     internode_status: str | None = None  # the inter-node probe's verdict: pass | warn | fail
     internode_reason: str | None = Field(default=None, sa_type=Text)
+    # When the gang's placement (AWS cluster placement group, GCP compact resource policy)
+    # was deleted, on every row of the gang; None while it may still exist.
+    placement_released_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
 class AgentEvent(SQLModel, table=True):

@@ -20,6 +20,10 @@ IMAGE_MAX_AGE = timedelta(hours=24)
 LAUNCH_VISIBILITY_GRACE = timedelta(seconds=90)
 NOT_FOUND = "InvalidInstanceID.NotFound"
 PG_DUPLICATE = "InvalidPlacementGroup.Duplicate"  # the gang's group exists already
+# DeletePlacementGroup's answers (EC2 API reference, "Error codes for the Amazon EC2 API"):
+# a group with no such name, and one that still holds an instance (terminated ones excepted).
+PG_UNKNOWN = "InvalidPlacementGroup.Unknown"
+PG_IN_USE = "InvalidPlacementGroup.InUse"
 
 
 def queue_region(queue_url: str) -> str | None:
@@ -123,6 +127,20 @@ class InstanceOps:
             typed = translate(exc)
             if typed.code != PG_DUPLICATE:
                 raise typed from exc
+
+    def release_placement(self, region: str, placement: str) -> bool:
+        """Delete a gang's cluster placement group (DeletePlacementGroup): True once it is
+        gone (a name EC2 does not know is gone already), False while an instance is in it."""
+        try:
+            self.client("ec2", region).delete_placement_group(GroupName=placement)
+        except Exception as exc:
+            typed = translate(exc)
+            if typed.code == PG_UNKNOWN:
+                return True
+            if typed.code == PG_IN_USE:
+                return False
+            raise typed from exc
+        return True
 
     def _by_token(self, ec2: Any, token: str) -> Mapping[str, Any] | None:
         """An instance launched earlier under this ClientToken (found by its tag), if any."""

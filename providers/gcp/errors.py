@@ -58,6 +58,12 @@ THROTTLE_CODES = frozenset(
 )
 AUTH_STATUSES = frozenset({401, 403})
 ALREADY_EXISTS_CODES = frozenset(_norm(c) for c in ("alreadyExists", "RESOURCE_ALREADY_EXISTS"))
+# A delete refused because another resource still uses the one named (a resource policy a VM
+# names): HTTP 400 reason `resourceInUseByAnotherResource`, or an Operation error
+# `RESOURCE_IN_USE_BY_ANOTHER_RESOURCE` (Compute API error docs).
+IN_USE_CODES = frozenset(
+    _norm(c) for c in ("resourceInUseByAnotherResource", "RESOURCE_IN_USE_BY_ANOTHER_RESOURCE")
+)
 # "Quota 'NVIDIA_T4_GPUS' exceeded.  Limit: 0.0 in region us-central1."
 _QUOTA_IN_MESSAGE = re.compile(r"Quota '([^']+)' exceeded")
 
@@ -100,6 +106,11 @@ def classify(facts: ErrorFacts, *, zone: str | None = None) -> ProviderError:
 def is_already_exists(facts: ErrorFacts) -> bool:
     """True when an insert failed only because the instance is already there."""
     return facts.status == 409 or any(_norm(c) in ALREADY_EXISTS_CODES for c in facts.codes)
+
+
+def is_in_use(facts: ErrorFacts) -> bool:
+    """True when a delete failed because another resource still uses the one named."""
+    return any(_norm(c) in IN_USE_CODES for c in facts.codes)
 
 
 # --- reading the two shapes ---------------------------------------------------------------------

@@ -5,7 +5,8 @@ bodies), so the real google-cloud clients talk to it with REST transport, an
 `http://127.0.0.1:PORT` endpoint and anonymous credentials. It serves (`_ROUTES`) the
 aggregated accelerator- and machine-type lists, instance insert/get/list/delete (requestId
 deduplicated, `labels.KEY:*` filter), zone operations list/get/wait (`operationType="…"`
-filter) and the Cloud Billing SKU list, all paged like the real APIs.
+filter), regional resource policies insert/get/delete (a delete refused while a VM names the
+policy) and the Cloud Billing SKU list, all paged like the real APIs.
 
 Every request is recorded (`requests`); failures are injected with `fail_next` (an HTTP error
 body) and `fail_next_insert` (a finished Operation carrying `error.errors[]`).
@@ -43,6 +44,11 @@ _ROUTES = [  # (method, full-path regex, handler)
     ("GET", r"/v1/services/(?P<service>[^/]+)/skus", "_skus"),
     ("POST", _COMPUTE + r"/regions/(?P<region>[^/]+)/resourcePolicies", "_insert_policy"),
     ("GET", _COMPUTE + r"/regions/(?P<region>[^/]+)/resourcePolicies/(?P<name>[^/]+)", "_policy"),
+    (
+        "DELETE",
+        _COMPUTE + r"/regions/(?P<region>[^/]+)/resourcePolicies/(?P<name>[^/]+)",
+        "_delete_policy",
+    ),
 ]
 _LABEL_FILTER = re.compile(r"labels\.([a-z0-9_-]+):\*")
 _OPERATION_FILTER = re.compile(r'operationType\s*=\s*"([^"]+)"')
@@ -393,6 +399,42 @@ class FakeGcp:
             where = f"projects/{project}/regions/{region}/resourcePolicies/{name}"
             return 404, error_body(404, f"The resource '{where}' was not found", "notFound")
         return 200, found
+
+    def _delete_policy(
+        self, query: dict[str, str], body: Any, project: str, region: str, name: str
+    ) -> Any:
+        """resourcePolicies.delete: 404 notFound for a name not made; 400
+        resourceInUseByAnotherResource while a VM names the policy, as the API answers;
+        else a regional Operation, DONE at once."""
+        where = f"projects/{project}/regions/{region}/resourcePolicies/{name}"
+        if (region, name) not in self.resource_policies:
+            return 404, error_body(404, f"The resource '{where}' was not found", "notFound")
+        users = [
+            f"projects/{i['_project']}/zones/{zone}/instances/{vm}"
+            for (zone, vm), i in sorted(self.instances.items())
+            if any(str(p).endswith(where) for p in i.get("resourcePolicies", ()))
+        ]
+        if users:
+            message = (
+                f"The resource_policy resource '{where}' is already being used by '{users[0]}'"
+            )
+            return 400, error_body(400, message, "resourceInUseByAnotherResource")
+        del self.resource_policies[(region, name)]
+        number = next(self._ids)
+        now = self._now()
+        return 200, {
+            "kind": "compute#operation",
+            "id": str(number),
+            "name": f"operation-{number}-fake",
+            "region": f"{_BASE}/projects/{project}/regions/{region}",
+            "operationType": "delete",
+            "targetLink": f"{_BASE}/{where}",
+            "status": "DONE",
+            "progress": 100,
+            "insertTime": now,
+            "startTime": now,
+            "endTime": now,
+        }
 
     def _public(self, instance: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in instance.items() if not k.startswith("_")}

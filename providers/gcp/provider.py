@@ -39,6 +39,7 @@ from providers.gcp.errors import (
     exception_facts,
     from_exception,
     is_already_exists,
+    is_in_use,
     operation_facts,
     translated,
 )
@@ -324,6 +325,36 @@ class GcpProvider:
             if mapped is None:
                 raise
             raise mapped from exc
+
+    def release_placement(self, region: str, placement: str) -> bool:
+        """Delete a gang's compact resource policy (resourcePolicies.delete): True once it is
+        gone (404: gone already), False while a VM still names it (in use)."""
+        from google.cloud import compute_v1
+
+        # No requestId: deleting again is harmless (404), and a reused id would hand back the
+        # first attempt's refusal while a VM still named the policy.
+        request = compute_v1.DeleteResourcePolicyRequest(
+            project=self.project, region=region, resource_policy=placement
+        )
+        try:
+            operation = self._clients.resource_policies.delete_unary(request=request)
+        except Exception as exc:
+            facts = exception_facts(exc)
+            if facts is not None and facts.status == 404:
+                return True
+            if facts is not None and is_in_use(facts):
+                return False
+            mapped = from_exception(exc)
+            if mapped is None:
+                raise
+            raise mapped from exc
+        errors = list(operation.error.errors)
+        if errors:
+            facts = operation_facts(errors)
+            if is_in_use(facts):
+                return False
+            raise classify(facts)
+        return True
 
     def _wait(self, operation: Any, zone: str) -> Any:
         """Wait for an insert to finish (stockouts show only then), up to the launch timeout."""
