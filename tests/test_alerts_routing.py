@@ -165,14 +165,14 @@ def test_each_channel_type_builds_its_notifier_through_the_table() -> None:
     from optimizer.alerts.config import ChannelConfig
     from optimizer.alerts.slack import SlackNotifier
     from optimizer.alerts.webhook import WebhookNotifier
-    from optimizer.clock import utc_now
+    from optimizer.clock import ManualClock
 
     channels = {
         "ops": ChannelConfig(type="slack", url="https://hooks.slack.com/services/T/B/x"),
         "hook": ChannelConfig(type="webhook", url="https://example.com/hook", secret="s" * 20),
     }
     with httpx.Client() as client:
-        built = build_notifiers(channels, client, utc_now)
+        built = build_notifiers(channels, client, ManualClock(T0))
     assert isinstance(built["ops"], SlackNotifier) and built["ops"].name == "ops"
     assert isinstance(built["hook"], WebhookNotifier) and built["hook"].name == "hook"
     assert set(CHANNEL_TYPES) == {"slack", "webhook"}

@@ -7,17 +7,14 @@ from __future__ import annotations
 import re
 import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pytest_httpserver import HTTPServer
 
-from optimizer.clock import Clock, utc_now
 from optimizer.daemon.service import Daemon
 from providers.local import LocalCloud
 from tests.helpers import TOKEN, api, run_gpuopt, start_gpuopt, wait_until
-from tests.helpers.jobs import e2e_cloud, e2e_daemon, job_body, running_instance, state_of
+from tests.helpers.jobs import E2E_FIXTURES, job_body, running_instance, state_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("daemon_env")]
 
@@ -65,17 +62,7 @@ def by_attempt(text: str) -> dict[str, list[str]]:
     return out
 
 
-@pytest.fixture
-def cloud(tmp_path: Path) -> Iterator[LocalCloud]:
-    with e2e_cloud(tmp_path, utc_now) as local:
-        yield local
-
-
-@pytest.fixture
-def daemon(tmp_path: Path, cloud: LocalCloud, httpserver: HTTPServer) -> Iterator[Daemon]:
-    clock: Clock = utc_now
-    with e2e_daemon(tmp_path, cloud, httpserver, clock) as d:
-        yield d
+clock, cloud, daemon = E2E_FIXTURES
 
 
 def gpuopt_logs(tmp_path: Path, daemon: Daemon, *args: str):

@@ -7,20 +7,17 @@ tests/helpers/jobs.py, shared with test_jobs_e2e.py).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from pytest_httpserver import HTTPServer
 
-from optimizer.clock import utc_now
 from optimizer.daemon.service import Daemon
 from providers.local import LocalCloud
 from tests.helpers import api, wait_until, write_policy
 from tests.helpers.jobs import (
+    E2E_FIXTURES,
     POLICY,
-    e2e_cloud,
-    e2e_daemon,
     hook_alerts,
     job_body,
     latest_step,
@@ -32,16 +29,7 @@ from tests.helpers.jobs import (
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("daemon_env")]
 
 
-@pytest.fixture
-def cloud(tmp_path: Path) -> Iterator[LocalCloud]:
-    with e2e_cloud(tmp_path, utc_now) as local:
-        yield local
-
-
-@pytest.fixture
-def daemon(tmp_path: Path, cloud: LocalCloud, httpserver: HTTPServer) -> Iterator[Daemon]:
-    with e2e_daemon(tmp_path, cloud, httpserver, utc_now) as d:
-        yield d
+clock, cloud, daemon = E2E_FIXTURES
 
 
 CHECKPOINT_EVERY = 5  # job_body's --checkpoint-every

@@ -6,23 +6,22 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pytest_httpserver import HTTPServer
 
-from optimizer.clock import Clock, utc_now
 from optimizer.daemon.service import Daemon
 from providers.local import LocalCloud
 from tests.helpers import api, wait_until
-from tests.helpers.jobs import e2e_cloud, e2e_daemon, job_body, running_instance, state_of
+from tests.helpers.jobs import E2E_FIXTURES, job_body, running_instance, state_of
 
 pytestmark = pytest.mark.usefixtures("daemon_env")
 
 
-def gpuopt(*args: str, data_dir: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUOPT_")}
+def gpuopt(
+    *args: str, data_dir: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUOPT_")} | (env or {})
     env["GPUOPT_DATA_DIR"] = str(data_dir)
     return subprocess.run(
         [sys.executable, "-m", "optimizer.cli", *args],
@@ -66,23 +65,7 @@ def cells(line: str, starts: list[int]) -> list[str]:
     return [line[a:b].strip() for a, b in zip(starts, ends, strict=True)]
 
 
-@pytest.fixture
-def clock() -> Clock:
-    return utc_now
-
-
-@pytest.fixture
-def cloud(tmp_path: Path, clock: Clock) -> Iterator[LocalCloud]:
-    with e2e_cloud(tmp_path, clock) as local:
-        yield local
-
-
-@pytest.fixture
-def daemon(
-    tmp_path: Path, cloud: LocalCloud, httpserver: HTTPServer, clock: Clock
-) -> Iterator[Daemon]:
-    with e2e_daemon(tmp_path, cloud, httpserver, clock) as d:
-        yield d
+clock, cloud, daemon = E2E_FIXTURES
 
 
 @pytest.mark.slow
@@ -103,7 +86,10 @@ def test_local_list_is_aligned_and_says_gpuopt_ended_what_the_daemon_terminated(
         body = job_body("preempted", tmp_path / "ckpt2", steps=1, run="sleep 60")
         assert client.post("/jobs", json=body).status_code == 201
         preempted = wait_until(lambda: running_instance(cloud, "preempted", 1), 30, "instance 2")
-        interrupted = gpuopt("local", "interrupt", preempted, "--grace", "0", data_dir=tmp_path)
+        interrupted = gpuopt(
+            "local", "interrupt", preempted, "--grace", "0", data_dir=tmp_path,
+            env=cloud.clock_env(),  # on the cloud's clock, as the instance's machine is
+        )  # fmt: skip
         assert interrupted.returncode == 0, interrupted.stderr
         wait_until(
             lambda: next(r for r in cloud.instances() if r.id == preempted).ended,

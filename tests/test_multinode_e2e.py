@@ -7,40 +7,21 @@ from __future__ import annotations
 import itertools
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pytest_httpserver import HTTPServer
 
-from optimizer.clock import Clock, utc_now
 from optimizer.daemon.service import Daemon
 from optimizer.model import EventKind
 from providers.local import LocalCloud
 from tests.helpers import api, wait_until
-from tests.helpers.jobs import ROOT, e2e_cloud, e2e_daemon, latest_step, state_of
+from tests.helpers.jobs import E2E_FIXTURES, ROOT, latest_step, state_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("daemon_env")]
 
 
-@pytest.fixture
-def clock() -> Clock:
-    return utc_now
-
-
-@pytest.fixture
-def cloud(tmp_path: Path, clock: Clock) -> Iterator[LocalCloud]:
-    with e2e_cloud(tmp_path, clock) as local:
-        yield local
-
-
-@pytest.fixture
-def daemon(
-    tmp_path: Path, cloud: LocalCloud, httpserver: HTTPServer, clock: Clock
-) -> Iterator[Daemon]:
-    with e2e_daemon(tmp_path, cloud, httpserver, clock) as d:
-        yield d
+clock, cloud, daemon = E2E_FIXTURES
 
 
 def gang_body(name: str, ckpt: Path, steps: int, **extra: Any) -> dict[str, Any]:

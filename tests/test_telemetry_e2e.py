@@ -6,33 +6,20 @@ process); the job's readings reach the store, `GET /jobs/{name}`, `gpuopt jobs s
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from pytest_httpserver import HTTPServer
 
-from optimizer.clock import Clock, utc_now
 from optimizer.daemon.service import Daemon
 from providers.local import LocalCloud
 from tests.helpers import TOKEN, api, run_gpuopt, wait_until
-from tests.helpers.jobs import e2e_cloud, e2e_daemon, job_body, running_instance, state_of
+from tests.helpers.jobs import E2E_FIXTURES, job_body, running_instance, state_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("daemon_env")]
 
 
-@pytest.fixture
-def cloud(tmp_path: Path) -> Iterator[LocalCloud]:
-    with e2e_cloud(tmp_path, utc_now) as local:
-        yield local
-
-
-@pytest.fixture
-def daemon(tmp_path: Path, cloud: LocalCloud, httpserver: HTTPServer) -> Iterator[Daemon]:
-    clock: Clock = utc_now
-    with e2e_daemon(tmp_path, cloud, httpserver, clock) as d:
-        yield d
+clock, cloud, daemon = E2E_FIXTURES
 
 
 def scrape(daemon: Daemon) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
-from optimizer.clock import utc_now
+from optimizer.clock import SteadyClock
 from optimizer.ui import console_app
 from providers.local.prices import STEP_S, local_offers
 from providers.snapshot import load_snapshot
 from tests.helpers import TOKEN, api, make_config, running, wait_until, write_policy
 from tests.helpers.browser import HEIGHT, WIDTH, browser, viewport
-from tests.helpers.jobs import ROOT, e2e_cloud, running_instance
+from tests.helpers.jobs import MID_MONTH, ROOT, e2e_cloud, running_instance
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("daemon_env")]
 
@@ -57,7 +57,7 @@ def test_the_console_follows_a_job_through_an_interruption_and_a_cancel(tmp_path
     if shutil.which("chromium") is None and shutil.which("google-chrome") is None:
         pytest.skip("no chromium here (apt-get install chromium chromium-driver)")
     shots = _shots(tmp_path)
-    clock = utc_now  # real agent processes stamp their reports with the wall clock
+    clock = SteadyClock(MID_MONTH)  # the local cloud's machines keep its time
     policies = tmp_path / "policies"
     example = (ROOT / "examples" / "local-train-policy.yaml").read_text()
     write_policy(policies, "local-train.yaml", example)

@@ -11,7 +11,6 @@ stop, and the stop comes no earlier than the window after the job started.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,6 @@ from typing import Any
 import pytest
 from pytest_httpserver import HTTPServer
 
-from optimizer.clock import Clock, utc_now
 from optimizer.daemon.service import Daemon
 from optimizer.jobs.reconcile import gpu_samples
 from optimizer.jobs.utilization import Rule, below_for
@@ -27,8 +25,7 @@ from optimizer.model import EventKind
 from providers.local import LocalCloud
 from tests.helpers import api, wait_until
 from tests.helpers.jobs import (
-    e2e_cloud,
-    e2e_daemon,
+    E2E_FIXTURES,
     hook_alerts,
     job_body,
     latest_step,
@@ -41,23 +38,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("daemon_env")]
 RECONCILE_S = 0.25  # e2e_daemon's reconcile interval
 
 
-@pytest.fixture
-def clock() -> Clock:
-    return utc_now
-
-
-@pytest.fixture
-def cloud(tmp_path: Path, clock: Clock) -> Iterator[LocalCloud]:
-    with e2e_cloud(tmp_path, clock) as local:
-        yield local
-
-
-@pytest.fixture
-def daemon(
-    tmp_path: Path, cloud: LocalCloud, httpserver: HTTPServer, clock: Clock
-) -> Iterator[Daemon]:
-    with e2e_daemon(tmp_path, cloud, httpserver, clock) as d:
-        yield d
+clock, cloud, daemon = E2E_FIXTURES
 
 
 def alerts_of(httpserver: HTTPServer, kind: EventKind) -> list[dict[str, Any]]:
@@ -109,7 +90,7 @@ def rule_true(daemon: Daemon, job_id: int, rule: Rule) -> datetime | None:
         return None
     a = attempts[0]
     assert a.job_started_at is not None
-    now = utc_now()
+    now = daemon.clock()
     samples = gpu_samples(daemon.store, a.id, since=a.job_started_at - timedelta(minutes=2))
     fired = below_for(samples, rule, started_at=a.job_started_at, now=now)
     return now if fired is not None else None

@@ -69,9 +69,11 @@ def _existing(state_dir: Path | None) -> Path:
 
 
 def _cloud(state_dir: Path):  # -> LocalCloud, imported lazily
+    from optimizer.clock import machine_now
     from providers.local import LocalCloud
 
-    return LocalCloud(state_dir)
+    # this machine's time: a test's cloud on a clock of its own passes its offset (clock_env)
+    return LocalCloud(state_dir, clock=lambda: machine_now().timestamp())
 
 
 def _when(t: float | None) -> str:

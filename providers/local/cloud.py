@@ -359,6 +359,13 @@ class LocalCloud:
     def _ref(self, record: InstanceRecord) -> InstanceRef:
         return InstanceRef(self.name, record.region, record.zone, record.id)
 
+    def clock_env(self) -> dict[str, str]:
+        """What a process on this host needs to keep this cloud's time: GPUOPT_CLOCK_OFFSET_S,
+        the cloud's clock's lead over the wall clock (nothing when the cloud is on the wall
+        clock). Its machines get it, and a `gpuopt local` command run beside a test's cloud."""
+        offset = round(self.clock() - time.time(), 3)
+        return {CLOCK_OFFSET_ENV: str(offset)} if offset else {}
+
     def _spawn(self, record: InstanceRecord, bootstrap: str, metadata_url: str) -> None:
         disk = self.state.disk(record.id)
         disk.mkdir(parents=True, exist_ok=True)
@@ -374,10 +381,7 @@ class LocalCloud:
             GPUOPT_AGENT_DIR=str(disk / "agent"),
             **{MARK_ENV: record.mark},
         )
-        # A cloud on a clock of its own (a test's fixed start): its machines keep that time.
-        offset = round(self.clock() - time.time(), 3)
-        if offset:
-            env[CLOCK_OFFSET_ENV] = str(offset)
+        env.update(self.clock_env())  # its machines keep the cloud's time
         try:
             with (disk / "console.log").open("ab") as console:
                 proc = subprocess.Popen(

@@ -1,7 +1,9 @@
 """Managed jobs end to end on the local cloud: the policy, job bodies, an in-process daemon
 with a signed webhook, and reading the world's state (instances, checkpoints, alerts).
 
-Used by test_jobs_e2e, test_jobs_fallback_e2e, the migration and the leader-election tests.
+Used by the jobs' end-to-end tests (the migration ones included) and the leader-election tests.
+A module of them takes the fixtures `clock`, `cloud` and `daemon` as its own with
+`clock, cloud, daemon = E2E_FIXTURES`.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pytest_httpserver import HTTPServer
 
 from optimizer.alerts.webhook import verify_signature
-from optimizer.clock import Clock
+from optimizer.clock import Clock, SteadyClock
 from optimizer.daemon.service import Daemon
 from optimizer.model import EventKind
 from optimizer.store.tables import NewEvent
@@ -110,6 +113,32 @@ def polls_and_passes(daemon: Daemon, polls: int, poll_s: float) -> None:
         30 + 3 * polls * poll_s,
         f"{polls} polls and reconcile passes",
     )
+
+
+@pytest.fixture
+def _clock() -> Clock:
+    """The clock of the daemon, the local cloud and its machines: from MID_MONTH at the wall
+    clock's pace. A test that needs another start parametrizes `clock`."""
+    return SteadyClock(MID_MONTH)
+
+
+@pytest.fixture
+def _cloud(tmp_path: Path, clock: Clock) -> Iterator[LocalCloud]:
+    with e2e_cloud(tmp_path, clock) as local:
+        yield local
+
+
+@pytest.fixture
+def _daemon(
+    tmp_path: Path, cloud: LocalCloud, httpserver: HTTPServer, clock: Clock
+) -> Iterator[Daemon]:
+    with e2e_daemon(tmp_path, cloud, httpserver, clock) as d:
+        yield d
+
+
+E2E_FIXTURES = (_clock, _cloud, _daemon)
+"""`clock`, `cloud` (e2e_cloud) and `daemon` (e2e_daemon), for a module to bind under those
+names: pytest names a fixture after the module attribute that holds it."""
 
 
 def state_of(daemon: Daemon, name: str) -> dict[str, Any]:
