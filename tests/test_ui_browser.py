@@ -72,14 +72,18 @@ def test_the_console_follows_a_job_through_an_interruption_and_a_cancel(tmp_path
             poll.run_once()
         with api(daemon) as client:
             best = client.get("/offers", params={"policy": "local-train", "limit": 1}).json()
-        region = best["candidates"][0]["offer"]["region"]
         # the local cloud's price walk over the hours before the run, in its region
         now = clock().timestamp()
         snapshot = load_snapshot()
-        for step in range(int(HISTORY_H * 3600 / STEP_S), 0, -1):
-            daemon.store.prices.record_offers(
-                local_offers(snapshot, cloud.walk, now - step * STEP_S, [region])
-            )
+
+        def record_history(region: str) -> None:
+            for step in range(int(HISTORY_H * 3600 / STEP_S), 0, -1):
+                daemon.store.prices.record_offers(
+                    local_offers(snapshot, cloud.walk, now - step * STEP_S, [region])
+                )
+
+        region = best["candidates"][0]["offer"]["region"]
+        record_history(region)
 
         def shot(name: str) -> None:
             driver.save_screenshot(str(shots / f"{name}.png"))
@@ -164,6 +168,14 @@ def test_the_console_follows_a_job_through_an_interruption_and_a_cancel(tmp_path
         assert "match" in _text(driver, "#rej-h ~ details summary")
 
         # -- a price chart ---------------------------------------------------------------
+        # of the best spot pool now, which the interruption may have moved to another region
+        with api(daemon) as client:
+            ranked = client.get("/offers", params={"policy": "local-train"}).json()
+        charted = next(
+            c["offer"]["region"] for c in ranked["candidates"] if c["offer"]["market"] == "spot"
+        )
+        if charted != region:
+            record_history(charted)
         driver.get(f"{daemon.url}/ui/prices")
         chart = driver.find_element("id", "price-chart")
         wait_until(lambda: chart.get_attribute("data-ready") == "1", 20, "the price chart")
