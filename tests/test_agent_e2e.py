@@ -9,46 +9,25 @@ import secrets
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from optimizer.common.procs import proc_start_ticks
 from optimizer.jobs.bootstrap import bootstrap_script
-from optimizer.model import Market
-from providers.base import EndReason, InstanceState, LaunchSpec
+from providers.base import EndReason, InstanceState
 from providers.local import LocalCloud
-from tests.helpers import GPUOPT, gpuopt_env, local_cloud, wait_until
-from tests.helpers.agent import FakeDaemon, counter_job, read_json
+from tests.helpers import GPUOPT, gpuopt_env, wait_until
+from tests.helpers.agent import (
+    AGENT_FIXTURES,
+    FAST,
+    FakeDaemon,
+    counter_job,
+    launch_on,
+    read_json,
+)
 
-FAST = {
-    "GPUOPT_AGENT_POLL_S": "0.2",  # the protocol's 2 s, shortened for tests
-    "GPUOPT_AGENT_FLUSH_S": "20",
-}
-
-
-@pytest.fixture
-def daemon() -> Iterator[FakeDaemon]:
-    fake = FakeDaemon().start()
-    yield fake
-    fake.stop()
-
-
-@pytest.fixture
-def cloud(tmp_path: Path) -> Iterator[LocalCloud]:
-    with local_cloud(tmp_path / "cloud", grace_s=30, tick_s=0.05) as local:
-        yield local
-
-
-def spot_offer(cloud: LocalCloud):
-    return next(
-        o
-        for o in cloud.fetch_offers(["eu-west-1"])
-        if o.market is Market.SPOT and o.instance_type == "g5.xlarge"
-    )
+cloud, daemon = AGENT_FIXTURES
 
 
 def launch(
@@ -72,9 +51,7 @@ def launch(
         python=sys.executable,
         env={**FAST, **(env or {})},
     )
-    return cloud.launch(
-        spot_offer(cloud), LaunchSpec(job="train", attempt=1, bootstrap=script), key
-    )
+    return launch_on(cloud, script, key)
 
 
 def status(cloud: LocalCloud, ref):
@@ -182,11 +159,7 @@ def test_job_runs_to_the_end_and_events_survive_a_daemon_outage(
 def test_failed_probe_is_reported_and_the_job_never_starts(
     cloud: LocalCloud, daemon: FakeDaemon, tmp_path: Path
 ) -> None:
-    def react(key: str, event: dict[str, Any]) -> None:
-        if event["kind"] == "probe_result" and event["data"]["status"] == "fail":
-            daemon.command(key, {"kind": "stop", "reason": "probe failed"})
-
-    daemon.react = react
+    daemon.stop_on_failed_probe()
     job = {
         "name": "train",
         "run": "echo should-not-run",

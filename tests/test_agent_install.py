@@ -8,7 +8,6 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +15,11 @@ import pytest
 
 from optimizer.agent import AgentConfig
 from optimizer.jobs.bootstrap import AgentInstall, AgentProxy, AgentSettings
-from optimizer.model import Market
-from providers.base import LaunchSpec
 from providers.local import LocalCloud
-from tests.helpers import local_cloud, wait_until
-from tests.helpers.agent import FakeDaemon
+from tests.helpers import wait_until
+from tests.helpers.agent import AGENT_FIXTURES, FAST, FakeDaemon, launch_on
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = {"GPUOPT_AGENT_POLL_S": "0.2", "GPUOPT_AGENT_FLUSH_S": "20"}
 
 
 def render(agent: AgentSettings, **kwargs: Any) -> str:
@@ -108,26 +104,7 @@ def test_the_agent_reads_the_offers_gpu_count() -> None:
 # -- as processes on the local cloud ----------------------------------------------------------
 
 
-@pytest.fixture
-def daemon() -> Iterator[FakeDaemon]:
-    fake = FakeDaemon().start()
-    yield fake
-    fake.stop()
-
-
-@pytest.fixture
-def cloud(tmp_path: Path) -> Iterator[LocalCloud]:
-    with local_cloud(tmp_path / "cloud", grace_s=30, tick_s=0.05) as local:
-        yield local
-
-
-def launch(cloud: LocalCloud, daemon: FakeDaemon, script: str, key: str) -> Any:
-    offer = next(
-        o
-        for o in cloud.fetch_offers(["eu-west-1"])
-        if o.market is Market.SPOT and o.instance_type == "g5.xlarge"
-    )
-    return cloud.launch(offer, LaunchSpec(job="train", attempt=1, bootstrap=script), key)
+cloud, daemon = AGENT_FIXTURES
 
 
 def test_an_instance_with_fewer_gpus_than_the_offer_fails_its_probe(
@@ -136,11 +113,7 @@ def test_an_instance_with_fewer_gpus_than_the_offer_fails_its_probe(
     """The job names no `expected_gpus`: the offer's count (64, which no machine here has) is
     what the probe checks, so the job never starts."""
 
-    def react(key: str, event: dict[str, Any]) -> None:
-        if event["kind"] == "probe_result" and event["data"]["status"] == "fail":
-            daemon.command(key, {"kind": "stop", "reason": "probe failed"})
-
-    daemon.react = react
+    daemon.stop_on_failed_probe()
     job = {
         "name": "train",
         "run": "echo should-not-run",
@@ -160,7 +133,7 @@ def test_an_instance_with_fewer_gpus_than_the_offer_fails_its_probe(
     ).replace(  # the local cloud's host has no 64 GPUs: the offer's count, as on a cloud
         "export GPUOPT_CLOUD=", "export GPUOPT_EXPECTED_GPUS=64\nexport GPUOPT_CLOUD="
     )
-    launch(cloud, daemon, script, "train/1")
+    launch_on(cloud, script, "train/1")
     wait_until(lambda: "probe_result" in daemon.kinds(), timeout=40, what="probe_result")
     probe = daemon.of_kind("probe_result")[0]["data"]
     count = next(c for c in probe["result"]["checks"] if c["name"] == "gpu.count")
@@ -242,7 +215,7 @@ def test_the_cloud_bootstrap_installs_from_a_wheel_and_registers(
         env={**FAST, "PIP_NO_INDEX": "1"},  # offline: every dependency is in the venv already
     )
     script = render(agent, daemon_url=daemon.url, token=token, attempt_key="train/1")
-    ref = launch(cloud, daemon, script, "train/1")
+    ref = launch_on(cloud, script, "train/1")
     wait_until(lambda: daemon.registrations, timeout=120, what="the agent registers")
     wait_until(lambda: "job_exited" in daemon.kinds(), timeout=60, what="the job exits")
     registration = daemon.registrations[0]

@@ -1,19 +1,32 @@
 """For the agent tests: a fake daemon that speaks the agent protocol (FastAPI under uvicorn on
-an ephemeral port), and a job script that counts steps and checkpoints."""
+an ephemeral port), a job script that counts steps and checkpoints, and for the agent as a
+process on the local cloud the fixtures `cloud` and `daemon` (`cloud, daemon = AGENT_FIXTURES`)
+and `launch_on`."""
 
 from __future__ import annotations
 
 import json
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi import FastAPI, Header, Request
 from fastapi.responses import JSONResponse
 
+from optimizer.model import Market
+from providers.base import InstanceRef, LaunchSpec
+from providers.local import LocalCloud
+from tests.helpers.cloud import local_cloud
 from tests.helpers.waiting import wait_until
+
+FAST = {
+    "GPUOPT_AGENT_POLL_S": "0.2",  # the protocol's 2 s, shortened for tests
+    "GPUOPT_AGENT_FLUSH_S": "20",
+}
+"""Agent settings for tests: a fast metadata poll, a short final flush."""
 
 # A job that counts to TOTAL, saving its step every 5 steps and on SIGTERM (then exit 143).
 COUNTER_JOB = """
@@ -87,6 +100,15 @@ class FakeDaemon:
     def command(self, key: str, command: dict[str, Any]) -> None:
         with self._lock:
             self.commands.setdefault(key, []).append(command)
+
+    def stop_on_failed_probe(self) -> None:
+        """From now on answer a failed probe as the daemon does: a stop command."""
+
+        def react(key: str, event: dict[str, Any]) -> None:
+            if event["kind"] == "probe_result" and event["data"]["status"] == "fail":
+                self.command(key, {"kind": "stop", "reason": "probe failed"})
+
+        self.react = react
 
     def kinds(self, key: str | None = None) -> list[str]:
         with self._lock:
@@ -192,3 +214,35 @@ class FakeDaemon:
 
 def read_json(path: Path) -> Any:
     return json.loads(path.read_text())
+
+
+# -- the agent as a process on the local cloud --------------------------------------------------
+
+
+@pytest.fixture
+def _cloud(tmp_path: Path) -> Iterator[LocalCloud]:
+    with local_cloud(tmp_path / "cloud", grace_s=30, tick_s=0.05) as local:
+        yield local
+
+
+@pytest.fixture
+def _daemon() -> Iterator[FakeDaemon]:
+    fake = FakeDaemon().start()
+    yield fake
+    fake.stop()
+
+
+AGENT_FIXTURES = (_cloud, _daemon)
+"""`cloud` (a local cloud, 30 s interruption grace) and `daemon` (a started FakeDaemon), for a
+module to bind under those names: pytest names a fixture after the module attribute."""
+
+
+def launch_on(cloud: LocalCloud, script: str, key: str) -> InstanceRef:
+    """A g5.xlarge spot instance in eu-west-1 on `cloud` that runs `script` first (job train,
+    attempt 1, idempotency key `key`)."""
+    offer = next(
+        o
+        for o in cloud.fetch_offers(["eu-west-1"])
+        if o.market is Market.SPOT and o.instance_type == "g5.xlarge"
+    )
+    return cloud.launch(offer, LaunchSpec(job="train", attempt=1, bootstrap=script), key)
