@@ -10,7 +10,9 @@
 
 Narrower ones import from their modules: `tests.helpers.agent` (a fake daemon for the agent),
 `tests.helpers.aws` (Stubber sessions, Price List rows), `tests.helpers.jobs` (jobs end to end
-on the local cloud), `tests.helpers.gotemplate_lint`. Fixtures are in tests/conftest.py.
+on the local cloud, on a SteadyClock from MID_MONTH), `tests.helpers.gotemplate_lint`. Fixtures
+are in tests/conftest.py, but for those of the end-to-end modules, which bind them under their
+own names (`clock, cloud, daemon = E2E_FIXTURES`; `cloud, daemon = AGENT_FIXTURES`).
 """
 
 from tests.helpers.cloud import local_cloud
