@@ -25,13 +25,14 @@ from optimizer.jobs.machine import (
     Terminate,
     decide,
     fence,
+    finished_on,
     handover,
     leftover,
     power_off_time,
     reclaim,
 )
 from optimizer.jobs.recovery import Failover, Failure, RecoverySettings
-from optimizer.model import Market
+from optimizer.model import EventKind, Market
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
 POOL = ("aws", "eu-west-1", "euw1-az1", "p4d.24xlarge", "spot")
@@ -289,6 +290,29 @@ def test_the_fence_holds_while_an_earlier_job_runs_and_lifts_when_it_is_over() -
     # no notice and no exit (a lost attempt not yet seen gone): the fence holds
     assert fence([attempt()], now=NOW + timedelta(days=1)) is not None
     assert fence([], now=NOW) is None
+
+
+def test_a_job_that_finishes_during_its_handover_succeeds_and_its_replacement_never_runs() -> None:
+    moved = attempt(migrated=True, exit_code=0, finished=True)
+    noticed = attempt(interruption_notice_at=NOW, exit_code=0, finished=True)
+    assert finished_on([moved]) == moved and finished_on([noticed]) == noticed
+    assert fence([moved], now=NOW) == "attempt 1's job has finished"
+    # exit 0 after its stop: it only checkpointed; nothing to do with a handover: not this rule
+    for other in (replace(moved, finished=False), attempt(exit_code=0, finished=True)):
+        assert finished_on([other]) is None and fence([other], now=NOW) is None
+    # the replacement, fenced: ended without running the job, which succeeded
+    fenced = attempt(number=2, key="7-2", job_started=False)
+    moving = job(state=JobState.PROVISIONING, restarts=1, migrations=1, finished_on=1)
+    d = decide(moving, fenced, now=NOW, strategy=REC)
+    assert d.state is JobState.SUCCEEDED and d.end_attempt == "finished_earlier"
+    assert d.restarts is None and not d.launches
+    assert Terminate("7-2", "the job finished on attempt 1") in d.actions
+    [alert] = [a for a in d.actions if isinstance(a, Alert)]
+    assert alert.kind is EventKind.JOB_SUCCEEDED
+    assert "finished on attempt 1, before its replacement started it" in alert.message
+    # no replacement launched yet (none found): it succeeds all the same, nothing to end
+    d = decide(job(state=JobState.PENDING, finished_on=1), None, now=NOW, strategy=REC)
+    assert d.state is JobState.SUCCEEDED and kinds(d) == ["Alert"] and d.end_attempt is None
 
 
 def test_power_off_time_follows_the_notice() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 from optimizer.daemon.config import ProviderConfig
 from optimizer.daemon.loops.queue import WAIT_S, QueueLoop
 from optimizer.daemon.providers import ProviderHandle
-from optimizer.jobs.reconcile import JobReconciler
+from optimizer.jobs.reconcile import JobReconciler, finished_keys
 from optimizer.store import Store
 from tests.helpers import make_offer
 
@@ -98,6 +98,27 @@ def test_attempts_of_groups_every_listed_job_in_number_order(store: Store) -> No
     }
     assert grouped[jobs[0]] == store.jobs.attempts(jobs[0])  # the same records as one job's query
     assert store.jobs.attempts_of([]) == {}
+
+
+def test_a_handed_over_attempt_finished_when_its_job_exited_0_without_a_stop(
+    store: Store,
+) -> None:
+    offer = make_offer(observed_at=NOW)
+    job = store.jobs.add_job("f", "p", {"run": "x", "checkpoint_dir": "/c"})
+    exits = {  # end reason, the agent's job_exited
+        1: ("migrated", {"exit_code": 0, "stopped": False}),  # finished on its own
+        2: ("migrated", {"exit_code": 0, "stopped": True}),  # exited 0 after its stop
+        3: ("preempted", {"exit_code": 0, "stopped": False}),  # finished after a notice
+        4: ("migrated", {"exit_code": 143, "stopped": True}),  # checkpointed
+        5: ("migrated", {"exit_code": 0, "stopped": False, "adopted": True}),  # status unknown
+        6: ("succeeded", {"exit_code": 0, "stopped": False}),  # the ordinary end: not handed over
+    }
+    for n, (reason, data) in exits.items():
+        key = f"{job}-{n}"
+        store.jobs.create_attempt(job, n, key, offer, "h", NOW)
+        store.jobs.record_agent_events(key, [{"id": key, "kind": "job_exited", "data": data}], NOW)
+        store.jobs.update_attempt(key, ended_at=NOW, end_reason=reason, state="ended")
+    assert finished_keys(store, store.jobs.attempts(job)) == {f"{job}-1", f"{job}-3"}
 
 
 class RecordingSource:

@@ -6,9 +6,9 @@ hour of price history (tests/helpers/clocks.py).
 
 Cases: (d) offers not cheap enough, or not for long enough, move nothing; (a) a price over the
 bid cap moves the job within two polls; (b) an on-demand job returns to spot once capacity is
-back, and stays; (c) an office-hours window moves a spot job to on-demand at its start. The
-guards under a burst of price changes across 20 jobs (e) are in
-tests/test_migration_burst_e2e.py.
+back, and stays; (c) an office-hours window moves a spot job to on-demand at its start; and a
+job that finishes while it is being moved succeeds there and never runs again. The guards
+under a burst of price changes across 20 jobs (e) are in tests/test_migration_burst_e2e.py.
 
 The job checkpoints only when told to stop (SIGTERM), so "no lost steps" is exact: the step
 the old attempt's job saved on its way out is the step the new attempt's job resumed from.
@@ -252,3 +252,67 @@ def test_an_office_hours_window_moves_a_spot_job_to_on_demand_at_its_start(
     second = wait_until(lambda: started(daemon, job_id, 2), 90, "attempt 2 running")
     assert second.market == "on_demand"
     assert attempts(daemon, job_id)[0].exit_code == 143  # checkpointed on its way out
+
+
+# Counts nothing: runs until the file $FINISH exists (exit 0), or until SIGTERM (exit 143).
+FINISHING_JOB = """\
+import os, signal, sys, time
+stopping = False
+
+def on_term(signum, frame):
+    global stopping
+    stopping = True
+
+signal.signal(signal.SIGTERM, on_term)
+print("start", os.environ["GPUOPT_ATTEMPT"], flush=True)
+while not stopping and not os.path.exists(os.environ["FINISH"]):
+    time.sleep(0.05)
+print("stopped" if stopping else "done", flush=True)
+sys.exit(143 if stopping else 0)
+"""
+
+
+def test_a_job_that_finishes_while_it_is_being_moved_succeeds_and_never_runs_again(
+    tmp_path: Path, daemon: Daemon, cloud: LocalCloud, clock: JumpClock
+) -> None:
+    script, finish = tmp_path / "finishing.py", tmp_path / "finish"
+    script.write_text(FINISHING_JOB)
+    cloud.pin_price(XL_A, 0.15)
+    for poll in daemon.polls:
+        poll.run_once()
+    body = {
+        "name": "ends",
+        "policy": "movers",
+        "run": f"{sys.executable} {script}",
+        "env": {"FINISH": str(finish)},
+        "checkpoint_dir": str(tmp_path / "ckpt-ends"),
+        "probes": "none",
+    }
+    with api(daemon) as client:
+        created = client.post("/jobs", json=body)
+    assert created.status_code == 201, created.text
+    job_id = int(created.json()["id"])
+    wait_until(lambda: started(daemon, job_id, 1), 60, "attempt 1 running")
+    clock.skip(minutes=2)  # past min_runtime
+
+    # Its pool goes over the cap: it moves, and the new instance's launch is throttled for a
+    # while (it keeps its key), so the old job, running on meanwhile, finishes first.
+    cloud.fail_next("*", "throttled", times=8)
+    cloud.pin_price(XL_A, 2.0)
+    wait_until(lambda: migrations(daemon, job_id), 30, "the move")
+    finish.touch()
+    wait_until(
+        lambda: daemon.store.jobs.get_job("ends").state == "succeeded",  # type: ignore[union-attr]
+        60,
+        "the job to succeed",
+        interval=0.05,
+    )
+    old, new = attempts(daemon, job_id)
+    assert old.end_reason == "migrated" and old.exit_code == 0 and old.stop_sent_at is None
+    assert "done" in log_of(daemon, "ends", 1)
+    # its replacement was ended without starting the job: it ran once, to its end
+    assert new.end_reason == "finished_earlier" and new.job_started_at is None
+    wait_until(lambda: attempts(daemon, job_id)[1].instance_gone, 30, "the new instance to go")
+    [done] = daemon.store.events.list_events(kind=EventKind.JOB_SUCCEEDED, job_id=job_id)
+    assert done.message == "job ends finished on attempt 1, before its replacement started it"
+    assert daemon.store.jobs.get_job("ends").restarts == 1  # type: ignore[union-attr]

@@ -19,7 +19,7 @@ from optimizer import hardware
 from optimizer.api.state import ApiState, StateDep
 from optimizer.jobs.gang import Gate, Node, gate, head_number, master
 from optimizer.jobs.machine import MIGRATED, fence
-from optimizer.jobs.reconcile import attempt_view, power_off_at
+from optimizer.jobs.reconcile import attempt_view, finished_keys, power_off_at
 from optimizer.store.jobs import AttemptRecord, token_sha256
 from optimizer.store.logs import NewChunk
 from providers import registry
@@ -99,20 +99,27 @@ def _fence(state: ApiState, attempt: AttemptRecord) -> str | None:
     """Why the attempt's agent must wait before starting the job (None: it may start it).
 
     The daemon lifts the fence once every earlier attempt's job has exited, its instance is
-    gone or its power-off time has passed (`machine.fence`), so two runs never overlap."""
-    if attempt.job_started_at is not None or attempt.ended:
+    gone or its power-off time has passed (`machine.fence`), so two runs never overlap. It
+    never lifts it for an attempt the daemon has ended before its job started (a cancel, or a
+    job that finished on an earlier attempt meanwhile): the stop comes with the answers."""
+    if attempt.job_started_at is not None:
         return None
-    every = state.store.jobs.attempts(attempt.job_id)
     head = head_number(attempt.number, attempt.gang)
+    if attempt.ended:
+        return f"attempt {head} has ended ({attempt.end_reason or 'ended'})"
+    every = state.store.jobs.attempts(attempt.job_id)
+    before = [a for a in every if head_number(a.number, a.gang) < head]
+    done = finished_keys(state.store, before)
     earlier = [
         a
-        for a in every
-        if head_number(a.number, a.gang) < head
-        and a.job_started_at is not None
-        and a.exit_code is None
-        and not a.instance_gone
+        for a in before
+        if a.key in done
+        or (a.job_started_at is not None and a.exit_code is None and not a.instance_gone)
     ]
-    views = [attempt_view(a, power_off_at=power_off_at(state.store, a)) for a in earlier]
+    views = [
+        attempt_view(a, power_off_at=power_off_at(state.store, a), finished=a.key in done)
+        for a in earlier
+    ]
     why = fence(views, now=state.clock())
     if why is None and attempt.nodes > 1:
         why = _gang_gate(state, attempt, every).why

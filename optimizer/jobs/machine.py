@@ -15,7 +15,9 @@ same inputs always give the same answer.
 A job that gpuopt moves to other capacity (migration.py decides which) leaves its attempt as
 an interruption does, with the end reason `migrated`: its job keeps running while the next
 attempt boots and probes, and `handover` stops it once that one is ready; the fence keeps the
-new job from starting until the old one has exited.
+new job from starting until the old one has exited. An old job that finishes meanwhile (exits
+0 before any stop reached it) has done the work: the job succeeds there, and its replacement
+never starts it (`finished_on`).
 
 A running job is `stopped` when a rule of its policy or spec says so (utilization.py: a
 utilization rule with `action: stop`, or `max_duration`): its job gets SIGTERM to checkpoint,
@@ -49,6 +51,9 @@ class JobState(StrEnum):
 
 
 MIGRATED = "migrated"  # the end reason of an attempt gpuopt moved its job away from
+# The end reason of a replacement whose job never needed to run: the job finished on an earlier
+# attempt during its handover.
+FINISHED_EARLIER = "finished_earlier"
 
 TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.STOPPED})
 LIVE = frozenset(JobState) - TERMINAL
@@ -64,6 +69,7 @@ class JobView:
     cancel_requested: bool = False
     failures: tuple[Past, ...] = ()  # how and when earlier attempts failed
     migrations: int = 0  # restarts that were moves: they do not count toward max_restarts
+    finished_on: int | None = None  # an earlier attempt whose job finished (`finished_on`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +92,7 @@ class AttemptView:
     instance_launched_at: datetime | None = None  # the provider's launch time, once known
     probe_reason: str = ""  # what failed, where a gang's probe names a node or a link
     migrated: bool = False  # gpuopt ended it to move the job (a hot handover, as a notice)
+    finished: bool = False  # its job exited 0 on its own: no stop had reached it (job_exited)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +230,27 @@ def _finished(job: JobView, attempt: AttemptView, code: int) -> Decision:
     )
 
 
+def _finished_earlier(job: JobView, attempt: AttemptView | None, number: int) -> Decision:
+    """The job finished on attempt `number` while it was handed over: it succeeded, and the
+    current attempt (its replacement, fenced) is ended without running it."""
+    gone: tuple[Action, ...] = ()
+    if attempt is not None and not attempt.instance_gone:
+        gone = (Terminate(attempt.key, f"the job finished on attempt {number}"),)
+    return Decision(
+        JobState.SUCCEEDED,
+        f"job exited 0 on attempt {number} during its handover",
+        (
+            *gone,
+            Alert(
+                EventKind.JOB_SUCCEEDED,
+                "info",
+                f"job {job.name} finished on attempt {number}, before its replacement started it",
+            ),
+        ),
+        end_attempt=FINISHED_EARLIER if attempt is not None else None,
+    )
+
+
 def decide(
     job: JobView,
     attempt: AttemptView | None,
@@ -239,6 +267,9 @@ def decide(
     strategy = strategy or Failover()
     if job.state in TERMINAL:
         return Decision(job.state)
+
+    if job.finished_on is not None:
+        return _finished_earlier(job, attempt, job.finished_on)
 
     if job.cancel_requested:
         gone_now: tuple[Action, ...] = ()
@@ -367,13 +398,30 @@ def power_off_time(notice: Mapping[str, Any], noticed_at: datetime) -> datetime 
     return at or noticed_at + DEFAULT_WARNING
 
 
+def finished_on(earlier: Sequence[AttemptView]) -> AttemptView | None:
+    """An earlier attempt whose job finished while it was handed over (None: none did).
+
+    After a notice or a move the old job keeps running until its replacement is ready; if it
+    exits 0 before any stop reached it (`finished`: the agent's `job_exited` says it was not
+    stopped), it did the work, and a replacement that ran it again would only repeat its
+    end. A job that exits 0 after its stop has only checkpointed."""
+    for a in earlier:
+        if a.finished and (a.migrated or a.interruption_notice_at is not None or a.preempted):
+            return a
+    return None
+
+
 def fence(earlier: Sequence[AttemptView], *, now: datetime) -> str | None:
     """Why an attempt's agent must not start the job yet (None: the fence is lifted).
 
     The job may run once at a time: an earlier attempt whose job started holds the fence until
     its job has exited, its instance is gone, or the power-off its notice announced has
     passed. The fence keeps a replacement from running while the old job still writes its
-    checkpoint to the same `checkpoint_dir`."""
+    checkpoint to the same `checkpoint_dir`. A job that finished on an earlier attempt
+    (`finished_on`) holds it for good: the replacement is ended without starting it."""
+    done = finished_on(earlier)
+    if done is not None:
+        return f"attempt {done.number}'s job has finished"
     for a in earlier:
         if not a.job_started or a.exit_code is not None or a.instance_gone:
             continue

@@ -42,6 +42,7 @@ from optimizer.jobs.machine import (
     Stop,
     Terminate,
     decide,
+    finished_on,
     handing_over,
     handover,
     power_off_time,
@@ -334,6 +335,7 @@ class JobReconciler:
                 if a.end_reason in FAILURES and a.ended_at
             ),
             migrations=sum(1 for a in attempts if a.end_reason == MIGRATED),
+            finished_on=finished_earlier(ctx.store, attempts, nodes),
         )
         stop: PolicyStop | None = None
         rules = rules_for(policy, job.spec)
@@ -812,8 +814,45 @@ def gpu_samples(store: Store, attempt_id: int, *, since: datetime) -> list[Sampl
     return samples
 
 
-def attempt_view(a: AttemptRecord, *, power_off_at: datetime | None = None) -> AttemptView:
-    """An attempt as the state machine sees it."""
+HANDED_OVER = frozenset({Failure.PREEMPTED.value, MIGRATED})  # ends that leave the job running
+
+
+def finished_keys(store: Store, attempts: list[AttemptRecord]) -> frozenset[str]:
+    """The attempts among `attempts` ended by a handover (a notice, a move) whose job then
+    exited 0 on its own: its agent's `job_exited` says no stop reached it (rank 0's, for a
+    gang). Reads the agents' reports only for attempts that exited 0 after such an end."""
+    exited = [
+        a.key
+        for a in attempts
+        if a.ended and a.exit_code == 0 and a.end_reason in HANDED_OVER and a.node_rank == 0
+    ]
+    if not exited:
+        return frozenset()
+    reports = store.jobs.exit_reports(exited)
+    return frozenset(
+        key
+        for key, data in reports.items()
+        if data.get("exit_code") == 0 and data.get("stopped") is False and not data.get("adopted")
+    )
+
+
+def finished_earlier(
+    store: Store, attempts: list[AttemptRecord], current: list[AttemptRecord]
+) -> int | None:
+    """The attempt (its number) on which the job finished during its handover, if it did
+    (`machine.finished_on`): an earlier one than `current`'s rows."""
+    mine = {a.key for a in current}
+    done = finished_keys(store, [a for a in attempts if a.key not in mine])
+    if not done:
+        return None
+    found = finished_on([attempt_view(a, finished=True) for a in attempts if a.key in done])
+    return None if found is None else found.number
+
+
+def attempt_view(
+    a: AttemptRecord, *, power_off_at: datetime | None = None, finished: bool = False
+) -> AttemptView:
+    """An attempt as the state machine sees it (`finished`: see `finished_keys`)."""
     return AttemptView(
         number=a.number,
         key=a.key,
@@ -830,12 +869,14 @@ def attempt_view(a: AttemptRecord, *, power_off_at: datetime | None = None) -> A
         power_off_at=power_off_at,
         instance_launched_at=a.launched_at,
         migrated=a.end_reason == MIGRATED,
+        finished=finished,
     )
 
 
 __all__ = [
     "JobReconciler",
     "attempt_view",
+    "finished_keys",
     "free_window",
     "power_off_at",
     "preempting",
