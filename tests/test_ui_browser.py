@@ -2,7 +2,8 @@
 daemon on the local cloud: sign in, watch a job submitted through the API reach running on
 the overview, interrupt it on the local cloud and see the interruption on its timeline,
 cancel it from its page, find a rejection reason on the example policy's offers page, open a
-price chart. One daemon, one cloud and one browser for the whole story (CI time is tight).
+pool's price chart and its GPU model's across regions. One daemon, one cloud and one browser
+for the whole story (CI time is tight).
 
 Each page is saved as a 1280x800 screenshot into $GPUOPT_UI_SCREENSHOTS (the committed ones
 in docs/screenshots/console/ come from `GPUOPT_UI_SCREENSHOTS=docs/screenshots/console`),
@@ -14,12 +15,14 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from optimizer.clock import SteadyClock
+from optimizer.model import Offer
 from optimizer.ui import console_app
 from providers.local.prices import STEP_S, local_offers
 from providers.snapshot import load_snapshot
@@ -32,6 +35,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("daemon_env")]
 JOB = "ui-train"
 BROKEN = "apiVersion: gpuopt/v1\nkind: Policy\nname: broken\nworkload: {gpus: many}\n"
 HISTORY_H = 36  # hours of the local cloud's own price walk recorded before the run
+GPU_REGIONS = "eu-*"  # the regions the GPU model's price chart shows
 
 
 # read at import: the daemon_env fixture clears GPUOPT_* settings before the test runs
@@ -72,18 +76,19 @@ def test_the_console_follows_a_job_through_an_interruption_and_a_cancel(tmp_path
             poll.run_once()
         with api(daemon) as client:
             best = client.get("/offers", params={"policy": "local-train", "limit": 1}).json()
+        top = best["candidates"][0]["offer"]
         # the local cloud's price walk over the hours before the run, in its region
         now = clock().timestamp()
         snapshot = load_snapshot()
 
-        def record_history(region: str) -> None:
+        def record_history(rows: list[Offer], regions: list[str] | None = None) -> None:
             for step in range(int(HISTORY_H * 3600 / STEP_S), 0, -1):
                 daemon.store.prices.record_offers(
-                    local_offers(snapshot, cloud.walk, now - step * STEP_S, [region])
+                    local_offers(rows, cloud.walk, now - step * STEP_S, regions)
                 )
 
-        region = best["candidates"][0]["offer"]["region"]
-        record_history(region)
+        region = top["region"]
+        record_history(snapshot, [region])
 
         def shot(name: str) -> None:
             driver.save_screenshot(str(shots / f"{name}.png"))
@@ -175,7 +180,7 @@ def test_the_console_follows_a_job_through_an_interruption_and_a_cancel(tmp_path
             c["offer"]["region"] for c in ranked["candidates"] if c["offer"]["market"] == "spot"
         )
         if charted != region:
-            record_history(charted)
+            record_history(snapshot, [charted])
         driver.get(f"{daemon.url}/ui/prices")
         chart = driver.find_element("id", "price-chart")
         wait_until(lambda: chart.get_attribute("data-ready") == "1", 20, "the price chart")
@@ -183,6 +188,28 @@ def test_the_console_follows_a_job_through_an_interruption_and_a_cancel(tmp_path
         assert driver.find_elements("css selector", "#price-chart canvas")
         assert _text(driver, '#price-summary [data-k="cap_latest"]').startswith("$")
         shot("09-prices")
+        # the best offer's GPU model in the other regions its chart shows
+        model, count = top["gpu_model"], top["gpu_count"]
+        record_history(
+            [
+                o
+                for o in snapshot
+                if (o.gpu_model, o.gpu_count) == (model, count)
+                and fnmatchcase(o.region, GPU_REGIONS)
+                and o.region not in {region, charted}
+            ]
+        )
+        driver.find_element("link text", "A GPU model across regions").click()
+        wait_until(lambda: _text(driver, "h1") == "Prices by GPU model", 10, "the GPU view")
+        query = f"gpu={model}&gpus={count}&regions={GPU_REGIONS}&policy=local-train"
+        driver.get(f"{daemon.url}/ui/prices/gpu?{query}")
+        chart = driver.find_element("id", "gpu-chart")
+        wait_until(lambda: chart.get_attribute("data-ready") == "1", 20, "the GPU model chart")
+        assert int(chart.get_attribute("data-series") or 0) >= 4  # 2 regions or more, 2 markets
+        assert driver.find_elements("css selector", "#gpu-chart canvas")
+        spot = driver.find_elements("css selector", '#gpu-summary tr[data-series$=" spot"]')
+        assert len(spot) >= 2 and all("$" in row.text.split()[-1] for row in spot)  # the caps
+        shot("09b-prices-gpu")
 
         # -- policies: valid, invalid with located errors ---------------------------------
         driver.get(f"{daemon.url}/ui/policies")
@@ -205,5 +232,11 @@ def test_the_console_follows_a_job_through_an_interruption_and_a_cancel(tmp_path
         driver.get(f"{daemon.url}/ui/jobs")
         assert "/ui/login" in driver.current_url
 
-    for name in ("02-overview", "04-job-interrupted", "08-offers-rejections", "09-prices"):
+    for name in (
+        "02-overview",
+        "04-job-interrupted",
+        "08-offers-rejections",
+        "09-prices",
+        "09b-prices-gpu",
+    ):
         assert (shots / f"{name}.png").stat().st_size > 10_000, name

@@ -91,6 +91,87 @@ def test_the_price_data_has_spot_on_demand_and_the_bid_cap(client: httpx.Client)
     assert client.get("/ui/data/prices", params={"pool": "nonsense"}).status_code == 422
 
 
+G5_12XLARGE = {"instance_type": "g5.12xlarge", "gpu_count": 4, "vcpus": 48, "ram_gib": 192.0}
+# The hour before NOW in 5-minute buckets (a day's window: 289 buckets from NOW - 1 day)
+AT_3H, AT_2H, AT_1H, AT_NOW = 252, 264, 276, 288
+
+
+def _index(values: list[float | None], value: float | None) -> list[int]:
+    return [i for i, v in enumerate(values) if v == value]
+
+
+def test_a_gpu_models_prices_per_region_with_each_regions_bid_cap(
+    client: httpx.Client, daemon: Daemon, tmp_path: Path
+) -> None:
+    write_policy(
+        tmp_path / "policies",
+        "half.yaml",
+        policy_text("half").replace("markets:", "bid: {max_fraction_of_on_demand: 0.5}\nmarkets:"),
+    )
+    eu = {"region": "eu-west-1", "observed_at": NOW - timedelta(hours=3)}
+    daemon.store.prices.record_offers(
+        [
+            make_offer(**eu, zone="euw1-az1", usd_per_hour=0.60),  # $0.60 per GPU-hour
+            make_offer(**eu, **G5_12XLARGE, zone="euw1-az2", usd_per_hour=2.00),  # $0.50
+            make_offer(**eu, zone=None, market=Market.ON_DEMAND, usd_per_hour=1.00),
+            make_offer(**eu, **G5_12XLARGE, zone=None, market=Market.ON_DEMAND, usd_per_hour=5.0),
+            # from an hour ago the 1-GPU pool is the cheapest: $0.30
+            make_offer(
+                region="eu-west-1",
+                zone="euw1-az1",
+                usd_per_hour=0.30,
+                observed_at=NOW - timedelta(hours=1),
+            ),
+        ]
+    )
+    wait_until(lambda: daemon.registry.get("half"), 10, "the half policy")
+    page = client.get("/ui/prices/gpu")  # the model of small's best offer: A10G
+    assert page.status_code == 200 and 'id="gpu-chart"' in page.text
+    assert "/ui/data/prices/gpu?gpu=A10G&amp;days=2" in page.text
+
+    url = "/ui/data/prices/gpu"
+    query = {"gpu": "A10G", "market": "spot", "policy": "half", "days": 1}
+    data = client.get(url, params=query).json()
+    assert data["summary"]["bucket_s"] == 300 and len(data["t"]) == AT_NOW + 1
+    assert data["t"][AT_NOW] == NOW.timestamp()
+    eu_spot, us_spot = data["series"]
+    assert (eu_spot["label"], us_spot["label"]) == ("aws eu-west-1 spot", "aws us-east-1 spot")
+    # eu-west-1: the 4-GPU pool at 2.00/4 until an hour ago, then the 1-GPU pool at 0.30
+    assert _index(eu_spot["values"], None) == list(range(AT_3H))
+    assert _index(eu_spot["values"], 0.50) == list(range(AT_3H, AT_1H))
+    assert _index(eu_spot["values"], 0.30) == list(range(AT_1H, AT_NOW + 1))
+    assert (eu_spot["now"], eu_spot["now_pool"]) == (0.30, "euw1-az1 g5.xlarge (1\u00d7)")
+    assert (eu_spot["low"], eu_spot["high"]) == (0.30, 0.50)
+    # us-east-1: 0.50 from two hours ago, 0.45 from NOW (the $3 pool is never the cheapest)
+    assert _index(us_spot["values"], 0.50) == list(range(AT_2H, AT_NOW))
+    assert us_spot["values"][AT_NOW] == 0.45 == us_spot["now"]
+    # half's cap, per GPU-hour: half the on-demand price of the cheapest pool's type
+    eu_cap, us_cap = data["caps"]
+    assert eu_cap["of"] == 0 and eu_cap["label"] == "bid cap aws eu-west-1 spot"
+    assert _index(eu_cap["values"], 0.625) == list(range(AT_3H, AT_1H))  # 0.5 x 5.00 / 4
+    assert _index(eu_cap["values"], 0.50) == list(range(AT_1H, AT_NOW + 1))  # 0.5 x 1.00
+    # us-east-1's on-demand price is known from NOW only
+    assert _index(us_cap["values"], 0.60) == [AT_NOW] and us_spot["cap_now"] == 0.60
+
+    # 4 GPUs per instance, both markets, EU only, under small's $1/h cap
+    query = {"gpu": "A10G", "gpus": "4", "regions": "eu-*", "policy": "small", "days": 1}
+    data = client.get(url, params=query).json()
+    assert [s["label"] for s in data["series"]] == [
+        "aws eu-west-1 spot",
+        "aws eu-west-1 on-demand",
+    ]
+    spot, on_demand = data["series"]
+    assert set(spot["values"][AT_3H:]) == {0.50} and set(on_demand["values"][AT_3H:]) == {1.25}
+    (cap,) = data["caps"]
+    assert set(cap["values"][AT_3H:]) == {0.25}  # $1/h over 4 GPUs
+
+    assert client.get(url, params={"gpu": "A10G", "market": "committed"}).status_code == 422
+    assert client.get(url, params={"gpu": "A10G", "gpus": "x"}).status_code == 422
+    assert client.get(url, params={"gpu": "H200"}).json()["series"] == []
+    with httpx.Client(base_url=daemon.url) as stranger:
+        assert stranger.get(url, params={"gpu": "A10G"}).status_code == 401
+
+
 def test_a_job_page_and_its_cancel_needs_the_forms_csrf_token(
     client: httpx.Client, daemon: Daemon
 ) -> None:

@@ -1,8 +1,8 @@
 """The store: gpuopt's durable state on SQLite or PostgreSQL, one repository per aggregate.
 
     store = Store(url)
-    store.prices     offers, price history (raw and hourly tiers, their retention), latest
-                     prices, the providers' spec cache
+    store.prices     offers, price history (raw and hourly tiers, their retention, read
+                     whole or in a chart's buckets), latest prices, the providers' spec cache
     store.jobs       jobs, attempts, what agents report, pool cooldowns
     store.events     events and the alert outbox
     store.policies   policy versions, price-signal state, poll status
@@ -25,6 +25,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Self
 
+from optimizer.store.buckets import Grid, InEffect
 from optimizer.store.costs import BilledAttempt, CostLineRecord, Costs, CostTotals, LineFilter
 from optimizer.store.engine import (
     Database,
@@ -69,6 +70,8 @@ __all__ = [
     "GpuMinute",
     "GpuSampleRecord",
     "GpuSummary",
+    "Grid",
+    "InEffect",
     "JobNotEndedError",
     "JobRecord",
     "LineFilter",

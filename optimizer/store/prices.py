@@ -17,7 +17,8 @@ from typing import Any
 from sqlalchemy import Insert, Row, delete, func, insert, select
 
 from optimizer.model import OFFER_FIELDS, Market, Offer
-from optimizer.store import history
+from optimizer.store import buckets, history
+from optimizer.store.buckets import Grid, InEffect
 from optimizer.store.engine import Database, aware, chunks, dialect_insert, table
 from optimizer.store.history import PointRow, PoolKey, PricePoint, PruneBatch, Retention
 from optimizer.store.tables import POOL_COLUMNS, LatestPrice, PriceHistory, SpecCacheEntry
@@ -242,6 +243,22 @@ class Prices:
                     limit=None,
                 )
                 out.append([(row[0], row[1]) for row in rows])
+        return out
+
+    def price_buckets(
+        self,
+        pools: Sequence[tuple[str, str, str | None, str, Market | str]],
+        grid: Grid,
+    ) -> list[list[InEffect | None]]:
+        """Each pool's prices in effect per bucket of `grid` (`buckets.fill`), across both
+        tiers, on one connection: the database reduces every bucket's points to one row, so
+        the read is bounded by the grid, not by the points held."""
+        out: list[list[InEffect | None]] = []
+        with self._db.connect() as conn:
+            for provider, region, zone, instance_type, market in pools:
+                pool = (provider, region, zone or "", instance_type, Market(market).value)
+                rows = buckets.bucket_rows(conn, self._db.dialect, pool, grid)
+                out.append(buckets.fill(rows, grid))
         return out
 
     def _points(

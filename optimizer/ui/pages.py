@@ -6,6 +6,7 @@ console.js fetches again every few seconds (`data-refresh`), and charts read JSO
 from __future__ import annotations
 
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import (
@@ -18,8 +19,10 @@ from starlette.concurrency import run_in_threadpool
 
 from optimizer.api.state import ApiState, StateDep
 from optimizer.jobs.machine import JobState
+from optimizer.model import Market
 from optimizer.store import JobRecord
 from optimizer.store.tables import TERMINAL_JOB_STATES
+from optimizer.ui import gpu_prices as gpu_views
 from optimizer.ui import jobs as job_views
 from optimizer.ui import prices as price_views
 from optimizer.ui import session as sessions
@@ -246,6 +249,97 @@ async def price_data(
     )
     data = await run_in_threadpool(
         price_views.history, state, key, days, loaded.policy if loaded else None, gpus
+    )
+    return JSONResponse(data, headers=HEADERS)
+
+
+def _model_choice(state: ApiState, gpu: str | None) -> tuple[list[Any], str | None]:
+    """The GPU models held, and the one to show: `gpu` when held, else the model of the
+    best offer of the first policy that has one, else the first."""
+    held = gpu_views.models(state.store.prices.latest_offers())
+    names = {model for model, _ in held}
+    if gpu in names or not held:
+        return held, gpu if gpu in names else None
+    from optimizer.jobs.ranking import launch_ranking
+
+    for name, loaded in sorted(state.policies.snapshot().items()):
+        found = launch_ranking(state.store, name, loaded.policy, state.clock())
+        for c in found.ranking.candidates:
+            if c.offer.gpu_model in names:
+                return held, c.offer.gpu_model
+    return held, held[0][0]
+
+
+# The form sends "" for "any count" and "both markets".
+GpusQuery = Annotated[str, Query(max_length=3, pattern=r"^([1-9][0-9]{0,2})?$")]
+MarketQuery = Annotated[str, Query(pattern=r"^(spot|on_demand)?$")]
+RegionsQuery = Annotated[str, Query(max_length=200)]
+
+
+@router.get("/prices/gpu")
+async def gpu_prices(
+    request: Request,
+    state: StateDep,
+    session: PageSession,
+    gpu: str | None = None,
+    gpus: GpusQuery = "",
+    market: MarketQuery = "",
+    regions: RegionsQuery = "",
+    policy: str | None = None,
+    days: Annotated[int, Query(ge=1, le=price_views.MAX_DAYS)] = 2,
+) -> Response:
+    held, chosen = await run_in_threadpool(_model_choice, state, gpu)
+    loaded = state.policies.snapshot()
+    globs = gpu_views.region_globs(regions)
+    params: dict[str, Any] = {"gpu": chosen, "days": days}
+    if gpus:
+        params["gpus"] = gpus
+    if market:
+        params["market"] = market
+    if globs:
+        params["regions"] = " ".join(globs)
+    if policy in loaded:
+        params["policy"] = policy
+    return html(
+        request,
+        "prices_gpu.html",
+        models=held,
+        chosen=chosen,
+        unknown=gpu if gpu and gpu != chosen else None,
+        counts=dict(held).get(chosen, []) if chosen else [],
+        gpus=int(gpus) if gpus else None,
+        market=market,
+        regions=" ".join(globs),
+        names=sorted(loaded),
+        policy_name=policy if policy in loaded else "",
+        days=days,
+        src="/ui/data/prices/gpu?" + urlencode(params),
+        title="Prices by GPU model",
+        **_common(state, session, "prices"),
+    )
+
+
+@router.get("/data/prices/gpu")
+async def gpu_price_data(
+    state: StateDep,
+    _: DataSession,
+    gpu: Annotated[str, Query(min_length=1, max_length=100)],
+    gpus: GpusQuery = "",
+    market: MarketQuery = "",
+    regions: RegionsQuery = "",
+    policy: str | None = None,
+    days: Annotated[int, Query(ge=1, le=price_views.MAX_DAYS)] = 2,
+) -> Response:
+    loaded = state.policies.get(policy) if policy else None
+    choice = gpu_views.Choice(
+        gpu,
+        int(gpus) if gpus else None,
+        Market(market) if market else None,
+        gpu_views.region_globs(regions),
+        days,
+    )
+    data = await run_in_threadpool(
+        gpu_views.history, state, choice, loaded.policy if loaded else None
     )
     return JSONResponse(data, headers=HEADERS)
 

@@ -1,5 +1,7 @@
 // Charts of the console, drawn with the vendored uPlot from JSON under /ui/data/.
 // data-chart="prices": spot and on-demand prices of a pool and a policy's bid cap (step lines);
+// data-chart="gpu-prices": a GPU model's cheapest pool per region and market, per GPU-hour,
+//   with a policy's bid caps, and the same figures as tables (#gpu-summary, #gpu-points);
 // data-chart="utilization": a job's GPU utilization and memory used per minute, refreshed.
 "use strict";
 (function () {
@@ -34,6 +36,83 @@
       cell.textContent = k === "points" ? String(v) : usd(v);
     });
   }
+  // One colour per region (4.5:1 or more on white), spot solid, on-demand dashed, caps dotted.
+  var PALETTE = ["#0a55a3", "#b34700", "#237a3b", "#7b3fa0", "#9c2f58", "#00707a", "#6b5b00", "#4a5360", "#3d4fd1", "#8a3b12"];
+  function cell(row, text, head, cls) {
+    var c = document.createElement(head ? "th" : "td");
+    if (head) { c.scope = head; }
+    if (cls) { c.className = cls; }
+    c.textContent = text;
+    row.appendChild(c);
+    return c;
+  }
+  function stamp(t) { return new Date(t * 1000).toISOString().slice(0, 16).replace("T", " "); }
+  function every(s) { return s % 3600 === 0 ? (s / 3600) + " h" : (s / 60) + " min"; }
+  async function gpuPrices(el) {
+    var d = await load(el.dataset.src);
+    if (!d) { return; }
+    var colour = {}, n = 0;
+    d.series.forEach(function (s) {
+      var k = s.provider + " " + s.region;
+      if (!(k in colour)) { colour[k] = PALETTE[n++ % PALETTE.length]; }
+    });
+    function fmt(u, v) { return usd(v); }
+    var series = [{}], data = [d.t];
+    d.series.forEach(function (s) {
+      series.push({label: s.label, stroke: colour[s.provider + " " + s.region], width: 2, dash: s.market === "spot" ? undefined : [6, 4], paths: stepped(), value: fmt});
+      data.push(s.values);
+    });
+    d.caps.forEach(function (c) {
+      var of = c.of == null ? null : d.series[c.of];
+      series.push({label: c.label, stroke: of ? colour[of.provider + " " + of.region] : "#b0231a", width: of ? 1.5 : 2, dash: [2, 3], paths: stepped(), value: fmt});
+      data.push(c.values);
+    });
+    el.innerHTML = "";
+    if (d.series.length) {
+      new uPlot(Object.assign(size(el), {
+        scales: {x: {time: true}},
+        axes: [{}, {label: "USD per GPU-hour", size: 80, values: function (u, vals) { return vals.map(usd); }}],
+        series: series
+      }), data, el);
+    } else {
+      el.textContent = "No pool matches: pick another model, count, market or regions.";
+    }
+    el.dataset.points = String(d.t.length);
+    el.dataset.series = String(d.series.length);
+    var bucket = document.getElementById("gpu-bucket");
+    if (bucket) { bucket.textContent = every(d.summary.bucket_s) + " buckets, " + d.summary.points + " per line, from " + d.summary.pools + " pools"; }
+    var body = document.querySelector("#gpu-summary tbody");
+    if (body) {
+      body.textContent = "";
+      d.series.forEach(function (s) {
+        var r = document.createElement("tr");
+        r.dataset.series = s.provider + " " + s.region + " " + s.market;
+        cell(r, s.provider + " " + s.region, "row");
+        cell(r, s.market.replace("_", "-"));
+        cell(r, usd(s.now), null, "num");
+        cell(r, s.now_pool || "–");
+        cell(r, usd(s.low), null, "num");
+        cell(r, usd(s.high), null, "num");
+        cell(r, s.market === "spot" ? usd(s.cap_now) : "–", null, "num");
+        body.appendChild(r);
+      });
+    }
+    var points = document.querySelector("#gpu-points table");
+    if (points) {
+      var head = document.createElement("tr"), rows = document.createDocumentFragment();
+      cell(head, "Bucket start", "col");
+      d.series.forEach(function (s) { cell(head, s.label, "col", "num"); });
+      d.caps.forEach(function (c) { cell(head, c.label, "col", "num"); });
+      d.t.forEach(function (t, i) {
+        var r = document.createElement("tr");
+        cell(r, stamp(t), "row");
+        for (var j = 1; j < data.length; j++) { cell(r, usd(data[j][i]), null, "num"); }
+        rows.appendChild(r);
+      });
+      points.tHead.replaceChildren(head);
+      points.tBodies[0].replaceChildren(rows);
+    }
+  }
   async function utilization(el) {
     var plot = null, note = document.getElementById("util-note");
     async function draw() {
@@ -56,7 +135,7 @@
   }
   function init() {
     document.querySelectorAll("[data-chart]").forEach(function (el) {
-      var run = el.dataset.chart === "prices" ? prices : utilization;
+      var run = {prices: prices, "gpu-prices": gpuPrices}[el.dataset.chart] || utilization;
       run(el).then(function () { el.dataset.ready = "1"; }).catch(function (e) { el.textContent = "Could not load the chart: " + e.message; });
     });
   }
