@@ -29,7 +29,12 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.
 
 
 def _inputs(
-    policy_file: Path, history: Path | None, from_store: bool, config: Path | None, since: Any
+    policy_file: Path,
+    history: Path | None,
+    from_store: bool,
+    config: Path | None,
+    since: Any,
+    until: Any,
 ) -> tuple[Any, Any]:
     from optimizer.catalog import CatalogError
     from optimizer.jobs.history import read_history, store_history
@@ -50,7 +55,7 @@ def _inputs(
     from optimizer.store import Store
 
     with Store(_database_url(config)) as store:
-        return policy, store_history(store, since)
+        return policy, store_history(store, since, until)
 
 
 def backtest(
@@ -67,7 +72,7 @@ def backtest(
     from policies.backtest import BacktestError, replay
 
     start, end = parse_time(since, "--since"), parse_time(until, "--until")
-    policy, points = _inputs(policy_file, history, from_store, config, start)
+    policy, points = _inputs(policy_file, history, from_store, config, start, end)
     mover = Migrations(policy, points) if policy.migration.enabled else None
     try:
         result = replay(policy, points, start, end, mover=mover)
@@ -106,7 +111,7 @@ def advise_bid(
     from policies.backtest import BacktestError, advise_bid
 
     start, end = parse_time(since, "--since"), parse_time(until, "--until")
-    policy, points = _inputs(policy_file, history, from_store, config, start)
+    policy, points = _inputs(policy_file, history, from_store, config, start, end)
     try:
         advice = advise_bid(policy, points, target_availability, start, end)
     except BacktestError as exc:

@@ -145,21 +145,26 @@ def _table(points: list[dict[str, Any]], pool: str, *, zone_given: bool) -> None
 @app.command("export")
 def export(
     since: Annotated[str, typer.Option("--since", help="ISO 8601 time: points from here on.")],
-    output: Annotated[str, typer.Option("-o", "--output", help="The catalog CSV to write.")],
+    output: Annotated[
+        str, typer.Option("-o", "--output", help="The file to write: .csv, .arrow or .parquet.")
+    ],
     config: Annotated[
         str | None, typer.Option("--config", "-c", help="Daemon config (its store).")
     ] = None,
 ) -> None:
-    """Write the store's raw price points since --since for backtests: a catalog CSV, or
-    Arrow IPC (.arrow) or Parquet (.parquet) with the same columns."""
+    """Write the store's price history since --since for backtests: raw points, and each
+    hourly summary as its median at the start of its hour; a catalog CSV, or Arrow IPC
+    (.arrow) or Parquet (.parquet) with the same columns."""
     from pathlib import Path
 
     from optimizer.cli.db import _database_url
-    from optimizer.jobs.history import store_history, write_history
+    from optimizer.jobs.history import columns_history, write_history
     from optimizer.store import Store
 
     start = parse_time(since, "--since")
     with Store(_database_url(Path(config) if config else None)) as store:
-        points = store_history(store, start)
+        found = store.prices.history_columns(start)
+    points = columns_history(found)
     count = write_history(points, output, comment=f"gpuopt prices export --since {since}")
-    print(f"wrote {count} price points of {len(points.pools)} pools to {output}")
+    hourly = f" ({found.hourly} of them hourly medians)" if found.hourly else ""
+    print(f"wrote {count} price points{hourly} of {len(points.pools)} pools to {output}")

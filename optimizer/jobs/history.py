@@ -1,5 +1,6 @@
-"""Price histories for `gpuopt backtest` and `gpuopt advise-bid`: a catalog CSV with many
-`observed_at` per pool, or the store's raw price points (docs/backtest.md).
+"""Price histories for `gpuopt backtest` and `gpuopt advise-bid`: a catalog CSV (or Arrow IPC,
+or Parquet) with many `observed_at` per pool, or the store's price history, both tiers
+(docs/backtest.md).
 
 A history of months holds millions of points, so the CSV is read by Arrow's CSV reader into
 columns, never into an Offer per row: one Offer per pool (its first row) carries the pool's
@@ -22,7 +23,8 @@ from optimizer.catalog import OPTIONAL, REQUIRED, CatalogError, iter_offers, wri
 from optimizer.common.errors import Problem
 from optimizer.model import OFFER_FIELDS, Offer
 from optimizer.store import Store
-from policies.backtest import History, seconds
+from optimizer.store.bulk import PriceColumns
+from policies.backtest import History
 from policies.table import OfferTable
 
 POOL = ("provider", "region", "zone", "instance_type", "market")
@@ -168,32 +170,18 @@ def _dense_ids(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return pool.reshape(-1), first
 
 
-def store_history(store: Store, since: datetime | None = None) -> History:
-    """The store's raw price points since `since`, with each pool's hardware from its latest
-    offer (a pool the store no longer lists is left out)."""
-    offers = {o.pool: o for o in store.prices.latest_offers()}
-    index: dict[tuple[object, ...], int] = {}
-    first: list[Offer] = []
-    pool: list[int] = []
-    at: list[int] = []
-    price: list[float] = []
-    for key, observed, usd in store.prices.history_points(since):
-        found = index.get(key)
-        if found is None:
-            offer = offers.get(key)
-            if offer is None:
-                continue
-            found = index[key] = len(first)
-            first.append(offer)
-        pool.append(found)
-        at.append(seconds(observed))
-        price.append(usd)
-    return History(
-        OfferTable.from_offers(first),
-        np.array(pool, dtype=np.int64),
-        np.array(at, dtype=np.int64),
-        np.array(price, dtype=np.float64),
-    )
+def store_history(
+    store: Store, since: datetime | None = None, until: datetime | None = None
+) -> History:
+    """The store's price history from `since` to `until` across both tiers (raw points, and
+    each hourly summary as its median from the hour's start), each pool's hardware from its
+    latest offer; a pool the store no longer lists is left out."""
+    return columns_history(store.prices.history_columns(since, until))
+
+
+def columns_history(found: PriceColumns) -> History:
+    """The store's columns as a History."""
+    return History(OfferTable.from_offers(found.offers), found.pool, found.at, found.usd_per_hour)
 
 
 def history_table(history: History) -> Any:

@@ -10,9 +10,9 @@ costs more than the insert itself; every write is one transaction.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Insert, Row, delete, func, insert, select
 
@@ -22,6 +22,9 @@ from optimizer.store.buckets import Grid, InEffect
 from optimizer.store.engine import Database, aware, chunks, dialect_insert, table
 from optimizer.store.history import PointRow, PoolKey, PricePoint, PruneBatch, Retention
 from optimizer.store.tables import POOL_COLUMNS, LatestPrice, PriceHistory, SpecCacheEntry
+
+if TYPE_CHECKING:  # bulk.py brings numpy, which only backtests need
+    from optimizer.store.bulk import PriceColumns
 
 # The Offer fields the latest_price table keeps: a commitment's terms are not among them,
 # because committed offers stay out of the store (`Prices.record_offers`).
@@ -130,22 +133,18 @@ class Prices:
         with self._db.connect() as conn:
             return [_offer(row) for row in conn.execute(query)]
 
-    def history_points(
-        self, since: datetime | None = None
-    ) -> Iterator[tuple[tuple[str, str, str | None, str, Market], datetime, float]]:
-        """Every raw price point since `since`, oldest first: (pool as `Offer.pool`, observed
-        at, USD/h). The hourly summaries of older hours are not included."""
-        c = _HISTORY.c
-        query = select(
-            c.provider, c.region, c.zone, c.instance_type, c.market, c.observed_at, c.usd_per_hour
-        ).order_by(c.observed_at, c.id)
-        if since is not None:
-            query = query.where(c.observed_at >= aware(since, "since"))
-        markets = {m.value: m for m in Market}
+    def history_columns(
+        self, since: datetime | None = None, until: datetime | None = None
+    ) -> PriceColumns:
+        """Every price point with since <= at <= until (whole seconds) of the pools the store
+        lists, across both tiers, as columns in time order: raw points, and each hourly row
+        as its median from the start of its hour (`bulk.py` says how it is read)."""
+        start = None if since is None else aware(since, "since")
+        end = None if until is None else aware(until, "until")
+        from optimizer.store import bulk
+
         with self._db.connect() as conn:
-            for provider, region, zone, kind, market, observed, usd in conn.execute(query):
-                pool = (provider, region, zone or None, kind, markets[market])
-                yield pool, aware(observed, "observed_at"), float(usd)
+            return bulk.price_columns(conn, start, end)
 
     def cheapest_offers(
         self,
