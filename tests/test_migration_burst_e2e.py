@@ -44,7 +44,7 @@ from tests.helpers.jobs import e2e_cloud, polls_and_passes
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("daemon_env")]
 
 START = datetime(2026, 12, 1, 9, 0, 3, tzinfo=UTC)
-POLL_S = 2.0  # the spot poll interval
+POLL_S = 1.0  # the spot poll interval
 JOBS = 20
 BUDGET = 2
 A, B, C = "g4dn.xlarge@eu-central-1-a", "g4dn.xlarge@eu-central-1-b", "g4dn.2xlarge@eu-central-1-b"
