@@ -37,8 +37,8 @@ def test_a_grid_is_the_narrowest_aligned_one_within_the_bucket_limit() -> None:
 def test_fill_carries_prices_through_empty_buckets() -> None:
     grid = Grid(T, 600, 4)
     rows = [
-        BucketRow(-1, T - timedelta(hours=1), 5.0, 5.0),
-        BucketRow(1, T + timedelta(minutes=12), 7.0, 8.0),
+        BucketRow(-1, -3600, 5.0, 5.0),
+        BucketRow(1, 120, 7.0, 8.0),
     ]
     assert fill(rows, grid) == [
         InEffect(5.0, 5.0),

@@ -82,10 +82,12 @@ def test_the_console_follows_a_job_through_an_interruption_and_a_cancel(tmp_path
         snapshot = load_snapshot()
 
         def record_history(rows: list[Offer], regions: list[str] | None = None) -> None:
-            for step in range(int(HISTORY_H * 3600 / STEP_S), 0, -1):
-                daemon.store.prices.record_offers(
-                    local_offers(rows, cloud.walk, now - step * STEP_S, regions)
-                )
+            steps = range(int(HISTORY_H * 3600 / STEP_S), 0, -1)
+            daemon.store.prices.record_offers(  # one transaction
+                o
+                for step in steps
+                for o in local_offers(rows, cloud.walk, now - step * STEP_S, regions)
+            )
 
         region = top["region"]
         record_history(snapshot, [region])

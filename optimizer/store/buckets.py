@@ -5,13 +5,15 @@ A `Grid` cuts a window into at most a given number of equal buckets, each a whol
 seconds wide and aligned on multiples of its width since the epoch (so hourly buckets start
 on the hour, where the hourly tier's rows do). For one pool, the database reduces the points
 of each bucket, across both tiers as `history.points_in_effect` reads them, to one row: the
-lowest price among them, when the first of them starts and the last one's price. Each part of
-the query is a range on a (pool, time) index, and what comes back is at most one row per
-bucket plus the price in effect before the grid, however many points the window holds.
+lowest price among them, how many whole seconds into the bucket the first of them falls, and
+the last one's price. Each part of the query is a range or a seek on a (pool, time) index,
+and what comes back is at most one row per bucket plus the price in effect before the grid,
+however many points the window holds.
 
 `fill` turns those rows into what a step chart needs per bucket (`InEffect`): the lowest
 price in effect at any moment of the bucket (the price carried in from before it counts
-until the bucket's first point) and the price in effect at its end.
+until the bucket's first point, unless that point falls in the bucket's first second) and
+the price in effect at its end.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from sqlalchemy import (
     case,
     cast,
     func,
-    literal_column,
     select,
     union_all,
 )
@@ -105,11 +106,12 @@ class Grid:
 
 @dataclass(frozen=True, slots=True)
 class BucketRow:
-    """One bucket's points as the database reduces them (`index` PRIOR: the last point
-    before the grid, where only `last` counts)."""
+    """One bucket's points as the database reduces them: `first_s`, the whole seconds from
+    the bucket's start to its first point (`index` PRIOR: the last point before the grid,
+    where only `last` counts)."""
 
     index: int
-    first_at: datetime
+    first_s: int
     low: float
     last: float
 
@@ -125,20 +127,24 @@ class InEffect:
 
 def fill(rows: Sequence[BucketRow], grid: Grid) -> list[InEffect | None]:
     """Per bucket of `grid`, the prices in effect over it (None while no point is in effect
-    yet): a bucket without points holds the price carried in from before it."""
+    yet): a bucket without points holds the price carried in from before it. The carried
+    price counts in a bucket's lowest unless its first point falls in the bucket's first
+    second (seconds are whole in the database's reduction; buckets are a minute or more)."""
     by_index = {row.index: row for row in rows}
     prior = by_index.get(PRIOR)
     carry = prior.last if prior is not None else None
+    held = None if carry is None else InEffect(carry, carry)
     out: list[InEffect | None] = []
     for index in range(grid.count):
         row = by_index.get(index)
         if row is None:
-            out.append(None if carry is None else InEffect(carry, carry))
+            out.append(held)
             continue
         low = row.low
-        if carry is not None and row.first_at > grid.start(index):
-            low = min(low, carry)  # the carried price held until the bucket's first point
+        if carry is not None and row.first_s > 0 and carry < low:
+            low = carry  # the carried price held until the bucket's first point
         carry = row.last
+        held = InEffect(carry, carry)
         out.append(InEffect(low, carry))
     return out
 
@@ -158,58 +164,55 @@ def _epoch_s(dialect: str, at: Any) -> ColumnElement[Any]:
     return cast(func.floor(func.extract("epoch", at)), BigInteger)
 
 
-def _tier(t: Any, time: Any, price: Any, rank: int) -> Select[Any]:
-    # rank: an hourly row sorts before a raw point of the same instant (history.py)
-    return select(
-        time.label("at"),
-        price.label("usd"),
-        literal_column(str(rank)).label("rank"),
-        t.c.id.label("seq"),
-    ).where(*_is_pool(t))
+def _tier(t: Any, time: Any, price: Any) -> Select[Any]:
+    return select(time.label("at"), price.label("usd")).where(*_is_pool(t))
+
+
+def _last_price(t: Any, time: Any, price: Any, at: Any) -> Any:
+    """The price of the pool's last entry at `at` on one tier (an index seek)."""
+    return (
+        select(price).where(*_is_pool(t), time == at).order_by(t.c.id.desc()).limit(1)
+    ).scalar_subquery()
 
 
 @cache
 def _bucket_query(dialect: str) -> Select[Any]:
     """For one pool: the last point before `origin` (on either tier; the later one is in
     effect) as bucket PRIOR, then per bucket of the points in [origin, until) the lowest
-    price, the first instant and the last point's price."""
+    price, the first instant and the last point's price.
+
+    One pass over the window's points, grouped (window functions cost SQLite three times
+    as much); the last point's price is then one seek per bucket at its last instant: the
+    raw point written last there, else the hourly row (a raw point sorts after an hourly
+    row of the same instant, as history.py reads them)."""
+    tiers = (
+        (_RAW, _RAW.c.observed_at, _RAW.c.usd_per_hour),
+        (_HOURLY, _HOURLY.c.hour, _HOURLY.c.median_usd),
+    )
     parts: list[Select[Any]] = []
-    for t, time, price, rank in (
-        (_RAW, _RAW.c.observed_at, _RAW.c.usd_per_hour, 1),
-        (_HOURLY, _HOURLY.c.hour, _HOURLY.c.median_usd, 0),
-    ):
-        before = _tier(t, time, price, rank).where(time < bindparam("origin"))
-        parts.append(before.order_by(time.desc(), t.c.id.desc()).limit(1))
+    for t, time, price in tiers:
+        before = _tier(t, time, price).where(time < bindparam("origin"))
+        parts.append(before.order_by(time.desc()).limit(1))
         parts.append(
-            _tier(t, time, price, rank).where(
-                time >= bindparam("origin"), time < bindparam("until")
-            )
+            _tier(t, time, price).where(time >= bindparam("origin"), time < bindparam("until"))
         )
     points = union_all(*(select(part.subquery()) for part in parts)).subquery()
     offset = _epoch_s(dialect, points.c.at) - bindparam("origin_s", type_=BigInteger)
-    index = case(
-        (points.c.at < bindparam("origin"), PRIOR),
-        else_=offset // bindparam("width_s", type_=BigInteger),
-    )
-    indexed = select(points, index.label("b")).subquery()
-    b = indexed.c.b
-    ranked = select(
-        b,
-        indexed.c.usd,
-        func.min(indexed.c.at).over(partition_by=b).label("first_at"),
-        func.min(indexed.c.usd).over(partition_by=b).label("low"),
-        func.row_number()
-        .over(
-            partition_by=b,
-            order_by=(indexed.c.at.desc(), indexed.c.rank.desc(), indexed.c.seq.desc()),
+    width = bindparam("width_s", type_=BigInteger)
+    index = case((points.c.at < bindparam("origin"), PRIOR), else_=offset // width)
+    indexed = select(points.c.at, points.c.usd, index.label("b"), offset.label("s")).subquery()
+    grouped = (
+        select(
+            indexed.c.b,
+            (func.min(indexed.c.s) - indexed.c.b * width).label("first_s"),
+            func.min(indexed.c.usd).label("low"),
+            func.max(indexed.c.at).label("last_at"),
         )
-        .label("nth_last"),
-    ).subquery()
-    return (
-        select(ranked.c.b, ranked.c.first_at, ranked.c.low, ranked.c.usd)
-        .where(ranked.c.nth_last == 1)
-        .order_by(ranked.c.b)
+        .group_by(indexed.c.b)
+        .subquery()
     )
+    last = func.coalesce(*(_last_price(*tier, grouped.c.last_at) for tier in tiers))
+    return select(grouped.c.b, grouped.c.first_s, grouped.c.low, last).order_by(grouped.c.b)
 
 
 def bucket_rows(conn: Connection, dialect: str, pool: PoolKey, grid: Grid) -> list[BucketRow]:
@@ -223,10 +226,4 @@ def bucket_rows(conn: Connection, dialect: str, pool: PoolKey, grid: Grid) -> li
         width_s=grid.width_s,
     )
     rows = conn.execute(_bucket_query(dialect), params).all()
-    return [BucketRow(int(b), _utc(first), float(low), float(last)) for b, first, low, last in rows]
-
-
-def _utc(value: Any) -> datetime:
-    if isinstance(value, str):  # SQLite hands a window's min() back as its stored text
-        value = datetime.fromisoformat(value)
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    return [BucketRow(int(b), int(first), float(low), float(last)) for b, first, low, last in rows]
