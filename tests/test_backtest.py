@@ -8,13 +8,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pyarrow.csv as pcsv
 import pytest
 from typer.testing import CliRunner
 
 from optimizer.catalog import write_catalog
 from optimizer.cli import app
 from optimizer.jobs.backtest import Migrations
-from optimizer.jobs.history import read_history, store_history, write_history
+from optimizer.jobs.history import history_table, read_history, store_history, write_history
 from optimizer.model import Market, Offer
 from optimizer.store import Store
 from policies.backtest import History, advise_bid, replay
@@ -254,6 +255,30 @@ def test_store_history_round_trips_through_every_file_format(
     ran = replay(policy(bid={"max_usd_per_hour": 3.0}), again, until=T0 + 4 * H)
     assert round(ran.cost_usd, 2) == 7.10 and round(ran.savings_usd, 2) == 22.90
     assert {o.pool for o in again.pools.offers} == {p.pool for p in POINTS}
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".arrow", ".parquet"])
+def test_a_history_of_pools_without_zones_reads_in_every_format(
+    tmp_path: Path, suffix: str
+) -> None:
+    # Priced per region (as the local cloud lists on-demand): the export leaves the zone
+    # column out, and the pools are told apart by region.
+    points = [
+        make_offer(zone=None, region=region, usd_per_hour=usd, observed_at=T0 + hour * H)
+        for hour, prices in enumerate([(2.0, 2.5), (3.5, 2.5)])
+        for region, usd in zip(("us-east-1", "us-west-2"), prices, strict=True)
+    ]
+    written = tmp_path / f"history{suffix}"
+    table = history_table(History.from_offers(points))
+    assert "zone" not in table.column_names
+    if suffix == ".csv":  # the catalog's own writer always writes a zone column
+        pcsv.write_csv(table, written)
+    else:
+        write_history(History.from_offers(points), written)
+    again = read_history(written)
+    assert {o.region for o in again.pools.offers} == {"us-east-1", "us-west-2"}
+    ran = replay(policy(bid={"max_usd_per_hour": 3.0}), again, until=T0 + 2 * H)
+    assert round(ran.cost_usd, 2) == 4.50 and ran.moves == 1  # 2.00 east, then 2.50 west
 
 
 def test_points_in_any_order_replay_alike() -> None:

@@ -31,6 +31,7 @@ POOL = ("provider", "region", "zone", "instance_type", "market")
 _TEXT = frozenset(POOL) | {"gpu_model", "interconnect", "source", "fabric", "interruption_bucket"}
 PARQUET = ".parquet"  # a history in Parquet: the catalog's columns, one row per point
 ARROW = (".arrow", ".feather")  # the same as an Arrow IPC file, read in place (memory-mapped)
+CSV_BLOCK = 16 << 20  # bytes of CSV parsed at once: fewer, larger blocks cost less memory churn
 
 
 def _comment_lines(path: Path) -> int:
@@ -55,6 +56,25 @@ def _located(path: Path, exc: Exception) -> CatalogError:
     return CatalogError([Problem(str(path), str(exc))])
 
 
+def column_types() -> dict[str, Any]:
+    """Every catalog column's Arrow type, so a reader infers none: numbers as the Offer types
+    them, the time in whole seconds, and text dictionary-encoded as it is read (a month holds
+    a few thousand distinct values in millions of rows)."""
+    import pyarrow as pa
+
+    text = pa.dictionary(pa.int32(), pa.string())
+    types: dict[str, Any] = {}
+    for name, declared in Offer.__dataclass_fields__.items():
+        kind = str(declared.type).replace(" | None", "")
+        if name == "observed_at":
+            types[name] = pa.timestamp("s", tz="UTC")
+        elif kind in ("int", "float"):
+            types[name] = pa.int64() if kind == "int" else pa.float64()
+        else:
+            types[name] = text
+    return types
+
+
 def read_history(path: str | Path) -> History:
     """A catalog CSV's points as a History (module docstring); CatalogError when it is bad."""
     import pyarrow as pa
@@ -64,14 +84,7 @@ def read_history(path: str | Path) -> History:
     file = Path(path)
     if not file.is_file():
         raise CatalogError([Problem(str(file), "no such file")])
-    types: dict[str, pa.DataType] = {
-        "observed_at": pa.timestamp("s", tz="UTC"),
-        "zone": pa.string(),
-    }
-    for name, declared in Offer.__dataclass_fields__.items():  # numbers as the Offer types them
-        kind = str(declared.type).replace(" | None", "")
-        if kind in ("int", "float"):
-            types[name] = pa.int64() if kind == "int" else pa.float64()
+    types = column_types()
     try:
         if file.suffix in ARROW:
             with pa.memory_map(str(file)) as source:
@@ -86,11 +99,11 @@ def read_history(path: str | Path) -> History:
             )
         else:
             table = pcsv.read_csv(
-                file,
-                read_options=pcsv.ReadOptions(skip_rows=_comment_lines(file), use_threads=False),
-                convert_options=pcsv.ConvertOptions(
-                    column_types=types, strings_can_be_null=False, auto_dict_encode=True
+                pa.memory_map(str(file)),
+                read_options=pcsv.ReadOptions(
+                    skip_rows=_comment_lines(file), use_threads=False, block_size=CSV_BLOCK
                 ),
+                convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=False),
             )
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError) as exc:
         if file.suffix == PARQUET or file.suffix in ARROW:
@@ -98,7 +111,6 @@ def read_history(path: str | Path) -> History:
         raise _located(file, exc) from None
     except UnicodeDecodeError as exc:
         raise _located(file, exc) from None
-    table = table.unify_dictionaries()  # one dictionary per column across chunks
     names = set(table.column_names)
     missing = sorted(REQUIRED - names)
     unknown = sorted(names - set(OFFER_FIELDS))
@@ -115,8 +127,10 @@ def read_history(path: str | Path) -> History:
         raise _located(file, ValueError("a missing time or a bad price"))
     key = np.zeros(table.num_rows, dtype=np.int64)
     width = 1
-    for name in POOL:
-        column = table.column(name)
+    # One dictionary per pool column across chunks (only these: the hardware columns are
+    # read from each pool's first row alone). A column left out (zone) is one value.
+    pooled = table.select([name for name in POOL if name in names])
+    for column in pooled.unify_dictionaries().columns:
         if not pa.types.is_dictionary(column.type):
             column = pc.dictionary_encode(column)
         encoded = column.combine_chunks()
@@ -125,8 +139,10 @@ def read_history(path: str | Path) -> History:
             key, _ = _dense_ids(key)
             width = int(key.max()) + 1
         np.multiply(key, size, out=key)
-        codes = pc.fill_null(encoded.indices, size - 1).to_numpy(zero_copy_only=False)
-        np.add(key, codes, out=key)
+        codes = encoded.indices
+        if codes.null_count:
+            codes = pc.fill_null(codes, size - 1)
+        np.add(key, codes.to_numpy(zero_copy_only=False), out=key)
         width *= size
     pool, first = _dense_ids(key)
     columns = [c for c in OFFER_FIELDS if c in names]
