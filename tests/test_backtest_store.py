@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -105,6 +106,34 @@ def test_a_raw_point_at_an_hours_start_wins_over_its_median(store: Store) -> Non
     # the same instant): the job stays on A, 2.00 + 2.00 + 1.50 + 1.50.
     assert [s.pool.zone if s.pool else None for s in ran.steps] == [A, A, A, A]
     assert round(ran.cost_usd, 2) == 7.00 and (ran.moves, ran.cap_crossings) == (0, 0)
+
+
+def test_an_hour_folded_while_the_store_is_read_is_seen_once(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for poll in POLLS:
+        store.prices.record_offers(poll)
+    read_tier = bulk._tier
+
+    def fold_between_the_tiers(conn: Any, tier: Any, *args: Any) -> Any:
+        found = read_tier(conn, tier, *args)
+        if tier.name == "price_hourly":  # read first: none yet. Now the retention runs.
+            after = None
+            while not (batch := store.prices.prune_history(RETENTION, now=NOW, after=after)).done:
+                after = batch.after
+            assert batch.summarized or batch.hours or after is not None
+        return found
+
+    monkeypatch.setattr(bulk, "_tier", fold_between_the_tiers)
+    ran = replay(CAP, store_history(store), until=T0 + 4 * H)
+    # The raw points of hours 0 and 1, as they were when the read began, 20 minutes each:
+    # A at 1.00 and 2.00; at T0+40m A's 6.00 crosses, B at 2.50, 2.50, 2.80, 2.60, and 2.60
+    # for the hour from T0+2h; at T0+3h B's 5.00 crosses, back to A at 1.50.
+    assert round(ran.cost_usd, 2) == round((1.0 + 2.0 + 2.5 + 2.5 + 2.8 + 2.6) / 3 + 2.6 + 1.5, 2)
+    assert (ran.snapshots, ran.moves, ran.cap_crossings) == (8, 2, 2)
+    assert store.prices.price_points("aws", "us-east-1", A, "g5.xlarge", "spot")[0].tier is (
+        Tier.HOURLY
+    )  # the fold did happen, in the meantime
 
 
 def test_points_of_one_instant_count_in_the_order_they_were_written(store: Store) -> None:

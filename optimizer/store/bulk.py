@@ -10,6 +10,9 @@ order here, in numpy), and the points go straight into arrays:
 - PostgreSQL: `COPY (SELECT …) TO STDOUT` in the binary format, whose records of four
   fixed-width fields numpy decodes in place: no Python object per row.
 
+Both tiers are read in one snapshot of the store (a read transaction), so an hour the
+retention pass folds meanwhile is seen once, in one tier or the other.
+
 The two tiers read as the ledger reads them (`history.points_in_effect`): raw points where they
 are kept, and each hourly row as one point at the start of its hour, at its median. Where an
 hourly row and a raw point of one pool fall on the same instant, the raw point comes after it
@@ -25,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, select, text
 
 from optimizer.model import OFFER_FIELDS, Offer
 from optimizer.store.engine import StoreError, table
@@ -207,11 +210,26 @@ def _pools(found: np.ndarray, lookup: np.ndarray) -> np.ndarray:
     return found
 
 
+def _one_snapshot(conn: Connection) -> None:
+    """Make the reads that follow on `conn` (a connection with no transaction yet) see one
+    snapshot of the store: the retention pass may fold an hour from raw points into its
+    hourly row between reading one tier and the other, which would lose that hour. The
+    transaction ends with the connection (rolled back: nothing was written)."""
+    if conn.dialect.name == "sqlite":
+        # sqlite3 opens no transaction for reads; in WAL mode one BEGIN holds a snapshot.
+        raw: Any = conn.connection.driver_connection
+        if not raw.in_transaction:
+            raw.execute("BEGIN")
+    else:
+        conn.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"))
+
+
 def price_columns(conn: Connection, since: datetime | None, until: datetime | None) -> PriceColumns:
     """Every point with since <= at <= until (to the whole second) of the pools `latest_price`
     lists, across both tiers (module docstring)."""
     low = _FIRST if since is None else _whole_seconds(since)
     high = _LAST if until is None else _whole_seconds(until) + timedelta(seconds=1)
+    _one_snapshot(conn)
     rows = conn.execute(select(_LATEST)).all()
     ids = np.array([row.id for row in rows], dtype=np.int64)
     lookup = np.full(int(ids.max(initial=0)) + 1, -1, dtype=np.int64)
