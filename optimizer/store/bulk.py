@@ -8,7 +8,8 @@ order here, in numpy), and the points go straight into arrays:
   pool comes back as the `latest_price` row's id (a join on a 3,000-row index, cheaper than
   five strings per row), the time as whole epoch seconds.
 - PostgreSQL: `COPY (SELECT …) TO STDOUT` in the binary format, whose records of four
-  fixed-width fields numpy decodes in place: no Python object per row.
+  fixed-width fields numpy decodes 32 MiB at a time: no Python object per field (the driver
+  still hands over each row's bytes apart, as libpq receives COPY data a row at a time).
 
 Both tiers are read in one snapshot of the store (a read transaction), so an hour the
 retention pass folds meanwhile is seen once, in one tier or the other.
