@@ -6,7 +6,8 @@ generator and engines this bench shares), each (provider, region, type)'s on-dem
 price, and `--attempts` attempts (10,000: 2,000 jobs of 5) on random pools, each billed 1 to
 72 hours inside the window; 1% are still running at the end, the rest ended (a fifth of them
 interrupted by the cloud) and are frozen as the daemon's reconcile passes freeze them (500 a
-pass). Then, with "now" at the end of the data:
+pass). Then, with "now" at the end of the data (and, on PostgreSQL, after a `VACUUM ANALYZE` of
+the tables the bulk load or the pruning changed, as autovacuum would soon do):
 
 - `gpuopt costs --by month`, the CLI's own path end to end: a real API server over the store
   on loopback, the command run as a process (`python -m optimizer.cli costs --by month`;
@@ -352,6 +353,7 @@ def run(make: Callable[[], Any], pools: Sequence[tuple[str, ...]], args: argpars
             f"{name:<10} froze {frozen['lines']:,} lines in {frozen['passes']} passes of 500 "
             f"attempts: {frozen['seconds']} s (median pass {frozen['per_pass_median_s']} s)"
         )
+        engine.settle()
         before = costs_by_month(store, end, args.runs)
         print_costs(name, "(raw points)", before)
         before["plans"] = plans(engine, end)
@@ -374,6 +376,7 @@ def run(make: Callable[[], Any], pools: Sequence[tuple[str, ...]], args: argpars
         )
         size_after = engine.sizes()
         print_sizes(name, "after", size_after)
+        engine.settle()
         after = costs_by_month(store, end + timedelta(days=1), args.runs)
         print_costs(name, "(downsampled)", after)
         raw_left, lines = count(store, PriceHistory), count(store, CostLine)

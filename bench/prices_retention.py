@@ -121,6 +121,10 @@ class Engine:
     def compact(self) -> None:
         raise NotImplementedError
 
+    def settle(self) -> None:
+        """Bring the planner's statistics and the visibility map up to date after a bulk
+        change, as the database's own background maintenance would before long."""
+
     def plan(self, sql: str, params: Any) -> list[str]:
         raise NotImplementedError
 
@@ -228,6 +232,16 @@ class PostgresEngine(Engine):
                     ).scalar_one()
                 )
             }
+
+    def settle(self) -> None:
+        # autovacuum runs on its own schedule after millions of inserted or deleted rows; a
+        # timing taken while it scans the table measures it, not gpuopt.
+        conn = self.store.dedicated_connection(autocommit=True)
+        try:
+            for name in ("price_history", "price_hourly", "job", "attempt", "cost_line"):
+                conn.execute(f"VACUUM ANALYZE {name}")
+        finally:
+            conn.close()
 
     def compact(self) -> None:
         conn = self.store.dedicated_connection(autocommit=True)
