@@ -66,6 +66,32 @@ def test_shutdown_lets_the_current_iteration_finish() -> None:
     assert finished.is_set() and not stopper.is_alive()
 
 
+def test_a_loop_that_wakes_another_while_the_scheduler_stops_does_not_hang_it() -> None:
+    # APScheduler's shutdown(wait=True) waits for the running loops while it holds the lock
+    # that waking a loop (run_now) takes: a loop that woke another as the daemon stopped
+    # hung the stop for ever.
+    started, release, woke = threading.Event(), threading.Event(), threading.Event()
+    scheduler = LoopScheduler()
+
+    def waker() -> None:
+        started.set()
+        release.wait(5)
+        scheduler.run_now("other")
+        woke.set()
+
+    scheduler.add("waker", waker, 3600)
+    scheduler.add("other", lambda: None, 3600, run_now=False)
+    scheduler.start()
+    wait_until(started.is_set, what="the first iteration")
+    stopper = threading.Thread(target=scheduler.shutdown, daemon=True)
+    stopper.start()
+    wait_until(lambda: not scheduler.running, what="the scheduler to begin stopping")
+    assert stopper.is_alive()  # waiting for the loop in progress
+    release.set()
+    stopper.join(10)
+    assert woke.is_set() and not stopper.is_alive()
+
+
 def test_a_wakeup_runs_a_reconcile_pass_now(tmp_path: Path) -> None:
     seen: list[ReconcileContext] = []
     with running(make_config(tmp_path)) as daemon:  # the tick is an hour away

@@ -8,6 +8,7 @@ A loop that raises is logged with its traceback, counted in
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -45,6 +46,12 @@ class LoopScheduler:
             },
         )
         self.names: list[str] = []
+        # Runs in progress, counted here so that shutdown can wait for them without holding
+        # the scheduler's job-store lock: a loop that wakes another (run_now) takes that lock,
+        # and APScheduler's own shutdown(wait=True) holds it while it waits for the loops.
+        self._busy = threading.Condition()
+        self._in_flight = 0
+        self._stopping = False
 
     def add(
         self,
@@ -77,7 +84,10 @@ class LoopScheduler:
         self.names.append(name)
 
     def run_now(self, name: str) -> None:
-        """Move a loop's next run to now (it still never overlaps a run in progress)."""
+        """Move a loop's next run to now (it still never overlaps a run in progress); nothing
+        once the scheduler is stopping."""
+        if self._stopping:
+            return
         try:
             self._scheduler.modify_job(name, next_run_time=datetime.now(UTC))
         except Exception:  # stopped, or the job is gone: nothing to wake
@@ -87,12 +97,17 @@ class LoopScheduler:
         def run() -> None:
             started = time.perf_counter()
             outcome = "ok"
+            with self._busy:
+                self._in_flight += 1
             try:
                 func()
             except Exception:
                 outcome = "error"
                 log.exception("loop %s failed; it runs again at its next tick", name)
             finally:
+                with self._busy:
+                    self._in_flight -= 1
+                    self._busy.notify_all()
                 if self.metrics is not None:
                     self.metrics.loop_duration.labels(name).observe(time.perf_counter() - started)
                     self.metrics.loop_runs.labels(name, outcome).inc()
@@ -110,6 +125,13 @@ class LoopScheduler:
         self._scheduler.start()
 
     def shutdown(self, *, wait: bool = True) -> None:
-        """Stop scheduling; with `wait`, let every loop finish its current iteration."""
+        """Stop scheduling; with `wait`, let every loop finish its current iteration.
+
+        The wait happens here, after APScheduler has let go of its locks: waiting inside its
+        shutdown deadlocked when a finishing loop woke another one (run_now) meanwhile."""
+        self._stopping = True
         if self._scheduler.running:
-            self._scheduler.shutdown(wait=wait)
+            self._scheduler.shutdown(wait=False)
+        if wait:
+            with self._busy:
+                self._busy.wait_for(lambda: self._in_flight == 0)
