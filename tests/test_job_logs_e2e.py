@@ -91,7 +91,14 @@ def test_logs_show_every_attempt_of_an_interrupted_job_and_follow_it_to_its_end(
 
     env = {"GPUOPT_API_URL": daemon.url, "GPUOPT_API_TOKEN": TOKEN}
     follower = start_gpuopt(tmp_path / "cli", "jobs", "logs", "printer", "--follow", env=env)
-    quitter = start_gpuopt(tmp_path / "cli", "jobs", "logs", "printer", "-f", env=env)
+    # As a shell starts a foreground command: Ctrl-C not ignored, whatever the test process
+    # inherited (a child inherits an ignored SIGINT, and pytest workers may run with one).
+    quitter = start_gpuopt(
+        tmp_path / "cli",
+        *("jobs", "logs", "printer", "-f"),
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         assert quitter.stdout is not None
         assert quitter.stdout.readline().startswith("==> attempt 1 ")  # it is following
