@@ -37,17 +37,21 @@ def token_matches(state: ApiState, given: str) -> bool:
     return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected)
 
 
-def check_token(state: ApiState, address: str, given: str | None) -> TokenVerdict:
+def check_token(
+    state: ApiState, address: str, given: str | None, *, missing_counts: bool = False
+) -> TokenVerdict:
     """The verdict on a token presented from `address`: while the address is throttled for
     wrong tokens every token waits, the right one too (SECURITY.md says why); else a wrong
-    one is counted against the address. The time is the daemon's injected clock."""
-    if not given:
+    one is counted against the address. No token at all is MISSING and not counted, unless
+    `missing_counts` (a sign-in form sent empty is an attempt). The time is the daemon's
+    injected clock."""
+    if not given and not missing_counts:
         return TokenVerdict(Outcome.MISSING)
     now = state.clock().timestamp()
     wait = state.auth_throttle.retry_after(address, now)
     if wait is not None:
         return TokenVerdict(Outcome.THROTTLED, wait)
-    if token_matches(state, given):
+    if given and token_matches(state, given):
         return TokenVerdict(Outcome.PASSED)
     state.auth_throttle.failed(address, now)
     return TokenVerdict(Outcome.WRONG)

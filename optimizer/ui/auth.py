@@ -104,7 +104,7 @@ async def login(request: Request, state: StateDep) -> Response:
     given = fields.get("token", "").strip()
     target = safe_next(fields.get("next"))
     # An empty field counts as a wrong token: the form was sent, so it is a sign-in attempt.
-    verdict = check_token(state, client_address(request.scope), given or " ")
+    verdict = check_token(state, client_address(request.scope), given, missing_counts=True)
     if verdict.outcome is Outcome.THROTTLED:
         wait = verdict.retry_after_s
         answer = html(
