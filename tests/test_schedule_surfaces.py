@@ -94,37 +94,38 @@ def test_the_engine_ranks_the_window_in_force_at_its_instant() -> None:
     assert [c.offer.market for c in monday.candidates] == [Market.SPOT, Market.ON_DEMAND]
 
 
-def test_offers_api_console_and_advice_rank_only_on_demand_inside_the_window(
-    daemon: Daemon,
-) -> None:
-    add_job(daemon)
+def test_the_offers_api_ranks_only_on_demand_inside_the_window(daemon: Daemon) -> None:
     with api(daemon) as client:
         offers = client.get("/offers", params={"policy": "train"}).json()
-        advice = client.get("/jobs/resnet/advice").json()
     assert offers["window"] == "weekend-on-demand"
     assert {c["offer"]["market"] for c in offers["candidates"]} == {"on_demand"}
     assert offers["candidate_count"] == 2  # the A10G and the A100, on demand
 
+
+def test_the_advice_api_and_cli_advise_only_on_demand_inside_the_window(daemon: Daemon) -> None:
+    add_job(daemon)
+    with api(daemon) as client:
+        advice = client.get("/jobs/resnet/advice").json()
     assert advice["status"] == "cheaper_fit", advice["reason"]
     assert advice["advised"]["offer"]["market"] == "on_demand"
     assert advice["advised"]["offer"]["usd_per_hour"] == pytest.approx(1.00)
-
     cli = CliRunner().invoke(
         app, ["advise", "resnet", "--api", daemon.url], env={"GPUOPT_API_TOKEN": TOKEN}
     )
     assert cli.exit_code == 0, cli.output
-    assert (
-        "advised: aws g5.xlarge on_demand in us-east-1" in cli.output and " spot " not in cli.output
-    )
+    assert "advised: aws g5.xlarge on_demand in us-east-1" in cli.output
+    assert " spot " not in cli.output
 
+
+def test_the_console_offers_page_shows_only_on_demand_inside_the_window(daemon: Daemon) -> None:
     with httpx.Client(base_url=daemon.url, timeout=10) as browser:
         assert browser.post("/ui/login", data={"token": TOKEN}).status_code == 303
         page = browser.get("/ui/offers", params={"policy": "train"})
     assert page.status_code == 200
     assert "Candidates: 2</h2>" in page.text
-    assert "schedule window <strong>weekend-on-demand</strong> in force" in page.text
     table = page.text.split('id="candidates"', 1)[1].split("</table>", 1)[0]
     assert re.findall(r"<td>(spot|on_demand)</td>", table) == ["on_demand", "on_demand"]
+    assert "schedule window <strong>weekend-on-demand</strong> in force" in page.text
 
 
 RULE_BUILDERS = {"RuleSet", "judge", "shapes"}  # policies.rules / policies.columnar
