@@ -16,7 +16,7 @@ from fnmatch import fnmatchcase
 
 from optimizer import hardware
 from optimizer.model import Fabric, Interconnect, Market
-from policies import budget, regions
+from policies import budget, regions, schedule
 from policies.measured import DATASHEET, MEASURED, Measured, TypeMeasurement, as_measured
 from policies.schema import Policy
 
@@ -142,7 +142,11 @@ def _canonical_types(measured: Measured) -> dict[tuple[str, str], TypeMeasuremen
 
 
 class RuleSet:
-    """One policy's rules, ready to check offers fast. Holds memo tables: one per evaluation."""
+    """One policy's rules, ready to check offers fast. Holds memo tables: one per evaluation.
+
+    The rules are those of the policy in force at `now` (`policies.schedule.effective`): a
+    schedule window's markets, bid, placement and rank_by in place of the top-level ones
+    while it is in force, so no caller can rank a scheduled policy as written."""
 
     def __init__(
         self,
@@ -154,6 +158,7 @@ class RuleSet:
         if now.tzinfo is None:
             raise EvaluationError("now must be timezone-aware (UTC)")
         self.now = now.astimezone(UTC)
+        policy = schedule.effective(policy, self.now)
         work, place, bid = policy.workload, policy.placement, policy.bid
         self.buffer = policy.buffer
         grow = 1 + policy.buffer

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from optimizer.clock import SteadyClock
+from optimizer.api import throttle
+from optimizer.clock import ManualClock, SteadyClock
 from optimizer.model import Market
 from tests.helpers import (
     TOKEN,
@@ -75,6 +76,39 @@ def test_every_operator_endpoint_needs_the_token(daemon, path: str) -> None:
     assert bad.status_code == 401
     with api(daemon) as client:
         assert client.get(path).status_code == 200
+
+
+def test_wrong_bearer_tokens_are_throttled_per_address_then_every_token_waits(
+    tmp_path: Path,
+) -> None:
+    clock = ManualClock(OFFERS_SEEN + timedelta(minutes=5))
+    with running(make_config(tmp_path), clock=clock) as d:
+        with api(d, token=None) as anonymous:
+            for _ in range(throttle.BURST + 3):  # no token at all is not a guess
+                assert anonymous.get("/jobs").status_code == 401
+        # a non-ASCII token is only wrong (sent as raw bytes, read as Latin-1)
+        weird = {"Authorization": b"Bearer " + "\u00e9\u00e9".encode()}
+        with api(d, token=None) as client:
+            assert client.get("/jobs", headers=weird).status_code == 401
+        with api(d, token="wrong-token") as wrong, api(d) as right:
+            for _ in range(throttle.BURST - 2):  # the non-ASCII one was the first
+                assert wrong.get("/jobs").status_code == 401
+            assert right.get("/jobs").status_code == 200  # not throttled yet: costs nothing
+            assert wrong.get("/jobs").status_code == 401  # the BURST-th
+            refused = wrong.get("/jobs")
+            assert refused.status_code == 429
+            wait = int(refused.headers["retry-after"])
+            assert 0 < wait <= throttle.REFILL_S
+            assert "too many wrong tokens" in refused.json()["detail"]
+            # throttled, the right token waits too, so no guess can be told right
+            assert right.get("/jobs").status_code == 429
+            # another address (a proxy uvicorn trusts on loopback says so) goes on
+            other = right.get("/jobs", headers={"X-Forwarded-For": "198.51.100.7"})
+            assert other.status_code == 200
+            clock.advance(wait)
+            assert right.get("/jobs").status_code == 200
+            assert wrong.get("/jobs").status_code == 401  # the one failure that refilled
+            assert right.get("/jobs").status_code == 429
 
 
 def test_health_readiness_and_metrics_are_open_and_the_docs_need_the_token(daemon) -> None:

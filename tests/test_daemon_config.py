@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from optimizer.cli import app
-from optimizer.daemon.config import DEFAULT_PORT, ConfigError, load_config
+from optimizer.daemon.config import DEFAULT_PORT, ConfigError, load_config, weak_token_problem
 
 pytestmark = pytest.mark.usefixtures("daemon_env")
 
@@ -193,7 +193,8 @@ def test_a_public_address_needs_a_token_of_at_least_32_characters(
     assert result.exit_code == 2
     assert (
         f"{path}:1:22: api.token: must be at least 32 characters to listen on 0.0.0.0 "
-        "(a non-loopback address); this one has 5"
+        "(a non-loopback address); this one has 5; make one with: python -c "
+        '"import secrets; print(secrets.token_urlsafe(32))"'
     ) in result.stderr
     assert "abcde" not in result.stderr
     monkeypatch.setenv("GPUOPT_API__TOKEN", "x" * 31)
@@ -201,11 +202,55 @@ def test_a_public_address_needs_a_token_of_at_least_32_characters(
     assert result.exit_code == 2 and "GPUOPT_API__TOKEN: api.token: must be at least 32" in (
         result.stderr
     )
-    monkeypatch.setenv("GPUOPT_API__TOKEN", "x" * 32)
+    monkeypatch.setenv("GPUOPT_API__TOKEN", MADE[0])
     assert CliRunner().invoke(app, ["config", "check", str(path)]).exit_code == 0
     path.write_text("api: {host: 127.0.0.1, token: abcde}\n")  # loopback: any token will do
     monkeypatch.delenv("GPUOPT_API__TOKEN")
     assert CliRunner().invoke(app, ["config", "check", str(path)]).exit_code == 0
+
+
+# Made once by secrets.token_urlsafe(32), token_hex(32) and token_hex(16): test values only.
+MADE = (
+    "XnZd9WS_taWVxrtJwoFV-UpHqrALd8E4aIkAT2jErAs",
+    "dc9b85fc8605a6374b09cad9fa321de64babd55e68940e3a48e62080598b6bfc",
+    "c9db641f775c8c6d7a85347787ab4098",
+)
+
+
+@pytest.mark.parametrize(
+    ("token", "why"),
+    [
+        ("a" * 32, "a run of 32 repeated or consecutive characters"),
+        ("password" * 4, "a common word (8 characters); 24 characters repeated from earlier"),
+        ("0123456789" * 4, "a run of 10 repeated or consecutive characters"),
+    ],
+)
+def test_a_public_address_refuses_a_long_but_guessable_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, token: str, why: str
+) -> None:
+    path = tmp_path / "public.yaml"
+    path.write_text(f"api: {{host: 0.0.0.0, token: '{token}'}}\n")
+    result = CliRunner().invoke(app, ["config", "check", str(path)])
+    assert result.exit_code == 2
+    line = next(li for li in result.stderr.splitlines() if "api.token" in li)
+    assert line.startswith(
+        f"{path}:1:22: api.token: too easy to guess to listen on 0.0.0.0 (a non-loopback "
+        "address): an estimated "
+    )
+    assert "bits, at least 128 needed (" in line and why in line
+    assert line.endswith(
+        'make one with: python -c "import secrets; print(secrets.token_urlsafe(32))"'
+    )
+    assert token[:8] not in result.stderr  # never echoed
+    # The daemon refuses it the same way (where the variable set it, the variable is named).
+    monkeypatch.setenv("GPUOPT_API__TOKEN", token)
+    assert weak_token_problem(load_config(path)) == (
+        f"GPUOPT_API__TOKEN: api.token: {line.split('api.token: ', 1)[1]}"
+    )
+    for made in MADE:
+        monkeypatch.setenv("GPUOPT_API__TOKEN", made)
+        assert weak_token_problem(load_config(path)) is None
+        assert CliRunner().invoke(app, ["config", "check", str(path)]).exit_code == 0
 
 
 def test_config_check_reports_every_problem_at_once_in_file_order(

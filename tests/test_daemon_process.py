@@ -137,5 +137,15 @@ def test_a_public_address_with_a_short_token_is_refused(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"gpuopt: error: {config}: api.token: must be at least 32 characters to listen on "
-        "0.0.0.0 (a non-loopback address); this one has 5"
+        "0.0.0.0 (a non-loopback address); this one has 5; make one with: python -c "
+        '"import secrets; print(secrets.token_urlsafe(32))"'
+    ]
+    config.write_text("api: {token: " + "a" * 32 + "}\n")  # long, but one letter
+    result = run_to_exit(tmp_path, "--config", str(config), "--host", "0.0.0.0", "--port", "0")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"gpuopt: error: {config}: api.token: too easy to guess to listen on 0.0.0.0 (a "
+        "non-loopback address): an estimated 11 bits, at least 128 needed (a run of 32 "
+        "repeated or consecutive characters); make one with: python -c "
+        '"import secrets; print(secrets.token_urlsafe(32))"'
     ]

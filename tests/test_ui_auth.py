@@ -3,6 +3,7 @@ daemon serving the console on loopback (httpx; the browser test drives the same 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from optimizer.api import throttle
 from optimizer.clock import ManualClock
 from optimizer.daemon.service import Daemon
 from optimizer.ui import console_app
@@ -154,6 +156,52 @@ def test_static_assets_are_served_from_the_package(daemon: Daemon) -> None:
         assert client.get("/ui/static/VENDORED.md").status_code == 404
 
 
+def test_a_non_ascii_cookie_or_csrf_field_is_only_not_signed_in(
+    daemon: Daemon, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Sent as raw bytes: the server sees them as Latin-1 text, none of it ASCII.
+    for value in ("\u00e9t\u00e9.\u00e9", "a.\u00ff" * 3, "\u00e9"):
+        cookie = f"{sessions.COOKIE}={value}".encode()
+        with browser(daemon) as client:
+            assert client.get("/ui/", headers={"Cookie": cookie}).status_code == 303
+            answer = client.get("/ui/fragments/overview", headers={"Cookie": cookie})
+            assert answer.status_code == 401
+            assert client.get("/ui/login", headers={"Cookie": cookie}).status_code == 200
+    with browser(daemon) as client:
+        sign_in(client)
+        for csrf in ("\u00e9", "\u4e2d\u6587", "\x00"):
+            assert client.post("/ui/logout", data={"csrf": csrf}).status_code == 403
+        assert client.get("/ui/").status_code == 200  # still signed in
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [], [r.getMessage() for r in errors]
+
+
+def test_wrong_tokens_are_throttled_per_address_the_right_one_too_until_it_refills(
+    daemon: Daemon, clock: ManualClock
+) -> None:
+    with browser(daemon) as client:
+        # an empty field is an attempt too
+        for guess in ["", *["guess"] * (throttle.BURST - 1)]:
+            assert sign_in(client, token=guess).status_code == 401
+        refused = sign_in(client, token="guess")
+        assert refused.status_code == 429
+        wait = int(refused.headers["retry-after"])
+        assert 0 < wait <= throttle.REFILL_S
+        assert "Too many wrong tokens from your address" in refused.text
+        # Throttled, the right token is not even checked: no guess can be told right.
+        right = sign_in(client)
+        assert right.status_code == 429 and "set-cookie" not in right.headers
+        # The API's bearer token shares the count: it checks the same secret.
+        bearer = client.get("/jobs", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert bearer.status_code == 429 and bearer.headers["retry-after"] == str(wait)
+        # Another address (a proxy uvicorn trusts says so) is not throttled.
+        other = sign_in(client, **{"X-Forwarded-For": "203.0.113.9"})
+        assert other.status_code == 303
+        client.cookies.clear()
+        clock.advance(wait)
+        assert sign_in(client).status_code == 303  # one failure's worth refilled
+
+
 def _session(client: httpx.Client) -> sessions.Session:
     found = sessions.verify(TOKEN, client.cookies[sessions.COOKIE], NOW)
     assert found is not None
@@ -169,6 +217,8 @@ def test_sessions_are_signed_with_the_token_and_expire() -> None:
     assert sessions.verify(TOKEN, None, NOW) is None
     assert sessions.csrf_ok(TOKEN, session, sessions.csrf_token(TOKEN, session))
     assert not sessions.csrf_ok(TOKEN, session, None)
+    assert sessions.verify(TOKEN, "\u00e9t\u00e9.\u00e9", NOW) is None
+    assert not sessions.csrf_ok(TOKEN, session, "\u00e9")
 
 
 def test_the_vendored_files_are_the_ones_recorded() -> None:

@@ -3,13 +3,14 @@ app. Open paths (`/healthz`, `/readyz`, `/metrics`) pass; `/agent/` paths need s
 agent token; every other path (`/openapi.json` and `/docs` included) needs the daemon's
 token, but for prefixes whose router checks its callers itself (`own_auth`: the web
 console's `/ui/`, by its session cookie). A request without the right one is answered 401
-before its body is read or parsed.
+before its body is read or parsed; a wrong operator token is counted against the client's
+address, and an address with too many is answered 429 with Retry-After, whatever token it
+sends, until it may try again (`optimizer.api.auth.check_token`).
 The handlers' own checks (require_token, the agent's attempt check) still run after it.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 from collections.abc import Collection
 
@@ -17,6 +18,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from optimizer.api.agent import known_agent
+from optimizer.api.auth import Outcome, check_token
 from optimizer.api.state import ApiState
 
 AGENT_PREFIX = "/agent/"
@@ -45,12 +47,18 @@ class AuthGate:
             await self.app(scope, receive, send)
             return
         authorization = _header(scope, b"authorization")
+        status, extra = 401, []
         if path.startswith(AGENT_PREFIX):
             allowed = await run_in_threadpool(known_agent, self.state, authorization)
             detail, challenge = "invalid agent token", b"Bearer"
         else:
-            allowed = self._operator(authorization)
+            verdict = check_token(self.state, client_address(scope), _bearer(authorization))
+            allowed = verdict.outcome is Outcome.PASSED
             detail, challenge = "missing or wrong bearer token", b'Bearer realm="gpuopt"'
+            if verdict.outcome is Outcome.THROTTLED:
+                wait = verdict.retry_after_s
+                status, extra = 429, [(b"retry-after", str(wait).encode())]
+                detail = f"too many wrong tokens from this address: try again in {wait} s"
         if allowed:
             await self.app(scope, receive, send)
             return
@@ -58,22 +66,31 @@ class AuthGate:
         await send(
             {
                 "type": "http.response.start",
-                "status": 401,
+                "status": status,
                 "headers": [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),
                     (b"www-authenticate", challenge),
+                    *extra,
                 ],
             }
         )
         await send({"type": "http.response.body", "body": body})
 
-    def _operator(self, authorization: str | None) -> bool:
-        scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            return False
-        expected = self.state.token.get_secret_value().encode()
-        return hmac.compare_digest(token.strip().encode(), expected)
+
+def _bearer(authorization: str | None) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header; None without one."""
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def client_address(scope: Scope) -> str:
+    """The address wrong tokens are counted against: the peer's, or the one that a proxy
+    uvicorn trusts (`--forwarded-allow-ips`) put in X-Forwarded-For."""
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

@@ -13,6 +13,7 @@ from fastapi import Depends, Request
 from pydantic import SecretStr
 
 from optimizer.alerts.outbox import Emitter
+from optimizer.api.throttle import AuthThrottle
 from optimizer.clock import Clock
 from optimizer.daemon.metrics import Metrics
 from optimizer.daemon.policies import PolicyRegistry
@@ -53,6 +54,7 @@ class ApiState:
     follow a job's output end then); `log_changes` counts, per job, the output chunks this
     replica took (its followers look at the store at once); `max_log_bytes_per_job` is
     logs.max_bytes_per_job;
+    `auth_throttle` counts wrong tokens per client address (optimizer/api/throttle.py);
     `extras` is room for later areas (the agent's token table)."""
 
     store: Store
@@ -68,6 +70,7 @@ class ApiState:
     log_changes: Changes = field(default_factory=Changes)
     max_log_bytes_per_job: int = DEFAULT_MAX_BYTES_PER_JOB
     probe_window: ProbeWindow = DEFAULT_WINDOW  # the daemon config's `probes:`
+    auth_throttle: AuthThrottle = field(default_factory=AuthThrottle)
     extras: dict[str, Any] = field(default_factory=dict)
 
 

@@ -37,7 +37,7 @@ from optimizer.alerts.config import ALERTS_EXAMPLE, AlertsConfig
 from optimizer.common.documents import Checked, check_file
 from optimizer.common.errors import LocatedError, Problem
 from optimizer.common.validation import findings, in_file_order
-from optimizer.daemon import settings
+from optimizer.daemon import settings, token_strength
 from optimizer.jobs.bootstrap import BOOTSTRAP_ENV, AgentInstall, AgentProxy, AgentSettings
 from optimizer.jobs.measured import DEFAULT_DEMOTE_FAILED, ProbeWindow
 from optimizer.store import DatabaseUrlError, Retention, normalize_database_url
@@ -566,18 +566,29 @@ def _weak_token(config: DaemonConfig) -> str | None:
     token = config.api.token
     if is_loopback(config.api.host) or token is None:
         return None
-    length = len(token.get_secret_value().strip())
-    if length >= MIN_REMOTE_TOKEN:
+    text = token.get_secret_value().strip()
+    make = f"make one with: {token_strength.GENERATE}"
+    if len(text) < MIN_REMOTE_TOKEN:
+        return (
+            f"must be at least {MIN_REMOTE_TOKEN} characters to listen on {config.api.host} "
+            f"(a non-loopback address); this one has {len(text)}; {make}"
+        )
+    # Long is not enough (32 x 'a'): judge how hard it is to guess, never echoing it.
+    found = token_strength.strength(text)
+    if found.strong:
         return None
+    why = "; ".join(dict.fromkeys(found.patterns)) or "too few kinds of character"
     return (
-        f"must be at least {MIN_REMOTE_TOKEN} characters to listen on {config.api.host} "
-        f"(a non-loopback address); this one has {length}"
+        f"too easy to guess to listen on {config.api.host} (a non-loopback address): an "
+        f"estimated {found.bits:.0f} bits, at least {token_strength.MIN_BITS:.0f} needed "
+        f"({why}); {make}"
     )
 
 
 def weak_token_problem(config: DaemonConfig) -> str | None:
-    """A located problem when the API would listen beyond loopback with a token shorter than
-    MIN_REMOTE_TOKEN characters (one anyone on the network could guess), else None."""
+    """A located problem when the API would listen beyond loopback with a token anyone on the
+    network could guess: shorter than MIN_REMOTE_TOKEN characters, or scoring under
+    token_strength.MIN_BITS (optimizer/daemon/token_strength.py), else None."""
     weak = _weak_token(config)
     if weak is None:
         return None

@@ -12,6 +12,7 @@ from optimizer.store import AttemptRecord, JobRecord, Store
 from optimizer.store.tables import TERMINAL_JOB_STATES
 from policies import advice
 from policies.engine import Ranking
+from policies.schedule import effective
 from policies.schema import Policy
 
 # Samples read per job at most: a year of hourly rows, or a week of minutes, per attempt.
@@ -19,8 +20,11 @@ MAX_SAMPLES = 100_000
 
 
 def job_advice(store: Store, job: JobRecord, policy: Policy, now: datetime) -> advice.Advice:
-    """The advice for `job` under `policy` (the one it runs under) at `now`."""
+    """The advice for `job` under `policy` (the one it runs under, as written) at `now`: the
+    ranking and the wording are those of the policy in force then (its schedule window's
+    markets, bid, placement and rank_by)."""
     assert job.id is not None
+    policy = effective(policy, now)
     rows = store.telemetry.samples(job_id=job.id, limit=MAX_SAMPLES)
     used = advice.usage(
         advice.Sample(r.span_s, r.util_mean, r.memory_used_gib_max, r.gpus, r.simulated)

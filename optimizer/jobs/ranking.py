@@ -26,6 +26,7 @@ from optimizer.store.jobs import Pool
 from policies import budget as budget_model
 from policies import risk
 from policies.engine import Candidate, Ranking, evaluate
+from policies.schedule import effective
 from policies.schema import Policy
 
 
@@ -53,13 +54,17 @@ def launch_ranking(
     replacing: int | None = None,
     window: ProbeWindow = DEFAULT_WINDOW,
 ) -> LaunchRanking:
-    """Rank the latest offers under `policy` as a launch does (module docstring).
+    """Rank the latest offers under the policy in force at `now` as a launch does (module
+    docstring): `policy` as written, or already in force (a plain policy is its own).
 
     `avoid`: pools this launch keeps away from besides those in cooldown; `replacing`: the
     job about to launch its next attempt (its own live attempt is being replaced, see
     optimizer.jobs.budget.committed); `window`: which probe results the measured figures
     and the demotions come from (optimizer.jobs.measured).
     """
+    # Every surface ranks through here (the launcher, /offers, the console, the advice), so
+    # each sees the schedule window in force, whatever it was handed.
+    policy = effective(policy, now)
     held = set(avoid) | store.jobs.cooled_pools(now)
     # An attempt records the zone its instance landed in, but a regional offer (on-demand
     # prices are per region) has no zone: avoid the offer's own, regional pool too.

@@ -1,19 +1,22 @@
 """Signing in to the console: `/ui/login` takes the daemon's API token and sets the session
 cookie (HttpOnly, SameSite=Strict, Path=/ui, Secure when the request came over TLS, directly
-or through a proxy uvicorn trusts); `/ui/logout` clears it. Every other console page asks for
+or through a proxy uvicorn trusts); `/ui/logout` clears it. Wrong tokens count against the
+client's address with the API's wrong bearer tokens (optimizer/api/throttle.py): a throttled
+address gets 429 and the form again, whatever token it sent. Every other console page asks for
 the cookie (`PageSession`: a page without it redirects to the login page; `DataSession`: a
 data endpoint answers 401), and every form that changes something carries the session's
 CSRF token (`check_csrf`)."""
 
 from __future__ import annotations
 
-import hmac
 from typing import Annotated
 from urllib.parse import parse_qs, quote
 
 from fastapi import APIRouter, Depends, HTTPException, Request, status
 from fastapi.responses import RedirectResponse, Response
 
+from optimizer.api.auth import Outcome, check_token
+from optimizer.api.gate import client_address
 from optimizer.api.state import ApiState, StateDep
 from optimizer.ui import session as sessions
 from optimizer.ui.render import HEADERS, html
@@ -98,10 +101,23 @@ async def login(request: Request, state: StateDep) -> Response:
     """Check the token; right: set the session cookie and go on; wrong: the form again with
     an error, and no cookie."""
     fields = await form(request)
-    given = fields.get("token", "").strip().encode()
-    expected = state.token.get_secret_value().encode()
+    given = fields.get("token", "").strip()
     target = safe_next(fields.get("next"))
-    if not given or not hmac.compare_digest(given, expected):
+    # An empty field counts as a wrong token: the form was sent, so it is a sign-in attempt.
+    verdict = check_token(state, client_address(request.scope), given, missing_counts=True)
+    if verdict.outcome is Outcome.THROTTLED:
+        wait = verdict.retry_after_s
+        answer = html(
+            request,
+            "login.html",
+            status_code=429,
+            next=target,
+            error=f"Too many wrong tokens from your address: try again in {wait} s.",
+            title="Sign in",
+        )
+        answer.headers["Retry-After"] = str(wait)
+        return answer
+    if verdict.outcome is not Outcome.PASSED:
         return html(
             request,
             "login.html",

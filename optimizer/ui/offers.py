@@ -11,6 +11,7 @@ from optimizer.daemon.policies import LoadedPolicy
 from optimizer.jobs.ranking import launch_ranking
 from optimizer.model import Offer
 from policies.engine import Candidate, Ranking, Rejection
+from policies.schedule import window_at
 
 CANDIDATES_SHOWN = 50
 PER_RULE_SHOWN = 50
@@ -27,6 +28,7 @@ class RuleGroup:
 @dataclass(frozen=True, slots=True)
 class OffersPage:
     policy: LoadedPolicy
+    window: str | None  # the schedule window in force, whose values the ranking used
     ranking: Ranking
     held_back: int
     query: str
@@ -59,9 +61,10 @@ def matches(query: str, offer: Offer, reason: str = "") -> bool:
 def offers_page(
     state: ApiState, loaded: LoadedPolicy, query: str = "", rule: str | None = None
 ) -> OffersPage:
-    found = launch_ranking(
-        state.store, loaded.name, loaded.policy, state.clock(), window=state.probe_window
-    )
+    now = state.clock()
+    # launch_ranking ranks the policy in force now (the schedule window's values), as /offers.
+    found = launch_ranking(state.store, loaded.name, loaded.policy, now, window=state.probe_window)
+    window = window_at(loaded.policy.schedule, now)
     ranking = found.ranking
     candidates = [c for c in ranking.candidates if matches(query, c.offer)]
     groups = []
@@ -72,6 +75,7 @@ def offers_page(
         groups.append(RuleGroup(name, count, len(kept), kept[:PER_RULE_SHOWN]))
     return OffersPage(
         policy=loaded,
+        window=None if window is None else window.name,
         ranking=ranking,
         held_back=found.held_back,
         query=query,

@@ -62,11 +62,14 @@ def issue(token: str, now: datetime, lifetime_s: int = LIFETIME_S) -> tuple[str,
 
 def verify(token: str, value: str | None, now: datetime) -> Session | None:
     """The session a cookie value stands for; None when it is missing, altered, malformed or
-    expired (or was issued under another token)."""
-    if not value or value.count(".") != 1 or len(value) > 512:
+    expired (or was issued under another token). Any text is only that: a value we never
+    issue (non-ASCII included) is no session, never an error."""
+    if not value or not value.isascii() or value.count(".") != 1 or len(value) > 512:
         return None
     body, mac = value.split(".")
-    if not hmac.compare_digest(mac, _mac(_key(token), b"session:", body.encode())):
+    if not hmac.compare_digest(
+        mac.encode(), _mac(_key(token), b"session:", body.encode()).encode()
+    ):
         return None
     try:
         data = json.loads(_unb64(body))
@@ -84,4 +87,9 @@ def csrf_token(token: str, session: Session) -> str:
 
 
 def csrf_ok(token: str, session: Session, given: str | None) -> bool:
-    return bool(given) and hmac.compare_digest(str(given), csrf_token(token, session))
+    """`given` is the session's CSRF token (any text compared as UTF-8 bytes: a non-ASCII
+    one is only wrong, since compare_digest refuses non-ASCII str)."""
+    if not given:
+        return False
+    expected = csrf_token(token, session).encode()
+    return hmac.compare_digest(str(given).encode("utf-8", "surrogateescape"), expected)
