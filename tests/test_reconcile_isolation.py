@@ -11,6 +11,7 @@ is written straight into the store, past every validation, as an older daemon wo
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import update
@@ -20,6 +21,7 @@ from optimizer.daemon.config import ProviderConfig
 from optimizer.daemon.providers import ProviderHandle
 from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.reconcile import JobReconciler
+from optimizer.jobs.windows import WindowWatch
 from optimizer.model import EventKind
 from optimizer.store import Store
 from optimizer.store.tables import Job, JobRecord
@@ -182,3 +184,40 @@ def test_a_policy_that_overflows_is_skipped_with_an_event_and_the_others_go_on(
     assert len(skipped) == 1, [e.message for e in skipped]
     assert skipped[0].policy == "bad" and skipped[0].data is not None
     assert "OverflowError" in skipped[0].data["reason"]
+
+
+def test_a_policy_whose_ranking_overflows_does_not_keep_another_policys_window_event(
+    store: Store,
+) -> None:
+    """The schedule-window watch judges each policy at its boundary: one that raises there
+    (`max_price_age_hours: 1e300`, loaded before the bounds) leaves the others' events be."""
+    opens = datetime(2026, 1, 16, 8, 0, tzinfo=UTC)  # office hours open, 09:00 CET
+    schedule = (
+        "schedule: {timezone: Europe/Berlin, windows: [{name: office-hours, "
+        'days: [mon, tue, wed, thu, fri], hours: "09:00-18:00", markets: [on_demand]}]}\n'
+    )
+    good = parse_policy(TEXT.format(name="good") + schedule)
+    bad = parse_policy(TEXT.format(name="bad") + schedule).model_copy(
+        update={"max_price_age_hours": 1e300}
+    )
+    offer = make_offer(observed_at=opens)
+    store.prices.record_offers([offer])
+    for name in ("bad", "good"):  # "bad" is judged first
+        job = store.jobs.add_job(name, name, SPEC, at=opens)
+        store.jobs.transition_job(job, expected="pending", state="running", reason="", at=opens)
+        store.jobs.create_attempt(job, 1, f"{name}-1", offer, "sha", opens)
+    watch = WindowWatch()
+    for now in (opens - timedelta(minutes=5), opens + timedelta(seconds=30)):
+        watch(
+            ReconcileContext(
+                now=now,
+                jobs=tuple(store.jobs.live_jobs()),
+                policies={"bad": InForce(bad), "good": InForce(good)},
+                store=store,
+                providers={},
+                emitter=Drafter(),
+                clock=ManualClock(now),
+            )
+        )
+    changed = store.events.of_kind(EventKind.POLICY_WINDOW_CHANGED, opens - timedelta(hours=1))
+    assert [e.policy for e in changed] == ["good"]

@@ -20,11 +20,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from sqlalchemy import select
-from sqlalchemy.exc import InterfaceError, OperationalError
 
 from optimizer.costs.billing import rule_for
 from optimizer.jobs.bootstrap import AgentSettings
-from optimizer.jobs.context import ReconcileContext
+from optimizer.jobs.context import UNREACHABLE, ReconcileContext
 from optimizer.jobs.gang import fold, head_number
 from optimizer.jobs.launch import Launcher, LaunchOutcome
 from optimizer.jobs.machine import (
@@ -77,8 +76,6 @@ log = logging.getLogger(__name__)
 STOP_GRACE = timedelta(seconds=45)
 Asked = Literal["asked", "failed", "unavailable"]
 FAILURES = frozenset(f.value for f in Failure)  # end reasons a strategy counts as failures
-# The database out of reach: no one job's fault, so the pass ends rather than failing jobs.
-UNREACHABLE = (OperationalError, InterfaceError)
 
 
 class JobReconciler:
