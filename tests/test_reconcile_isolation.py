@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import update
 
 from optimizer.clock import ManualClock
@@ -27,7 +29,15 @@ from optimizer.store import Store
 from optimizer.store.tables import Job, JobRecord
 from policies.loader import parse_policy
 from policies.schema import Policy
-from tests.helpers import make_offer
+from tests.helpers import (
+    api,
+    make_config,
+    make_offer,
+    policy_text,
+    running,
+    wait_until,
+    write_policy,
+)
 from tests.helpers.cancel import NOW, FakeCloud, InForce
 from tests.helpers.jobs import Drafter
 
@@ -221,3 +231,36 @@ def test_a_policy_whose_ranking_overflows_does_not_keep_another_policys_window_e
         )
     changed = store.events.of_kind(EventKind.POLICY_WINDOW_CHANGED, opens - timedelta(hours=1))
     assert [e.policy for e in changed] == ["good"]
+
+
+@pytest.mark.usefixtures("daemon_env")
+def test_a_daemon_started_over_a_poisoned_job_cancels_and_removes_through_the_api(
+    tmp_path: Path,
+) -> None:
+    """A job stored with `max_duration: 1e300` before the bounds: the daemon that starts over
+    that database still decides every other job's cancel, and the bad job can be removed."""
+    write_policy(tmp_path / "policies", "small.yaml", policy_text("small", memory=16))
+    config = make_config(tmp_path)
+    earlier = Store(config.effective_database_url)
+    earlier.create_all()
+    earlier.jobs.add_job("bad", "small", POISON)  # what an older daemon stored
+    earlier.close()
+    job = {"name": "good", "policy": "small", "run": "x", "checkpoint_dir": "/c"}
+    with running(config) as daemon, api(daemon) as client:
+        assert client.post("/jobs", json=job).status_code == 201
+        assert client.post("/jobs/good/cancel").status_code == 200
+        states = wait_until(
+            lambda: (
+                found
+                if (found := {j["name"]: j["state"] for j in client.get("/jobs").json()["jobs"]})
+                == {"bad": "failed", "good": "cancelled"}
+                else None
+            ),
+            what="the good job cancelled and the bad one failed",
+        )
+        assert states == {"bad": "failed", "good": "cancelled"}
+        bad = client.get("/jobs/bad").json()
+        assert "could not be reconciled" in bad["reason"], bad["reason"]
+        removed = client.delete("/jobs/bad")
+        assert removed.status_code == 200, removed.text
+        assert client.get("/jobs/bad").status_code == 404
