@@ -174,6 +174,8 @@ class JobReconciler:
         """Log a step that raised: with its traceback the first time, then once per change."""
         said = f"{what}: {describe_error(exc)}"
         if said not in self._complaints:
+            if len(self._complaints) >= 1000:  # a bound on what is remembered, not on logging
+                self._complaints.clear()
             self._complaints.add(said)
             log.error("reconcile: %s", said, exc_info=exc)
 
