@@ -231,6 +231,7 @@ class EventKind(StrEnum):
     POLICY_REMOVED = "policy.removed"
     POLICY_KEPT = "policy.kept"
     POLICY_WINDOW_CHANGED = "policy.window_changed"
+    POLICY_SKIPPED = "policy.skipped"
     # Price polling and providers
     POLL_FAILED = "poll.failed"
     POLL_RECOVERED = "poll.recovered"

@@ -6,6 +6,7 @@ anything runs. `policy.schema.json` is generated from these models (`gpuopt poli
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal
 
@@ -22,6 +23,15 @@ from pydantic.json_schema import WithJsonSchema
 from pydantic_core import PydanticCustomError, ValidationError
 
 from optimizer import hardware
+from optimizer.common.bounds import (
+    MAX_DURATION_H,
+    MAX_DURATION_S,
+    Count,
+    Hours,
+    Minutes,
+    Tflops,
+    Usd,
+)
 from policies import regions, sizing, windows
 
 API_VERSION = "gpuopt/v1"
@@ -70,7 +80,8 @@ FabricNeed = Literal["any", "fast", "efa", "gpudirect-tcpx", "gpudirect-tcpxo", 
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # allow_inf_nan=False: NaN and infinity are never a number a policy means.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class ModelSpec(_Strict):
@@ -111,7 +122,7 @@ class Workload(_Strict):
         description="Derive per-GPU memory from a model; with gpu_memory_gib the larger wins.",
         examples=[{"parameters": "7B", "precision": "bf16", "optimizer": "adamw"}],
     )
-    min_tflops: dict[Dtype, float] = Field(
+    min_tflops: dict[Dtype, Tflops] = Field(
         default_factory=dict,
         description="Whole-node dense TFLOPS per dtype, before the buffer.",
         examples=[{"bf16": 100}],
@@ -131,8 +142,8 @@ class Workload(_Strict):
         description="Only these GPU models (canonical names or aliases).",
         examples=[["A100-80GB", "H100-80GB"]],
     )
-    cpu_memory_gib: float = Field(0, ge=0, description="Host RAM per node, GiB.")
-    vcpus: int = Field(0, ge=0, description="vCPUs per node.")
+    cpu_memory_gib: float = Field(0, ge=0, le=1 << 16, description="Host RAM per node, GiB.")
+    vcpus: Count = Field(0, ge=0, description="vCPUs per node.")
 
     @field_validator("min_tflops")
     @classmethod
@@ -194,8 +205,8 @@ class Workload(_Strict):
 class Bid(_Strict):
     """Price caps; each optional."""
 
-    max_usd_per_hour: float | None = Field(None, gt=0, description="Whole instance, USD/h.")
-    max_usd_per_gpu_hour: float | None = Field(None, gt=0, description="USD per GPU-hour.")
+    max_usd_per_hour: Usd | None = Field(None, gt=0, description="Whole instance, USD/h.")
+    max_usd_per_gpu_hour: Usd | None = Field(None, gt=0, description="USD per GPU-hour.")
     max_fraction_of_on_demand: float | None = Field(
         None,
         gt=0,
@@ -249,7 +260,7 @@ class Placement(_Strict):
 
 
 class Budget(_Strict):
-    monthly_usd: float | None = Field(None, gt=0, description="Spend cap per month, USD.")
+    monthly_usd: Usd | None = Field(None, gt=0, description="Spend cap per month, USD.")
     hours_per_month: float | None = Field(
         None,
         gt=0,
@@ -270,26 +281,26 @@ class Recovery(_Strict):
         description="The recovery strategy: failover (the default) or eager-on-demand.",
         json_schema_extra={"enum": list(RECOVERY_STRATEGIES)},
     )
-    max_restarts: int = Field(20, ge=0, description="Relaunches before the job fails.")
-    pool_cooldown_minutes: float = Field(
+    max_restarts: Count = Field(20, ge=0, description="Relaunches before the job fails.")
+    pool_cooldown_minutes: Minutes = Field(
         10,
         ge=0,
         description="Minutes a pool sits out after it failed an attempt or had no capacity.",
     )
-    on_demand_after_interruptions: int = Field(
+    on_demand_after_interruptions: Count = Field(
         3,
         ge=0,
         description="Interruptions within the window that move a job to on-demand; 0: never.",
     )
-    on_demand_window_minutes: float = Field(
+    on_demand_window_minutes: Minutes = Field(
         60,
         gt=0,
         description="Minutes in which interruptions count; the on-demand fallback lasts as long.",
     )
-    quota_cooldown_minutes: float = Field(
+    quota_cooldown_minutes: Minutes = Field(
         60, ge=0, description="Minutes a pool sits out after a launch hit a quota."
     )
-    auth_cooldown_minutes: float = Field(
+    auth_cooldown_minutes: Minutes = Field(
         60, ge=0, description="Minutes a provider sits out after it refused our credentials."
     )
 
@@ -303,23 +314,40 @@ class Recovery(_Strict):
 
 
 # Durations: a number with a unit, `s`, `m` or `h` (`90s`, `30m`, `72h`); a bare number is
-# seconds (what a stored spec holds). Windows as short as 10 s keep drills quick.
+# seconds (what a stored spec holds). Windows as short as 10 s keep drills quick; ten years
+# (87600h, optimizer/common/bounds.py) is the longest, so a time plus a duration always fits
+# in a datetime.
 DURATION_PATTERN = r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(s|m|h)\s*$"
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 MIN_WINDOW_S = 10.0
+MAX_DURATION_TEXT = f"{MAX_DURATION_H}h (10 years)"
 
 
 def parse_duration(value: Any) -> Any:
     """`30m` → 1800.0 (seconds); a number passes as seconds; anything else is left for the
-    field's own check to reject."""
+    field's own check to reject. NaN, infinity and anything longer than ten years are
+    refused here, before a number too large for a float reaches one."""
     if isinstance(value, str):
         match = re.fullmatch(DURATION_PATTERN, value)
         if match is None:
             raise ValueError(f"{value!r} is not a duration: write a number and s, m or h (30m)")
-        return float(match.group(1)) * _UNITS[match.group(2)]
-    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    elif isinstance(value, int) and not isinstance(value, bool):
+        # Compared as integers: 10**4000 is no float.
+        if value > MAX_DURATION_S:
+            raise ValueError(f"must be at most {MAX_DURATION_TEXT}")
+        if value < 0:
+            raise ValueError("must not be negative")
         return float(value)
-    return value
+    elif isinstance(value, float):
+        if math.isnan(value):
+            raise ValueError("must be a finite number")
+        seconds = value
+    else:
+        return value
+    if not seconds <= MAX_DURATION_S:
+        raise ValueError(f"must be at most {MAX_DURATION_TEXT}")
+    return seconds
 
 
 Duration = Annotated[
@@ -329,7 +357,7 @@ Duration = Annotated[
         {
             "anyOf": [
                 {"type": "string", "pattern": DURATION_PATTERN},
-                {"type": "number", "description": "seconds"},
+                {"type": "number", "description": "seconds", "maximum": MAX_DURATION_S},
             ]
         }
     ),
@@ -341,7 +369,12 @@ class UtilizationRule(_Strict):
     `for` was below `below` (docs/policies.md, Utilization), raise an alert or stop the job."""
 
     model_config = ConfigDict(
-        extra="forbid", frozen=True, strict=True, populate_by_name=True, serialize_by_alias=True
+        extra="forbid",
+        frozen=True,
+        strict=True,
+        allow_inf_nan=False,
+        populate_by_name=True,
+        serialize_by_alias=True,
     )
 
     below: float = Field(gt=0, le=1, description="Utilization threshold, 0 < below <= 1.")
@@ -388,11 +421,11 @@ class Migration(_Strict):
         description="A job on on-demand returns to spot once an allowed spot offer has been "
         "available this long (30m).",
     )
-    max_per_day: int = Field(4, ge=1, description="Moves per job in any 24 hours.")
+    max_per_day: Count = Field(4, ge=1, description="Moves per job in any 24 hours.")
     min_runtime: Duration = Field(
         600, ge=0, description="A job moves only once its attempt has run this long."
     )
-    disruption_budget: int = Field(
+    disruption_budget: Count = Field(
         1, ge=1, description="At most this many of the policy's jobs moving at once."
     )
 
@@ -539,6 +572,7 @@ class Policy(_Strict):
         extra="forbid",
         frozen=True,
         strict=True,
+        allow_inf_nan=False,
         populate_by_name=True,
         json_schema_extra={"title": "gpuopt policy (gpuopt/v1)"},
     )
@@ -564,7 +598,7 @@ class Policy(_Strict):
         description="price | price_per_tflop | price_per_tbps | expected_cost (price grown "
         "by the pool's interruption risk times the job's restart overhead).",
     )
-    max_price_age_hours: float | None = Field(
+    max_price_age_hours: Hours | None = Field(
         None, gt=0, description="Reject prices observed longer ago than this."
     )
     bid: Bid = Field(default_factory=Bid, examples=[{"max_usd_per_gpu_hour": 2.5}])

@@ -28,6 +28,7 @@ TITLES: dict[str, str] = {
     EventKind.POLICY_REMOVED: "Policy removed",
     EventKind.POLICY_KEPT: "Deleted policy kept in force",
     EventKind.POLICY_WINDOW_CHANGED: "Policy schedule window changed",
+    EventKind.POLICY_SKIPPED: "Policy skipped by the reconciler",
     EventKind.POLL_FAILED: "Price poll failing",
     EventKind.POLL_RECOVERED: "Price poll recovered",
     EventKind.PROVIDER_DISABLED: "Provider disabled",

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from optimizer.alerts.channel import check_url
 from optimizer.alerts.channels import CHANNEL_TYPES, secret_problem
 from optimizer.alerts.routing import Route
+from optimizer.common.bounds import Hours, Seconds
 
 CHANNEL_NAME = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 MIN_SECRET_CHARS = 16
@@ -23,7 +24,7 @@ ALERTS_EXAMPLE = {"channels": _CHANNELS_EXAMPLE, "routes": _ROUTES_EXAMPLE}
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def _usable_url(value: SecretStr) -> SecretStr:
@@ -80,9 +81,9 @@ class RetryConfig(_Section):
     times a random factor in [0.5, 1]; an alert fails after max_attempts or max_age_hours."""
 
     max_attempts: int = Field(12, ge=1, le=100)
-    max_age_hours: float = Field(24, gt=0)
-    base_s: float = Field(5, gt=0)
-    max_s: float = Field(900, gt=0)
+    max_age_hours: Hours = Field(24, gt=0)
+    base_s: Seconds = Field(5, gt=0)
+    max_s: Seconds = Field(900, gt=0)
     timeout_s: float = Field(10, gt=0, le=120)
     batch: int = Field(50, ge=1, le=1000)
 

@@ -44,6 +44,7 @@ _MESSAGES = {
     "less_than_equal": "must be <= {le}",
     "int_type": "must be a whole number",
     "float_type": "must be a number",
+    "finite_number": "must be a finite number",
     "string_type": "must be text",
     "bool_type": "must be true or false",
     "too_short": "must not be empty",

@@ -34,6 +34,7 @@ from pydantic_settings import (
 )
 
 from optimizer.alerts.config import ALERTS_EXAMPLE, AlertsConfig
+from optimizer.common.bounds import Count, Days, Seconds
 from optimizer.common.documents import Checked, check_file
 from optimizer.common.errors import LocatedError, Problem
 from optimizer.common.validation import findings, in_file_order
@@ -58,7 +59,8 @@ class ConfigError(LocatedError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Numbers are bounded (optimizer/common/bounds.py); NaN and infinity are never one.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ProviderConfig(_Section):
@@ -66,8 +68,8 @@ class ProviderConfig(_Section):
 
     enabled: bool = True
     regions: list[str] = Field(default_factory=list, examples=[["us-east-1", "eu-west-1"]])
-    spot_interval_s: float = Field(600, ge=1, description="Spot prices: every 10 minutes.")
-    on_demand_interval_s: float = Field(
+    spot_interval_s: Seconds = Field(600, ge=1, description="Spot prices: every 10 minutes.")
+    on_demand_interval_s: Seconds = Field(
         86_400, ge=1, description="On-demand prices and specs: daily."
     )
     project: str | None = Field(None, description="GCP only: the project (GPUOPT_GCP_PROJECT).")
@@ -96,11 +98,11 @@ class ApiConfig(_Section):
 
 
 class LoopsConfig(_Section):
-    reconcile_s: float = Field(15, gt=0)
-    deliver_s: float = Field(5, gt=0)
-    watch_s: float = Field(2, gt=0)
-    retention_s: float = Field(3600, gt=0, description="Price history pruning (leader only).")
-    misfire_grace_s: float = Field(60, gt=0)
+    reconcile_s: Seconds = Field(15, gt=0)
+    deliver_s: Seconds = Field(5, gt=0)
+    watch_s: Seconds = Field(2, gt=0)
+    retention_s: Seconds = Field(3600, gt=0, description="Price history pruning (leader only).")
+    misfire_grace_s: Seconds = Field(60, gt=0)
 
 
 class LeaderConfig(_Section):
@@ -127,8 +129,8 @@ class LeaderConfig(_Section):
 class RetentionConfig(_Section):
     """How long price history is kept: raw points, then hourly min/median/max per pool."""
 
-    raw_days: float = Field(14, gt=0, description="Raw price points are kept this long.")
-    hourly_days: float = Field(
+    raw_days: Days = Field(14, gt=0, description="Raw price points are kept this long.")
+    hourly_days: Days = Field(
         400, gt=0, description="History reaches back this far, hourly past raw_days."
     )
     batch_rows: int = Field(
@@ -202,7 +204,7 @@ class ProbesConfig(_Section):
         le=100,
         description="Measured figures are medians of each type's last N usable probe results.",
     )
-    demote_failed: int = Field(
+    demote_failed: Count = Field(
         DEFAULT_DEMOTE_FAILED,
         ge=1,
         description="This many failures among a type's last N probes demote it on a provider.",
@@ -403,7 +405,7 @@ def _default_providers() -> dict[str, ProviderConfig]:
 class ConfigSchema(BaseModel):
     """Every key the config file may hold (the file alone is validated against this)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     data_dir: Path | None = None
     database_url: SecretStr | None = None
@@ -459,7 +461,11 @@ class DaemonConfig(BaseSettings, ConfigSchema):
     """The effective config: file values with `GPUOPT_*` variables on top."""
 
     model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+        allow_inf_nan=False,
     )
     _source: str | None = PrivateAttr(None)
 

@@ -13,12 +13,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from sqlalchemy.exc import InterfaceError, OperationalError
+
 from optimizer.clock import Clock
 from optimizer.model import EventKind
 from optimizer.store import Store
 from optimizer.store.tables import JobRecord, NewEvent
 from policies.schema import Policy
 from providers.base import Provider
+
+# The database out of reach: no one job's or policy's fault, so a reconciler lets it end the
+# pass (the next pass tries again) instead of failing or skipping what it was handling.
+UNREACHABLE = (OperationalError, InterfaceError)
 
 
 class PolicyInForce(Protocol):
@@ -75,4 +81,11 @@ class Reconciler(Protocol):
     def __call__(self, ctx: ReconcileContext) -> None: ...
 
 
-__all__ = ["EventDrafter", "PolicyInForce", "ProviderHandle", "ReconcileContext", "Reconciler"]
+__all__ = [
+    "UNREACHABLE",
+    "EventDrafter",
+    "PolicyInForce",
+    "ProviderHandle",
+    "ReconcileContext",
+    "Reconciler",
+]

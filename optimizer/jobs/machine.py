@@ -376,6 +376,40 @@ GCP_PREEMPT_WARNING = timedelta(seconds=30)
 DEFAULT_WARNING = timedelta(minutes=2)
 
 
+def unmanageable(job: JobView, attempt: AttemptView | None, why: str) -> Decision:
+    """A job whose reconciling raised (a stored spec or a policy the daemon cannot work with,
+    `why`): it fails, saying why, or ends cancelled when a cancel was asked, and its instance
+    goes either way, so one job that cannot be handled never holds up the others, never runs
+    on unwatched and can always be cancelled and removed."""
+    if job.state in TERMINAL:
+        return Decision(job.state)
+    gone: tuple[Action, ...] = ()
+    if attempt is not None and not attempt.instance_gone:
+        gone = (Terminate(attempt.key, "job could not be reconciled"),)
+    if job.cancel_requested:
+        return Decision(
+            JobState.CANCELLED,
+            "cancelled by request",
+            (
+                *gone,
+                Alert(
+                    EventKind.JOB_CANCELLED,
+                    "info",
+                    f"job {job.name} cancelled (was {job.state.value}); it could not be "
+                    f"reconciled: {why}",
+                ),
+            ),
+            end_attempt="user" if attempt is not None else None,
+        )
+    reason = f"could not be reconciled: {why}"
+    return Decision(
+        JobState.FAILED,
+        reason,
+        (*gone, Alert(EventKind.JOB_FAILED, "error", f"job {job.name} {reason}")),
+        end_attempt="failed" if attempt is not None else None,
+    )
+
+
 def power_off_time(notice: Mapping[str, Any], noticed_at: datetime) -> datetime | None:
     """When the instance a notice announces goes away (None: a rebalance hint, it stays).
 

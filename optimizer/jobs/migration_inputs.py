@@ -66,6 +66,16 @@ class Inputs:
     jobs: tuple[RunningJob, ...]
     markets: Mapping[str, PolicyMarket]
     policies: Mapping[str, Policy]  # the policy in force of each market, as ranked
+    # Policies (by name) and jobs (by id) left out of this pass because reading them raised,
+    # with why: one bad policy or job never stops the others' moves.
+    skipped_policies: Mapping[str, str] = field(default_factory=dict)
+    skipped_jobs: Mapping[int, str] = field(default_factory=dict)
+
+
+def why(exc: BaseException) -> str:
+    """An exception in a line, for an event or a log line."""
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= 300 else text[:299] + "…"
 
 
 @dataclass
@@ -200,19 +210,28 @@ def gather(
     migration enabled (the pass reads nothing more then)."""
     overheads = overheads or Overheads()
     forced: dict[str, Policy] = {}
-    for name in {j.policy for j in jobs}:
+    settings: dict[str, MigrationSettings] = {}
+    skipped: dict[str, str] = {}
+    skipped_jobs: dict[int, str] = {}
+    for name in sorted({j.policy for j in jobs}):
         loaded = policies.get(name)
-        if loaded is not None:
+        if loaded is None:
+            continue
+        try:
             now_policy = in_force(loaded, now)
             if now_policy.migration.enabled:
+                settings[name] = MigrationSettings.of(now_policy)
+                _ = now - settings[name].lookback  # a window the history can be read over
                 forced[name] = now_policy
+        except Exception as exc:  # this policy sits out; the others are gathered
+            settings.pop(name, None)
+            skipped[name] = why(exc)
     if not forced:
-        return None
+        return Inputs((), {}, {}, skipped) if skipped else None
     mine = [j for j in jobs if j.policy in forced]
     offers = store.prices.latest_offers()
     listed = {pool_of(o): o for o in offers}
     found = measured(store, probe_window)
-    settings = {name: MigrationSettings.of(p) for name, p in forced.items()}
     lookback = max(s.lookback for s in settings.values())
     cooldowns: dict[Pool, datetime] = {}
     for pool, until in store.jobs.cooldown_ends(now - lookback).items():
@@ -228,52 +247,31 @@ def gather(
         if moving(rows):
             in_motion[job.policy] += 1
             continue
-        current = running(job, rows)
-        if current is None or current.job_started_at is None:
-            continue
-        policy = forced[job.policy]
-        pool = offer_pool(current.pool, listed)
-        offer = listed.get(pool)
-        left, left_note = remaining(policy, job, rows, now)
-        if job.policy not in spent_by:
-            theirs_rows = [attempts.get(j.id, ()) for j in mine if j.policy == job.policy]
-            spent_by[job.policy] = overheads.of(store, job.policy, theirs_rows, now)
-        spent, spent_note = spent_by[job.policy]
-        strategy = strategy_for(policy, max_restarts=job.spec.get("max_restarts"))
-        history = tuple(
-            (Failure(a.end_reason), a.ended_at)
-            for a in rows
-            if a.end_reason in {f.value for f in Failure} and a.ended_at
-        )
-        fallback = strategy.while_pending(history, now).markets
-        running_jobs.append(
-            RunningJob(
-                id=job.id,
-                name=job.given_name,
-                policy=job.policy,
-                pool=pool,
-                usd_per_hour=offer.usd_per_hour if offer is not None else current.usd_per_hour,
-                running_since=current.started_at,
-                remaining=left,
-                remaining_note=left_note,
-                overhead=spent,
-                overhead_note=spent_note,
-                moved_at=tuple(a.ended_at for a in rows if a.end_reason == MIGRATED and a.ended_at),
-                spot_allowed="spot" in policy.markets
-                and (fallback is None or Market.SPOT in fallback),
+        try:
+            found_job = _running_job(
+                store, job, rows, mine, attempts, forced, listed, spent_by, overheads, now
             )
-        )
+        except Exception as exc:  # this job is not moved; the reconciler judges it itself
+            skipped_jobs[job.id] = why(exc)
+            continue
+        if found_job is not None:
+            running_jobs.append(found_job)
 
     markets: dict[str, PolicyMarket] = {}
     windows: list[tuple[Pool, datetime, datetime]] = []
     wanted: dict[str, list[Pool]] = {}
     for name, policy in forced.items():
         theirs = [j for j in running_jobs if j.policy == name]
-        ranking = evaluate(policy, offers, now, measured=found)
-        options = [Option(pool_of(c.offer), c.offer.usd_per_hour) for c in ranking.candidates]
-        refused = _refusals(policy, theirs, listed, offers, now, found)
         s = settings[name]
-        pools = _could_be_targets(options, theirs, refused, s)
+        try:
+            ranking = evaluate(policy, offers, now, measured=found)
+            options = [Option(pool_of(c.offer), c.offer.usd_per_hour) for c in ranking.candidates]
+            refused = _refusals(policy, theirs, listed, offers, now, found)
+            pools = _could_be_targets(options, theirs, refused, s)
+            window = window_name(policies[name], now)
+        except Exception as exc:  # this policy's jobs are not moved this pass
+            skipped[name] = why(exc)
+            continue
         pools = list(dict.fromkeys([*pools, *(j.pool for j in theirs)]))  # and their own
         wanted[name] = pools
         windows.extend((p, now - s.lookback, now) for p in pools)
@@ -285,8 +283,9 @@ def gather(
             history={},
             cooldowns=cooldowns,
             moving=in_motion[name],
-            window=window_name(policies[name], now),
+            window=window,
         )
+    running_jobs = [j for j in running_jobs if j.policy in markets]
     unique = list(dict.fromkeys(windows))
     read = store.prices.price_histories(unique, prior=True) if unique else []
     histories: dict[tuple[Pool, datetime], History] = {
@@ -305,7 +304,54 @@ def gather(
             moving=market.moving,
             window=market.window,
         )
-    return Inputs(tuple(running_jobs), markets, forced)
+    return Inputs(tuple(running_jobs), markets, forced, skipped, skipped_jobs)
+
+
+def _running_job(
+    store: Store,
+    job: JobRecord,
+    rows: Sequence[AttemptRecord],
+    mine: Sequence[JobRecord],
+    attempts: Mapping[int, Sequence[AttemptRecord]],
+    forced: Mapping[str, Policy],
+    listed: Mapping[Pool, Offer],
+    spent_by: dict[str, tuple[timedelta, str]],
+    overheads: Overheads,
+    now: datetime,
+) -> RunningJob | None:
+    """The job as the migration pass sees it, when it runs healthy on its attempt."""
+    current = running(job, rows)
+    if current is None or current.job_started_at is None:
+        return None
+    policy = forced[job.policy]
+    pool = offer_pool(current.pool, listed)
+    offer = listed.get(pool)
+    left, left_note = remaining(policy, job, rows, now)
+    if job.policy not in spent_by:
+        theirs_rows = [attempts.get(j.id, ()) for j in mine if j.policy == job.policy]
+        spent_by[job.policy] = overheads.of(store, job.policy, theirs_rows, now)
+    spent, spent_note = spent_by[job.policy]
+    strategy = strategy_for(policy, max_restarts=job.spec.get("max_restarts"))
+    history = tuple(
+        (Failure(a.end_reason), a.ended_at)
+        for a in rows
+        if a.end_reason in {f.value for f in Failure} and a.ended_at
+    )
+    fallback = strategy.while_pending(history, now).markets
+    return RunningJob(
+        id=job.id,
+        name=job.given_name,
+        policy=job.policy,
+        pool=pool,
+        usd_per_hour=offer.usd_per_hour if offer is not None else current.usd_per_hour,
+        running_since=current.started_at,
+        remaining=left,
+        remaining_note=left_note,
+        overhead=spent,
+        overhead_note=spent_note,
+        moved_at=tuple(a.ended_at for a in rows if a.end_reason == MIGRATED and a.ended_at),
+        spot_allowed="spot" in policy.markets and (fallback is None or Market.SPOT in fallback),
+    )
 
 
 def _could_be_targets(

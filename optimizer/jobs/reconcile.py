@@ -14,7 +14,7 @@ out, with an alert.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -23,7 +23,7 @@ from sqlalchemy import select
 
 from optimizer.costs.billing import rule_for
 from optimizer.jobs.bootstrap import AgentSettings
-from optimizer.jobs.context import ReconcileContext
+from optimizer.jobs.context import UNREACHABLE, ReconcileContext
 from optimizer.jobs.gang import fold, head_number
 from optimizer.jobs.launch import Launcher, LaunchOutcome
 from optimizer.jobs.machine import (
@@ -47,6 +47,7 @@ from optimizer.jobs.machine import (
     handover,
     power_off_time,
     reclaim,
+    unmanageable,
 )
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow
 from optimizer.jobs.migration import Move, Plan, Reason, describe, plan
@@ -58,6 +59,7 @@ from optimizer.jobs.migration_inputs import (
     in_force_now,
     window_now,
 )
+from optimizer.jobs.migration_inputs import why as describe_error
 from optimizer.jobs.placements import release_placements
 from optimizer.jobs.recovery import Failure, Strategy, strategy_for
 from optimizer.jobs.utilization import Rules, Sample, rules_for, watch
@@ -106,6 +108,9 @@ class JobReconciler:
         # (attempt key, rule) -> the end of the window it last alerted on (read from the
         # events after a restart or a change of leader).
         self._alerted: dict[tuple[str, str], datetime | None] = {}
+        # What raised in a pass, already logged with its traceback (logged once each).
+        self._complaints: set[str] = set()
+        self._skipped: dict[str, str] = {}  # policy -> why the migration pass left it out
 
     def __call__(self, ctx: ReconcileContext) -> None:
         # Provider event queues (AWS EventBridge → SQS) are read by their own loop
@@ -118,11 +123,61 @@ class JobReconciler:
         open_keys = {a.key for rows in attempts.values() for a in rows if not a.ended}
         self._alerted = {k: v for k, v in self._alerted.items() if k[0] in open_keys}
         moves = {m.job_id: m for m in self._plan(ctx, live, attempts).moves}
+        # Each job on its own: one that raises is failed (or cancelled, when asked) with why,
+        # and the others go on (`machine.unmanageable`). The database going away is no one
+        # job's fault: the pass ends, and the next one tries again.
         for job in live:
-            self._job(ctx, job, attempts.get(job.id, []), moves.get(job.id))
-            self._flush(ctx)  # events of a job whose pass made no transition
-        self._clean_up(ctx)
-        release_placements(ctx, self.launcher.provider)  # of gangs that are over
+            try:
+                self._job(ctx, job, attempts.get(job.id, []), moves.get(job.id))
+                self._flush(ctx)  # events of a job whose pass made no transition
+            except UNREACHABLE:
+                raise
+            except Exception as exc:
+                self._unmanageable(ctx, job, exc)
+        try:
+            self._clean_up(ctx)
+            release_placements(ctx, self.launcher.provider)  # of gangs that are over
+        except UNREACHABLE:
+            raise
+        except Exception as exc:
+            self._complain("cleaning up ended attempts", exc)
+
+    # -- a job that cannot be handled ------------------------------------------------------------
+
+    def _unmanageable(self, ctx: ReconcileContext, job: JobRecord, exc: Exception) -> None:
+        """Fail (or cancel, when asked) a job whose handling raised, ending its attempt and
+        terminating its instance (`machine.unmanageable`); logged once, with the traceback."""
+        why = describe_error(exc)
+        log.error("job %s could not be reconciled: %s", job.name, why, exc_info=exc)
+        try:
+            attempts = ctx.store.jobs.attempts(job.id)
+            current = next((a for a in reversed(attempts) if not a.ended), None)
+            nodes = gang_rows(attempts, current)
+            current = nodes[0] if nodes else None
+            view = JobView(
+                id=job.id,
+                name=job.name,
+                state=JobState(job.state),
+                restarts=job.restarts,
+                cancel_requested=job.cancel_requested_at is not None,
+            )
+            attempt = None if current is None else attempt_view(current)
+            decision = unmanageable(view, attempt, why)
+            self._apply(ctx, job, current, decision, None, None, nodes=nodes)
+        except UNREACHABLE:
+            raise
+        except Exception as again:
+            self._buffer.clear()
+            self._complain(f"failing job {job.name}", again)
+
+    def _complain(self, what: str, exc: Exception) -> None:
+        """Log a step that raised: with its traceback the first time, then once per change."""
+        said = f"{what}: {describe_error(exc)}"
+        if said not in self._complaints:
+            if len(self._complaints) >= 1000:  # a bound on what is remembered, not on logging
+                self._complaints.clear()
+            self._complaints.add(said)
+            log.error("reconcile: %s", said, exc_info=exc)
 
     # -- observing ---------------------------------------------------------------------------
 
@@ -134,32 +189,42 @@ class JobReconciler:
             if a.instance_id:
                 by_provider.setdefault(a.provider, []).append(a)
         for provider, group in by_provider.items():
-            source = self.launcher.provider(ctx, provider)
-            if source is None:
-                continue
-            refs = [InstanceRef(a.provider, a.region, a.zone, a.instance_id or "") for a in group]
             try:
-                statuses = source.describe(refs)
-            except ProviderError as exc:
-                log.warning("describe on %s failed: %s", provider, exc)
-                continue
-            by_instance = {a.instance_id: a for a in group}
-            for status in statuses:
-                attempt = by_instance[status.ref.instance_id]
-                launched = status.launched_at if attempt.launched_at is None else None
-                if status.state is InstanceState.TERMINATED:
-                    preempted = status.end_reason is EndReason.PREEMPTED
-                    ctx.store.jobs.record_billing(
-                        attempt.key,
-                        launched_at=launched,
-                        terminated_at=termination(ctx, attempt, status),
-                        # The cloud ended it; gpuopt's own terminate was recorded at the call.
-                        terminated_by="cloud" if preempted else None,
-                        instance_gone=True,
-                        preempted=preempted,
-                    )
-                elif launched is not None:
-                    ctx.store.jobs.record_billing(attempt.key, launched_at=launched)
+                self._describe_on(ctx, provider, group)
+            except UNREACHABLE:
+                raise
+            except Exception as exc:  # one provider's trouble never stops the others' describe
+                self._complain(f"describing instances on {provider}", exc)
+
+    def _describe_on(
+        self, ctx: ReconcileContext, provider: str, group: list[AttemptRecord]
+    ) -> None:
+        source = self.launcher.provider(ctx, provider)
+        if source is None:
+            return
+        refs = [InstanceRef(a.provider, a.region, a.zone, a.instance_id or "") for a in group]
+        try:
+            statuses = source.describe(refs)
+        except ProviderError as exc:
+            log.warning("describe on %s failed: %s", provider, exc)
+            return
+        by_instance = {a.instance_id: a for a in group}
+        for status in statuses:
+            attempt = by_instance[status.ref.instance_id]
+            launched = status.launched_at if attempt.launched_at is None else None
+            if status.state is InstanceState.TERMINATED:
+                preempted = status.end_reason is EndReason.PREEMPTED
+                ctx.store.jobs.record_billing(
+                    attempt.key,
+                    launched_at=launched,
+                    terminated_at=termination(ctx, attempt, status),
+                    # The cloud ended it; gpuopt's own terminate was recorded at the call.
+                    terminated_by="cloud" if preempted else None,
+                    instance_gone=True,
+                    preempted=preempted,
+                )
+            elif launched is not None:
+                ctx.store.jobs.record_billing(attempt.key, launched_at=launched)
 
     # -- moving running jobs ---------------------------------------------------------------------
 
@@ -170,22 +235,32 @@ class JobReconciler:
         attempts: dict[int, list[AttemptRecord]],
     ) -> Plan:
         """The pass's moves (migration.plan over what migration_inputs gathers); the moves it
-        holds back are logged once per reason."""
-        inputs = gather(
-            ctx.store,
-            live,
-            attempts,
-            {name: p.policy for name, p in ctx.policies.items()},
-            ctx.now,
-            overheads=self._overheads,
-            probe_window=self.probe_window,
-            in_force=self.in_force,
-            window_name=self.window_name,
-        )
-        if inputs is None:
-            self._held.clear()
+        holds back are logged once per reason. A policy or job that cannot be gathered is left
+        out (a `policy.skipped` event once per reason, for a policy), and a plan that raises
+        moves nothing this pass: the jobs themselves are still reconciled."""
+        try:
+            inputs = gather(
+                ctx.store,
+                live,
+                attempts,
+                {name: p.policy for name, p in ctx.policies.items()},
+                ctx.now,
+                overheads=self._overheads,
+                probe_window=self.probe_window,
+                in_force=self.in_force,
+                window_name=self.window_name,
+            )
+            if inputs is not None:
+                self._skip(ctx, inputs.skipped_policies, inputs.skipped_jobs, live)
+            if inputs is None or not inputs.markets:
+                self._held.clear()
+                return Plan()
+            decided = plan(inputs.jobs, inputs.markets, ctx.now)
+        except UNREACHABLE:
+            raise
+        except Exception as exc:
+            self._complain("planning moves", exc)
             return Plan()
-        decided = plan(inputs.jobs, inputs.markets, ctx.now)
         held = {h.job_id: f"{h.reason.value}: {h.why}" for h in decided.held}
         names = {j.id: j.name for j in live}
         for job_id, why in held.items():
@@ -193,6 +268,35 @@ class JobReconciler:
                 log.info("job %s: not moved yet (%s)", names.get(job_id, job_id), why)
         self._held = held
         return decided
+
+    def _skip(
+        self,
+        ctx: ReconcileContext,
+        policies: Mapping[str, str],
+        jobs: Mapping[int, str],
+        live: list[JobRecord],
+    ) -> None:
+        """Say once per reason that the migration pass left a policy (an event) or a job (a
+        log line: the job's own handling says the rest) out."""
+        names = {j.id: j.name for j in live}
+        for job_id, why in jobs.items():
+            self._complain(f"gathering job {names.get(job_id, job_id)} for moves", ValueError(why))
+        for name, why in policies.items():
+            if self._skipped.get(name) == why:
+                continue
+            self._skipped[name] = why
+            log.error("policy %s: its jobs are not moved: %s", name, why)
+            event = ctx.emitter.draft(
+                EventKind.POLICY_SKIPPED,
+                f"policy {name}: its running jobs are not moved, it could not be read: {why}",
+                severity="error",
+                policy=name,
+                data={"policy": name, "step": "migration", "reason": why},
+                dedupe_key=f"policy:{name}:skipped:{why}",
+            )
+            ctx.store.events.record_events([event], ctx.now)
+        for name in [n for n in self._skipped if n not in policies]:
+            del self._skipped[name]
 
     def _migrate(
         self,
@@ -442,11 +546,12 @@ class JobReconciler:
         job: JobRecord,
         current: AttemptRecord | None,
         decision: Decision,
-        policy: Policy,
-        strategy: Strategy,
+        policy: Policy | None,
+        strategy: Strategy | None,
         *,
         nodes: list[AttemptRecord] | None = None,
     ) -> None:
+        """Apply a decision; `policy` and `strategy` are needed only by one that launches."""
         events: list[NewEvent] = []
         launch: Launch | None = None
         # An action on a gang (named by its rank-0 key) is an action on each of its nodes.
@@ -488,6 +593,7 @@ class JobReconciler:
         state, reason = decision.state, decision.reason
         subject = current  # the attempt the transition is about
         if launch is not None:
+            assert policy is not None and strategy is not None, "a launch needs its policy"
             launched, why = self.launcher.walk(ctx, job, launch, policy, strategy)
             if launched:
                 state = JobState.PROVISIONING
@@ -579,53 +685,69 @@ class JobReconciler:
         attempts = ctx.store.jobs.open_attempts()
         opened = [a for a in attempts if not a.ended]
         for attempt in attempts:
-            if attempt.instance_id is None:
-                continue
-            if not attempt.ended and attempt.job_id not in live:
-                asked = self._terminate(ctx, attempt.key)
-                # Its end (and the time the provider reports for it) comes from describe; a
-                # failed call is asked again as a leftover.
-                gone = {"instance_gone": True} if asked == "unavailable" else {}
-                ctx.store.jobs.update_attempt(
-                    attempt.key, state="ended", ended_at=ctx.now, end_reason="user", **gone
-                )
-                continue
-            if not attempt.ended:
-                continue
-            # (A finished job's instance was terminated as it ended: skipped below once that
-            # call went through, asked again here when it failed.)
-            old = attempt_view(attempt, power_off_at=power_off_at(ctx.store, attempt))
-            if handing_over(old) and attempt.job_id in live:
-                job = jobs.get(attempt.job_id)
-                spec = job.spec if job is not None else {}
-                current = next((a for a in opened if a.job_id == attempt.job_id), None)
-                stop = handover(
-                    old,
-                    attempt_view(current) if current is not None else None,
-                    now=ctx.now,
-                    probes=spec.get("probes", "quick"),
-                    allowance=timedelta(seconds=float(spec.get("checkpoint_allowance_s") or 20.0)),
-                )
-                if stop is not None:
-                    ctx.store.jobs.update_attempt(attempt.key, stop_sent_at=ctx.now)
-                    log.info("stopping %s: %s", attempt.key, stop.reason)
-                continue  # its instance is left to the stop's grace
-            action = reclaim(
-                old,
-                stop_sent_at=attempt.stop_sent_at,
-                now=ctx.now,
-                grace=STOP_GRACE,
-                free_window=free_window(attempt),
-                preempting=preempting(ctx.store, attempt),
+            try:
+                self._clean_up_one(ctx, attempt, live, jobs, opened)
+            except UNREACHABLE:
+                raise
+            except Exception as exc:  # the other attempts are still cleaned up
+                self._complain(f"cleaning up attempt {attempt.key}", exc)
+
+    def _clean_up_one(
+        self,
+        ctx: ReconcileContext,
+        attempt: AttemptRecord,
+        live: set[int],
+        jobs: dict[int, JobRecord],
+        opened: list[AttemptRecord],
+    ) -> None:
+        """One attempt's part of `_clean_up`."""
+        if attempt.instance_id is None:
+            return
+        if not attempt.ended and attempt.job_id not in live:
+            asked = self._terminate(ctx, attempt.key)
+            # Its end (and the time the provider reports for it) comes from describe; a
+            # failed call is asked again as a leftover.
+            gone = {"instance_gone": True} if asked == "unavailable" else {}
+            ctx.store.jobs.update_attempt(
+                attempt.key, state="ended", ended_at=ctx.now, end_reason="user", **gone
             )
-            if isinstance(action, LeaveToCloud):
-                self._leave_to_cloud(ctx, attempt, action, jobs.get(attempt.job_id))
-            elif (
-                isinstance(action, Terminate)
-                and attempt.terminated_by != "gpuopt"  # else asked: describe brings the end
-                and self._terminate(ctx, attempt.key) == "unavailable"
-            ):
-                ctx.store.jobs.update_attempt(attempt.key, instance_gone=True)
+            return
+        if not attempt.ended:
+            return
+        # (A finished job's instance was terminated as it ended: skipped below once that
+        # call went through, asked again here when it failed.)
+        old = attempt_view(attempt, power_off_at=power_off_at(ctx.store, attempt))
+        if handing_over(old) and attempt.job_id in live:
+            job = jobs.get(attempt.job_id)
+            spec = job.spec if job is not None else {}
+            current = next((a for a in opened if a.job_id == attempt.job_id), None)
+            stop = handover(
+                old,
+                attempt_view(current) if current is not None else None,
+                now=ctx.now,
+                probes=spec.get("probes", "quick"),
+                allowance=timedelta(seconds=float(spec.get("checkpoint_allowance_s") or 20.0)),
+            )
+            if stop is not None:
+                ctx.store.jobs.update_attempt(attempt.key, stop_sent_at=ctx.now)
+                log.info("stopping %s: %s", attempt.key, stop.reason)
+            return  # its instance is left to the stop's grace
+        action = reclaim(
+            old,
+            stop_sent_at=attempt.stop_sent_at,
+            now=ctx.now,
+            grace=STOP_GRACE,
+            free_window=free_window(attempt),
+            preempting=preempting(ctx.store, attempt),
+        )
+        if isinstance(action, LeaveToCloud):
+            self._leave_to_cloud(ctx, attempt, action, jobs.get(attempt.job_id))
+        elif (
+            isinstance(action, Terminate)
+            and attempt.terminated_by != "gpuopt"  # else asked: describe brings the end
+            and self._terminate(ctx, attempt.key) == "unavailable"
+        ):
+            ctx.store.jobs.update_attempt(attempt.key, instance_gone=True)
 
     def _leave_to_cloud(
         self,

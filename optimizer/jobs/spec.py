@@ -15,9 +15,13 @@ max_restarts: 20               # optional; the policy's recovery.max_restarts ot
 checkpoint_allowance_s: 20     # optional: seconds the job needs to checkpoint after SIGTERM
 utilization:                   # optional: rules given here replace the policy's, rule by rule
   idle: {below: 0.05, for: 20m, action: stop}
-max_duration: 72h              # optional: replaces the policy's max_duration
+max_duration: 72h              # optional: replaces the policy's max_duration (at most 87600h)
 nodes: 2                       # optional: instances launched together (the policy's otherwise)
 ```
+
+Durations are at most ten years (87600h) and no number may be NaN or infinite, as in policies
+(optimizer/common/bounds.py): a spec that says otherwise is refused, by the CLI and with a 422
+naming the field by `POST /jobs`.
 """
 
 from __future__ import annotations
@@ -65,7 +69,9 @@ class JobSpecError(LocatedError):
 
 
 class JobSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, strict=True, allow_inf_nan=False, populate_by_name=True
+    )
 
     api_version: Literal["gpuopt/v1"] = Field("gpuopt/v1", alias="apiVersion")
     kind: Literal["Job"] = "Job"

@@ -17,12 +17,13 @@ transition per replica.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from optimizer.jobs.context import ReconcileContext
+from optimizer.jobs.context import UNREACHABLE, ReconcileContext
 from optimizer.jobs.machine import JobState
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow, measured
 from optimizer.jobs.ranking import pool_of
@@ -34,6 +35,8 @@ from policies.engine import Ranking, evaluate
 from policies.schedule import Change, Transition, apply, changes, name_of, transitions
 from policies.schema import Policy
 from policies.windows import zone
+
+log = logging.getLogger(__name__)
 
 # On its first pass for a policy (a start, a new leader, a new policy) the watch looks back
 # this far, so a boundary passed while no replica was watching is still alerted once.
@@ -164,7 +167,12 @@ class WindowWatch:
             # Several boundaries passed since the last look (a daemon that was down): one
             # event, from the window then to the window now, at the last boundary.
             edge = Transition(edges[-1].at, edges[0].before, edges[-1].after)
-            self._boundary(ctx, name, policy, edge)
+            try:
+                self._boundary(ctx, name, policy, edge)
+            except UNREACHABLE:
+                raise
+            except Exception:  # one policy's trouble never keeps the others' boundaries
+                log.exception("schedule window of policy %s could not be judged", name)
 
     def _boundary(self, ctx: ReconcileContext, name: str, policy: Policy, edge: Transition) -> None:
         schedule = policy.schedule
