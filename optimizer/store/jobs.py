@@ -520,9 +520,10 @@ class Jobs:
         What an attempt keeps is bounded: only its newest `heartbeat` and `gpu_telemetry` (a
         newer one replaces the row; the spans are stored per minute anyway), its first
         `job_started` and `job_exited` (a later one, under another id, changes nothing), and
-        at most MAX_AGENT_EVENTS_PER_ATTEMPT other rows' worth in all (past it an event is
-        neither kept nor folded in), each other row's data at most MAX_KEPT_DATA_CHARS. Every
-        event is acknowledged, kept or not, so an agent never sends one again for ever."""
+        an event of any other kind only while it holds fewer than MAX_AGENT_EVENTS_PER_ATTEMPT
+        rows (past that it is neither kept nor folded in). Bar those two, a row's data
+        is at most MAX_KEPT_DATA_CHARS. Every event is acknowledged, kept or not, so an agent
+        never sends one again for ever."""
         acked: list[str] = []
         dropped = 0
         with self._db.begin() as conn:
