@@ -354,3 +354,17 @@ def test_the_telemetry_section_sets_both_retentions_and_says_when_they_are_out_o
     assert str(problem) == (
         f"{path}:3:16: telemetry.hourly_days: must be more than telemetry.minute_days (30)"
     )
+
+
+def test_agent_events_are_kept_thirty_days_by_default_and_the_setting_is_checked(
+    tmp_path: Path,
+) -> None:
+    assert load_config(None).agent_events.retention_days == 30
+    path = tmp_path / "agent-events.yaml"
+    path.write_text("agent_events:\n  retention_days: 7\n")
+    assert load_config(path).agent_events.retention_days == 7
+    path.write_text("agent_events:\n  retention_days: 0\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    [problem] = caught.value.problems
+    assert str(problem).startswith(f"{path}:2:19: agent_events.retention_days: ")

@@ -315,6 +315,19 @@ def test_a_job_that_finishes_during_its_handover_succeeds_and_its_replacement_ne
     assert d.state is JobState.SUCCEEDED and kinds(d) == ["Alert"] and d.end_attempt is None
 
 
+def test_an_older_attempts_finish_never_ends_the_job_a_later_attempt_started() -> None:
+    moved = attempt(migrated=True, exit_code=0, finished=True)
+    fenced = attempt(number=2, key="7-2", job_started=False)
+    assert finished_on([moved, fenced]) == moved  # the hot handover: the old job finished it
+    started = replace(fenced, job_started=True)
+    assert finished_on([moved, started]) is None
+    # A third attempt waits for attempt 2's job, not for good on attempt 1's finish.
+    assert fence([moved, started], now=NOW) == "attempt 2's job has not exited yet"
+    # A later attempt that only launched, or an earlier one that started, changes nothing.
+    before = attempt(number=0, key="7-0", job_started=True)
+    assert finished_on([before, moved, fenced]) == moved
+
+
 def test_power_off_time_follows_the_notice() -> None:
     at = "2026-11-30T12:02:00Z"
     assert power_off_time({"action": "terminate", "time": at}, NOW) == NOW + timedelta(minutes=2)

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from optimizer.cli import app
 from optimizer.model import EventKind
-from optimizer.store import Store, migrate
+from optimizer.store import Store, migrate, token_sha256
 from optimizer.store.migrate import SchemaError, State
 from tests.helpers import run_gpuopt, start_gpuopt
 
@@ -146,6 +146,7 @@ def make_like_72238f0(db: Store) -> None:
 def drop_later_columns(engine: Engine) -> None:
     """Take away what revisions after 0003 added to what create_all makes today."""
     with engine.begin() as conn:
+        conn.execute(text("DROP INDEX ix_attempt_token_sha256"))
         conn.execute(text("ALTER TABLE job DROP COLUMN cancel_requested_at"))
         conn.execute(text("ALTER TABLE job DROP COLUMN removed_at"))
         for table in ("job_log", "cost_line", "price_hourly", "probe_result", "gpu_sample"):
@@ -161,6 +162,15 @@ def drop_later_columns(engine: Engine) -> None:
             conn.execute(text(f"ALTER TABLE latest_price DROP COLUMN {column}"))
 
 
+def indexes(engine: Engine, table: str) -> dict[str, tuple[tuple[str, ...], bool]]:
+    """A table's indexes: name -> (columns, unique)."""
+    with engine.connect() as conn:
+        return {
+            i["name"] or "": (tuple(c or "" for c in i["column_names"]), bool(i["unique"]))
+            for i in inspect(conn).get_indexes(table)
+        }
+
+
 def cli(*args: str, url: str) -> Any:
     return CliRunner().invoke(app, ["db", *args], env={"GPUOPT_DATABASE_URL": url})
 
@@ -168,7 +178,7 @@ def cli(*args: str, url: str) -> Any:
 # -- head against the table definitions --------------------------------------------------------
 
 
-HEAD = "0009"
+HEAD = "0010"
 
 
 def test_head_and_history_are_the_hand_written_revisions() -> None:
@@ -182,6 +192,7 @@ def test_head_and_history_are_the_hand_written_revisions() -> None:
         "0006",
         "0007",
         "0008",
+        "0009",
         HEAD,
     ]
 
@@ -402,11 +413,38 @@ def test_0009_adds_the_placement_release_time_and_the_downgrade_drops_it(store: 
     assert "placement_released_at" not in columns(store.engine, "attempt")
 
 
+def test_0010_indexes_the_agent_token_and_the_downgrade_drops_it(store: Store) -> None:
+    migrate.upgrade(store.engine)
+    migrate.downgrade(store.engine, "0009")
+    assert "ix_attempt_token_sha256" not in indexes(store.engine, "attempt")
+    job = seed(store)
+    with store.engine.begin() as conn:  # an attempt as 0009 wrote it
+        conn.execute(
+            text(
+                "INSERT INTO attempt (job_id, number, idempotency_key, provider, region, zone,"
+                " instance_type, market, usd_per_hour, state, started_at, token_sha256,"
+                " instance_gone, preempted, log_bytes, log_dropped_bytes, node_rank, nodes)"
+                " VALUES (:job, 2, 'train-2', 'aws', 'r', '', 't', 'spot', 1.0, 'running', :at,"
+                " :token, false, false, 0, 0, 0, 1)"
+            ),
+            {"job": job, "at": T0, "token": token_sha256("secret")},
+        )
+
+    migrate.upgrade(store.engine)
+    assert indexes(store.engine, "attempt")["ix_attempt_token_sha256"] == (("token_sha256",), False)
+    found = store.jobs.attempt_by_token(token_sha256("secret"))
+    assert found is not None and found.key == "train-2"
+
+    migrate.downgrade(store.engine, "0009")
+    assert "ix_attempt_token_sha256" not in indexes(store.engine, "attempt")
+    assert store.jobs.attempt("train-2") is not None
+
+
 def test_a_failed_migration_leaves_nothing_behind(store: Store) -> None:
     with store.engine.begin() as conn:  # a stranger's index takes the name 0002 needs
         conn.execute(text("CREATE TABLE squatter (x INTEGER)"))
         conn.execute(text("CREATE INDEX ix_replica_heartbeat_at ON squatter (x)"))
-    with pytest.raises(SchemaError, match="the migration to 0009 failed and was rolled back"):
+    with pytest.raises(SchemaError, match="the migration to 0010 failed and was rolled back"):
         migrate.upgrade(store.engine)
     assert tables(store.engine) - {migrate.VERSION_TABLE} == {"squatter"}
     assert not versions(store.engine)
@@ -427,12 +465,12 @@ def test_an_unversioned_database_is_refused_then_upgraded_with_its_rows(store: S
         migrate.ensure_ready(store.engine)
     assert str(refused.value) == (
         "the database has no schema revision (an earlier gpuopt made its tables), this gpuopt "
-        "needs 0009: run gpuopt db upgrade"
+        "needs 0010: run gpuopt db upgrade"
     )
     assert catalog(store.engine) == before and versions(store.engine) is None
 
     done = migrate.upgrade(store.engine)
-    assert (done.found.state, done.adopted, done.revision) == (State.UNVERSIONED, "0001", "0009")
+    assert (done.found.state, done.adopted, done.revision) == (State.UNVERSIONED, "0001", "0010")
     assert migrate.ensure_ready(store.engine).state is State.CURRENT
     assert schema_diff(store.engine) == []
     assert store.jobs.get_job("train").id == job  # type: ignore[union-attr]
@@ -446,8 +484,8 @@ def test_an_unversioned_database_with_the_replica_table_is_recognised_as_0002(
     drop_later_columns(store.engine)
     seed(store)
     done = migrate.upgrade(store.engine)
-    assert (done.adopted, done.revision) == ("0002", "0009")
-    assert versions(store.engine) == ["0009"]
+    assert (done.adopted, done.revision) == ("0002", "0010")
+    assert versions(store.engine) == ["0010"]
     assert store.jobs.get_job("train") is not None
 
 
@@ -478,16 +516,16 @@ def test_a_database_at_0001_is_refused_until_gpuopt_db_upgrade(database: Databas
         with pytest.raises(SchemaError) as refused:
             migrate.ensure_ready(db.engine)
         assert str(refused.value) == (
-            "the database is at revision 0001, this gpuopt needs 0009: run gpuopt db upgrade"
+            "the database is at revision 0001, this gpuopt needs 0010: run gpuopt db upgrade"
         )
         assert "replica" not in tables(db.engine)
 
     done = cli("upgrade", url=database.url)
     assert done.exit_code == 0, done.output
-    assert done.stdout.endswith(": upgraded from 0001 to 0009\n")
+    assert done.stdout.endswith(": upgraded from 0001 to 0010\n")
 
     with database.open() as db:
-        assert migrate.ensure_ready(db.engine).revision == "0009"
+        assert migrate.ensure_ready(db.engine).revision == "0010"
         assert db.jobs.get_job("train").id == job  # type: ignore[union-attr]
         assert schema_diff(db.engine) == []
 
@@ -504,7 +542,7 @@ def test_a_newer_database_is_refused_and_left_alone(store: Store) -> None:
     before = (catalog(store.engine), versions(store.engine))
     newer = (
         "the database was migrated by a newer gpuopt: revision 0099 is unknown to this version "
-        "(head 0009); upgrade gpuopt"
+        "(head 0010); upgrade gpuopt"
     )
     for attempt in (migrate.ensure_ready, migrate.upgrade, Store.create_all):
         target = store if attempt is Store.create_all else store.engine
@@ -535,7 +573,7 @@ def test_the_daemon_refuses_a_newer_database_in_one_line(
     errors = [line for line in done.stderr.splitlines() if line.startswith("gpuopt: error:")]
     assert errors == [
         "gpuopt: error: the database was migrated by a newer gpuopt: revision 0099 is unknown "
-        "to this version (head 0009); upgrade gpuopt"
+        "to this version (head 0010); upgrade gpuopt"
     ]
     assert "Traceback" not in done.stderr
     assert "gpuopt: API at" not in done.stdout
@@ -545,9 +583,9 @@ def test_the_daemon_refuses_a_newer_database_in_one_line(
 
 def test_the_daemon_creates_an_empty_database_through_the_migrations(store: Store) -> None:
     assert migrate.ensure_ready(store.engine).state is State.CURRENT
-    assert versions(store.engine) == ["0009"]
+    assert versions(store.engine) == ["0010"]
     assert schema_diff(store.engine) == []
-    assert migrate.ensure_ready(store.engine).revision == "0009"  # and again: nothing to do
+    assert migrate.ensure_ready(store.engine).revision == "0010"  # and again: nothing to do
 
 
 # -- the command line --------------------------------------------------------------------------
@@ -556,24 +594,24 @@ def test_the_daemon_creates_an_empty_database_through_the_migrations(store: Stor
 def test_db_current_says_revision_head_and_status(database: Database) -> None:
     empty = cli("current", url=database.url)
     assert empty.exit_code == 0, empty.output
-    assert "revision  none\nhead      0009\nstatus    empty:" in empty.stdout
+    assert "revision  none\nhead      0010\nstatus    empty:" in empty.stdout
 
     created = cli("upgrade", url=database.url)
-    assert created.stdout.endswith(": created at 0009\n")
+    assert created.stdout.endswith(": created at 0010\n")
     again = cli("upgrade", url=database.url)
-    assert again.stdout.endswith(": already at 0009; nothing to do\n")
+    assert again.stdout.endswith(": already at 0010; nothing to do\n")
 
     shown = cli("current", "--json", url=database.url)
     assert json.loads(shown.stdout) == {
         "database": migrate.display_url(database.url),
-        "revision": "0009",
-        "head": "0009",
+        "revision": "0010",
+        "head": "0010",
         "state": "current",
-        "message": "the database is at 0009, the newest revision this gpuopt knows",
+        "message": "the database is at 0010, the newest revision this gpuopt knows",
     }
 
     down = cli("downgrade", "0001", url=database.url)
-    assert down.stdout.endswith(": downgraded from 0009 to 0001\n")
+    assert down.stdout.endswith(": downgraded from 0010 to 0001\n")
     older = cli("current", url=database.url)
     assert "status    older: the database is at revision 0001" in older.stdout
 
@@ -608,6 +646,7 @@ def test_db_history_lists_the_revisions_with_the_head_marked() -> None:
         "0007",
         "0008",
         "0009",
+        "0010",
     ]
     assert lines[-1].endswith("(head)") and not lines[0].endswith("(head)")
 
@@ -621,9 +660,9 @@ def test_db_downgrade_refuses_base_and_unknown_revisions(database: Database) -> 
     assert unknown.exit_code == 2
     assert unknown.stderr == (
         "gpuopt: error: unknown revision '0042'; "
-        "this gpuopt knows 0001, 0002, 0003, 0004, 0005, 0006, 0007, 0008, 0009\n"
+        "this gpuopt knows 0001, 0002, 0003, 0004, 0005, 0006, 0007, 0008, 0009, 0010\n"
     )
-    assert cli("current", "--json", url=database.url).stdout.count('"0009"') == 2
+    assert cli("current", "--json", url=database.url).stdout.count('"0010"') == 2
 
 
 def test_an_unreachable_database_is_one_line_without_its_password() -> None:
@@ -686,7 +725,7 @@ def test_concurrent_upgrades_take_turns(database: Database) -> None:
     try:
         assert not [r for r in results if isinstance(r, Exception)], results
         assert sorted(r.found.state.value for r in results) == ["current", "empty"]
-        assert versions(stores[0].engine) == ["0009"]
+        assert versions(stores[0].engine) == ["0010"]
         assert schema_diff(stores[0].engine) == []
     finally:
         for db in stores:
@@ -700,6 +739,6 @@ def test_two_gpuopt_db_upgrade_processes_at_once(database: Database, tmp_path: P
     outs = [proc.communicate(timeout=60) for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], outs
     said = sorted(out.rsplit(": ", 1)[-1] for out, _err in outs)
-    assert said == ["already at 0009; nothing to do\n", "created at 0009\n"]
+    assert said == ["already at 0010; nothing to do\n", "created at 0010\n"]
     with database.open() as db:
-        assert versions(db.engine) == ["0009"]
+        assert versions(db.engine) == ["0010"]

@@ -1,19 +1,23 @@
 """/agent/v1: what agents on managed instances report (docs/agent-protocol.md).
 
-Agents authenticate with their attempt's per-instance token (only its SHA-256 is stored).
-Handlers record facts and wake the reconcile loop; every decision is made there. Commands
-ride on the answers: `stop` once the daemon has asked the attempt to stop or it has ended.
-So does the fence: why the agent must not start the job yet (null once it may).
+Agents authenticate with their attempt's per-instance token (only its SHA-256 is stored). A
+token lives as long as its attempt may still run: once the attempt has ended and its instance
+is gone it is refused (403), but by `/logs`, which takes the last chunks of output for
+TOKEN_GRACE more. Handlers record facts and wake the reconcile loop; every decision is made
+there. Commands ride on the answers: `stop` once the daemon has asked the attempt to stop or
+it has ended. So does the fence: why the agent must not start the job yet (null once it may).
 """
 
 from __future__ import annotations
 
 import hmac
-from datetime import datetime
+from dataclasses import replace
+from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, HTTPException
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from optimizer import hardware
 from optimizer.api.state import ApiState, StateDep
@@ -36,6 +40,9 @@ MAX_CHUNK_CHARS = 64 * 1024
 # and the probe's own time limit, rendezvous included.
 INTERNODE_MIN_FRACTION = 0.25
 INTERNODE_TIMEOUT_S = 120  # the agent cuts chunks of at most 64 KiB (optimizer/agent/logship.py)
+# How long after its attempt ended and its instance went a token still ships output: what the
+# agent sent just before the end may arrive after the daemon saw it (a gpuopt choice).
+TOKEN_GRACE = timedelta(minutes=2)
 
 
 class Register(BaseModel):
@@ -58,6 +65,25 @@ class AgentEventIn(BaseModel):
     kind: str = Field(min_length=1, max_length=50)
     at: str | None = None
     data: dict[str, Any] = Field(default_factory=dict)
+
+
+class JobExitedData(BaseModel):
+    """A `job_exited` event's `data` (docs/agent-protocol.md): the exit status is folded into
+    the attempt row, so it must be a number the store holds; other keys pass as they are."""
+
+    model_config = ConfigDict(extra="allow")
+
+    # The attempt row's exit_code is a 32-bit integer; the daemon stores 128 + signal.
+    exit_code: StrictInt | None = Field(None, ge=-(2**31), le=2**31 - 1)
+    signal: StrictInt | None = Field(None, ge=1, le=127)
+    phase: str | None = Field(None, max_length=20)
+    stopped: StrictBool | None = None
+    adopted: StrictBool | None = None
+    log_chunks: StrictInt | None = Field(None, ge=0, le=2**31 - 1)
+
+
+# The data of the events whose fields the daemon folds into numbers, checked at the edge.
+EVENT_DATA: dict[str, type[BaseModel]] = {"job_exited": JobExitedData}
 
 
 class Events(BaseModel):
@@ -83,8 +109,12 @@ class Logs(BaseModel):
     chunks: list[LogChunkIn] = Field(default_factory=list, max_length=MAX_CHUNKS_PER_CALL)
 
 
-def _authorized(state: ApiState, key: str, authorization: str | None) -> AttemptRecord:
-    """The attempt whose token this is; 401 for a missing or wrong token (same answer)."""
+def _authorized(
+    state: ApiState, key: str, authorization: str | None, *, output: bool = False
+) -> AttemptRecord:
+    """The attempt whose token this is; 401 for a missing or wrong token (same answer), 403
+    once the token has expired (`expires_at`; `output`: for shipping the job's output, which
+    a token may do for TOKEN_GRACE more)."""
     scheme, _, token = (authorization or "").partition(" ")
     attempt = state.store.jobs.attempt(key)
     presented = token_sha256(token.strip()) if scheme.lower() == "bearer" and token else ""
@@ -92,7 +122,54 @@ def _authorized(state: ApiState, key: str, authorization: str | None) -> Attempt
         raise HTTPException(
             401, detail="invalid agent token", headers={"WWW-Authenticate": "Bearer"}
         )
+    expires = expires_at(attempt)
+    if expires is not None and not (output and state.clock() <= expires + TOKEN_GRACE):
+        detail = (
+            f"attempt {attempt.key} has ended and its instance is gone: "
+            "its agent token is no longer accepted"
+        )
+        if output:
+            detail += f" (its last output was taken for {_span(TOKEN_GRACE)} after)"
+        raise HTTPException(403, detail=detail)
     return attempt
+
+
+def expires_at(attempt: AttemptRecord) -> datetime | None:
+    """When an attempt's agent token stopped being accepted (None: it still is): once the
+    attempt has ended and its instance is gone, at the later of the two times known (the
+    provider's termination time, where it reported one)."""
+    if attempt.ended_at is None or not attempt.instance_gone:
+        return None
+    if attempt.terminated_at is not None:
+        return max(attempt.ended_at, attempt.terminated_at)
+    return attempt.ended_at
+
+
+def _span(delta: timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    return f"{seconds // 60} min" if seconds % 60 == 0 else f"{seconds} s"
+
+
+def _check_data(events: list[AgentEventIn]) -> None:
+    """422 naming the field for a known event whose data the daemon could not fold in."""
+    errors: list[dict[str, Any]] = []
+    for i, event in enumerate(events):
+        model = EVENT_DATA.get(event.kind)
+        if model is None:
+            continue
+        try:
+            model.model_validate(event.data)
+        except ValidationError as exc:
+            errors.extend(
+                {
+                    "loc": ("body", "events", i, "data", *e["loc"]),
+                    "msg": f"{event.kind}: {e['msg']}",
+                    "type": e["type"],
+                }
+                for e in exc.errors()
+            )
+    if errors:
+        raise RequestValidationError(errors)
 
 
 def _fence(state: ApiState, attempt: AttemptRecord) -> str | None:
@@ -110,14 +187,15 @@ def _fence(state: ApiState, attempt: AttemptRecord) -> str | None:
     every = state.store.jobs.attempts(attempt.job_id)
     before = [a for a in every if head_number(a.number, a.gang) < head]
     done = finished_keys(state.store, before)
-    earlier = [
-        a
-        for a in before
-        if a.key in done
-        or (a.job_started_at is not None and a.exit_code is None and not a.instance_gone)
-    ]
+    # Every earlier attempt whose job started: one still running holds the fence, and one that
+    # started after an attempt whose job finished takes the job over (`machine.finished_on`).
+    # A gang's nodes go by their rank 0's number.
+    earlier = [a for a in before if a.key in done or a.job_started_at is not None]
     views = [
-        attempt_view(a, power_off_at=power_off_at(state.store, a), finished=a.key in done)
+        replace(
+            attempt_view(a, power_off_at=power_off_at(state.store, a), finished=a.key in done),
+            number=head_number(a.number, a.gang),
+        )
         for a in earlier
     ]
     why = fence(views, now=state.clock())
@@ -211,6 +289,8 @@ def register(
     job = state.store.jobs.get_job_by_id(attempt.job_id)
     if job is None:
         raise HTTPException(404, detail="the attempt's job is gone")
+    if job.removed_at is not None:  # its spec (and env) are not handed out again
+        raise HTTPException(403, detail=f"attempt {attempt.key}'s job was removed")
     if attempt.registered_at is None:
         values: dict[str, Any] = {"registered_at": state.clock()}
         if body.instance_id and not attempt.instance_id:
@@ -253,6 +333,7 @@ def events(
     authorization: Annotated[str | None, Header()] = None,
 ) -> dict[str, Any]:
     attempt = _authorized(state, body.attempt_key, authorization)
+    _check_data(body.events)
     payload = [e.model_dump() for e in body.events]
     acked = state.store.jobs.record_agent_events(
         attempt.key, payload, state.clock(), on_host=_on_host(attempt.provider)
@@ -275,7 +356,7 @@ def logs(
     authorization: Annotated[str | None, Header()] = None,
 ) -> dict[str, Any]:
     """Chunks of the job's output: stored once per (attempt, seq), under the per-job cap."""
-    attempt = _authorized(state, body.attempt_key, authorization)
+    attempt = _authorized(state, body.attempt_key, authorization, output=True)
     chunks = [NewChunk(c.seq, c.stream, c.text, _chunk_time(c.at)) for c in body.chunks]
     done = state.store.logs.append(
         job_id=attempt.job_id,

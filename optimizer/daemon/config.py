@@ -195,6 +195,17 @@ class TelemetryConfig(_Section):
         return value
 
 
+class AgentEventsConfig(_Section):
+    """How long agents' reports are kept (docs/daemon.md: Retention)."""
+
+    retention_days: float = Field(
+        30,
+        gt=0,
+        le=36_500,
+        description="Reports of attempts that ended longer ago are deleted (job_exited stays).",
+    )
+
+
 class ProbesConfig(_Section):
     """How probe results feed the ranking (docs/policies.md, \"Probe results in the ranking\")."""
 
@@ -431,6 +442,9 @@ class ConfigSchema(BaseModel):
     )
     agent: AgentSetupConfig = Field(
         default_factory=AgentSetupConfig, examples=[{"images": {"aws": "ami-0abc"}}]
+    )
+    agent_events: AgentEventsConfig = Field(
+        default_factory=AgentEventsConfig, examples=[{"retention_days": 30}]
     )
 
     @field_validator("providers")

@@ -207,6 +207,7 @@ class Daemon:
                 timedelta(days=config.telemetry.minute_days),
                 timedelta(days=config.telemetry.hourly_days),
             ),
+            agent_event_retention=timedelta(days=config.agent_events.retention_days),
             leading=lambda: self.leadership.is_leader,
         )
         self.queues = [

@@ -432,16 +432,23 @@ def power_off_time(notice: Mapping[str, Any], noticed_at: datetime) -> datetime 
     return at or noticed_at + DEFAULT_WARNING
 
 
-def finished_on(earlier: Sequence[AttemptView]) -> AttemptView | None:
-    """An earlier attempt whose job finished while it was handed over (None: none did).
+def finished_on(attempts: Sequence[AttemptView]) -> AttemptView | None:
+    """An attempt whose job finished while it was handed over (None: none did), among a job's
+    `attempts` (one view per attempt, a gang's by its rank 0).
 
     After a notice or a move the old job keeps running until its replacement is ready; if it
     exits 0 before any stop reached it (`finished`: the agent's `job_exited` says it was not
     stopped), it did the work, and a replacement that ran it again would only repeat its
-    end. A job that exits 0 after its stop has only checkpointed."""
-    for a in earlier:
-        if a.finished and (a.migrated or a.interruption_notice_at is not None or a.preempted):
-            return a
+    end. A job that exits 0 after its stop has only checkpointed. Once a later attempt has
+    started the job, the job is that attempt's: an older one's report never ends it."""
+    for a in attempts:
+        if not a.finished or not (
+            a.migrated or a.interruption_notice_at is not None or a.preempted
+        ):
+            continue
+        if any(b.job_started and b.number > a.number for b in attempts):
+            continue
+        return a
     return None
 
 

@@ -967,7 +967,8 @@ def finished_earlier(
     done = finished_keys(store, [a for a in attempts if a.key not in mine])
     if not done:
         return None
-    found = finished_on([attempt_view(a, finished=True) for a in attempts if a.key in done])
+    heads = [attempt_view(a, finished=a.key in done) for a in attempts if a.node_rank == 0]
+    found = finished_on(heads)
     return None if found is None else found.number
 
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import Connection, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from optimizer.model import Offer
@@ -45,11 +46,24 @@ _JOB = table(Job)
 _ATTEMPT = table(Attempt)
 _AGENT_EVENT = table(AgentEvent)
 _COOLDOWN = table(PoolCooldown)
+log = logging.getLogger(__name__)
 _TERMINAL_STATES = sorted(TERMINAL_JOB_STATES)
 # Job ids per IN (...) list: well under SQLite's 32,766 bound parameters.
 ATTEMPT_IDS_PER_QUERY = 5_000
 
 Pool = tuple[str, str, str | None, str, str]
+
+# What an attempt keeps of its agent's reports (docs/agent-protocol.md, Events): the newest of
+# these kinds only, the first of those, and at most this many rows in all. An honest agent
+# sends a handful of reports besides its heartbeats and telemetry; past the cap, events are
+# acknowledged and not kept (a 429 would have the agent send them again for ever).
+LATEST_ONLY = frozenset({"heartbeat", GPU_TELEMETRY})
+ONCE_PER_ATTEMPT = frozenset({"job_started", "job_exited"})
+MAX_AGENT_EVENTS_PER_ATTEMPT = 1_000
+# An event's data kept past this is replaced by its size (its effects are still folded in): an
+# honest report is a few KiB at most (a notice's raw payload is cut to 2 KiB by the agent).
+MAX_KEPT_DATA_CHARS = 16 * 1024
+PRUNE_AGENT_EVENTS = 5_000  # agent events one retention batch deletes at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -501,9 +515,19 @@ class Jobs:
         A new `probe_result` is also stored as a probe result (`store.probes`), and a new
         `gpu_telemetry` as the attempt's GPU spans (`store.telemetry`; the event keeps only
         their count), on the same transaction; `on_host` marks the attempt's instance as one
-        on the daemon's own host (the local cloud), whose figures are simulated."""
+        on the daemon's own host (the local cloud), whose figures are simulated.
+
+        What an attempt keeps is bounded: only its newest `heartbeat` and `gpu_telemetry` (a
+        newer one replaces the row; the spans are stored per minute anyway), its first
+        `job_started` and `job_exited` (a later one, under another id, changes nothing), and
+        an event of any other kind only while it holds fewer than MAX_AGENT_EVENTS_PER_ATTEMPT
+        rows (past that it is neither kept nor folded in). Bar those two, a row's data
+        is at most MAX_KEPT_DATA_CHARS. Every event is acknowledged, kept or not, so an agent
+        never sends one again for ever."""
         acked: list[str] = []
+        dropped = 0
         with self._db.begin() as conn:
+            held: int | None = None
             for event in events:
                 event_id = str(event["id"])
                 acked.append(event_id)
@@ -512,28 +536,78 @@ class Jobs:
                 ).first()
                 if seen is not None:
                     continue
+                kind = str(event["kind"])
                 when = _event_time(event, at)
                 data = dict(event.get("data") or {})
+                if kind in LATEST_ONLY:
+                    if not _replace_latest(conn, key, kind, when):
+                        continue
+                elif kind not in ONCE_PER_ATTEMPT:
+                    if held is None:
+                        held = _held(conn, key)
+                    if held >= MAX_AGENT_EVENTS_PER_ATTEMPT:
+                        dropped += 1
+                        continue
+                    held += 1
+                changes = _fold(kind, data, when)
+                if kind in ONCE_PER_ATTEMPT:
+                    # Compare-and-set on the attempt's column: the first report wins, even
+                    # against a concurrent request.
+                    column = next(iter(changes))
+                    first = conn.execute(
+                        update(_ATTEMPT)
+                        .where(_ATTEMPT.c.idempotency_key == key, _ATTEMPT.c[column].is_(None))
+                        .values(**changes)
+                    ).rowcount
+                    if not first:
+                        continue
+                    changes = {}
                 kept = data
-                if event["kind"] == GPU_TELEMETRY:
+                if kind == GPU_TELEMETRY:
                     kept = write_telemetry(conn, self._db.dialect, key, data)
+                text = json.dumps(kept, sort_keys=True)
+                if len(text) > MAX_KEPT_DATA_CHARS and kind not in ONCE_PER_ATTEMPT:
+                    text = json.dumps({"dropped_chars": len(text)})
                 conn.execute(
                     insert(_AGENT_EVENT).values(
-                        id=event_id,
-                        attempt_key=key,
-                        kind=str(event["kind"]),
-                        at=when,
-                        data=json.dumps(kept, sort_keys=True),
+                        id=event_id, attempt_key=key, kind=kind, at=when, data=text
                     )
                 )
-                if event["kind"] == "probe_result":
+                if kind == "probe_result":
                     write_probe_result(conn, key, data, when, on_host=on_host)
-                changes = _fold(str(event["kind"]), data, when)
                 if changes:
                     conn.execute(
                         update(_ATTEMPT).where(_ATTEMPT.c.idempotency_key == key).values(**changes)
                     )
+        if dropped:
+            log.warning(
+                "attempt %s: %d agent event(s) acknowledged but not kept: it holds the most "
+                "an attempt may (%d)",
+                key,
+                dropped,
+                MAX_AGENT_EVENTS_PER_ATTEMPT,
+            )
         return acked
+
+    def prune_agent_events(self, *, ended_before: datetime, limit: int = PRUNE_AGENT_EVENTS) -> int:
+        """Delete up to `limit` agent events of attempts that ended before `ended_before` with
+        their instance gone; returns how many went (fewer than `limit`: nothing more to prune).
+        Their `job_exited` stays (one row an attempt): the cost ledger reads when the job
+        exited."""
+        cutoff = self._db.now(ended_before, "ended_before")
+        old = select(_ATTEMPT.c.idempotency_key).where(
+            _ATTEMPT.c.ended_at < cutoff, _ATTEMPT.c.instance_gone.is_(True)
+        )
+        ids = (
+            select(_AGENT_EVENT.c.id)
+            .where(_AGENT_EVENT.c.attempt_key.in_(old), _AGENT_EVENT.c.kind != "job_exited")
+            .limit(limit)
+        )
+        with self._db.begin() as conn:
+            doomed = list(conn.execute(ids).scalars())
+            for part in chunks(doomed, ATTEMPT_IDS_PER_QUERY):
+                conn.execute(delete(_AGENT_EVENT).where(_AGENT_EVENT.c.id.in_(part)))
+        return len(doomed)
 
     def agent_events(self, key: str) -> list[dict[str, Any]]:
         query = (
@@ -608,14 +682,39 @@ class Jobs:
         return {(r.provider, r.region, r.zone or None, r.instance_type, r.market) for r in rows}
 
 
+def _replace_latest(conn: Connection, key: str, kind: str, at: datetime) -> bool:
+    """Make room for an attempt's newest event of a kind it keeps one of: delete the rows
+    held of it unless one is newer than `at` (then False: keep that one, store nothing)."""
+    newest = conn.execute(
+        select(func.max(_AGENT_EVENT.c.at)).where(
+            _AGENT_EVENT.c.attempt_key == key, _AGENT_EVENT.c.kind == kind
+        )
+    ).scalar_one_or_none()
+    if newest is not None and (newest if newest.tzinfo else newest.replace(tzinfo=UTC)) > at:
+        return False
+    conn.execute(
+        delete(_AGENT_EVENT).where(_AGENT_EVENT.c.attempt_key == key, _AGENT_EVENT.c.kind == kind)
+    )
+    return True
+
+
+def _held(conn: Connection, key: str) -> int:
+    """How many agent events the attempt holds."""
+    query = select(func.count()).select_from(_AGENT_EVENT).where(_AGENT_EVENT.c.attempt_key == key)
+    return int(conn.execute(query).scalar_one())
+
+
 def _event_time(event: Mapping[str, Any], default: datetime) -> datetime:
+    """The agent's time for an event, when it is an ISO time with a zone that is a UTC time
+    the store can hold; else `default` (when it arrived)."""
     raw = event.get("at")
     if isinstance(raw, str):
         try:
             parsed = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-        except ValueError:
+            # At the calendar's edge a zone's offset can carry a time past year 9999 in UTC.
+            return parsed.astimezone(UTC) if parsed.tzinfo else default
+        except (ValueError, OverflowError):
             return default
-        return parsed if parsed.tzinfo else default
     return default
 
 

@@ -150,8 +150,9 @@ class Attempt(SQLModel, table=True):
     end_reason: str | None = None
     started_at: datetime = Field(sa_type=UTCDateTime)
     ended_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
-    # What the agent and the provider reported (folded in as reports arrive).
-    token_sha256: str = ""
+    # What the agent and the provider reported (folded in as reports arrive); the agent's
+    # token is looked up on every /agent/ request (indexed, revision 0010).
+    token_sha256: str = Field(default="", index=True)
     registered_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     probe_status: str | None = None
     job_started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)

@@ -10,7 +10,10 @@ leaves nothing half done). Every batch of a pass uses the time the pass started.
 the same way (`Logs.prune`, at most `log_batch` chunks a transaction), after the prices, and
 GPU telemetry (`Telemetry.downsample` folds the minutes of hours wholly older than
 `telemetry.minute_days` into hourly spans, then `Telemetry.expire` drops spans older than
-`telemetry.hourly_days`, each at most `log_batch` rows a transaction).
+`telemetry.hourly_days`, each at most `log_batch` rows a transaction). Last, agents' reports
+(`Jobs.prune_agent_events`) of attempts that ended more than `agent_events.retention_days`
+ago with their instance gone, `log_batch` rows a transaction (each attempt's `job_exited`
+stays: the cost ledger reads it).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class RetentionReport:
     gpu_minutes: int = 0  # per-minute GPU spans folded into hourly ones
     gpu_hours: int = 0  # hourly GPU spans written or merged into
     gpu_expired: int = 0  # GPU spans past the hourly retention, removed
+    agent_events: int = 0  # agents' reports of attempts long ended, deleted
     seconds: float = 0.0
 
     def add(self, batch: PruneBatch) -> None:
@@ -75,6 +79,7 @@ class RetentionLoop:
         log_retention: timedelta | None = None,
         log_batch: int = PRUNE_BATCH,
         telemetry_retention: tuple[timedelta, timedelta] | None = None,
+        agent_event_retention: timedelta | None = None,
         leading: Callable[[], bool] = lambda: True,
     ) -> None:
         self.store = store
@@ -84,6 +89,7 @@ class RetentionLoop:
         self.log_retention = log_retention
         self.log_batch = log_batch
         self.telemetry_retention = telemetry_retention  # (per-minute, hourly) ages
+        self.agent_event_retention = agent_event_retention
         self.leading = leading
         self._stopping = threading.Event()
 
@@ -117,6 +123,15 @@ class RetentionLoop:
                     break
         if self.telemetry_retention is not None:
             self._telemetry(report, now)
+        if self.agent_event_retention is not None:
+            ended_before = now - self.agent_event_retention
+            while not self._stopping.is_set() and self.leading():
+                gone = self.store.jobs.prune_agent_events(
+                    ended_before=ended_before, limit=self.log_batch
+                )
+                report.agent_events += gone
+                if gone < self.log_batch:
+                    break
         report.seconds = time.perf_counter() - started
         if report.summarized or report.dropped or report.expired:
             log.info(
@@ -143,6 +158,12 @@ class RetentionLoop:
                 "job logs: %d chunk(s) of jobs that ended over %s ago deleted",
                 report.log_chunks,
                 self.log_retention,
+            )
+        if report.agent_events:
+            log.info(
+                "agent events: %d report(s) of attempts that ended over %s ago deleted",
+                report.agent_events,
+                self.agent_event_retention,
             )
         return report
 
