@@ -38,6 +38,7 @@ from optimizer.common.documents import Checked, check_file
 from optimizer.common.errors import LocatedError, Problem
 from optimizer.common.validation import findings, in_file_order
 from optimizer.daemon import settings
+from optimizer.daemon.connections import ConnectionLimits
 from optimizer.jobs.bootstrap import BOOTSTRAP_ENV, AgentInstall, AgentProxy, AgentSettings
 from optimizer.jobs.measured import DEFAULT_DEMOTE_FAILED, ProbeWindow
 from optimizer.store import DatabaseUrlError, Retention, normalize_database_url
@@ -93,6 +94,30 @@ class ApiConfig(_Section):
         le=1 << 30,
         description="Larger request bodies are refused with 413 before they are read.",
     )
+    header_timeout_s: float = Field(
+        10,
+        gt=0,
+        le=300,
+        description="A connection whose request line and headers take longer is closed (408).",
+    )
+    idle_timeout_s: float = Field(
+        5, gt=0, le=3600, description="A keep-alive connection idle this long is closed."
+    )
+    max_connections: int = Field(
+        1024,
+        ge=8,
+        le=1_000_000,
+        description="Connections beyond this are refused at once (503); kept 128 under the "
+        "open-file limit.",
+    )
+
+    def limits(self) -> ConnectionLimits:
+        """The API server's limits on slow and numerous clients."""
+        return ConnectionLimits(
+            header_timeout_s=self.header_timeout_s,
+            idle_timeout_s=self.idle_timeout_s,
+            max_connections=self.max_connections,
+        )
 
 
 class LoopsConfig(_Section):
