@@ -42,7 +42,11 @@ from optimizer.daemon.connections import ConnectionLimits
 from optimizer.jobs.bootstrap import BOOTSTRAP_ENV, AgentInstall, AgentProxy, AgentSettings
 from optimizer.jobs.measured import DEFAULT_DEMOTE_FAILED, ProbeWindow
 from optimizer.store import DatabaseUrlError, Retention, normalize_database_url
-from optimizer.store.logs import DEFAULT_MAX_BYTES_PER_JOB
+from optimizer.store.logs import (
+    DEFAULT_FOLLOWERS,
+    DEFAULT_FOLLOWERS_PER_JOB,
+    DEFAULT_MAX_BYTES_PER_JOB,
+)
 from optimizer.store.probes import DEFAULT_LAST
 from providers import registry
 
@@ -193,6 +197,18 @@ class LogsConfig(_Section):
     )
     retention_days: float = Field(
         30, gt=0, le=36_500, description="The output of jobs that ended longer ago is deleted."
+    )
+    max_followers_per_job: int = Field(
+        DEFAULT_FOLLOWERS_PER_JOB,
+        ge=1,
+        le=10_000,
+        description="More followers of one job's output at once are refused with 429.",
+    )
+    max_followers: int = Field(
+        DEFAULT_FOLLOWERS,
+        ge=1,
+        le=100_000,
+        description="More followers of job output at once, over all jobs, are refused with 429.",
     )
 
 
