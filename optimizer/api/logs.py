@@ -170,6 +170,7 @@ class LogStream:
     caught_up: dict[int, int] = field(default_factory=dict)  # attempt id -> bytes read up to
     _began: bool = False
     _tail_parts: list[TailPart] = field(default_factory=list)  # still to write, oldest first
+    _reading: tuple[AttemptRecord, int] | None = None  # read part way: (attempt, bytes shipped)
     _ended_at: float | None = None  # monotonic time the job was first seen ended
 
     def attempts(self) -> list[AttemptRecord]:
@@ -210,23 +211,37 @@ class LogStream:
         return page.chunks, page.more
 
     def _read_new(self) -> str:
-        """What arrived past the cursors, up to one page of one attempt."""
+        """What arrived past the cursors, up to one page of one attempt (an attempt read part
+        way is read on without asking the store for the job's attempts again)."""
+        if self._reading is not None:
+            text = self._read_attempt(*self._reading)
+            if text:
+                return text
         for attempt in self.attempts():
             shipped = attempt.log_bytes + attempt.log_dropped_bytes  # grows with every chunk
             if self.caught_up.get(attempt.id) == shipped:
                 continue
-            while True:  # pages of empty chunks give no text: read on
-                chunks, more = self._page(attempt.id, self.cursors.get(attempt.id, -1))
-                if not more:
-                    self.caught_up[attempt.id] = shipped
-                if chunks:
-                    self.cursors[attempt.id] = chunks[-1].seq
-                    text = self.render.text(attempt, chunks)
-                    if text:
-                        return text
-                if not (chunks and more):
-                    break
+            text = self._read_attempt(attempt, shipped)
+            if text:
+                return text
         return ""
+
+    def _read_attempt(self, attempt: AttemptRecord, shipped: int) -> str:
+        """The next page of `attempt` past its cursor ("" when it has no more)."""
+        self._reading = None
+        while True:  # pages of empty chunks give no text: read on
+            chunks, more = self._page(attempt.id, self.cursors.get(attempt.id, -1))
+            if not more:
+                self.caught_up[attempt.id] = shipped
+            if chunks:
+                self.cursors[attempt.id] = chunks[-1].seq
+                text = self.render.text(attempt, chunks)
+                if text:
+                    if more:
+                        self._reading = (attempt, shipped)
+                    return text
+            if not (chunks and more):
+                return ""
 
     def _plan_tail(self, attempts: list[AttemptRecord]) -> None:
         """Where the last `tail` lines of what is held now begin (attempts newest first, each

@@ -30,6 +30,7 @@ DEFAULT_FOLLOWERS_PER_JOB = 16  # logs.max_followers_per_job's default
 DEFAULT_FOLLOWERS = 128  # logs.max_followers's default
 PRUNE_BATCH = 5_000  # chunks one prune call deletes at most
 _TRIM_PAGE = 1_000  # oldest chunks read per step while trimming to the cap
+PAGE_ROWS = 8  # rows a page's read fetches from the database at a time
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,38 +182,42 @@ class Logs:
     ) -> LogPage:
         """The attempt's chunks with seq in (after_seq, upto_seq], in seq order: at most
         `max_chunks` of them and, past the first, at most `max_bytes` bytes of text in all (a
-        reader holds one page at a time, however large the log). Sizes are read first, then
-        only the texts that fit."""
-        sizes = (
-            select(_LOG.c.seq, _LOG.c.nbytes)
+        reader holds one page at a time, however large the log).
+
+        Rows are fetched a few at a time (`yield_per`: a server-side cursor on PostgreSQL,
+        SQLite steps row by row) and the read stops once the budget is spent, so no more than
+        PAGE_ROWS rows past it are held. The sizes are not read first on their own: SQLite
+        keeps `nbytes` after the text in each row, and reading it walks the text anyway."""
+        query = (
+            select(
+                _LOG.c.attempt_id,
+                _LOG.c.seq,
+                _LOG.c.stream,
+                _LOG.c.at,
+                _LOG.c.text,
+                _LOG.c.nbytes,
+            )
             .where(_LOG.c.attempt_id == attempt_id, _LOG.c.seq > after_seq)
             .order_by(_LOG.c.seq)
             .limit(max_chunks + 1)
         )
         if upto_seq is not None:
-            sizes = sizes.where(_LOG.c.seq <= upto_seq)
+            query = query.where(_LOG.c.seq <= upto_seq)
+        chunks: list[LogChunk] = []
+        total = 0
+        more = False
         with self._db.connect() as conn:
-            rows = conn.execute(sizes).all()
-            if not rows:
-                return LogPage([], False)
-            taken = total = 0
-            for _, nbytes in rows[:max_chunks]:
-                if taken and total + int(nbytes) > max_bytes:
-                    break
-                taken += 1
-                total += int(nbytes)
-            upto = int(rows[taken - 1][0])
-            texts = (
-                select(_LOG.c.attempt_id, _LOG.c.seq, _LOG.c.stream, _LOG.c.at, _LOG.c.text)
-                .where(
-                    _LOG.c.attempt_id == attempt_id,
-                    _LOG.c.seq > after_seq,
-                    _LOG.c.seq <= upto,
-                )
-                .order_by(_LOG.c.seq)
-            )
-            chunks = [LogChunk(*row) for row in conn.execute(texts)]
-        return LogPage(chunks, more=len(rows) > taken)
+            result = conn.execution_options(yield_per=PAGE_ROWS).execute(query)
+            try:
+                for *fields, nbytes in result:
+                    if chunks and (len(chunks) >= max_chunks or total + int(nbytes) > max_bytes):
+                        more = True
+                        break
+                    chunks.append(LogChunk(*fields))
+                    total += int(nbytes)
+            finally:
+                result.close()
+        return LogPage(chunks, more)
 
     def chunks_before(
         self, attempt_id: int, *, before_seq: int, limit: int = 200
