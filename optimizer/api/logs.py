@@ -52,6 +52,7 @@ SETTLE_S = 10.0  # after the job ended, how long a follower waits for output sti
 PAGE = 200  # chunks read per step at most
 PAGE_BYTES = 256 << 10  # and bytes of text, past the first chunk (a chunk is <= 64 Ki characters)
 LINES_PAGE = 1_000  # chunks' line counts read per step while finding where a tail begins
+LINES_FIRST = 32  # in the first step (then twice as many each step, up to LINES_PAGE)
 MAX_TAIL = 1_000_000
 
 
@@ -259,8 +260,10 @@ class LogStream:
             shapes: list[ChunkLines] = []
             newlines = 0
             before = last[attempt.id] + 1
+            limit = min(LINES_FIRST, LINES_PAGE)  # a short tail needs only the last few
             while newlines <= wanted:
-                page = self.store.logs.lines_before(attempt.id, before_seq=before, limit=LINES_PAGE)
+                page = self.store.logs.lines_before(attempt.id, before_seq=before, limit=limit)
+                limit = min(limit * 2, LINES_PAGE)
                 if not page:
                     break
                 shapes.extend(page)
