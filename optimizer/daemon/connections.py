@@ -8,7 +8,8 @@ file descriptor) for ever. `GuardedH11Protocol` closes such a connection once
 `header_timeout_s` passes without a complete request line and headers (a 408), and refuses
 connections beyond `max_connections` at once (a 503 and a close) instead of letting them
 pile up until the process runs out of descriptors; the store, the loops and the logs need
-descriptors of their own, so the cap is also kept `RESERVED_FDS` under the open-file limit.
+descriptors of their own, so the cap is also kept `RESERVED_FDS` under the open-file limit,
+and connections are accepted at most ACCEPT_BACKLOG at a time.
 When accepting fails anyway (EMFILE and the like, asyncio retries a second later) the loop's
 exception handler logs it at most `ThrottledLog.burst` times per `ThrottledLog.every_s`, with
 a count of what it left out, instead of a traceback per attempt.
@@ -32,6 +33,10 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 log = logging.getLogger("gpuopt.api")
 
 RESERVED_FDS = 128  # descriptors kept for the store, the loops, logs and child processes
+# asyncio accepts up to `backlog` connections each time the socket is readable, and each
+# holds a descriptor until its protocol runs (where the cap closes it): keep that burst well
+# inside RESERVED_FDS. The listen queue gets the same length.
+ACCEPT_BACKLOG = 64
 MIN_CONNECTIONS = 8
 # What accept(2) fails with when the process or the system is out of a resource.
 ACCEPT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -143,6 +148,7 @@ class GuardedConfig(uvicorn.Config):
         super().__init__(
             app,
             http=GuardedH11Protocol,
+            backlog=ACCEPT_BACKLOG,
             # Typed int, used as call_later's delay: a fraction of a second works.
             timeout_keep_alive=limits.idle_timeout_s,  # type: ignore[arg-type]
             **kw,

@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from optimizer.daemon.connections import (
+    ACCEPT_BACKLOG,
     ConnectionLimits,
     GuardedConfig,
     GuardedServer,
@@ -79,7 +80,7 @@ class ApiServer:
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(address)
-            sock.listen(128)
+            sock.listen(ACCEPT_BACKLOG)
         except OSError as exc:
             sock.close()
             where = f"{self.host}:{self.requested_port}"
