@@ -180,6 +180,18 @@ def test_compose_services() -> None:
     assert app["build"]["dockerfile"] == "deploy/Dockerfile"
 
 
+def test_compose_gives_the_daemon_room_for_its_connection_cap() -> None:
+    """Every API connection holds a descriptor; the daemon keeps api.max_connections
+    RESERVED_FDS under the soft limit, so the limit must leave the default cap whole."""
+    from optimizer.daemon.config import ApiConfig
+    from optimizer.daemon.connections import RESERVED_FDS
+
+    nofile = _compose()["services"]["gpuopt"]["ulimits"]["nofile"]
+    default_cap = ApiConfig().max_connections
+    assert int(nofile["soft"]) >= default_cap + RESERVED_FDS
+    assert int(nofile["hard"]) >= int(nofile["soft"])
+
+
 def test_compose_daemon_starts_after_a_one_shot_migration() -> None:
     services = _compose()["services"]
     migrate, app = services["migrate"], services["gpuopt"]
@@ -300,6 +312,20 @@ def test_systemd_unit() -> None:
     assert int(svc["TimeoutStopSec"][0]) > 0
     assert " daemon" in svc["ExecStart"][0]
     assert unit["Install"]["WantedBy"] == ["multi-user.target"]
+
+
+def test_systemd_unit_gives_the_daemon_room_for_its_connection_cap() -> None:
+    from optimizer.daemon.config import ApiConfig
+    from optimizer.daemon.connections import RESERVED_FDS
+
+    (limit,) = _unit_options(DEPLOY / "systemd" / "gpuopt.service")["Service"]["LimitNOFILE"]
+    assert int(limit) >= ApiConfig().max_connections + RESERVED_FDS
+
+
+def test_chart_says_how_the_daemon_gets_its_open_file_limit() -> None:
+    """Kubernetes has no ulimit field: the values say what the daemon does instead."""
+    values = (CHART / "values.yaml").read_text()
+    assert "open-file limit" in values and "api.max_connections" in values
 
 
 def test_systemd_unit_migrates_before_the_daemon_starts() -> None:

@@ -13,8 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
+from optimizer.api.logs import PAGE_BYTES
 from optimizer.daemon.service import Daemon
-from optimizer.store import token_sha256
+from optimizer.store import NewChunk, token_sha256
 from optimizer.store.jobs import AttemptRecord
 from tests.helpers import (
     TOKEN,
@@ -283,3 +284,203 @@ def test_followers_end_cleanly_when_the_daemon_stops(tmp_path: Path) -> None:
         )
     finally:
         follower.close()
+
+
+# -- bounded reads and follower limits ------------------------------------------------------
+
+
+class CountingLogs:
+    """The store's job logs, counting the bytes of text each read hands back."""
+
+    READS = ("chunks", "chunks_before", "page")
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.reads: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self.inner, name)
+        if name not in self.READS:
+            return found
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            out = found(*args, **kwargs)
+            chunks = out.chunks if hasattr(out, "chunks") else out
+            self.reads.append(sum(len(c.text.encode()) for c in chunks))
+            return out
+
+        return counted
+
+
+def store_chunks(daemon: Daemon, key: str, *chunks: tuple[int, str, str]) -> None:
+    """Chunks straight into the store (faster than shipping megabytes through the API)."""
+    record = daemon.store.jobs.attempt(key)
+    assert record is not None
+    daemon.store.logs.append(
+        job_id=record.job_id,
+        attempt_id=record.id,
+        chunks=[NewChunk(seq, stream, text) for seq, stream, text in chunks],
+        max_bytes_per_job=64 << 20,
+    )
+
+
+def test_a_large_log_is_read_from_the_store_a_bounded_page_at_a_time(daemon: Daemon) -> None:
+    add_attempt(daemon, "train", 1)
+    # 48 chunks of 64 Ki characters, a third of them two bytes each in UTF-8: ~4 MiB.
+    texts = [(f"{i:03d}" + ("é" if i % 3 == 0 else "x") * 65_532 + "\n") for i in range(48)]
+    store_chunks(daemon, "train-1", *((i, "stdout", t) for i, t in enumerate(texts)))
+    counting = CountingLogs(daemon.store.logs)
+    daemon.store.logs = counting  # type: ignore[assignment]
+    whole = logs(daemon, "train")
+    assert whole.text == H1 + "\n" + "".join(texts)
+    finish(daemon, "train-1", 48)
+    follower = Follower(daemon, "train")
+    try:
+        wait_until(lambda: follower.ended, what="the follower to read it all and end")
+        assert follower.text == whole.text
+    finally:
+        follower.close()
+    assert logs(daemon, "train", tail=2).text == H1 + "\n" + "".join(texts[-2:])
+    # Every byte was read twice (whole, followed), the tail's in a page or two.
+    total = sum(len(t.encode()) for t in texts)
+    assert 2 * total <= sum(counting.reads) <= 2 * total + 2 * (PAGE_BYTES + 4 * 65_536)
+    # One page: at most PAGE_BYTES past its first chunk (a chunk is 256 KiB at most).
+    assert max(counting.reads) <= PAGE_BYTES + 4 * 65_536
+
+
+MIXED = [
+    (0, "stdout", "héllo wörld\nstep 1: 50%"),
+    (1, "stderr", "⚠ warning: 😀 emoji\n"),
+    (2, "stdout", ""),
+    (3, "stdout", "\rstep 1: 100%\n日本語の行\n"),
+    (4, "stderr", "partial é"),
+    (5, "stderr", "è continued\nlast stderr"),
+    (6, "stdout", "\n"),
+    (7, "stdout", "😀" * 5 + "\n" + "é" * 3),
+]
+
+
+def old_answer(daemon: Daemon, name: str, tail: int | None, number: int | None = None) -> str:
+    """What the answer was when every attempt was read whole: all chunks rendered at once,
+    and a tail cut with last_lines from each attempt's whole text (the oracle)."""
+    from optimizer.api.logs import Renderer, count_lines, last_lines
+
+    job = daemon.store.jobs.get_job(name)
+    assert job is not None
+    attempts = daemon.store.jobs.attempts(job.id)
+    attempts = [a for a in attempts if number is None or a.number == number]
+    everything = {a.id: daemon.store.logs.chunks(a.id, limit=10**6) for a in attempts}
+    render = Renderer()
+    start = render.begin(attempts[0]) if number is not None else ""
+    if tail is None:
+        return start + "".join(
+            render.text(a, everything[a.id]) for a in attempts if everything[a.id]
+        )
+    wanted, parts = tail, []
+    for attempt in reversed(attempts):
+        if wanted <= 0:
+            break
+        chunks = everything[attempt.id]
+        if not chunks:
+            continue
+        text = last_lines(Renderer().body(chunks), wanted)
+        wanted -= count_lines(text)
+        parts.append((attempt, text, chunks[-1].stream))
+    return start + "".join(render.verbatim(a, t, s) for a, t, s in reversed(parts))
+
+
+def test_output_is_the_same_whatever_the_page_boundaries(
+    daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add_attempt(daemon, "train", 1)
+    add_attempt(
+        daemon, "train", 2, region="us-east-1", zone=None, instance_type="p5.48xlarge",
+        market="on_demand",
+    )  # fmt: skip
+    store_chunks(daemon, "train-1", *MIXED)
+    store_chunks(daemon, "train-2", *((seq, stream, text[::-1]) for seq, stream, text in MIXED))
+    lines = old_answer(daemon, "train", None).count("\n")
+    tails = [None, *range(lines + 3)]
+    expected = {tail: old_answer(daemon, "train", tail) for tail in tails}
+    expected_one = {tail: old_answer(daemon, "train", tail, number=2) for tail in tails}
+    # Pages of one or two chunks, every 1-5 bytes: each boundary falls somewhere new.
+    for page, page_bytes, lines_page in ((1, 1, 1), (2, 5, 2), (3, 3, 3), (200, 1 << 20, 1000)):
+        monkeypatch.setattr("optimizer.api.logs.PAGE", page)
+        monkeypatch.setattr("optimizer.api.logs.PAGE_BYTES", page_bytes)
+        monkeypatch.setattr("optimizer.api.logs.LINES_PAGE", lines_page)
+        for tail in tails:
+            params = {} if tail is None else {"tail": tail}
+            assert logs(daemon, "train", **params).text == expected[tail], (page, tail)
+            assert logs(daemon, "train", attempt=2, **params).text == expected_one[tail]
+
+
+def raw_follower(daemon: Daemon, name: str) -> socket.socket:
+    """A follower on a socket of its own, once its first output came: closing it is a
+    client going away."""
+    host, port = daemon.url.removeprefix("http://").rsplit(":", 1)
+    conn = socket.create_connection((host, int(port)), timeout=10)
+    conn.sendall(
+        f"GET /jobs/{name}/logs?follow=true HTTP/1.1\r\nHost: gpuopt\r\n".encode()
+        + f"Authorization: Bearer {TOKEN}\r\n\r\n".encode()
+    )
+    seen = b""
+    while b"step 1" not in seen:
+        seen += conn.recv(4096)
+    assert seen.startswith(b"HTTP/1.1 200 ")
+    return conn
+
+
+def try_follow(daemon: Daemon, name: str) -> httpx.Response:
+    """The status and (for a refusal) the body of a follow request; the stream is closed."""
+    with (
+        api(daemon) as client,
+        client.stream("GET", f"/jobs/{name}/logs", params={"follow": "true"}) as answer,
+    ):
+        if answer.status_code != 200:
+            answer.read()
+        return answer
+
+
+def test_followers_past_the_limits_get_429_naming_them_and_a_slot_frees_when_one_leaves(
+    tmp_path: Path,
+) -> None:
+    config = make_config(tmp_path, logs={"max_followers_per_job": 2, "max_followers": 3})
+    with running(config, clock=steady_clock()) as daemon:
+        for job in ("train", "eval", "other"):
+            add_attempt(daemon, job, 1)
+            ship(daemon, f"{job}-1", (0, "stdout", f"{job} step 1\n"))
+        first = raw_follower(daemon, "train")
+        second = Follower(daemon, "train")
+        third: Follower | None = None
+        try:
+            wait_until(lambda: "step 1" in second.text)
+            refused = try_follow(daemon, "train")
+            assert refused.status_code == 429
+            assert refused.headers["retry-after"]
+            assert refused.json()["detail"] == (
+                "job 'train' already has 2 followers, the limit "
+                "(logs.max_followers_per_job = 2); try again once one ends"
+            )
+            assert logs(daemon, "train").status_code == 200  # reading without follow is not capped
+            third = Follower(daemon, "eval")
+            wait_until(lambda: "step 1" in third.text)
+            refused = try_follow(daemon, "other")
+            assert refused.status_code == 429
+            assert "(logs.max_followers = 3)" in refused.json()["detail"]
+            first.close()  # the client goes away: its slot frees
+            wait_until(
+                lambda: try_follow(daemon, "train").status_code == 200,
+                what="a follower of train once one left",
+            )
+        finally:
+            first.close()
+            for follower in (second, third):
+                if follower is not None:
+                    follower.close()
+
+
+def test_the_follower_limits_are_config_keys(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    assert (config.logs.max_followers_per_job, config.logs.max_followers) == (16, 128)
+    with pytest.raises(ValueError, match="max_followers_per_job"):
+        make_config(tmp_path, logs={"max_followers_per_job": 0})

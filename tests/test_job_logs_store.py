@@ -140,3 +140,40 @@ def test_the_daemon_prunes_job_logs_in_its_retention_loop(tmp_path: Path) -> Non
     config = make_config(tmp_path, logs={"retention_days": 7})
     with running(config) as daemon:
         assert daemon.retention.log_retention == timedelta(days=7)
+
+
+def test_a_page_stops_at_its_byte_budget_but_always_holds_one_chunk(store: Store) -> None:
+    a = attempt_of(store, "train")
+    append(store, a, chunk(0, "é" * 10), chunk(1, "x" * 5), chunk(2, "y" * 30), chunk(3, "z"))
+    # 20 + 5 bytes fit in 25; the 30-byte chunk would not.
+    page = store.logs.page(a.id, max_chunks=10, max_bytes=25)
+    assert ([c.seq for c in page.chunks], page.more) == ([0, 1], True)
+    page = store.logs.page(a.id, after_seq=1, max_chunks=10, max_bytes=25)
+    assert ([c.seq for c in page.chunks], page.more) == ([2], True)  # over budget, alone
+    page = store.logs.page(a.id, after_seq=2, max_chunks=10, max_bytes=25)
+    assert ([c.text for c in page.chunks], page.more) == (["z"], False)
+    page = store.logs.page(a.id, max_chunks=2, max_bytes=1 << 20)
+    assert ([c.seq for c in page.chunks], page.more) == ([0, 1], True)
+    page = store.logs.page(a.id, after_seq=0, upto_seq=2, max_chunks=10, max_bytes=1 << 20)
+    assert ([c.seq for c in page.chunks], page.more) == ([1, 2], False)
+    assert store.logs.page(a.id, after_seq=3, max_chunks=10, max_bytes=25).chunks == []
+
+
+def test_line_counts_for_a_tail_come_from_the_database(store: Store) -> None:
+    a = attempt_of(store, "train")
+    append(
+        store,
+        a,
+        chunk(0, "a\nb\n"),
+        chunk(1, "", "stderr"),
+        chunk(2, "日本\n語", "stderr"),
+        chunk(3, "😀"),
+    )
+    shapes = store.logs.lines_before(a.id, before_seq=4, limit=10)
+    assert [(s.seq, s.stream, s.newlines, s.ends_with_newline, s.empty) for s in shapes] == [
+        (3, "stdout", 0, False, False),
+        (2, "stderr", 1, False, False),
+        (1, "stderr", 0, False, True),
+        (0, "stdout", 2, True, False),
+    ]
+    assert [s.seq for s in store.logs.lines_before(a.id, before_seq=3, limit=2)] == [2, 1]

@@ -14,6 +14,13 @@ attempt's instance is gone, or it never started the job. Output an agent still o
 the job ended is waited for SETTLE_S at most. With `attempt`, following ends when that
 attempt's output is complete. It also ends when the client goes away (the server cancels
 the stream; nothing keeps running for it) and when the daemon stops.
+
+Every answer reads the store a page at a time (at most PAGE chunks and, past the first chunk,
+PAGE_BYTES bytes of text) and writes each page before it reads the next, so what an answer
+holds stays about one page however large the log; a tail is found from the chunks' line
+counts (logtail.py) and then streamed the same way. At most `logs.max_followers_per_job`
+followers of one job and `logs.max_followers` in all are served at once (followers.py): one
+more is answered 429 naming the limit.
 """
 
 from __future__ import annotations
@@ -29,10 +36,12 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
+from optimizer.api.followers import FollowerSlot, TooManyFollowers
+from optimizer.api.logtail import skip_newlines, tail_cut
 from optimizer.api.state import ApiState, StateDep
 from optimizer.store import Store
 from optimizer.store.jobs import AttemptRecord
-from optimizer.store.logs import LogChunk
+from optimizer.store.logs import ChunkLines, LogChunk
 from optimizer.store.tables import TERMINAL_JOB_STATES
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -40,7 +49,10 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 FOLLOW_POLL_S = 0.5  # how often a follower looks in the store for new output
 WAKE_S = 0.05  # and how often it checks whether this replica took new output meanwhile
 SETTLE_S = 10.0  # after the job ended, how long a follower waits for output still owed
-PAGE = 200  # chunks read per step
+PAGE = 200  # chunks read per step at most
+PAGE_BYTES = 256 << 10  # and bytes of text, past the first chunk (a chunk is <= 64 Ki characters)
+LINES_PAGE = 1_000  # chunks' line counts read per step while finding where a tail begins
+LINES_FIRST = 32  # in the first step (then twice as many each step, up to LINES_PAGE)
 MAX_TAIL = 1_000_000
 
 
@@ -130,6 +142,20 @@ class Renderer:
 
 
 @dataclass
+class TailPart:
+    """One attempt's share of a tail: its chunks in (after, upto], rendered afresh, with the
+    first `skip` newlines of that text left out."""
+
+    attempt: AttemptRecord
+    after: int
+    upto: int
+    skip: int
+    last_stream: str
+    render: Renderer = field(default_factory=Renderer)
+    wrote: str = ""  # the last character written of it ("" while none)
+
+
+@dataclass
 class LogStream:
     """One answer's worth of a job's output, read step by step (each step a bounded read of
     the store, run off the event loop). `step()` returns the next text, "" when there is none
@@ -144,6 +170,8 @@ class LogStream:
     cursors: dict[int, int] = field(default_factory=dict)  # attempt id -> last seq written
     caught_up: dict[int, int] = field(default_factory=dict)  # attempt id -> bytes read up to
     _began: bool = False
+    _tail_parts: list[TailPart] = field(default_factory=list)  # still to write, oldest first
+    _reading: tuple[AttemptRecord, int] | None = None  # read part way: (attempt, bytes shipped)
     _ended_at: float | None = None  # monotonic time the job was first seen ended
 
     def attempts(self) -> list[AttemptRecord]:
@@ -151,11 +179,15 @@ class LogStream:
         return [a for a in found if self.number is None or a.number == self.number]
 
     def step(self) -> str | None:
-        start = ""
+        text = ""
         if not self._began:
             self._began = True
-            start = self._start()
-        text = start + self._read_new()
+            text = self._start()
+        while self._tail_parts:  # a page whose lines are all skipped gives nothing: read on
+            text += self._tail_page()
+            if text:
+                return text
+        text += self._read_new()
         if text:
             return text
         if not self.follow or self._finished():
@@ -164,57 +196,112 @@ class LogStream:
 
     def _start(self) -> str:
         attempts = self.attempts()
-        out = []
+        out = ""
         if self.number is not None and attempts:  # asked for by number: its header at once
-            out.append(self.render.begin(attempts[0]))
+            out = self.render.begin(attempts[0])
         if self.tail is not None:
-            out.append(self._tail(attempts))
-        return "".join(out)
+            self._plan_tail(attempts)
+        return out
+
+    def _page(
+        self, attempt_id: int, after: int, upto: int | None = None
+    ) -> tuple[list[LogChunk], bool]:
+        page = self.store.logs.page(
+            attempt_id, after_seq=after, upto_seq=upto, max_chunks=PAGE, max_bytes=PAGE_BYTES
+        )
+        return page.chunks, page.more
 
     def _read_new(self) -> str:
-        """What arrived past the cursors, up to one page of one attempt."""
+        """What arrived past the cursors, up to one page of one attempt (an attempt read part
+        way is read on without asking the store for the job's attempts again)."""
+        if self._reading is not None:
+            text = self._read_attempt(*self._reading)
+            if text:
+                return text
         for attempt in self.attempts():
             shipped = attempt.log_bytes + attempt.log_dropped_bytes  # grows with every chunk
             if self.caught_up.get(attempt.id) == shipped:
                 continue
-            after = self.cursors.get(attempt.id, -1)
-            chunks = self.store.logs.chunks(attempt.id, after_seq=after, limit=PAGE)
-            if len(chunks) < PAGE:
+            text = self._read_attempt(attempt, shipped)
+            if text:
+                return text
+        return ""
+
+    def _read_attempt(self, attempt: AttemptRecord, shipped: int) -> str:
+        """The next page of `attempt` past its cursor ("" when it has no more)."""
+        self._reading = None
+        while True:  # pages of empty chunks give no text: read on
+            chunks, more = self._page(attempt.id, self.cursors.get(attempt.id, -1))
+            if not more:
                 self.caught_up[attempt.id] = shipped
             if chunks:
                 self.cursors[attempt.id] = chunks[-1].seq
-                return self.render.text(attempt, chunks)
-        return ""
+                text = self.render.text(attempt, chunks)
+                if text:
+                    if more:
+                        self._reading = (attempt, shipped)
+                    return text
+            if not (chunks and more):
+                return ""
 
-    def _tail(self, attempts: list[AttemptRecord]) -> str:
-        """The last `tail` lines of what is held now (attempts newest first, each read
-        backwards until it gives enough lines); the cursors move past all of it."""
+    def _plan_tail(self, attempts: list[AttemptRecord]) -> None:
+        """Where the last `tail` lines of what is held now begin (attempts newest first, each
+        counted backwards from its chunks' line counts until it gives enough lines); the
+        cursors move past all of it, and `_tail_page` writes it a page at a time."""
         last = self.store.logs.last_seqs([a.id for a in attempts])
         self.cursors.update(last)
         wanted = self.tail or 0
-        parts: list[tuple[AttemptRecord, str, str]] = []
+        parts: list[TailPart] = []
         for attempt in reversed(attempts):
             if wanted <= 0:
                 break
             if attempt.id not in last:
                 continue
-            chunks: list[LogChunk] = []
+            shapes: list[ChunkLines] = []
             newlines = 0
             before = last[attempt.id] + 1
+            limit = min(LINES_FIRST, LINES_PAGE)  # a short tail needs only the last few
             while newlines <= wanted:
-                page = self.store.logs.chunks_before(attempt.id, before_seq=before, limit=PAGE)
+                page = self.store.logs.lines_before(attempt.id, before_seq=before, limit=limit)
+                limit = min(limit * 2, LINES_PAGE)
                 if not page:
                     break
-                chunks.extend(page)
-                newlines += sum(c.text.count("\n") for c in page)
+                shapes.extend(page)
+                newlines += sum(c.newlines for c in page)
                 before = page[-1].seq
-            if not chunks:
+            if not shapes:
                 continue
-            chunks.reverse()
-            text = last_lines(Renderer().body(chunks), wanted)
-            wanted -= count_lines(text)
-            parts.append((attempt, text, chunks[-1].stream))
-        return "".join(self.render.verbatim(a, t, s) for a, t, s in reversed(parts))
+            shapes.reverse()
+            cut = tail_cut(shapes, wanted)
+            wanted -= cut.lines
+            parts.append(
+                TailPart(
+                    attempt,
+                    after=shapes[cut.start].seq - 1,
+                    upto=last[attempt.id],
+                    skip=cut.skip,
+                    last_stream=shapes[-1].stream,
+                    render=Renderer(stream=cut.stream, at_line_start=cut.at_line_start),
+                )
+            )
+        self._tail_parts = parts[::-1]
+
+    def _tail_page(self) -> str:
+        """The next page of the tail (a header first where the attempt changes)."""
+        part = self._tail_parts[0]
+        out = "" if self.render.attempt == part.attempt.id else self.render.begin(part.attempt)
+        chunks, more = self._page(part.attempt.id, part.after, part.upto)
+        text, part.skip = skip_newlines(part.render.body(chunks), part.skip)
+        if chunks:
+            part.after = chunks[-1].seq
+        if text:
+            part.wrote = text[-1]
+        if not (chunks and more):  # this attempt's share is written
+            self._tail_parts.pop(0)
+            if part.wrote:
+                self.render.stream = part.last_stream
+                self.render.at_line_start = part.wrote == "\n"
+        return out + text
 
     def _finished(self) -> bool:
         """Whether the output followed is complete (see the module's docstring)."""
@@ -244,16 +331,20 @@ class LogStream:
 
 class LogResponse(StreamingResponse):
     """A streaming answer whose generator is closed however the response ends (the client
-    going away included), so its `finally` runs at once, not when it is collected."""
+    going away included), so its `finally` runs at once, not when it is collected; a
+    follower's slot is given back then too."""
 
-    def __init__(self, content: AsyncIterator[str]) -> None:
+    def __init__(self, content: AsyncIterator[str], slot: FollowerSlot | None = None) -> None:
         super().__init__(content, media_type="text/plain; charset=utf-8")
         self._content = content
+        self._slot = slot
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
+            if self._slot is not None:
+                self._slot.release()
             aclose = getattr(self._content, "aclose", None)
             if aclose is not None:
                 await aclose()
@@ -268,7 +359,9 @@ async def _quiet_spell(state: ApiState, job_id: int) -> None:
         await anyio.sleep(WAKE_S)
 
 
-async def _pieces(stream: LogStream, state: ApiState) -> AsyncIterator[str]:
+async def _pieces(
+    stream: LogStream, state: ApiState, slot: FollowerSlot | None = None
+) -> AsyncIterator[str]:
     followers = state.metrics.log_followers
     if stream.follow:
         followers.inc()
@@ -286,6 +379,8 @@ async def _pieces(stream: LogStream, state: ApiState) -> AsyncIterator[str]:
             else:
                 await _quiet_spell(state, stream.job_id)
     finally:
+        if slot is not None:
+            slot.release()
         if stream.follow:
             followers.dec()
 
@@ -300,7 +395,8 @@ def job_logs(
     ] = None,
     follow: Annotated[bool, Query(description="Stream new output until the job ends.")] = False,
 ) -> StreamingResponse:
-    """A job's output as text, each attempt under a header; `follow=true` streams it."""
+    """A job's output as text, each attempt under a header; `follow=true` streams it (429
+    past logs.max_followers_per_job followers of the job or logs.max_followers in all)."""
     job = state.store.jobs.get_job(name)
     if job is None:
         raise HTTPException(404, detail=f"no job named {name!r}")
@@ -313,5 +409,11 @@ def job_logs(
                 else "it has no attempts yet"
             )
             raise HTTPException(404, detail=f"job {name!r} has no attempt {attempt}; {known}")
+    slot = None
+    if follow:
+        try:
+            slot = state.followers.take(job.id, name)
+        except TooManyFollowers as exc:
+            raise HTTPException(429, detail=str(exc), headers={"Retry-After": "5"}) from None
     stream = LogStream(state.store, job.id, number=attempt, tail=tail, follow=follow)
-    return LogResponse(_pieces(stream, state))
+    return LogResponse(_pieces(stream, state, slot), slot)

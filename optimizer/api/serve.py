@@ -14,6 +14,7 @@ from fastapi import APIRouter, FastAPI
 
 from optimizer.api import agent
 from optimizer.api.app import create_app
+from optimizer.api.followers import FollowerSlots
 from optimizer.api.state import ApiState
 
 if TYPE_CHECKING:
@@ -34,6 +35,10 @@ def daemon_state(daemon: Daemon) -> ApiState:
         started_at=daemon.started_at,
         stopping=daemon.stopping,
         max_log_bytes_per_job=daemon.config.logs.max_bytes_per_job,
+        followers=FollowerSlots(
+            per_job=daemon.config.logs.max_followers_per_job,
+            total=daemon.config.logs.max_followers,
+        ),
         probe_window=daemon.config.probes.window(),
     )
     state.extras["replica"] = daemon.leadership.replica

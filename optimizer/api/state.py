@@ -13,6 +13,7 @@ from fastapi import Depends, Request
 from pydantic import SecretStr
 
 from optimizer.alerts.outbox import Emitter
+from optimizer.api.followers import FollowerSlots
 from optimizer.api.throttle import AuthThrottle
 from optimizer.clock import Clock
 from optimizer.daemon.metrics import Metrics
@@ -53,7 +54,8 @@ class ApiState:
     `ready()` answers /readyz; `stopping` is set when the daemon begins to stop (streams that
     follow a job's output end then); `log_changes` counts, per job, the output chunks this
     replica took (its followers look at the store at once); `max_log_bytes_per_job` is
-    logs.max_bytes_per_job;
+    logs.max_bytes_per_job; `followers` counts the answers following job logs against
+    logs.max_followers_per_job and logs.max_followers;
     `auth_throttle` counts wrong tokens per client address (optimizer/api/throttle.py);
     `extras` is room for later areas (the agent's token table)."""
 
@@ -69,6 +71,7 @@ class ApiState:
     stopping: threading.Event = field(default_factory=threading.Event)
     log_changes: Changes = field(default_factory=Changes)
     max_log_bytes_per_job: int = DEFAULT_MAX_BYTES_PER_JOB
+    followers: FollowerSlots = field(default_factory=FollowerSlots)  # of job logs, capped
     probe_window: ProbeWindow = DEFAULT_WINDOW  # the daemon config's `probes:`
     auth_throttle: AuthThrottle = field(default_factory=AuthThrottle)
     extras: dict[str, Any] = field(default_factory=dict)

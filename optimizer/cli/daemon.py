@@ -40,6 +40,7 @@ def daemon(
 ) -> None:
     """Run the daemon: poll prices, reload policies, send alerts, serve the HTTP API."""
     from optimizer.daemon.config import ConfigError, load_config
+    from optimizer.daemon.connections import raise_open_file_limit
     from optimizer.daemon.logsetup import configure
     from optimizer.daemon.providers import provider_secrets
     from optimizer.daemon.server import BindError
@@ -58,6 +59,7 @@ def daemon(
     cfg = cfg.model_copy(update={"api": api, "log": log})
     secrets = [*cfg.secrets(), *provider_secrets()]
     configure(log.format, log.level, secrets=secrets, access_log=api.access_log)
+    raise_open_file_limit()
 
     try:
         service = Daemon(cfg, face=console_app)

@@ -39,10 +39,15 @@ from optimizer.common.documents import Checked, check_file
 from optimizer.common.errors import LocatedError, Problem
 from optimizer.common.validation import findings, in_file_order
 from optimizer.daemon import settings, token_strength
+from optimizer.daemon.connections import ConnectionLimits
 from optimizer.jobs.bootstrap import BOOTSTRAP_ENV, AgentInstall, AgentProxy, AgentSettings
 from optimizer.jobs.measured import DEFAULT_DEMOTE_FAILED, ProbeWindow
 from optimizer.store import DatabaseUrlError, Retention, normalize_database_url
-from optimizer.store.logs import DEFAULT_MAX_BYTES_PER_JOB
+from optimizer.store.logs import (
+    DEFAULT_FOLLOWERS,
+    DEFAULT_FOLLOWERS_PER_JOB,
+    DEFAULT_MAX_BYTES_PER_JOB,
+)
 from optimizer.store.probes import DEFAULT_LAST
 from providers import registry
 
@@ -95,6 +100,30 @@ class ApiConfig(_Section):
         le=1 << 30,
         description="Larger request bodies are refused with 413 before they are read.",
     )
+    header_timeout_s: float = Field(
+        10,
+        gt=0,
+        le=300,
+        description="A connection whose request line and headers take longer is closed (408).",
+    )
+    idle_timeout_s: float = Field(
+        5, gt=0, le=3600, description="A keep-alive connection idle this long is closed."
+    )
+    max_connections: int = Field(
+        1024,
+        ge=8,
+        le=1_000_000,
+        description="Connections beyond this are refused at once (503); kept 128 under the "
+        "open-file limit.",
+    )
+
+    def limits(self) -> ConnectionLimits:
+        """The API server's limits on slow and numerous clients."""
+        return ConnectionLimits(
+            header_timeout_s=self.header_timeout_s,
+            idle_timeout_s=self.idle_timeout_s,
+            max_connections=self.max_connections,
+        )
 
 
 class LoopsConfig(_Section):
@@ -170,6 +199,18 @@ class LogsConfig(_Section):
     )
     retention_days: float = Field(
         30, gt=0, le=36_500, description="The output of jobs that ended longer ago is deleted."
+    )
+    max_followers_per_job: int = Field(
+        DEFAULT_FOLLOWERS_PER_JOB,
+        ge=1,
+        le=10_000,
+        description="More followers of one job's output at once are refused with 429.",
+    )
+    max_followers: int = Field(
+        DEFAULT_FOLLOWERS,
+        ge=1,
+        le=100_000,
+        description="More followers of job output at once, over all jobs, are refused with 429.",
     )
 
 

@@ -5,20 +5,32 @@ store or data directory), so a taken port or a bad address fails `gpuopt daemon`
 with one line and nothing created, and port 0 gives a free port that `port` reports.
 uvicorn installs no signal handlers off the main thread; the daemon owns SIGTERM/SIGINT and
 stops the server by setting `should_exit` (in-flight requests get a few seconds to finish).
+Slow and numerous clients are kept in bounds by `connections.py` (a header timeout, an idle
+timeout, a connection cap under the open-file limit, accept errors logged at a bounded rate).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import logging
 import socket
 import threading
 import time
 from typing import Any
 
-import uvicorn
+from optimizer.daemon.connections import (
+    ACCEPT_BACKLOG,
+    ConnectionLimits,
+    GuardedConfig,
+    GuardedServer,
+    connection_cap,
+    open_file_limit,
+)
 
 START_TIMEOUT_S = 10.0
 GRACEFUL_S = 5
+
+log = logging.getLogger("gpuopt.api")
 
 
 class BindError(RuntimeError):
@@ -39,13 +51,21 @@ class ApiServer:
     """Serves an ASGI app on (host, port) from a background thread: `bind()` the socket,
     then `start(app)`."""
 
-    def __init__(self, host: str, port: int, *, access_log: bool = False) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        access_log: bool = False,
+        limits: ConnectionLimits | None = None,
+    ) -> None:
         self.host = host
         self.requested_port = port
         self.access_log = access_log
+        self.limits = limits or ConnectionLimits()
         self._socket: socket.socket | None = None
         self._thread: threading.Thread | None = None
-        self._server: uvicorn.Server | None = None
+        self._server: GuardedServer | None = None
 
     def bind(self) -> None:
         """Open the listening socket; raises BindError with a one-line reason."""
@@ -60,7 +80,7 @@ class ApiServer:
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(address)
-            sock.listen(128)
+            sock.listen(ACCEPT_BACKLOG)
         except OSError as exc:
             sock.close()
             where = f"{self.host}:{self.requested_port}"
@@ -85,9 +105,11 @@ class ApiServer:
         """Serve `app` on a thread; returns once the server accepts connections."""
         if self._socket is None:
             self.bind()
-        server = self._server = uvicorn.Server(
-            uvicorn.Config(
+        server = self._server = GuardedServer(
+            GuardedConfig(
                 app,
+                limits=self.limits,
+                max_connections=self.max_connections(),
                 log_config=None,
                 access_log=self.access_log,
                 lifespan="off",
@@ -106,6 +128,21 @@ class ApiServer:
             if time.monotonic() > deadline:
                 raise BindError(f"the API server did not start within {START_TIMEOUT_S:.0f}s")
             time.sleep(0.01)
+
+    def max_connections(self) -> int:
+        """api.max_connections, lowered (with a warning) to fit the open-file limit."""
+        configured = self.limits.max_connections
+        limit = open_file_limit()
+        cap = connection_cap(configured, limit)
+        if cap < configured:
+            log.warning(
+                "api.max_connections lowered from %d to %d: the open-file limit is %d "
+                "(raise it, e.g. LimitNOFILE= in the systemd unit)",
+                configured,
+                cap,
+                limit,
+            )
+        return cap
 
     @property
     def alive(self) -> bool:

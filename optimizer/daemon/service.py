@@ -131,7 +131,12 @@ class Daemon:
         self._check_listener()
         # Bind first: a taken port or a bad address fails here, with one line, before the
         # store, the data directory or the token file is touched.
-        self.server = ApiServer(config.api.host, config.api.port, access_log=config.api.access_log)
+        self.server = ApiServer(
+            config.api.host,
+            config.api.port,
+            access_log=config.api.access_log,
+            limits=config.api.limits(),
+        )
         self.server.bind()
         try:
             self._assemble(face, clock, rng, sources, http_client, store)

@@ -26,8 +26,11 @@ _JOB = table(Job)
 
 STREAMS = ("stdout", "stderr")
 DEFAULT_MAX_BYTES_PER_JOB = 16 << 20  # logs.max_bytes_per_job's default
+DEFAULT_FOLLOWERS_PER_JOB = 16  # logs.max_followers_per_job's default
+DEFAULT_FOLLOWERS = 128  # logs.max_followers's default
 PRUNE_BATCH = 5_000  # chunks one prune call deletes at most
 _TRIM_PAGE = 1_000  # oldest chunks read per step while trimming to the cap
+PAGE_ROWS = 8  # rows a page's read fetches from the database at a time
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +52,26 @@ class LogChunk:
     stream: str
     at: datetime
     text: str
+
+
+@dataclass(frozen=True, slots=True)
+class LogPage:
+    """Chunks read in one page, and whether more were held past them when it was read."""
+
+    chunks: list[LogChunk]
+    more: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkLines:
+    """A stored chunk's shape without its text: its newlines, whether it ends with one,
+    whether it is empty (what a tail counts lines with)."""
+
+    seq: int
+    stream: str
+    newlines: int
+    ends_with_newline: bool
+    empty: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +171,54 @@ class Logs:
         with self._db.connect() as conn:
             return [LogChunk(*row) for row in conn.execute(query)]
 
+    def page(
+        self,
+        attempt_id: int,
+        *,
+        after_seq: int = -1,
+        upto_seq: int | None = None,
+        max_chunks: int,
+        max_bytes: int,
+    ) -> LogPage:
+        """The attempt's chunks with seq in (after_seq, upto_seq], in seq order: at most
+        `max_chunks` of them and, past the first, at most `max_bytes` bytes of text in all (a
+        reader holds one page at a time, however large the log).
+
+        Rows are fetched a few at a time (`yield_per`: a server-side cursor on PostgreSQL,
+        SQLite steps row by row) and the read stops once the budget is spent, so no more than
+        PAGE_ROWS rows past it are held. The sizes are not read first on their own: SQLite
+        keeps `nbytes` after the text in each row, and reading it walks the text anyway."""
+        query = (
+            select(
+                _LOG.c.attempt_id,
+                _LOG.c.seq,
+                _LOG.c.stream,
+                _LOG.c.at,
+                _LOG.c.text,
+                _LOG.c.nbytes,
+            )
+            .where(_LOG.c.attempt_id == attempt_id, _LOG.c.seq > after_seq)
+            .order_by(_LOG.c.seq)
+            .limit(max_chunks + 1)
+        )
+        if upto_seq is not None:
+            query = query.where(_LOG.c.seq <= upto_seq)
+        chunks: list[LogChunk] = []
+        total = 0
+        more = False
+        with self._db.connect() as conn:
+            result = conn.execution_options(yield_per=PAGE_ROWS).execute(query)
+            try:
+                for *fields, nbytes in result:
+                    if chunks and (len(chunks) >= max_chunks or total + int(nbytes) > max_bytes):
+                        more = True
+                        break
+                    chunks.append(LogChunk(*fields))
+                    total += int(nbytes)
+            finally:
+                result.close()
+        return LogPage(chunks, more)
+
     def chunks_before(
         self, attempt_id: int, *, before_seq: int, limit: int = 200
     ) -> list[LogChunk]:
@@ -160,6 +231,30 @@ class Logs:
         )
         with self._db.connect() as conn:
             return [LogChunk(*row) for row in conn.execute(query)]
+
+    def lines_before(
+        self, attempt_id: int, *, before_seq: int, limit: int = 1_000
+    ) -> list[ChunkLines]:
+        """What a tail needs to know of the attempt's chunks with seq below `before_seq`,
+        newest first, counted by the database: no text is read into this process."""
+        text = _LOG.c.text
+        query = (
+            select(
+                _LOG.c.seq,
+                _LOG.c.stream,
+                func.length(text) - func.length(func.replace(text, "\n", "")),
+                func.substr(text, func.length(text), 1) == "\n",
+                _LOG.c.nbytes == 0,
+            )
+            .where(_LOG.c.attempt_id == attempt_id, _LOG.c.seq < before_seq)
+            .order_by(_LOG.c.seq.desc())
+            .limit(limit)
+        )
+        with self._db.connect() as conn:
+            return [
+                ChunkLines(int(seq), stream, int(newlines), bool(ends), bool(empty))
+                for seq, stream, newlines, ends, empty in conn.execute(query)
+            ]
 
     def last_seqs(self, attempt_ids: Sequence[int]) -> dict[int, int]:
         """The highest seq held of each attempt (attempts with no chunk left out)."""
