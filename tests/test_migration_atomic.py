@@ -5,7 +5,7 @@ runs on where it was, and the attempt launched for the move is ended and its ins
 terminated.
 
 The reconciler runs here against a fake cloud, one pass at a time, on a fixed clock; a
-"SIGKILL" is an exception raised at the step named, which ends the pass there."""
+"SIGKILL" is a BaseException raised at the step named, which ends the pass there."""
 
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ HERE = ("aws", "us-east-1", "use1-az1", "g5.xlarge", "spot")
 THERE = ("aws", "us-east-1", "use1-az2", "g5.xlarge", "spot")
 
 
-class Killed(Exception):
-    """The daemon's process ended here."""
+class Killed(BaseException):
+    """The daemon's process ended here (no `except Exception` of the pass catches it)."""
 
 
 class Moving(JobReconciler):
