@@ -251,6 +251,7 @@ class EventKind(StrEnum):
     JOB_PROBE_FAILED = "job.probe_failed"
     JOB_INSTANCE_LOST = "job.instance_lost"
     JOB_INSTANCE_LEFT_TO_CLOUD = "job.instance_left_to_cloud"
+    JOB_FENCE_LIFTED = "job.fence_lifted"
     JOB_SUCCEEDED = "job.succeeded"
     JOB_FAILED = "job.failed"
     JOB_UNDERUSED = "job.underused"

@@ -78,13 +78,18 @@ def test_the_same_dedupe_key_raises_one_alert(store: Store) -> None:
     assert len(store.events.list_events()) == 3  # the events are facts; the alert is raised once
 
 
-def test_due_alerts_come_oldest_first_with_the_job_name(store: Store) -> None:
+def test_due_alerts_come_in_commit_order_with_the_job_name(store: Store) -> None:
     job_id = store.jobs.add_job("train", "small", {"run": "x"}, at=T0)
-    store.events.record_event(alert("late"), at=T0 + timedelta(minutes=5))
-    store.events.record_event(NewEvent("early", "m", job_id=job_id, alerts=("ops",)), at=T0)
+    store.events.record_event(NewEvent("first", "m", job_id=job_id, alerts=("ops",)), at=T0)
+    store.events.record_event(alert("second"), at=T0 + timedelta(minutes=5))
+    assert [a.event.kind for a in store.events.due_alerts(T0)] == ["first"]
     due = store.events.due_alerts(T0 + timedelta(minutes=5))
-    assert [(a.event.kind, a.job_name) for a in due] == [("early", "train"), ("late", None)]
-    assert [a.event.kind for a in store.events.due_alerts(T0)] == ["early"]
+    assert [(a.event.kind, a.job_name) for a in due] == [("first", "train"), ("second", None)]
+    # A time taken before the last commit: recorded after it, at its time, not before it.
+    store.events.record_event(alert("backdated"), at=T0 + timedelta(minutes=1))
+    due = store.events.due_alerts(T0 + timedelta(minutes=5))
+    assert [a.event.kind for a in due] == ["first", "second", "backdated"]
+    assert due[-1].created_at == due[-1].event.at == T0 + timedelta(minutes=5)
 
 
 def test_bookkeeping_moves_alerts_on_from_pending_only(store: Store) -> None:

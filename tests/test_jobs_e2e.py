@@ -323,6 +323,64 @@ def test_a_notice_shorter_than_the_replacement_still_lets_the_old_job_checkpoint
     assert start2 > exit1 and from2 == saved1 > 0 and saved2 == 600
 
 
+# A job whose checkpoint outlasts the notice: on SIGTERM it writes a stamp every 20 ms while it
+# "saves" for far longer than the power-off is away, so the power-off kills it mid-save.
+STAMPING_JOB = """\
+import os, signal, sys, time
+ckpt = os.environ["GPUOPT_CHECKPOINT_DIR"]
+log = open(os.path.join(ckpt, "stamps.log"), "a")
+me = str(os.getpid())
+def line(what):
+    log.write(f"{me} {time.monotonic()} {what}\\n")
+    log.flush()
+def term(*_):
+    while True:  # a checkpoint that never finishes before the power-off
+        line("saving")
+        time.sleep(0.02)
+line("start")
+signal.signal(signal.SIGTERM, term)
+for _ in range(int(sys.argv[1])):
+    line("step")
+    time.sleep(0.02)
+line("exit")
+"""
+
+
+def test_an_old_job_still_checkpointing_at_the_power_off_never_overlaps_its_replacement(
+    tmp_path: Path, daemon: Daemon, cloud: LocalCloud, clock: Clock
+) -> None:
+    """The fence lifts when the old instance is seen gone, not at the announced power-off
+    (which the notice gives in whole seconds, up to a second early)."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    script = tmp_path / "stamping_job.py"
+    script.write_text(STAMPING_JOB)
+    body = job_body("stamps", ckpt, steps=1)
+    body["run"] = f"{sys.executable} {script} 400"
+    with api(daemon) as client:
+        assert client.post("/jobs", json=body).status_code == 201
+    instance = wait_until(lambda: running_instance(cloud, "stamps", 1), 30, "attempt 1 running")
+    wait_until(lambda: (ckpt / "stamps.log").exists() or None, 30, "the job to start")
+    # The power-off 0.9 s past a whole second, ~6 s away (time for the replacement to be
+    # ready and fenced): the notice's time, in whole seconds, says 0.9 s earlier.
+    now = clock().timestamp()
+    grace = int(now) + 6.9 - now
+    assert cloud.interrupt(instance, grace_s=grace).interruption is not None
+    wait_until(lambda: state_of(daemon, "stamps")["state"] == "succeeded", 90, "the job to finish")
+
+    runs: dict[str, list[tuple[float, str]]] = {}
+    for raw in (ckpt / "stamps.log").read_text().splitlines():
+        pid, at, what = raw.split()
+        runs.setdefault(pid, []).append((float(at), what))
+    assert len(runs) == 2, {pid: stamps[-1] for pid, stamps in runs.items()}
+    old, new = sorted(runs.values(), key=lambda stamps: stamps[0][0])
+    assert old[-1][1] == "saving"  # the power-off cut its checkpoint short: no job_exited
+    assert new[0][1] == "start" and new[-1][1] == "exit"
+    assert new[0][0] > old[-1][0]  # the replacement started after the old run's last write
+    job_id = state_of(daemon, "stamps")["id"]
+    assert daemon.store.events.list_events(kind=EventKind.JOB_FENCE_LIFTED, job_id=job_id) == []
+
+
 def test_an_interrupted_spot_instance_is_ended_by_the_cloud_at_its_power_off(
     tmp_path: Path, daemon: Daemon, cloud: LocalCloud
 ) -> None:

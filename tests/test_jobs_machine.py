@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from optimizer.clock import ManualClock
 from optimizer.jobs.machine import (
+    FENCE_CLOCK_MARGIN,
     TERMINAL,
     Alert,
     AttemptView,
@@ -28,6 +29,7 @@ from optimizer.jobs.machine import (
     finished_on,
     handover,
     leftover,
+    lifted_on_clock,
     power_off_time,
     reclaim,
 )
@@ -285,11 +287,30 @@ def test_the_fence_holds_while_an_earlier_job_runs_and_lifts_when_it_is_over() -
     assert fence([running], now=NOW) == "attempt 1's job has not exited yet"
     assert fence([replace(running, exit_code=143)], now=NOW) is None
     assert fence([replace(running, instance_gone=True)], now=NOW) is None
-    assert fence([running], now=NOW + timedelta(seconds=90)) is None  # powered off by now
     assert fence([replace(running, job_started=False)], now=NOW) is None  # never ran
     # no notice and no exit (a lost attempt not yet seen gone): the fence holds
     assert fence([attempt()], now=NOW + timedelta(days=1)) is not None
     assert fence([], now=NOW) is None
+
+
+def test_the_fence_holds_past_the_power_off_until_the_old_job_exits_or_its_instance_goes() -> None:
+    """The announced power-off is not the old job's end: a job still checkpointing then would
+    share its checkpoint folder with the replacement."""
+    off = NOW + timedelta(seconds=6)
+    old = attempt(interruption_notice_at=NOW, power_off_at=off)
+    for later in (timedelta(0), timedelta(seconds=1), timedelta(minutes=4, seconds=59)):
+        assert fence([old], now=off + later) == "attempt 1's job has not exited yet"
+        assert lifted_on_clock([old], now=off + later) == []
+    assert fence([replace(old, exit_code=143)], now=off) is None  # job_exited
+    assert fence([replace(old, instance_gone=True)], now=off) is None  # describe: TERMINATED
+    # both silent: the clock lets go only FENCE_CLOCK_MARGIN after the power-off, and says so
+    late = off + FENCE_CLOCK_MARGIN
+    assert fence([old], now=late) is None
+    assert lifted_on_clock([old], now=late) == [old]
+    assert lifted_on_clock([replace(old, exit_code=0)], now=late) == []  # it did exit
+    # a move announces no power-off: only the exit or the instance's end lifts it
+    moved = attempt(migrated=True)
+    assert fence([moved], now=NOW + timedelta(days=1)) is not None
 
 
 def test_a_job_that_finishes_during_its_handover_succeeds_and_its_replacement_never_runs() -> None:

@@ -222,7 +222,6 @@ def test_get_job_of_unknown_name_is_none(store: Store) -> None:
 
 def test_events_come_back_oldest_first_newest_limit_and_per_job(store: Store) -> None:
     job_id = store.jobs.add_job("j", "p", {}, at=T0)
-    store.events.add_event("poll", "third", at=T0 + timedelta(minutes=3))
     store.events.add_event("launch", "first", job_id=job_id, at=T0 + timedelta(minutes=1))
     store.events.add_event(
         "preempted",
@@ -233,6 +232,7 @@ def test_events_come_back_oldest_first_newest_limit_and_per_job(store: Store) ->
         data={"zone": "use1-az2", "price": 1.5},
         at=T0 + timedelta(minutes=2),
     )
+    store.events.add_event("poll", "third", at=T0 + timedelta(minutes=3))
 
     assert [e.message for e in store.events.recent()] == ["first", "second", "third"]
     assert [e.message for e in store.events.recent(limit=2)] == ["second", "third"]

@@ -46,6 +46,7 @@ TITLES: dict[str, str] = {
     EventKind.JOB_PROBE_FAILED: "GPU probe failed",
     EventKind.JOB_INSTANCE_LOST: "Instance lost",
     EventKind.JOB_INSTANCE_LEFT_TO_CLOUD: "Instance left for the cloud to end",
+    EventKind.JOB_FENCE_LIFTED: "Job started before its earlier run was seen to end",
     EventKind.JOB_SUCCEEDED: "Job succeeded",
     EventKind.JOB_FAILED: "Job failed",
     EventKind.JOB_UNDERUSED: "GPU underused",

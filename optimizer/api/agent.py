@@ -22,8 +22,15 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Valida
 from optimizer import hardware
 from optimizer.api.state import ApiState, StateDep
 from optimizer.jobs.gang import Gate, Node, gate, head_number, master
-from optimizer.jobs.machine import MIGRATED, fence
+from optimizer.jobs.machine import (
+    FENCE_CLOCK_MARGIN,
+    MIGRATED,
+    AttemptView,
+    fence,
+    lifted_on_clock,
+)
 from optimizer.jobs.reconcile import attempt_view, finished_keys, power_off_at
+from optimizer.model import EventKind
 from optimizer.store.jobs import AttemptRecord, token_sha256
 from optimizer.store.logs import NewChunk
 from providers import registry
@@ -175,10 +182,11 @@ def _check_data(events: list[AgentEventIn]) -> None:
 def _fence(state: ApiState, attempt: AttemptRecord) -> str | None:
     """Why the attempt's agent must wait before starting the job (None: it may start it).
 
-    The daemon lifts the fence once every earlier attempt's job has exited, its instance is
-    gone or its power-off time has passed (`machine.fence`), so two runs never overlap. It
-    never lifts it for an attempt the daemon has ended before its job started (a cancel, or a
-    job that finished on an earlier attempt meanwhile): the stop comes with the answers."""
+    The daemon lifts the fence once every earlier attempt's job has exited or its instance is
+    seen gone (`machine.fence`), so two runs never overlap; the announced power-off lifts it
+    only well after it has passed, with a `job.fence_lifted` event. It never lifts it for an
+    attempt the daemon has ended before its job started (a cancel, or a job that finished on
+    an earlier attempt meanwhile): the stop comes with the answers."""
     if attempt.job_started_at is not None:
         return None
     head = head_number(attempt.number, attempt.gang)
@@ -198,10 +206,48 @@ def _fence(state: ApiState, attempt: AttemptRecord) -> str | None:
         )
         for a in earlier
     ]
-    why = fence(views, now=state.clock())
+    now = state.clock()
+    why = fence(views, now=now)
+    if why is None:
+        for old in lifted_on_clock(views, now=now):
+            _record_clock_lift(state, attempt, old)
     if why is None and attempt.nodes > 1:
         why = _gang_gate(state, attempt, every).why
     return why
+
+
+def _record_clock_lift(state: ApiState, attempt: AttemptRecord, old: AttemptView) -> None:
+    """Record (once per earlier attempt) that the fence let the job start on the clock
+    alone: nothing said that attempt's job had exited, so the runs may overlap."""
+    job = state.store.jobs.get_job_by_id(attempt.job_id)
+    name = job.given_name if job is not None else str(attempt.job_id)
+    off = old.power_off_at.isoformat(timespec="seconds") if old.power_off_at else "?"
+    margin = FENCE_CLOCK_MARGIN.total_seconds()
+    dedupe = f"attempt:{old.key}:fence-lifted-on-clock"
+    event = state.emitter.draft(
+        EventKind.JOB_FENCE_LIFTED,
+        f"job {name}: attempt {head_number(attempt.number, attempt.gang)} starts the job on the "
+        f"clock: attempt {old.number}'s job never reported its exit and its instance was never "
+        f"seen gone, {margin:.0f} s after the power-off announced for {off}",
+        severity="warning",
+        policy=job.policy if job is not None else None,
+        job_id=attempt.job_id,
+        data={
+            "job": name,
+            "attempt": head_number(attempt.number, attempt.gang),
+            "earlier_attempt": old.number,
+            "power_off_at": None if old.power_off_at is None else old.power_off_at.isoformat(),
+            "margin_s": margin,
+        },
+        dedupe_key=dedupe,
+    )
+    state.store.events.record_once(
+        event,
+        since=old.power_off_at or state.clock(),
+        same=lambda e: (
+            (e.data or {}).get("earlier_attempt") == old.number and e.job_id == attempt.job_id
+        ),
+    )
 
 
 def _gang_nodes(attempt: AttemptRecord, every: list[AttemptRecord]) -> list[Node]:

@@ -452,24 +452,55 @@ def finished_on(attempts: Sequence[AttemptView]) -> AttemptView | None:
     return None
 
 
-def fence(earlier: Sequence[AttemptView], *, now: datetime) -> str | None:
+# How long past its announced power-off an earlier attempt whose job never reported its exit,
+# and whose instance the cloud never reported gone, holds the fence before the clock lifts it.
+# Only a silent agent and a silent cloud together reach it: a cloud that works shows the
+# instance terminated within a pass of its power-off, and one that keeps it running is asked
+# to terminate it at the power-off plus RECLAIM_MARGIN (2 min). Five minutes covers that,
+# the 45 s stop grace and a few describe passes; the replacement idles for it (billed), a
+# small price next to two runs writing one checkpoint folder.
+FENCE_CLOCK_MARGIN = timedelta(minutes=5)
+
+
+def _holds(a: AttemptView) -> bool:
+    """Whether an earlier attempt's job may still run: it started, has not reported its
+    exit, and its instance has not been seen gone."""
+    return a.job_started and a.exit_code is None and not a.instance_gone
+
+
+def fence(
+    earlier: Sequence[AttemptView], *, now: datetime, margin: timedelta = FENCE_CLOCK_MARGIN
+) -> str | None:
     """Why an attempt's agent must not start the job yet (None: the fence is lifted).
 
     The job may run once at a time: an earlier attempt whose job started holds the fence until
-    its job has exited, its instance is gone, or the power-off its notice announced has
-    passed. The fence keeps a replacement from running while the old job still writes its
-    checkpoint to the same `checkpoint_dir`. A job that finished on an earlier attempt
-    (`finished_on`) holds it for good: the replacement is ended without starting it."""
+    its agent reports the job exited (`job_exited`) or the cloud reports its instance
+    terminated (`instance_gone`). The announced power-off alone never lifts it, as a job may
+    still be writing its checkpoint then (to the same `checkpoint_dir`); only once `margin`
+    has passed since it (`lifted_on_clock`, an event says so) does the clock let go. A job
+    that finished on an earlier attempt (`finished_on`) holds it for good: the replacement is
+    ended without starting it."""
     done = finished_on(earlier)
     if done is not None:
         return f"attempt {done.number}'s job has finished"
     for a in earlier:
-        if not a.job_started or a.exit_code is not None or a.instance_gone:
-            continue
-        if a.power_off_at is not None and now >= a.power_off_at:
+        if not _holds(a) or _past_clock(a, now, margin):
             continue
         return f"attempt {a.number}'s job has not exited yet"
     return None
+
+
+def _past_clock(a: AttemptView, now: datetime, margin: timedelta) -> bool:
+    return a.power_off_at is not None and now >= a.power_off_at + margin
+
+
+def lifted_on_clock(
+    earlier: Sequence[AttemptView], *, now: datetime, margin: timedelta = FENCE_CLOCK_MARGIN
+) -> list[AttemptView]:
+    """The earlier attempts the fence lets go of on the clock alone: their job never
+    reported its exit and their instance was never seen gone, `margin` after the power-off
+    their notice announced (see `fence`)."""
+    return [a for a in earlier if _holds(a) and _past_clock(a, now, margin)]
 
 
 DEFAULT_CHECKPOINT_ALLOWANCE = timedelta(seconds=20)

@@ -74,6 +74,8 @@ from providers.base import EndReason, InstanceRef, InstanceState, InstanceStatus
 log = logging.getLogger(__name__)
 
 STOP_GRACE = timedelta(seconds=45)
+# The end reason of an attempt launched for a move that never committed (`_abandon`).
+ABANDONED = "move_abandoned"
 Asked = Literal["asked", "failed", "unavailable"]
 FAILURES = frozenset(f.value for f in Failure)  # end reasons a strategy counts as failures
 
@@ -307,18 +309,16 @@ class JobReconciler:
         policy: Policy,
         strategy: Strategy,
     ) -> None:
-        """Move a running job: end its attempt as `migrated` (its job keeps running: a hot
-        handover, stopped once the next attempt is ready) and launch the next attempt on the
-        move's targets. A launch that finds no capacity leaves the job where it was."""
-        ctx.store.jobs.update_attempt(
-            current.key, ended_at=ctx.now, end_reason=MIGRATED, state="ended"
-        )
+        """Move a running job: launch the next attempt on the move's targets, then end the
+        current one as `migrated` (its job keeps running: a hot handover, stopped once the
+        next attempt is ready) in the transaction that records the `job.migrated` event and
+        the job's transition. Until that commits the old attempt stays open and the new one's
+        fence holds (the old job has not exited), so a daemon that stops in between leaves a
+        move that did not happen, which the next pass undoes (`_abandon`). A launch that finds
+        no capacity leaves the job where it was, with no event."""
         launch = Launch(avoid=frozenset({current.pool}), only=frozenset(move.targets))
         launched, why = self.launcher.walk(ctx, job, launch, policy, strategy)
         if not launched:
-            ctx.store.jobs.update_attempt(
-                current.key, ended_at=None, end_reason=None, state=current.state
-            )
             self._flush(ctx)  # what the failed launches raised
             log.info("job %s: not moved (%s): %s", job.name, move.reason.value, why)
             return
@@ -373,8 +373,10 @@ class JobReconciler:
             restarts=job.restarts + 1,
             events=events,
             at=ctx.now,
+            attempts={current.key: {"ended_at": ctx.now, "end_reason": MIGRATED, "state": "ended"}},
         )
         if moved is None:
+            # Nothing was written: the next pass drops the attempt just launched (`_abandon`).
             log.info("job %s changed while it was being moved; deciding again next pass", job.name)
 
     # -- one job -------------------------------------------------------------------------------
@@ -426,6 +428,8 @@ class JobReconciler:
             nodes = gang_rows(attempts, current)
             if nodes:
                 current = nodes[0]
+        if current is not None and self._abandon(ctx, job, attempts, nodes):
+            return
         view = JobView(
             id=job.id,
             name=job.name,
@@ -465,6 +469,37 @@ class JobReconciler:
             self._migrate(ctx, job, current, move, policy, strategy)
             return
         self._apply(ctx, job, current, decision, policy, strategy, nodes=nodes)
+
+    def _abandon(
+        self,
+        ctx: ReconcileContext,
+        job: JobRecord,
+        attempts: list[AttemptRecord],
+        nodes: list[AttemptRecord],
+    ) -> bool:
+        """Undo a move that never committed: the daemon stopped after launching the next
+        attempt (`nodes`) and before the transaction that ends the older one and records the
+        `job.migrated` event (`_migrate`). The job still runs on the older attempt, which
+        stays; the newer one is ended and its instance terminated, and a later pass may
+        decide the move again. True when it did so (the pass decides again next time)."""
+        head = head_number(nodes[0].number, nodes[0].gang)
+        older = [a for a in attempts if not a.ended and head_number(a.number, a.gang) < head]
+        if not older:
+            return False
+        for node in nodes:
+            ctx.store.jobs.update_attempt(
+                node.key, state="ended", ended_at=ctx.now, end_reason=ABANDONED
+            )
+            if node.instance_id is not None:
+                self._terminate(ctx, node.key)
+        log.warning(
+            "job %s: attempt %d was launched for a move that did not commit; ended it, the job "
+            "runs on attempt %d",
+            job.name,
+            head,
+            older[-1].number,
+        )
+        return True
 
     def _watch(
         self,

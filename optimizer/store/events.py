@@ -2,8 +2,10 @@
 
 `write_events(conn, events, at)` is how any repository records the events a change causes:
 on the caller's connection, so a job transition (jobs.py) or a policy change (policies.py)
-commits with its events and their outbox rows, or not at all. Whoever `Events.listen`s is
-told each transaction's events once it has committed (the daemon logs jobs' events so).
+commits with its events and their outbox rows, or not at all. Events are numbered and timed
+in commit order (`_insert_event`), so the outbox delivers them in that order. Whoever
+`Events.listen`s is told each transaction's events once it has committed (the daemon logs
+jobs' events so).
 """
 
 from __future__ import annotations
@@ -14,7 +16,18 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Insert, Select, and_, func, insert, or_, select, update
+from sqlalchemy import (
+    Connection,
+    Insert,
+    Select,
+    and_,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+    update,
+)
 
 from optimizer.store.engine import (
     Database,
@@ -71,6 +84,14 @@ def _outbox_insert(dialect: str) -> Insert:
     return dialect_insert(dialect, _OUTBOX).on_conflict_do_nothing(index_elements=["dedupe_key"])
 
 
+# PostgreSQL: the transaction-level advisory lock every event write takes just before its
+# insert, held to its commit (one key per database and schema, as the leader's lock).
+_EVENT_ORDER_LOCK = text(
+    "SELECT pg_advisory_xact_lock(hashtextextended("
+    "'gpuopt-events:' || current_database() || '/' || current_schema(), 0))"
+)
+
+
 def _insert_event(
     conn: Connection,
     at: datetime,
@@ -80,18 +101,36 @@ def _insert_event(
     job_id: int | None,
     policy: str | None,
     data: Mapping[str, Any] | None,
-) -> int:
-    """Insert one event row, noted for the store's event listeners (told after the commit)."""
+) -> tuple[int, datetime]:
+    """Insert one event row, noted for the store's event listeners (told after the commit);
+    returns its id and its time.
+
+    Events are numbered and timed in commit order, so whoever reads them by id or by time
+    (the outbox, the event log, a reader that pages on) sees each commit add events after
+    every one it has seen, never before. The insert waits for any other transaction that
+    has written an event to end (on PostgreSQL an advisory lock taken here, held to the
+    commit; on SQLite the database's one writer), so ids follow the commits; and the time is
+    `at` or, when later, the last committed event's: a transaction that took its time before
+    another one committed records its events after that one's, not before."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(_EVENT_ORDER_LOCK)
     row = _event_row(at, kind, message, severity, job_id, policy, data)
     event_id = inserted_id(conn.execute(insert(_EVENT).values(row)))
+    before = conn.execute(
+        select(_EVENT.c.at).where(_EVENT.c.id < event_id).order_by(_EVENT.c.id.desc()).limit(1)
+    ).scalar()
+    if before is not None and aware(before, "at") > at:
+        at = aware(before, "at")
+        conn.execute(update(_EVENT).where(_EVENT.c.id == event_id).values(at=at))
     plain = None if data is None else json.loads(row["data"])
     note_event(conn, EventRecord(event_id, at, kind, severity, job_id, policy, message, plain))
-    return event_id
+    return event_id, at
 
 
 def write_event(conn: Connection, event: NewEvent, at: datetime) -> int:
-    """Write the event and one outbox row per alert channel, on the caller's transaction."""
-    event_id = _insert_event(
+    """Write the event and one outbox row per alert channel, on the caller's transaction
+    (the event's time, and its alerts', may come out later than `at`: see `_insert_event`)."""
+    event_id, at = _insert_event(
         conn, at, event.kind, event.message, event.severity, event.job_id, event.policy, event.data
     )
     if event.alerts:
@@ -151,7 +190,7 @@ class Events:
         """Record an event of any kind, without alerts, and return its id."""
         now = self._db.now(at)
         with self._db.begin() as conn:
-            return _insert_event(conn, now, kind, message, severity, job_id, policy, data)
+            return _insert_event(conn, now, kind, message, severity, job_id, policy, data)[0]
 
     def add_events(self, events: Sequence[NewEvent], *, at: datetime | None = None) -> list[int]:
         """Record events and their alerts in one transaction; returns the event ids."""

@@ -297,11 +297,14 @@ class Jobs:
         restarts: int | None = None,
         events: Iterable[NewEvent] = (),
         at: datetime,
+        attempts: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> JobRecord | None:
         """Move a job from `expected` (the state its caller read) to `state`, recording the
         events (with their alerts) in one transaction. Compare-and-set: when the job is no
         longer in `expected`, nothing is written and None is returned (the caller lost a race;
-        the next pass decides again from what is stored)."""
+        the next pass decides again from what is stored). `attempts` (attempt key -> columns,
+        as `update_attempt`) are written in the same transaction: an attempt the transition
+        ends is ended exactly when its events are recorded."""
         values: dict[str, Any] = {"state": state, "reason": reason, "updated_at": at}
         if restarts is not None:
             values["restarts"] = restarts
@@ -311,6 +314,10 @@ class Jobs:
             ).rowcount
             if not moved:
                 return None
+            for key, columns in (attempts or {}).items():
+                conn.execute(
+                    update(_ATTEMPT).where(_ATTEMPT.c.idempotency_key == key).values(**columns)
+                )
             write_events(conn, (replace(event, job_id=job_id) for event in events), at)
             row = conn.execute(select(_JOB).where(_JOB.c.id == job_id)).one()
         return job_record(row)
