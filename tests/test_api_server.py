@@ -5,11 +5,17 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 import pytest
 
+from optimizer.api import agent
+from optimizer.api.app import create_app
+from optimizer.api.serve import daemon_state
 from optimizer.clock import SteadyClock
 from optimizer.model import Market
+from optimizer.store import Store
 from tests.helpers import (
     TOKEN,
     FakeSource,
@@ -452,3 +458,89 @@ def test_validation_errors_never_echo_the_submitted_values(daemon) -> None:
         for item in reply.json()["detail"]:
             assert set(item) == {"loc", "msg", "type"}
     assert len(answer.content) < 4000
+
+
+# The calendar's edges with the widest offsets (no UTC time exists for them), and the first
+# instants past either bound of the span gpuopt reads (1970 to 2200).
+EDGE_TIMES = (
+    "0001-01-01T00:00:00+14:00",
+    "9999-12-31T23:59:59-14:00",
+    "0001-01-01T00:00:00Z",
+    "9999-12-31T23:59:59Z",
+    "1969-12-31T23:59:59Z",
+    "2200-01-01T00:00:00Z",
+)
+HISTORY = "/prices/history?provider=aws&region=us-east-1&instance_type=g5.xlarge"
+OUT_OF_RANGE = [
+    ("GET", f"/offers?offset={2**63}", "offset"),
+    ("GET", f"/offers?offset={2**31}", "offset"),
+    *[("GET", f"/offers?policy=small&at={quote(t)}", "at") for t in EDGE_TIMES],
+    *[("GET", f"{HISTORY}&since={quote(t)}", "since") for t in EDGE_TIMES],
+    *[("GET", f"{HISTORY}&until={quote(t)}", "until") for t in EDGE_TIMES],
+    *[("GET", f"/costs?since={quote(t)}", "since") for t in EDGE_TIMES],
+    *[("GET", f"/costs?until={quote(t)}", "until") for t in EDGE_TIMES],
+    ("GET", "/costs?since=0001-01", "since"),
+    ("POST", f"/costs/notify?since={quote(EDGE_TIMES[0])}", "since"),
+]
+
+
+def _names_field(answer: Any, field: str) -> bool:
+    """FastAPI's shape (a list with the query parameter's loc) or a message led by it."""
+    detail = answer.json()["detail"]
+    if isinstance(detail, str):
+        return detail.startswith(f"{field}:")
+    return any(item["loc"] == ["query", field] for item in detail)
+
+
+@pytest.mark.parametrize(("method", "path", "field"), OUT_OF_RANGE)
+def test_times_at_the_calendars_edge_and_huge_offsets_are_a_422_naming_the_field(
+    daemon, method: str, path: str, field: str
+) -> None:
+    with api(daemon) as client:
+        answer = client.request(method, path)
+    assert answer.status_code == 422, answer.text
+    assert _names_field(answer, field), answer.text
+
+
+def test_a_time_with_a_fourteen_hour_offset_inside_the_span_is_read_in_utc(daemon) -> None:
+    with api(daemon) as client:
+        ahead = client.get("/offers", params={"policy": "small", "at": "2026-12-02T09:00:00+14:00"})
+        behind = client.get(f"{HISTORY}&since={quote('2026-11-30T19:00:00-14:00')}")
+        costs = client.get("/costs", params={"since": "2026-12-01T09:00:00-14:00"})
+    assert ahead.status_code == 200 and ahead.json()["at"] == "2026-12-01T19:00:00Z"
+    assert behind.status_code == 200 and behind.json()["since"] == "2026-12-01T09:00:00Z"
+    assert costs.status_code == 200, costs.text
+
+
+def _unreachable_store_face(daemon: Any) -> Any:
+    """The daemon's own app, but reading a PostgreSQL store nothing answers for (port 9)."""
+    state = daemon_state(daemon)
+    state.store = Store("postgresql://postgres@127.0.0.1:9/gone")
+    return create_app(state, routers=[(agent.router, [])])
+
+
+def test_requests_get_a_503_with_retry_after_while_the_database_is_unreachable(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write_policy(tmp_path / "policies", "small.yaml", policy_text("small", memory=16))
+    config = make_config(tmp_path)
+    with (
+        caplog.at_level(logging.WARNING),
+        running(config, face=_unreachable_store_face) as d,
+        api(d) as client,
+        api(d, token="some-agent-token") as agent_client,
+    ):
+        answers = [
+            client.get("/jobs"),
+            client.get("/offers"),
+            client.get("/events"),
+            client.get("/costs"),
+            client.post("/jobs", json=JOB),
+            agent_client.post("/agent/v1/register", json={"attempt_key": "k"}),
+        ]
+    for answer in answers:
+        assert answer.status_code == 503, (answer.request.url, answer.text)
+        assert answer.headers["retry-after"] == "5"
+        assert answer.json() == {"detail": "the database is unavailable; try again shortly"}
+    assert "Traceback" not in caplog.text
+    assert "answered 503" in caplog.text
