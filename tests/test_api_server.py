@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+import typing
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import pytest
+from fastapi.routing import APIRoute
 
 from optimizer.api import agent
-from optimizer.api.app import create_app
+from optimizer.api.app import OPEN, PROTECTED, create_app
+from optimizer.api.params import Time
 from optimizer.api.serve import daemon_state
 from optimizer.clock import SteadyClock
 from optimizer.model import Market
@@ -544,3 +547,30 @@ def test_requests_get_a_503_with_retry_after_while_the_database_is_unreachable(
         assert answer.json() == {"detail": "the database is unavailable; try again shortly"}
     assert "Traceback" not in caplog.text
     assert "answered 503" in caplog.text
+
+
+def test_every_integer_and_time_parameter_is_bounded_by_one_definition(daemon) -> None:
+    """Every integer in a path or query has both bounds, and every time is `params.Time`: one
+    definition of what a route takes, so no route can meet an overflow further in."""
+    unbounded, bare_times = [], []
+    routes = [r for router in (*OPEN, *PROTECTED, agent.router) for r in router.routes]
+    assert len(routes) > 20
+    for route in routes:
+        assert isinstance(route, APIRoute)
+        for param in [*route.dependant.query_params, *route.dependant.path_params]:
+            annotation = param.field_info.annotation
+            kinds = typing.get_args(annotation) or (annotation,)  # X | None: X and None
+            for kind in kinds:
+                is_time = kind is datetime or typing.get_args(kind)[:1] == (datetime,)
+                if is_time and kind != Time:
+                    bare_times.append(f"{route.path} {param.name}")
+    for path, operations in daemon.app.openapi()["paths"].items():
+        for operation in operations.values():
+            for param in operation.get("parameters", []):
+                schemas = param["schema"].get("anyOf", [param["schema"]])
+                for schema in schemas:
+                    if schema.get("type") == "integer" and not {"minimum", "maximum"} <= set(
+                        schema
+                    ):
+                        unbounded.append(f"{path} {param['name']}")
+    assert (unbounded, bare_times) == ([], [])

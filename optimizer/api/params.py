@@ -1,4 +1,4 @@
-"""Query parameters every route reads the same way: times, page offsets and sizes.
+"""Query parameters every route reads the same way: times, ids, page offsets and sizes.
 
 Each is a type with its bounds in it, so a value past them is FastAPI's 422 naming the
 parameter (`loc: ["query", name]`), never an overflow further in (a time at the edge of the
@@ -15,6 +15,7 @@ from annotated_types import Ge, Le
 from fastapi import HTTPException
 from pydantic import AfterValidator
 
+from optimizer.api.state import MAX_ID, MIN_ID
 from optimizer.common.times import TimeRangeError, in_span
 
 MAX_PAGE = 1000  # items per page, every list
@@ -34,6 +35,7 @@ def _time(value: datetime) -> datetime:
 Time = Annotated[datetime, AfterValidator(_time)]
 Offset = Annotated[int, Ge(0), Le(MAX_OFFSET)]
 Page = Annotated[int, Ge(1), Le(MAX_PAGE)]
+Id = Annotated[int, Ge(MIN_ID), Le(MAX_ID)]  # a store id: 64 bits, signed
 
 
 def bad_query(field: str, message: str) -> HTTPException:
