@@ -143,7 +143,9 @@ def _read_table(file: Path, types: dict[str, Any]) -> Any:
 
 def _conform(file: Path, table: Any, types: dict[str, Any]) -> Any:
     """A Parquet or Arrow table cast column by column to the catalog's types; a column that
-    will not cast is named with what it should hold."""
+    will not cast is named with what it should hold. A dictionary-encoded hardware column
+    (as `history_table` writes them) has only its dictionary cast: those columns are read
+    from each pool's first row alone, so the rows need no decoding."""
     import pyarrow as pa
 
     columns = {}
@@ -152,7 +154,22 @@ def _conform(file: Path, table: Any, types: dict[str, Any]) -> Any:
         wanted = types.get(name)
         if wanted is not None and column.type != wanted:
             try:
-                column = column.cast(wanted)
+                if (
+                    pa.types.is_dictionary(column.type)
+                    and not pa.types.is_dictionary(wanted)
+                    and name not in _PER_ROW
+                ):
+                    column = pa.chunked_array(
+                        [
+                            pa.DictionaryArray.from_arrays(
+                                chunk.indices, chunk.dictionary.cast(wanted)
+                            )
+                            for chunk in column.chunks
+                        ],
+                        pa.dictionary(column.type.index_type, wanted),
+                    )
+                else:
+                    column = column.cast(wanted)
             except pa.ArrowException as exc:
                 raise CatalogError.at(
                     str(file),
@@ -164,6 +181,8 @@ def _conform(file: Path, table: Any, types: dict[str, Any]) -> Any:
     return pa.table(columns)
 
 
+# The columns read row by row (the others only at each pool's first row).
+_PER_ROW = frozenset({"observed_at", "usd_per_hour"})
 # What a column holds, said for people (the others are text).
 _WANTED = {"observed_at": "a time (timestamp)", "usd_per_hour": "a number"}
 
@@ -176,9 +195,10 @@ def _row_problem(file: Path, row: int, field: str, message: str) -> CatalogError
     return _located(file, ValueError(f"{field}: row {row + 1}: {message}"))
 
 
-def _check(file: Path, table: Any) -> None:
+def _check(file: Path, table: Any) -> tuple[np.ndarray, np.ndarray]:
     """The columns a history needs, a time for every row inside the span gpuopt reads, and a
-    finite, non-negative price for every row; CatalogError at the first row that breaks one."""
+    finite, non-negative price for every row; CatalogError at the first row that breaks one.
+    Returns the times (epoch seconds) and prices."""
     import pyarrow.compute as pc
 
     names = set(table.column_names)
@@ -201,11 +221,12 @@ def _check(file: Path, table: Any) -> None:
     if outside.any():
         row = int(np.flatnonzero(outside)[0])
         raise _row_problem(file, row, "observed_at", f"a time not {SPAN}")
-    price = table.column("usd_per_hour").to_numpy(zero_copy_only=False).astype(np.float64)
+    price = table.column("usd_per_hour").to_numpy().astype(np.float64, copy=False)
     bad = ~np.isfinite(price) | (price < 0)  # a null reads as NaN
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
         raise _row_problem(file, row, "usd_per_hour", "not a finite number >= 0")
+    return at, price
 
 
 def read_history(path: str | Path) -> History:
@@ -218,9 +239,8 @@ def read_history(path: str | Path) -> History:
     if not file.is_file():
         raise CatalogError([Problem(str(file), "no such file")])
     table = _read_table(file, column_types())
-    _check(file, table)
+    at, price = _check(file, table)
     names = set(table.column_names)
-    price = table.column("usd_per_hour").to_numpy(zero_copy_only=False).astype(np.float64)
     key = np.zeros(table.num_rows, dtype=np.int64)
     width = 1
     # One dictionary per pool column across chunks (only these: the hardware columns are
@@ -258,7 +278,6 @@ def read_history(path: str | Path) -> History:
             offers.append(Offer(**values))
         except (TypeError, ValueError, AttributeError, KeyError) as exc:
             raise _row_problem(file, row, _field_of(exc), _first_line(exc)) from None
-    at = table.column("observed_at").cast(pa.int64()).to_numpy()
     return History(OfferTable.from_offers(offers), pool, at, price)
 
 
