@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 from optimizer import hardware
 from optimizer.common.errors import LocatedError
+from optimizer.common.times import SPAN, TimeRangeError, in_span
 from optimizer.model import (
     OFFER_FIELDS,
     Fabric,
@@ -80,6 +81,10 @@ def _time(raw: str) -> datetime:
     value = datetime.fromisoformat(raw.strip().replace("Z", "+00:00"))
     if value.tzinfo is None:
         raise ValueError(f"time {raw!r} has no UTC offset (write e.g. 2026-04-23T00:00:00Z)")
+    try:
+        in_span(value, "observed_at")
+    except TimeRangeError:
+        raise ValueError(f"time {raw.strip()!r} is not {SPAN}") from None
     return value
 
 

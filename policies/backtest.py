@@ -530,6 +530,11 @@ class BidAdvice:
         }
 
 
+# A cap is above zero (the policy schema's rule); where the history's lowest need is a free
+# offer, the advice is the smallest cap a price's four decimals can tell from zero.
+SMALLEST_CAP = 0.0001
+
+
 def _lowest(needs: np.ndarray, target: float) -> float | None:
     """The smallest value v such that needs <= v in at least `target` of snapshots."""
     k = max(1, math.ceil(target * len(needs) - 1e-9))
@@ -564,9 +569,9 @@ def advise_bid(
     ran = replay(policy, history, since, until, found=current)
     mine = CapAdvice({}, availability(current), ran)
     usd = _lowest(current.cheapest_allowed, target)
-    by_usd = None if usd is None else weigh({"max_usd_per_hour": usd})
+    by_usd = None if usd is None else weigh({"max_usd_per_hour": max(usd, SMALLEST_CAP)})
     fraction = _lowest(current.share_allowed, target)
     by_fraction = None
-    if fraction is not None and 0 < fraction <= 1:
-        by_fraction = weigh({"max_fraction_of_on_demand": fraction})
+    if fraction is not None and fraction <= 1:
+        by_fraction = weigh({"max_fraction_of_on_demand": max(fraction, SMALLEST_CAP)})
     return BidAdvice(policy.name, target, snapshots_n, mine, by_usd, by_fraction)

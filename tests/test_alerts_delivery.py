@@ -4,8 +4,12 @@ the Slack Block Kit shape, and an outbox that survives a restart."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
+import logging
 import random
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -23,11 +27,15 @@ from optimizer.alerts import (
     WebhookNotifier,
     verify_signature,
 )
+from optimizer.alerts.channel import post
 from optimizer.clock import ManualClock
+from optimizer.daemon.logsetup import configure
 from optimizer.daemon.loops.deliver import DeliverLoop
+from optimizer.daemon.loops.watch import PolicyWatcher
 from optimizer.daemon.metrics import Metrics
+from optimizer.daemon.policies import PolicyRegistry
 from optimizer.store import Store
-from tests.helpers import T0, make_config, running, wait_until
+from tests.helpers import T0, make_config, running, wait_until, write_policy
 
 pytestmark = pytest.mark.usefixtures("daemon_env")
 
@@ -132,7 +140,11 @@ def test_a_receiver_that_is_down_gets_the_alert_once_it_is_back(
         loop.run_once()
     assert len(receiver.requests) == 3 and len(receiver.delivered) == 1
     assert all(r["valid"] for r in receiver.requests)
-    assert {r["delivery"] for r in receiver.requests} == {"drop:small:1#hook"}
+    # the delivery id is the alert id's SHA-256, the same on every retry
+    assert {r["delivery"] for r in receiver.requests} == {
+        hashlib.sha256(b"drop:small:1#hook").hexdigest()
+    }
+    assert {r["body"]["id"] for r in receiver.requests} == {"drop:small:1#hook"}
     # Exponential back-off with jitter in [0.5, 1]: 10 s, then 20 s, scaled.
     assert timedelta(seconds=5) <= waits[0] <= timedelta(seconds=10)
     assert timedelta(seconds=10) <= waits[1] <= timedelta(seconds=20)
@@ -309,3 +321,98 @@ def test_a_failing_alert_holds_back_later_ones_to_its_channel_only(
     assert loop.run_once().delivered == 3
     assert [r["body"]["message"] for r in hook.delivered] == ["drop 0", "drop 1", "drop 2"]
     assert metrics.sample("gpuopt_alert_backlog", {"channel": "hook"}) is None
+
+
+FORGED = "2026-01-01 00:00:00,000 INFO optimizer.daemon.loops.deliver: all alerts delivered"
+LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ [\w.]+: ")
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_policy_file_named_with_a_newline_forges_no_log_line_and_blocks_no_channel(
+    store: Store, clock: ManualClock, httpserver: HTTPServer, tmp_path: Path, fmt: str
+) -> None:
+    # The rejected file's alert carries its path in its id; the receiver is busy once, so
+    # the deliver loop logs that id, then takes it on the retry.
+    receiver = Receiver(clock, [503, 200])
+    httpserver.expect_request("/hook", method="POST").respond_with_handler(receiver)
+    policies = tmp_path / "policies"
+    write_policy(policies, f"evil\n{FORGED}\r.yaml", "name: [unclosed")
+    emitter = Emitter(store.events, Router([], ["hook"]))
+    watcher = PolicyWatcher(policies, PolicyRegistry(), store, emitter, clock)
+    loop = webhook_loop(store, httpserver.url_for("/hook"), clock, base_s=10, max_s=600)
+    out = io.StringIO()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    configure(fmt, "info", stream=out)
+    try:
+        assert watcher.run_once() == ["rejected"]  # the first pass reads what is there
+        assert loop.run_once().retried == 1
+        clock.advance(600)
+        assert loop.run_once().delivered == 1
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+    [alert] = [r["body"] for r in receiver.delivered]
+    assert alert["kind"] == "policy.rejected" and "\n" in alert["id"]  # the body keeps it
+    digest = hashlib.sha256(alert["id"].encode()).hexdigest()
+    assert [r["delivery"] for r in receiver.requests] == [digest, digest]
+    lines = out.getvalue().splitlines()
+    failed = [line for line in lines if "failed" in line]
+    assert len(failed) == 1 and "HTTP 503" in failed[0]
+    for line in lines:  # every line is a record of its own, none the forged one
+        if fmt == "json":
+            assert set(json.loads(line)) >= {"ts", "level", "logger", "msg"}
+        else:
+            assert LOG_LINE.match(line), line
+            assert not line.startswith(FORGED[:23])
+    if fmt == "text":
+        assert f"evil\\n{FORGED}\\r.yaml" in failed[0]
+    else:
+        assert f"evil\n{FORGED}\r.yaml" in json.loads(failed[0])["msg"]
+
+
+def test_slacks_notification_text_is_escaped_as_its_blocks_are(
+    store: Store, clock: ManualClock, httpserver: HTTPServer
+) -> None:
+    received: list[dict] = []
+
+    def slack(request: Request) -> Response:
+        received.append(json.loads(request.get_data()))
+        return Response("ok")
+
+    httpserver.expect_request("/services/T1/B2/xyz", method="POST").respond_with_handler(slack)
+    url = SecretStr(httpserver.url_for("/services/T1/B2/xyz"))
+    notifier = SlackNotifier("ops", url, httpx.Client(timeout=5), clock=clock)
+    loop = DeliverLoop(store, {"ops": notifier}, clock)
+    Emitter(store.events, Router([], ["ops"])).emit(
+        "policy.rejected",
+        "evil <!channel> & <https://phish.example|sign in>.yaml: edit rejected",
+        severity="warning",
+    )
+    assert loop.run_once().delivered == 1
+
+    [message] = received
+    text = message["text"]
+    assert "<" not in text and ">" not in text
+    assert "&lt;!channel&gt; &amp; &lt;https://phish.example|sign in&gt;" in text
+    section = message["blocks"][1]["text"]["text"]
+    assert "&lt;!channel&gt; &amp; &lt;https://phish.example|sign in&gt;" in section
+
+
+def test_a_request_the_client_refuses_to_send_fails_at_once_and_holds_back_nothing(
+    clock: ManualClock, httpserver: HTTPServer
+) -> None:
+    httpserver.expect_request("/hook", method="POST").respond_with_data("ok")
+    with httpx.Client(timeout=5) as client:
+        refused = post(
+            client,
+            httpserver.url_for("/hook"),
+            b"{}",
+            {"X-Bad": "line\nX-Forged: 1"},
+            secrets=[],
+            now=clock(),
+        )
+    assert not refused.ok and refused.permanent and not refused.unreachable
+    assert refused.error.startswith("request refused before sending")
+    assert httpserver.log == []  # nothing reached the receiver

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+import typing
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 import pytest
+from fastapi.routing import APIRoute
 
-from optimizer.api import throttle
+from optimizer.api import agent, throttle
+from optimizer.api.app import OPEN, PROTECTED, create_app
+from optimizer.api.params import Time
+from optimizer.api.serve import daemon_state
 from optimizer.clock import ManualClock, SteadyClock
 from optimizer.model import Market
+from optimizer.store import Store
 from tests.helpers import (
     TOKEN,
     FakeSource,
@@ -486,3 +494,116 @@ def test_validation_errors_never_echo_the_submitted_values(daemon) -> None:
         for item in reply.json()["detail"]:
             assert set(item) == {"loc", "msg", "type"}
     assert len(answer.content) < 4000
+
+
+# The calendar's edges with the widest offsets (no UTC time exists for them), and the first
+# instants past either bound of the span gpuopt reads (1970 to 2200).
+EDGE_TIMES = (
+    "0001-01-01T00:00:00+14:00",
+    "9999-12-31T23:59:59-14:00",
+    "0001-01-01T00:00:00Z",
+    "9999-12-31T23:59:59Z",
+    "1969-12-31T23:59:59Z",
+    "2200-01-01T00:00:00Z",
+)
+HISTORY = "/prices/history?provider=aws&region=us-east-1&instance_type=g5.xlarge"
+OUT_OF_RANGE = [
+    ("GET", f"/offers?offset={2**63}", "offset"),
+    ("GET", f"/offers?offset={2**31}", "offset"),
+    *[("GET", f"/offers?policy=small&at={quote(t)}", "at") for t in EDGE_TIMES],
+    *[("GET", f"{HISTORY}&since={quote(t)}", "since") for t in EDGE_TIMES],
+    *[("GET", f"{HISTORY}&until={quote(t)}", "until") for t in EDGE_TIMES],
+    *[("GET", f"/costs?since={quote(t)}", "since") for t in EDGE_TIMES],
+    *[("GET", f"/costs?until={quote(t)}", "until") for t in EDGE_TIMES],
+    ("GET", "/costs?since=0001-01", "since"),
+    ("POST", f"/costs/notify?since={quote(EDGE_TIMES[0])}", "since"),
+]
+
+
+def _names_field(answer: Any, field: str) -> bool:
+    """FastAPI's shape (a list with the query parameter's loc) or a message led by it."""
+    detail = answer.json()["detail"]
+    if isinstance(detail, str):
+        return detail.startswith(f"{field}:")
+    return any(item["loc"] == ["query", field] for item in detail)
+
+
+@pytest.mark.parametrize(("method", "path", "field"), OUT_OF_RANGE)
+def test_times_at_the_calendars_edge_and_huge_offsets_are_a_422_naming_the_field(
+    daemon, method: str, path: str, field: str
+) -> None:
+    with api(daemon) as client:
+        answer = client.request(method, path)
+    assert answer.status_code == 422, answer.text
+    assert _names_field(answer, field), answer.text
+
+
+def test_a_time_with_a_fourteen_hour_offset_inside_the_span_is_read_in_utc(daemon) -> None:
+    with api(daemon) as client:
+        ahead = client.get("/offers", params={"policy": "small", "at": "2026-12-02T09:00:00+14:00"})
+        behind = client.get(f"{HISTORY}&since={quote('2026-11-30T19:00:00-14:00')}")
+        costs = client.get("/costs", params={"since": "2026-12-01T09:00:00-14:00"})
+    assert ahead.status_code == 200 and ahead.json()["at"] == "2026-12-01T19:00:00Z"
+    assert behind.status_code == 200 and behind.json()["since"] == "2026-12-01T09:00:00Z"
+    assert costs.status_code == 200, costs.text
+
+
+def _unreachable_store_face(daemon: Any) -> Any:
+    """The daemon's own app, but reading a PostgreSQL store nothing answers for (port 9)."""
+    state = daemon_state(daemon)
+    state.store = Store("postgresql://postgres@127.0.0.1:9/gone")
+    return create_app(state, routers=[(agent.router, [])])
+
+
+def test_requests_get_a_503_with_retry_after_while_the_database_is_unreachable(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write_policy(tmp_path / "policies", "small.yaml", policy_text("small", memory=16))
+    config = make_config(tmp_path)
+    with (
+        caplog.at_level(logging.WARNING),
+        running(config, face=_unreachable_store_face) as d,
+        api(d) as client,
+        api(d, token="some-agent-token") as agent_client,
+    ):
+        answers = [
+            client.get("/jobs"),
+            client.get("/offers"),
+            client.get("/events"),
+            client.get("/costs"),
+            client.post("/jobs", json=JOB),
+            agent_client.post("/agent/v1/register", json={"attempt_key": "k"}),
+        ]
+    for answer in answers:
+        assert answer.status_code == 503, (answer.request.url, answer.text)
+        assert answer.headers["retry-after"] == "5"
+        assert answer.json() == {"detail": "the database is unavailable; try again shortly"}
+    assert "Traceback" not in caplog.text
+    assert "answered 503" in caplog.text
+
+
+def test_every_integer_and_time_parameter_is_bounded_by_one_definition(daemon) -> None:
+    """Every integer in a path or query has both bounds, and every time is `params.Time`: one
+    definition of what a route takes, so no route can meet an overflow further in."""
+    unbounded, bare_times = [], []
+    routes = [r for router in (*OPEN, *PROTECTED, agent.router) for r in router.routes]
+    assert len(routes) > 20
+    for route in routes:
+        assert isinstance(route, APIRoute)
+        for param in [*route.dependant.query_params, *route.dependant.path_params]:
+            annotation = param.field_info.annotation
+            kinds = typing.get_args(annotation) or (annotation,)  # X | None: X and None
+            for kind in kinds:
+                is_time = kind is datetime or typing.get_args(kind)[:1] == (datetime,)
+                if is_time and kind != Time:
+                    bare_times.append(f"{route.path} {param.name}")
+    for path, operations in daemon.app.openapi()["paths"].items():
+        for operation in operations.values():
+            for param in operation.get("parameters", []):
+                schemas = param["schema"].get("anyOf", [param["schema"]])
+                for schema in schemas:
+                    if schema.get("type") == "integer" and not {"minimum", "maximum"} <= set(
+                        schema
+                    ):
+                        unbounded.append(f"{path} {param['name']}")
+    assert (unbounded, bare_times) == ([], [])

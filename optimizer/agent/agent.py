@@ -45,6 +45,7 @@ from optimizer.agent.telemetry import (
     local_injection,
     open_nvml,
 )
+from optimizer.common.files import private_dir
 from optimizer.common.procs import proc_start_ticks
 from optimizer.common.retry import Backoff
 
@@ -146,7 +147,7 @@ class Agent:
         telemetry_source: Callable[[], ReadingSource | None] | None = None,
     ) -> None:
         self.config = config
-        config.agent_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(config.agent_dir)
         self.client = client or DaemonClient(config.daemon_url, config.token, config.attempt_key)
         self.watcher = watcher or make_watcher(
             config.metadata_kind, config.metadata_url, interval_s=config.poll_s

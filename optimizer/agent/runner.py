@@ -26,6 +26,7 @@ from typing import IO
 
 from optimizer.clock import machine_now
 from optimizer.common.environ import basic_env
+from optimizer.common.files import append_private, private_dir
 from optimizer.common.procs import proc_stat, same_process, signal_group
 
 log = logging.getLogger(__name__)
@@ -166,10 +167,12 @@ class JobRunner:
     def _main(self) -> None:
         result = JobExit(phase="setup", exit_code=None, signal=None, stopped=False)
         try:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.ExitStack() as files:
-                log_file = files.enter_context(self.log_path.open("ab"))
-                err_file = files.enter_context(self.err_path.open("ab")) if self.err_path else None
+            private_dir(self.log_path.parent)
+            with contextlib.ExitStack() as files:  # the job's output: its owner's alone
+                log_file = files.enter_context(append_private(self.log_path))
+                err_file = (
+                    files.enter_context(append_private(self.err_path)) if self.err_path else None
+                )
                 for phase, command in self.commands:
                     result = self._run_one(phase, command, log_file, err_file)
                     if result.exit_code != 0 or result.stopped:

@@ -192,6 +192,9 @@ def post(
         response = client.post(url, content=body, headers=dict(headers))
     except httpx.TimeoutException:
         return SendResult(False, "timed out waiting for the receiver", unreachable=True)
+    except httpx.LocalProtocolError as exc:  # ours (a header httpx will not send): never sends
+        detail = redact(str(exc), hidden) or type(exc).__name__
+        return SendResult(False, f"request refused before sending: {detail}", permanent=True)
     except httpx.TransportError as exc:
         detail = redact(str(exc), hidden) or type(exc).__name__
         return SendResult(False, f"connection failed: {detail}", unreachable=True)

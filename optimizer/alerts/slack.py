@@ -102,7 +102,7 @@ def slack_message(alert: Alert) -> dict[str, Any]:
     if alert.link:
         context.insert(0, f"<{alert.link}|Open in the gpuopt API>")
     return {
-        "text": _cut(f"{alert.title}: {alert.message}", TEXT_MAX),
+        "text": _cut(escape(f"{alert.title}: {alert.message}"), TEXT_MAX),
         "blocks": [
             {
                 "type": "header",

@@ -1,7 +1,9 @@
 """Generic webhook alerts: a JSON body signed with HMAC-SHA256 over `<timestamp>.<body>`.
 
 Headers: `X-Gpuopt-Timestamp: <unix seconds>` and `X-Gpuopt-Signature: sha256=<hex>`, plus
-`X-Gpuopt-Event` (the kind) and `X-Gpuopt-Delivery` (the alert id, the same on every retry).
+`X-Gpuopt-Event` (the kind) and `X-Gpuopt-Delivery` (the hex SHA-256 of the alert id, the
+same on every retry: the id holds names from outside, a policy file's among them, and a
+header can hold no newline).
 A receiver recomputes the HMAC with the shared secret, compares in constant time, and rejects
 timestamps more than a few minutes away from its own clock: `verify_signature` does both.
 docs/alerts.md walks through it.
@@ -61,6 +63,12 @@ def verify_signature(
     return hmac.compare_digest(expected.encode("ascii"), signature.strip().encode("utf-8"))
 
 
+def delivery_id(alert_id: str) -> str:
+    """The `X-Gpuopt-Delivery` value: the hex SHA-256 of the alert id, so the header is 64
+    hex digits whatever the id holds, and the same on every retry."""
+    return hashlib.sha256(alert_id.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 class WebhookNotifier:
     """Posts signed JSON alerts to one URL."""
 
@@ -92,7 +100,7 @@ class WebhookNotifier:
             TIMESTAMP_HEADER: timestamp,
             SIGNATURE_HEADER: sign(secret, timestamp, body),
             EVENT_HEADER: alert.kind,
-            DELIVERY_HEADER: alert.id,
+            DELIVERY_HEADER: delivery_id(alert.id),
         }
         return post(
             self._client, self._url.get_secret_value(), body, headers, secrets=[secret], now=now

@@ -4,6 +4,9 @@ Routers by area, one module each. `/healthz`, `/readyz` and `/metrics` are open;
 router in PROTECTED needs the daemon's bearer token, as do `/openapi.json` and `/docs` (a
 page of the package's own: nothing from a CDN). The gate (`gate.py`) checks tokens before
 anything of a request is read, and bodies over the limit (`limits.py`) get 413 unread.
+While the database cannot be reached, a request that needs it gets 503 with Retry-After
+(`unavailable.py`). Query parameters many routes share (times, offsets, page sizes) are
+typed once, with their bounds, in `params.py`.
 To add an area, write a module with a
 `router = APIRouter(prefix=..., tags=[...])` whose handlers take `state: StateDep`, then add
 it to PROTECTED, or pass it in `routers=` with the dependencies it needs (the agent's
@@ -38,6 +41,7 @@ from optimizer.api.auth import require_token
 from optimizer.api.gate import AuthGate
 from optimizer.api.limits import BodyLimit
 from optimizer.api.state import ApiState
+from optimizer.api.unavailable import StoreUnavailable
 
 OPEN: tuple[APIRouter, ...] = (health.router, metrics.router)
 PROTECTED: tuple[APIRouter, ...] = (
@@ -86,9 +90,8 @@ def create_app(
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     open_paths = {getattr(route, "path", "") for router in OPEN for route in router.routes}
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
-    app.add_middleware(  # outermost: runs first
-        AuthGate, state=state, open_paths=open_paths, own_auth=tuple(own_auth)
-    )
+    app.add_middleware(AuthGate, state=state, open_paths=open_paths, own_auth=tuple(own_auth))
+    app.add_middleware(StoreUnavailable)  # outermost: the gate reads the store too
     return app
 
 

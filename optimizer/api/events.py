@@ -6,7 +6,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query
 
-from optimizer.api.state import MAX_ID, MIN_ID, StateDep, utc_text
+from optimizer.api.params import Id, Page
+from optimizer.api.state import StateDep, utc_text
 from optimizer.model import event_kind
 from optimizer.store import EventRecord
 
@@ -35,11 +36,8 @@ def list_events(
     ] = None,
     job: Annotated[str | None, Query(description="Only this job's events (by name).")] = None,
     policy: str | None = None,
-    before: Annotated[
-        int | None,
-        Query(ge=MIN_ID, le=MAX_ID, description="Only events with an id below this."),
-    ] = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    before: Annotated[Id | None, Query(description="Only events with an id below this.")] = None,
+    limit: Annotated[Page, Query()] = 100,
 ) -> dict[str, Any]:
     """Events newest first; page with `before=<smallest id seen>`."""
     job_id = None
@@ -59,9 +57,7 @@ def list_events(
 
 
 @router.get("/events/{event_id}")
-def show_event(
-    event_id: Annotated[int, Path(ge=MIN_ID, le=MAX_ID)], state: StateDep
-) -> dict[str, Any]:
+def show_event(event_id: Annotated[Id, Path()], state: StateDep) -> dict[str, Any]:
     event = state.store.events.get_event(event_id)
     if event is None:
         raise HTTPException(404, detail=f"no event {event_id}")
@@ -72,7 +68,7 @@ def show_event(
 def list_alerts(
     state: StateDep,
     alert_state: Annotated[str | None, Query(alias="state", pattern=_STATES)] = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    limit: Annotated[Page, Query()] = 100,
 ) -> dict[str, Any]:
     """Outbox rows newest first: channel name, attempts, next attempt, last error."""
     rows = state.store.events.list_alerts(state=alert_state, limit=limit)

@@ -12,7 +12,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query, status
 
 from optimizer.api.costs import job_attempts
-from optimizer.api.state import MAX_ID, MIN_ID, ApiState, StateDep, utc_text
+from optimizer.api.params import Id, Page
+from optimizer.api.state import ApiState, StateDep, utc_text
 from optimizer.jobs.advice import job_advice
 from optimizer.jobs.machine import JobState
 from optimizer.jobs.spec import JobSpec
@@ -53,10 +54,8 @@ def _job(state: ApiState, name: str) -> JobRecord:
 def list_jobs(
     state: StateDep,
     job_state: Annotated[JobState | None, Query(alias="state")] = None,
-    before: Annotated[
-        int | None, Query(ge=MIN_ID, le=MAX_ID, description="Only jobs with an id below this.")
-    ] = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    before: Annotated[Id | None, Query(description="Only jobs with an id below this.")] = None,
+    limit: Annotated[Page, Query()] = 100,
 ) -> dict[str, Any]:
     """Jobs newest first."""
     jobs = state.store.jobs.jobs_page(

@@ -7,19 +7,17 @@ with `before`; the counts say how many there are in all.
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
 
+from optimizer.api.params import Offset, Page, Time
 from optimizer.api.state import StateDep, utc_text
 from optimizer.jobs.ranking import launch_ranking, with_expected
 from optimizer.model import Market
 from policies.schedule import effective, window_at
 
 router = APIRouter(tags=["offers"])
-
-MAX_PAGE = 1000  # as /jobs and /events
 
 
 @router.get("/offers")
@@ -31,18 +29,16 @@ def offers(
     provider: Annotated[str | None, Query(description="Without a policy: this provider.")] = None,
     region: Annotated[str | None, Query(description="Without a policy: this region.")] = None,
     market: Annotated[Market | None, Query(description="Without a policy: this market.")] = None,
-    limit: Annotated[
-        int, Query(ge=1, le=MAX_PAGE, description="At most this many offers (per list).")
-    ] = 100,
+    limit: Annotated[Page, Query(description="At most this many offers (per list).")] = 100,
     offset: Annotated[
-        int, Query(ge=0, description="Skip this many first; the next page is offset + limit.")
+        Offset, Query(description="Skip this many first; the next page is offset + limit.")
     ] = 0,
     at: Annotated[
-        datetime | None,
+        Time | None,
         Query(
             description="With a policy: rank under the policy in force at this instant "
-            "(ISO 8601 with a UTC offset), the schedule window then; prices, cooldowns and "
-            "spend are today's."
+            "(ISO 8601 with a UTC offset, 1970 to 2200), the schedule window then; prices, "
+            "cooldowns and spend are today's."
         ),
     ] = None,
 ) -> dict[str, Any]:

@@ -6,8 +6,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Query
 
+from optimizer.api.params import Time, bad_query
 from optimizer.api.state import StateDep, utc_text
 from optimizer.model import Market
 from optimizer.store import PricePoint
@@ -28,13 +29,6 @@ def point_view(point: PricePoint) -> dict[str, Any]:
         "max_usd": point.max_usd,
         "points": point.points,
     }
-
-
-def _bad(field: str, message: str) -> HTTPException:
-    """A 422 shaped like FastAPI's own, naming the query parameter."""
-    return HTTPException(
-        422, detail=[{"loc": ["query", field], "msg": message, "type": "value_error"}]
-    )
 
 
 def _utc(value: datetime | None) -> datetime | None:
@@ -70,10 +64,11 @@ def price_history(
     ] = None,
     market: Annotated[Market, Query(description="spot or on_demand.")] = Market.SPOT,
     since: Annotated[
-        datetime | None, Query(description="ISO 8601; without an offset, UTC.")
+        Time | None, Query(description="ISO 8601, 1970 to 2200; without an offset, UTC.")
     ] = None,
     until: Annotated[
-        datetime | None, Query(description="ISO 8601, exclusive; without an offset, UTC.")
+        Time | None,
+        Query(description="ISO 8601, 1970 to 2200, exclusive; without an offset, UTC."),
     ] = None,
     prior: Annotated[
         bool, Query(description="With since: first the point in effect at since.")
@@ -90,10 +85,10 @@ def price_history(
     starts: ask again with `since=<next_since>&prior=false`."""
     if registry.find(provider) is None:
         known = ", ".join(registry.names())
-        raise _bad("provider", f"unknown provider {provider!r}; known: {known}")
+        raise bad_query("provider", f"unknown provider {provider!r}; known: {known}")
     start, end = _utc(since), _utc(until)
     if start is not None and end is not None and end <= start:
-        raise _bad("until", "must be later than since")
+        raise bad_query("until", "must be later than since")
     found = state.store.prices.price_points(
         provider, region, zone, instance_type, market, start, end, prior=prior, limit=limit + 1
     )

@@ -7,7 +7,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from optimizer.api.state import MAX_ID, MIN_ID, StateDep
+from optimizer.api.params import Id, Page
+from optimizer.api.state import StateDep
 
 router = APIRouter(prefix="/probes", tags=["probes"])
 
@@ -17,10 +18,8 @@ def list_probes(
     state: StateDep,
     instance_type: Annotated[str | None, Query(max_length=200)] = None,
     provider: Annotated[str | None, Query(max_length=100)] = None,
-    before: Annotated[
-        int | None, Query(ge=MIN_ID, le=MAX_ID, description="Only results with an id below this.")
-    ] = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    before: Annotated[Id | None, Query(description="Only results with an id below this.")] = None,
+    limit: Annotated[Page, Query()] = 100,
 ) -> dict[str, Any]:
     """Probe results newest first, optionally of one instance type or provider."""
     found = state.store.probes.page(

@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+from pathlib import Path
 
 import typer
 
 from optimizer.cli.common import fail
+from optimizer.common.files import append_private, private_dir
 
 app = typer.Typer(
     help="The agent that runs on each managed instance.",
@@ -32,7 +34,7 @@ def run() -> None:
         config = AgentConfig.from_env()
     except AgentConfigError as exc:
         fail(exc)
-    config.agent_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(config.agent_dir)
     _configure_logging(config.agent_dir / "agent.log")
     raise typer.Exit(Agent(config).run())
 
@@ -41,6 +43,7 @@ def _configure_logging(path: object) -> None:
     formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     with contextlib.suppress(OSError):
+        append_private(Path(str(path))).close()  # created 0600: the handler appends to it
         handlers.append(logging.FileHandler(str(path), encoding="utf-8"))
     root = logging.getLogger()
     root.setLevel(logging.INFO)

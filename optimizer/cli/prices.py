@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -13,6 +13,7 @@ import typer
 
 from optimizer.cli.client import ApiOption, call
 from optimizer.cli.common import fail
+from optimizer.common.times import TimeRangeError, in_span
 
 app = typer.Typer(help="Price history (through the daemon's API).", no_args_is_help=True)
 
@@ -27,14 +28,18 @@ class MarketChoice(StrEnum):
 
 
 def parse_time(value: str | None, option: str) -> datetime | None:
-    """An ISO 8601 time (a date alone is its midnight); without an offset it is UTC."""
+    """An ISO 8601 time (a date alone is its midnight), 1970 to 2200; without an offset it is
+    UTC."""
     if value is None:
         return None
     try:
         parsed = datetime.fromisoformat(value.strip())
     except ValueError:
         fail(f"{option}: {value!r} is not an ISO 8601 time (e.g. 2026-03-01 or 2026-03-01T12:00Z)")
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    try:
+        return in_span(parsed, option)
+    except TimeRangeError as exc:
+        fail(exc)
 
 
 def iso(value: datetime) -> str:

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from optimizer.common.times import TimeRangeError, in_span
 from optimizer.costs.ledger import Cost, total
 from optimizer.costs.lines import Line, Totals
 
@@ -37,17 +38,19 @@ _MONTH = re.compile(r"\d{4}-\d{2}")
 
 
 class TimeError(ValueError):
-    """A `--since`/`--until` value that is not a month, a date or an ISO 8601 time."""
+    """A `--since`/`--until` value that is not a month, a date or an ISO 8601 time, or one
+    outside the span gpuopt reads (optimizer/common/times.py)."""
 
 
 def parse_time(text: str, name: str) -> datetime:
     """`2026-03` (the month's start), `2026-03-14` (midnight) or an ISO 8601 time, UTC unless
-    it names an offset. `name` is the option it came from, for the error."""
+    it names an offset, from 1970 to 2200. `name` is the option it came from, for the error."""
     value = text.strip()
     try:
         if _MONTH.fullmatch(value):
-            return datetime(int(value[:4]), int(value[5:]), 1, tzinfo=UTC)
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+            parsed = datetime(int(value[:4]), int(value[5:]), 1, tzinfo=UTC)
+        else:
+            parsed = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
         parsed = None
     if parsed is None:
@@ -55,7 +58,10 @@ def parse_time(text: str, name: str) -> datetime:
             f"{name}: expected a month (2026-03), a date (2026-03-14) or an ISO 8601 time "
             f"(2026-03-14T12:00:00Z), got {text!r}"
         )
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    try:
+        return in_span(parsed, name)
+    except TimeRangeError as exc:
+        raise TimeError(str(exc)) from None
 
 
 def utc_text(value: datetime | None) -> str | None:

@@ -1,9 +1,17 @@
-"""Daemon logging: text or one JSON object per line, secrets redacted, chatty libraries quiet."""
+"""Daemon logging: text or one JSON object per line, secrets redacted, chatty libraries quiet.
+
+One record is one line whatever its text holds: a newline in a name that comes from outside
+(a policy file's, a job's) would otherwise start a line of its own that reads like the
+daemon's. The text format writes control characters in the message as escapes (`\\n`, `\\r`,
+`\\t`, `\\x1b`, `\\u2028`); JSON escapes those below U+0020 itself, and the formatter escapes
+the rest that line readers split on (DEL, C1, U+2028/U+2029).
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -19,6 +27,39 @@ _QUIET = {
     "apscheduler": logging.WARNING,
     "uvicorn.access": logging.WARNING,
 }
+
+
+# Every character a terminal or a line reader may act on: C0 (newlines among them), DEL, C1
+# (NEL, U+0085, ends a line for str.splitlines) and the Unicode line and paragraph separators.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+# What JSON leaves as it is of those: json.dumps escapes the C0 characters already.
+_JSON_RAW = re.compile("[\x7f-\x9f\u2028\u2029]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    return _NAMED.get(char) or (
+        f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
+    )
+
+
+def one_line(text: str) -> str:
+    """`text` with every control character written as an escape: it prints as one line."""
+    return _CONTROL.sub(_escape, text)
+
+
+class TextFormatter(logging.Formatter):
+    """`asctime level logger: message`, the message (its arguments put in) on one line; a
+    traceback follows on lines of its own, as Python writes it."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        saved = record.message
+        record.message = one_line(saved)
+        try:
+            return super().formatMessage(record)
+        finally:
+            record.message = saved
 
 
 class JsonFormatter(logging.Formatter):
@@ -37,7 +78,9 @@ class JsonFormatter(logging.Formatter):
                 out[key] = value if plain else str(value)
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, ensure_ascii=False)
+        return _JSON_RAW.sub(
+            lambda m: f"\\u{ord(m.group()):04x}", json.dumps(out, ensure_ascii=False)
+        )
 
 
 class RedactFilter(logging.Filter):
@@ -87,7 +130,7 @@ def configure(
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.addFilter(RedactFilter(secrets))
     root = logging.getLogger()
     for old in list(root.handlers):

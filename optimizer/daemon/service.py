@@ -30,6 +30,7 @@ from optimizer.alerts.channels import build_notifiers
 from optimizer.alerts.outbox import Emitter
 from optimizer.alerts.routing import Router
 from optimizer.clock import Clock, utc_now
+from optimizer.common.files import private_dir
 from optimizer.daemon import settings
 from optimizer.daemon.config import DaemonConfig, ProviderConfig, weak_token_problem
 from optimizer.daemon.errors import DaemonError
@@ -303,7 +304,7 @@ class Daemon:
 
     def _start(self) -> None:
         settings.make_private_dir(self.config.effective_data_dir)
-        self.config.effective_policy_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.config.effective_policy_dir)  # policies say where money goes
         self.leadership.claim()  # SQLite: a second daemon stops here, before touching the store
         try:
             ensure_ready(self.store.engine)  # empty: created at head; else at head or refused

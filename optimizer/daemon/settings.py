@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from optimizer.common.files import private_dir
+
 DATA_DIR_ENV = "GPUOPT_DATA_DIR"
 
 
@@ -31,5 +33,4 @@ def make_private_dir(path: Path) -> Path:
     """Create `path` (and missing parents) for the daemon's own files: the folder itself mode
     0700, since it holds the database, the API token and the election lock. An existing
     folder keeps the mode its owner gave it."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return path
+    return private_dir(path)

@@ -21,6 +21,7 @@ import numpy as np
 from optimizer import hardware
 from optimizer.catalog import OPTIONAL, REQUIRED, CatalogError, iter_offers, write_catalog
 from optimizer.common.errors import Problem
+from optimizer.common.times import EARLIEST_SECONDS, LATEST_SECONDS, SPAN
 from optimizer.model import OFFER_FIELDS, Offer
 from optimizer.store import Store
 from optimizer.store.bulk import PriceColumns
@@ -45,15 +46,42 @@ def _comment_lines(path: Path) -> int:
     return skipped
 
 
+def _not_utf8(path: Path) -> CatalogError | None:
+    """Where `path` first stops being UTF-8 text (its line, and the byte's column), if it does:
+    binary data named .csv, or text in another encoding."""
+    with path.open("rb") as stream:
+        for number, raw in enumerate(stream, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return CatalogError.at(
+                    str(path),
+                    f"not UTF-8 text (byte 0x{raw[exc.start]:02x}): a history is a UTF-8 "
+                    "catalog CSV, a Parquet file (.parquet) or an Arrow IPC file (.arrow)",
+                    line=number,
+                    column=exc.start + 1,
+                )
+    return None
+
+
 def _located(path: Path, exc: Exception) -> CatalogError:
-    """The catalog reader's own error for the file, else a plain one naming it."""
+    """For a CSV: the catalog reader's own error for the file, else a plain one naming it."""
     try:
         with path.open(encoding="utf-8", newline="") as stream:
             for _ in iter_offers(stream, path=str(path)):
                 pass
     except CatalogError as located:
         return located
-    return CatalogError([Problem(str(path), str(exc))])
+    except UnicodeDecodeError:
+        return _not_utf8(path) or CatalogError([Problem(str(path), "not UTF-8 text")])
+    except OSError as error:
+        return CatalogError([Problem(str(path), f"cannot read: {error.strerror or error}")])
+    return CatalogError([Problem(str(path), _first_line(exc))])
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def column_types() -> dict[str, Any]:
@@ -75,16 +103,14 @@ def column_types() -> dict[str, Any]:
     return types
 
 
-def read_history(path: str | Path) -> History:
-    """A catalog CSV's points as a History (module docstring); CatalogError when it is bad."""
+def _read_table(file: Path, types: dict[str, Any]) -> Any:
+    """The file's table with the catalog's column types (a pyarrow.Table); CatalogError
+    naming the file (and for a CSV the line, for a typed file the column) when it cannot be
+    read as a history."""
     import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.csv as pcsv
 
-    file = Path(path)
-    if not file.is_file():
-        raise CatalogError([Problem(str(file), "no such file")])
-    types = column_types()
+    columnar = file.suffix == PARQUET or file.suffix in ARROW
     try:
         if file.suffix in ARROW:
             with pa.memory_map(str(file)) as source:
@@ -94,9 +120,6 @@ def read_history(path: str | Path) -> History:
 
             strings = [n for n in pq.read_schema(file).names if n in _TEXT]
             table = pq.read_table(file, read_dictionary=strings)
-            table = table.cast(
-                pa.schema([pa.field(f.name, types.get(f.name, f.type)) for f in table.schema])
-            )
         else:
             table = pcsv.read_csv(
                 pa.memory_map(str(file)),
@@ -105,26 +128,119 @@ def read_history(path: str | Path) -> History:
                 ),
                 convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=False),
             )
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError) as exc:
-        if file.suffix == PARQUET or file.suffix in ARROW:
-            raise CatalogError([Problem(str(file), f"not a history: {exc}")]) from None
-        raise _located(file, exc) from None
     except UnicodeDecodeError as exc:
         raise _located(file, exc) from None
+    except OSError as exc:  # not readable (permissions), or pyarrow's I/O errors
+        raise CatalogError.at(str(file), f"cannot read: {_first_line(exc)}") from None
+    except pa.ArrowException as exc:
+        if columnar:
+            raise CatalogError.at(str(file), f"not a history: {_first_line(exc)}") from None
+        raise _located(file, exc) from None
+    if columnar:
+        table = _conform(file, table, types)
+    return table
+
+
+def _conform(file: Path, table: Any, types: dict[str, Any]) -> Any:
+    """A Parquet or Arrow table cast column by column to the catalog's types; a column that
+    will not cast is named with what it should hold. A dictionary-encoded hardware column
+    (as `history_table` writes them) has only its dictionary cast: those columns are read
+    from each pool's first row alone, so the rows need no decoding."""
+    import pyarrow as pa
+
+    columns = {}
+    for name in table.column_names:
+        column = table.column(name)
+        wanted = types.get(name)
+        if wanted is not None and column.type != wanted:
+            try:
+                if (
+                    pa.types.is_dictionary(column.type)
+                    and not pa.types.is_dictionary(wanted)
+                    and name not in _PER_ROW
+                ):
+                    column = pa.chunked_array(
+                        [
+                            pa.DictionaryArray.from_arrays(
+                                chunk.indices, chunk.dictionary.cast(wanted)
+                            )
+                            for chunk in column.chunks
+                        ],
+                        pa.dictionary(column.type.index_type, wanted),
+                    )
+                else:
+                    column = column.cast(wanted)
+            except pa.ArrowException as exc:
+                raise CatalogError.at(
+                    str(file),
+                    f"a column of {column.type} cannot be read as {_WANTED.get(name, wanted)}: "
+                    f"{_first_line(exc)}",
+                    field=name,
+                ) from None
+        columns[name] = column
+    return pa.table(columns)
+
+
+# The columns read row by row (the others only at each pool's first row).
+_PER_ROW = frozenset({"observed_at", "usd_per_hour"})
+# What a column holds, said for people (the others are text).
+_WANTED = {"observed_at": "a time (timestamp)", "usd_per_hour": "a number"}
+
+
+def _row_problem(file: Path, row: int, field: str, message: str) -> CatalogError:
+    """A typed file's bad value: its row (from 1) and column; for a CSV the catalog reader
+    says the line."""
+    if file.suffix == PARQUET or file.suffix in ARROW:
+        return CatalogError.at(str(file), f"row {row + 1}: {message}", field=field)
+    return _located(file, ValueError(f"{field}: row {row + 1}: {message}"))
+
+
+def _check(file: Path, table: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The columns a history needs, a time for every row inside the span gpuopt reads, and a
+    finite, non-negative price for every row; CatalogError at the first row that breaks one.
+    Returns the times (epoch seconds) and prices."""
+    import pyarrow.compute as pc
+
     names = set(table.column_names)
     missing = sorted(REQUIRED - names)
     unknown = sorted(names - set(OFFER_FIELDS))
     if missing or unknown:
+        if file.suffix == PARQUET or file.suffix in ARROW:
+            said = [f"lacks required column(s): {', '.join(missing)}"] if missing else []
+            said += [f"has unknown column(s): {', '.join(unknown)}"] if unknown else []
+            raise CatalogError.at(str(file), "; ".join(said))
         raise _located(file, ValueError(f"columns: missing {missing}, unknown {unknown}"))
     if table.num_rows == 0:
         raise CatalogError([Problem(str(file), "no price points")])
-    price = table.column("usd_per_hour").to_numpy()
-    if (
-        table.column("observed_at").null_count
-        or not np.all(np.isfinite(price))
-        or (price < 0).any()
-    ):
-        raise _located(file, ValueError("a missing time or a bad price"))
+    times = table.column("observed_at")
+    if times.null_count:
+        row = int(np.flatnonzero(pc.is_null(times).to_numpy(zero_copy_only=False))[0])
+        raise _row_problem(file, row, "observed_at", "missing value")
+    at = times.cast("int64").to_numpy()
+    outside = (at < EARLIEST_SECONDS) | (at >= LATEST_SECONDS)
+    if outside.any():
+        row = int(np.flatnonzero(outside)[0])
+        raise _row_problem(file, row, "observed_at", f"a time not {SPAN}")
+    price = table.column("usd_per_hour").to_numpy().astype(np.float64, copy=False)
+    bad = ~np.isfinite(price) | (price < 0)  # a null reads as NaN
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise _row_problem(file, row, "usd_per_hour", "not a finite number >= 0")
+    return at, price
+
+
+def read_history(path: str | Path) -> History:
+    """A history file's points (module docstring); CatalogError naming the file, and the line,
+    row or column where known, when it is not a history."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    file = Path(path)
+    if not file.is_file():
+        raise CatalogError([Problem(str(file), "no such file")])
+    table = _read_table(file, column_types())
+    at, price = _check(file, table)
+    names = set(table.column_names)
     key = np.zeros(table.num_rows, dtype=np.int64)
     width = 1
     # One dictionary per pool column across chunks (only these: the hardware columns are
@@ -149,8 +265,8 @@ def read_history(path: str | Path) -> History:
     picked = pa.array(first)
     rows = pa.table({c: table.column(c).take(picked) for c in columns})
     offers = []
-    try:
-        for values in rows.to_pylist():
+    for row, values in zip(first.tolist(), rows.to_pylist(), strict=True):
+        try:
             for name, default in OPTIONAL.items():
                 if values.get(name) in ("", None):
                     values[name] = default
@@ -160,10 +276,15 @@ def read_history(path: str | Path) -> History:
                 if values["fabric_interfaces"] is None:
                     values["fabric_interfaces"] = spec.interfaces
             offers.append(Offer(**values))
-    except (TypeError, ValueError) as exc:
-        raise _located(file, exc) from None
-    at = table.column("observed_at").cast(pa.int64()).to_numpy()
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:
+            raise _row_problem(file, row, _field_of(exc), _first_line(exc)) from None
     return History(OfferTable.from_offers(offers), pool, at, price)
+
+
+def _field_of(exc: BaseException) -> str:
+    """The Offer field an OfferError names first (`gpu_count must be ...`), if any."""
+    word = str(exc).split(" ", 1)[0]
+    return word if word in OFFER_FIELDS else ""
 
 
 def _dense_ids(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

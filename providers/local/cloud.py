@@ -30,6 +30,7 @@ from pathlib import Path
 
 from optimizer.clock import CLOCK_OFFSET_ENV
 from optimizer.common.environ import basic_env
+from optimizer.common.files import append_private, private_dir
 from optimizer.common.procs import proc_start_ticks, signal_group
 from optimizer.model import Offer
 from providers.base import (
@@ -368,7 +369,7 @@ class LocalCloud:
 
     def _spawn(self, record: InstanceRecord, bootstrap: str, metadata_url: str) -> None:
         disk = self.state.disk(record.id)
-        disk.mkdir(parents=True, exist_ok=True)
+        private_dir(disk)
         record.mark = instance_mark(self.state.root, record.id)
         # A fresh machine: only the basics of the daemon's environment (no secret of the
         # daemon's, no gpuopt setting) reach it; the agent gets the rest from its bootstrap.
@@ -383,7 +384,7 @@ class LocalCloud:
         )
         env.update(self.clock_env())  # its machines keep the cloud's time
         try:
-            with (disk / "console.log").open("ab") as console:
+            with append_private(disk / "console.log") as console:
                 proc = subprocess.Popen(
                     ["/bin/sh", "-c", bootstrap],
                     stdin=subprocess.DEVNULL,

@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from optimizer.common.files import private_dir
+
 INSTANCE_PREFIX = "i-local-"
 _ID = re.compile(r"^i-local-(\d{4,})$")
 
@@ -112,7 +114,7 @@ class StateDir:
         self.instances_dir = self.root / "instances"
 
     def ensure(self) -> None:
-        self.instances_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.instances_dir)
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
