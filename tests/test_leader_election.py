@@ -101,6 +101,69 @@ def test_a_clean_stop_hands_over_at_once_not_at_the_next_round(pg_store: Store) 
 
 
 @pytest.mark.postgres
+def test_a_follower_takes_over_when_the_leaders_session_ends_not_at_its_next_round(
+    pg_store: Store,
+) -> None:
+    # A SIGKILLed leader announces nothing: its session just ends. Rounds of 30 s: a
+    # follower that polled for the lock would take up to 30 s; one waiting for it in the
+    # server is granted it as the session goes.
+    leader = election(pg_store, check_s=30, lease_s=61)
+    follower = election(pg_store, check_s=30, lease_s=61)
+    leader.start()
+    follower.start()
+    try:
+        assert leader.is_leader and not follower.is_leader  # its first try is over
+        with pg_store.engine.begin() as conn:
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = :name"
+                ),
+                {"name": f"gpuopt leader election {leader.replica}"[:63]},
+            )
+        wait_until(lambda: follower.is_leader, timeout=5, what="the takeover")
+        # The old leader, once it sees its session gone, stops acting too.
+        wait_until(lambda: not leader.is_leader, timeout=5, what="the old leader to step down")
+    finally:
+        follower.stop()
+        leader.stop()  # its thread waits 30 s for a next round: stop() ends that wait too
+
+
+@pytest.mark.postgres
+def test_stopping_a_follower_ends_its_wait_for_the_lock(pg_store: Store) -> None:
+    leader = election(pg_store, check_s=30, lease_s=61)
+    follower = election(pg_store, check_s=30, lease_s=61)
+    leader.start()
+    follower.start()
+    try:
+        wait_until(lambda: waiting_for_the_lock(pg_store, follower), timeout=5, what="its wait")
+        stopped = threading.Thread(target=follower.stop)
+        stopped.start()
+        # Far sooner than the 30 s its wait in the server would last.
+        wait_until(lambda: not stopped.is_alive(), timeout=5, what="the follower to stop")
+        assert not waiting_for_the_lock(pg_store, follower)
+        assert leader.is_leader and not follower.is_leader
+    finally:
+        follower.stop()
+        leader.stop()
+
+
+def waiting_for_the_lock(store: Store, replica: PostgresElection) -> bool:
+    """Whether the replica's lock session is waiting in the server for the advisory lock."""
+    with store.engine.connect() as conn:
+        return bool(
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                    "WHERE l.locktype = 'advisory' AND NOT l.granted "
+                    "AND a.application_name = :name"
+                ),
+                {"name": f"gpuopt leader election {replica.replica}"[:63]},
+            ).scalar()
+        )
+
+
+@pytest.mark.postgres
 def test_schemas_elect_separately(postgres_schema: tuple[str, str], pg_store: Store) -> None:
     url, _ = postgres_schema
     other = f"{pg_store.schema}_b"
