@@ -27,8 +27,12 @@ from sqlalchemy import text
 
 from optimizer.daemon.errors import DaemonError
 from optimizer.daemon.leader import PostgresElection, SqliteLock, sqlite_lock_path
+from optimizer.model import Market
 from optimizer.store import Store
+from providers.base import LaunchSpec
+from providers.local import LocalCloud
 from providers.local.faults import add_fault
+from providers.local.metadata import TOKEN_HEADER, TOKEN_TTL_HEADER
 from providers.local.procs import power_off
 from providers.local.state import StateDir
 from tests.helpers import (
@@ -282,6 +286,45 @@ def test_a_second_sqlite_daemon_is_refused_and_may_start_after_the_first(tmp_pat
         second.start()
         assert second.is_leader
         second.stop()
+
+
+def test_a_replica_that_leads_serves_the_instances_the_last_leader_launched(
+    tmp_path: Path,
+) -> None:
+    # The last leader launched an instance and died: its metadata endpoint went with it, the
+    # instance runs on. No job names the instance, so no reconcile pass describes it (which
+    # used to be what started the cloud): the replica that leads serves it at once. The real
+    # local cloud; the lock is SQLite's, whose daemon leads from its start, through the same
+    # listener as a takeover on PostgreSQL.
+    config = make_config(tmp_path / "data")
+    state = config.effective_data_dir / "local-cloud"
+    last = LocalCloud(state)
+    offer = next(
+        o
+        for o in last.fetch_offers(["eu-west-1"])
+        if o.instance_type == "g5.xlarge" and o.market is Market.SPOT
+    )
+    ref = last.launch(offer, LaunchSpec(job="j", attempt=1, bootstrap="sleep 60"), "j/1")
+    port = last.metadata.port
+    last.close()  # as the leader dies: the endpoint and ticker stop, the instance runs on
+    try:
+        with running(config, sources=None) as daemon:
+            assert daemon.leadership.is_leader
+            url = f"http://127.0.0.1:{port}/{ref.instance_id}/latest"
+            token = httpx.put(f"{url}/api/token", headers={TOKEN_TTL_HEADER: "60"}).text
+            answer = httpx.get(f"{url}/meta-data/instance-id", headers={TOKEN_HEADER: token})
+            assert (answer.status_code, answer.text) == (200, ref.instance_id)
+    finally:
+        LocalCloud(state).kill_all()
+
+
+def test_a_replica_that_leads_starts_no_local_cloud_while_it_has_no_instance(
+    tmp_path: Path,
+) -> None:
+    config = make_config(tmp_path / "data")
+    with running(config, sources=None) as daemon:
+        assert daemon.leadership.is_leader
+        assert not (config.effective_data_dir / "local-cloud").exists()
 
 
 def test_in_memory_sqlite_needs_no_lock() -> None:

@@ -363,6 +363,7 @@ class Daemon:
         self.metrics.leader_changes.labels("leader" if leading else "follower").inc()
         if not leading:
             return
+        self._start_hosted()
         if isinstance(self.leadership, PostgresElection):
             self.emitter.emit(
                 EventKind.LEADER_ELECTED,
@@ -377,6 +378,17 @@ class Daemon:
         for name in [*self._leader_loops, "watch"]:
             if name in self.scheduler.names:
                 self.scheduler.run_now(name)
+
+    def _start_hosted(self) -> None:
+        """Start what the leader hosts for running instances (the local cloud's metadata
+        endpoint and ticker) now, not at the first pass that happens to describe one: they
+        lost their metadata, and their power-offs their enforcer, when the last leader
+        died."""
+        for handle in self.handles.values():
+            try:
+                handle.start_hosted()
+            except Exception as exc:  # the takeover goes on; the first launch tries again
+                log.warning("could not start provider %s on taking over: %s", handle.name, exc)
 
     def _polling(self, poll: PollLoop) -> Callable[[], None]:
         def run() -> None:
