@@ -134,6 +134,24 @@ def test_a_follower_takes_over_when_the_leaders_session_ends_not_at_its_next_rou
 
 
 @pytest.mark.postgres
+def test_a_new_leaders_lease_counts_from_after_its_wait_for_the_lock(pg_store: Store) -> None:
+    now = [1000.0]
+    leader = election(pg_store, check_s=30, lease_s=40)
+    follower = election(pg_store, check_s=30, lease_s=40, monotonic=lambda: now[0])
+    leader.start()
+    follower.start()
+    try:
+        wait_until(lambda: waiting_for_the_lock(pg_store, follower), timeout=5, what="its wait")
+        now[0] += 45  # the follower's clock runs on while it waits (longer than a lease)
+        leader.stop()  # the lock is granted to the waiting follower
+        wait_until(lambda: follower._role.leading, timeout=5, what="the handover")
+        assert follower.is_leader  # a whole lease from the grant, not one spent waiting
+    finally:
+        follower.stop()
+        leader.stop()
+
+
+@pytest.mark.postgres
 def test_stopping_a_follower_ends_its_wait_for_the_lock(pg_store: Store) -> None:
     leader = election(pg_store, check_s=30, lease_s=61)
     follower = election(pg_store, check_s=30, lease_s=61)

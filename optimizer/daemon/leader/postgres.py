@@ -170,6 +170,12 @@ class PostgresElection(Election):
                     self._lost("the advisory lock is no longer held")
                     return
             elif self._await_lock(wait):
+                # The wait may have begun up to check_s before the grant: count the lease
+                # from a check made after it, so that a new leader starts with a whole one.
+                asked = self.monotonic()
+                if not self._holds():
+                    self._lost("the advisory lock was granted, then not held")
+                    return
                 self._confirmed = asked
                 self._set_leading(True)
         except Exception as exc:
