@@ -16,7 +16,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from sqlalchemy import text
 
 from optimizer.daemon.errors import DaemonError
 from optimizer.daemon.leader import PostgresElection, SqliteLock, sqlite_lock_path
-from optimizer.model import Market
+from optimizer.model import Market, Offer
 from optimizer.store import Store
 from providers.base import LaunchSpec
 from providers.local import LocalCloud
@@ -37,6 +37,7 @@ from providers.local.procs import power_off
 from providers.local.state import StateDir
 from tests.helpers import (
     DaemonProcess,
+    FakeSource,
     api,
     make_config,
     run_gpuopt,
@@ -334,6 +335,53 @@ def test_a_replica_that_leads_serves_the_instances_the_last_leader_launched(
             assert (answer.status_code, answer.text) == (200, ref.instance_id)
     finally:
         LocalCloud(state).kill_all()
+
+
+class RecordedSource(FakeSource):
+    """A FakeSource that, once `armed`, writes each fetch into `order` and sets `fetched`."""
+
+    def __init__(self) -> None:
+        super().__init__(name="local")
+        self.order: list[str] = []
+        self.armed = threading.Event()
+        self.fetched = threading.Event()
+
+    def fetch_offers(self, regions: Sequence[str] | None = None) -> list[Offer]:
+        if self.armed.is_set():
+            self.order.append("poll")
+            self.fetched.set()
+        return super().fetch_offers(regions)
+
+
+def test_a_takeover_runs_its_reconcile_pass_before_the_polls(tmp_path: Path) -> None:
+    # The polls are CPU-bound and would slow the takeover's pass down, sharing the
+    # interpreter: they wait for it. The takeover's pass below waits (3 s at most) for a
+    # poll that runs beside it; none may come.
+    source = RecordedSource()
+    config = make_config(tmp_path / "data", loops={"deliver_s": 3600, "watch_s": 3600})
+    with running(config, sources={"local": source}) as daemon:
+
+        def quiet() -> bool:  # the start's polls and passes are over
+            polled = {p.name for p in daemon.polls} <= daemon._polled
+            return polled and daemon.reconcile.passes >= 1 and daemon.scheduler._in_flight == 0
+
+        wait_until(quiet, timeout=20, what="the start's loops to end")
+
+        def slow_pass(ctx: object) -> None:
+            if source.armed.is_set():
+                source.order.append("pass")
+                source.fetched.wait(3)
+                source.order.append("pass ended")
+
+        daemon.reconcile.reconcilers.append(slow_pass)
+        source.armed.set()
+        # A takeover, as the election reports one (this daemon's SQLite lock never moves).
+        daemon.leadership._set_leading(False)
+        daemon.leadership._set_leading(True)
+        wait_until(
+            lambda: source.order.count("poll") >= 2, timeout=20, what=f"polls: {source.order}"
+        )
+        assert source.order == ["pass", "pass ended", "poll", "poll"]
 
 
 def test_a_replica_that_leads_starts_no_local_cloud_while_it_has_no_instance(
