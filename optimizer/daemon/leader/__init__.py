@@ -19,8 +19,9 @@ alerts, so no two processes launch the same job or send the same alert.
 - **Wake-ups**: a follower that receives an agent's interruption notice sends
   `NOTIFY gpuopt_wakeup` (payload: its schema); the leader LISTENs on its lock connection
   and runs a reconcile pass at once, so recovery does not wait for the next tick. A leader
-  that stops cleanly announces its release on the same channel, and the followers try for
-  the lock at once (a rolling update hands over without waiting a round).
+  that stops cleanly unlocks, which grants the lock to a waiting follower at once (a rolling
+  update hands over without waiting a round), and announces its release on the same
+  channel for followers of older versions, which poll.
 - **SQLite**: one daemon per database file. The first takes an exclusive `flock` on
   `<database>.lock` and leads for its lifetime; a second one exits with a message naming
   the holder. The kernel drops the lock when the holder exits, however it exits.

@@ -102,7 +102,8 @@ class PostgresElection(Election):
         if self._conn is not None and was_leader:
             try:
                 self._conn.execute("SELECT pg_advisory_unlock(%s)", (self._key,))
-                # Followers listening on the channel try for the lock now, not next round.
+                # Followers waiting for the lock are granted it by the unlock; the notice is
+                # for those of older versions, which try at their next round unless told.
                 self._conn.execute(
                     "SELECT pg_notify(%s, 'released:' || current_schema())", (WAKEUP_CHANNEL,)
                 )
@@ -148,10 +149,8 @@ class PostgresElection(Election):
         try:
             while not self._stop.is_set() and (left := deadline - time.monotonic()) > 0:
                 for note in self._conn.notifies(timeout=min(left, 0.5)):
-                    if self._role.leading and note.payload == self._schema:
+                    if note.payload == self._schema:
                         self.on_wakeup()
-                    elif not self._role.leading and note.payload == f"released:{self._schema}":
-                        return
         except Exception as exc:
             self._lost(f"the lock connection failed while listening: {first_line(exc)}")
 
