@@ -235,6 +235,18 @@ class PlacementOwner(Protocol):
 
 
 @runtime_checkable
+class HostedCloud(Protocol):
+    """A cloud that runs inside the leading daemon, for providers that declare `hosted`
+    (providers/registry.py): the local cloud's metadata endpoint and power-off ticker live in
+    the daemon that launched its instances, and die with it."""
+
+    def resume(self) -> None:
+        """Serve the instances the cloud holds now (a takeover: what served them died with
+        the leader that launched them); nothing while it holds none. Idempotent."""
+        ...
+
+
+@runtime_checkable
 class Provider(OfferSource, Launcher, Protocol):
     """A cloud gpuopt can launch on: offers and instances."""
 

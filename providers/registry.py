@@ -10,9 +10,9 @@ line at the bottom of this module and the provider's rows in `policies/regions.c
 
 A declared capability is a promise about the built source's type: `launch` means it is a
 `Launcher` (launch, describe, terminate, close), `interruption_queue` an
-`InterruptionQueue`, `gang_placement` a `PlacementOwner`. The lookups
-(`ProviderEntry.launcher`, `.interruption_queue`, `.placement_owner`) return the source under
-that type, or None when the provider does not declare it;
+`InterruptionQueue`, `gang_placement` a `PlacementOwner`, `hosted` a `HostedCloud`. The
+lookups (`ProviderEntry.launcher`, `.interruption_queue`, `.placement_owner`, `.hosted`)
+return the source under that type, or None when the provider does not declare it;
 tests/test_provider_registry.py checks each built-in provider implements what it declares.
 """
 
@@ -26,6 +26,7 @@ from typing import cast
 
 from providers import aws, gcp, local
 from providers.base import (
+    HostedCloud,
     InterruptionQueue,
     OfferSource,
     PlacementOwner,
@@ -60,6 +61,10 @@ class Capabilities:
     watcher: str | None = None  # the metadata watcher kind its instances' agent runs
     agent_on_host: bool = False  # its instances run on this host with this gpuopt: the
     # bootstrap installs nothing and starts the agent with this interpreter
+    hosted: bool = False  # the cloud runs inside the leading daemon (the local cloud's
+    # metadata endpoint and power-off ticker): a replica that takes over resumes it at once
+    # for the running instances, since it died with the last leader: the source is a
+    # HostedCloud
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +102,10 @@ class ProviderEntry:
     def interruption_queue(self, source: OfferSource) -> InterruptionQueue | None:
         """`source` as an InterruptionQueue when this provider declares one, else None."""
         return cast(InterruptionQueue, source) if self.capabilities.interruption_queue else None
+
+    def hosted(self, source: OfferSource) -> HostedCloud | None:
+        """`source` as a HostedCloud when this provider declares `hosted`, else None."""
+        return cast(HostedCloud, source) if self.capabilities.hosted else None
 
     def placement_owner(self, source: OfferSource) -> PlacementOwner | None:
         """`source` as a PlacementOwner when this provider declares `gang_placement`, else
@@ -169,7 +178,9 @@ def secret_env() -> tuple[str, ...]:
 register(
     ProviderEntry(
         "local",
-        Capabilities(launch=True, live_offers=True, watcher="aws-imds", agent_on_host=True),
+        Capabilities(
+            launch=True, live_offers=True, watcher="aws-imds", agent_on_host=True, hosted=True
+        ),
         local.build,
     )
 )

@@ -16,7 +16,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -27,12 +27,17 @@ from sqlalchemy import text
 
 from optimizer.daemon.errors import DaemonError
 from optimizer.daemon.leader import PostgresElection, SqliteLock, sqlite_lock_path
+from optimizer.model import Market, Offer
 from optimizer.store import Store
+from providers.base import LaunchSpec
+from providers.local import LocalCloud
 from providers.local.faults import add_fault
+from providers.local.metadata import TOKEN_HEADER, TOKEN_TTL_HEADER
 from providers.local.procs import power_off
 from providers.local.state import StateDir
 from tests.helpers import (
     DaemonProcess,
+    FakeSource,
     api,
     make_config,
     run_gpuopt,
@@ -98,6 +103,87 @@ def test_a_clean_stop_hands_over_at_once_not_at_the_next_round(pg_store: Store) 
     finally:
         leader.stop()
         follower.stop()
+
+
+@pytest.mark.postgres
+def test_a_follower_takes_over_when_the_leaders_session_ends_not_at_its_next_round(
+    pg_store: Store,
+) -> None:
+    # A SIGKILLed leader announces nothing: its session just ends. Rounds of 30 s: a
+    # follower that polled for the lock would take up to 30 s; one waiting for it in the
+    # server is granted it as the session goes.
+    leader = election(pg_store, check_s=30, lease_s=61)
+    follower = election(pg_store, check_s=30, lease_s=61)
+    leader.start()
+    follower.start()
+    try:
+        assert leader.is_leader and not follower.is_leader  # its first try is over
+        with pg_store.engine.begin() as conn:
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = :name"
+                ),
+                {"name": f"gpuopt leader election {leader.replica}"[:63]},
+            )
+        wait_until(lambda: follower.is_leader, timeout=5, what="the takeover")
+        # The old leader, once it sees its session gone, stops acting too.
+        wait_until(lambda: not leader.is_leader, timeout=5, what="the old leader to step down")
+    finally:
+        follower.stop()
+        leader.stop()  # its thread waits 30 s for a next round: stop() ends that wait too
+
+
+@pytest.mark.postgres
+def test_a_new_leaders_lease_counts_from_after_its_wait_for_the_lock(pg_store: Store) -> None:
+    now = [1000.0]
+    leader = election(pg_store, check_s=30, lease_s=40)
+    follower = election(pg_store, check_s=30, lease_s=40, monotonic=lambda: now[0])
+    leader.start()
+    follower.start()
+    try:
+        wait_until(lambda: waiting_for_the_lock(pg_store, follower), timeout=5, what="its wait")
+        now[0] += 45  # the follower's clock runs on while it waits (longer than a lease)
+        leader.stop()  # the lock is granted to the waiting follower
+        wait_until(lambda: follower._role.leading, timeout=5, what="the handover")
+        assert follower.is_leader  # a whole lease from the grant, not one spent waiting
+    finally:
+        follower.stop()
+        leader.stop()
+
+
+@pytest.mark.postgres
+def test_stopping_a_follower_ends_its_wait_for_the_lock(pg_store: Store) -> None:
+    leader = election(pg_store, check_s=30, lease_s=61)
+    follower = election(pg_store, check_s=30, lease_s=61)
+    leader.start()
+    follower.start()
+    try:
+        wait_until(lambda: waiting_for_the_lock(pg_store, follower), timeout=5, what="its wait")
+        stopped = threading.Thread(target=follower.stop)
+        stopped.start()
+        # Far sooner than the 30 s its wait in the server would last.
+        wait_until(lambda: not stopped.is_alive(), timeout=5, what="the follower to stop")
+        assert not waiting_for_the_lock(pg_store, follower)
+        assert leader.is_leader and not follower.is_leader
+    finally:
+        follower.stop()
+        leader.stop()
+
+
+def waiting_for_the_lock(store: Store, replica: PostgresElection) -> bool:
+    """Whether the replica's lock session is waiting in the server for the advisory lock."""
+    with store.engine.connect() as conn:
+        return bool(
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                    "WHERE l.locktype = 'advisory' AND NOT l.granted "
+                    "AND a.application_name = :name"
+                ),
+                {"name": f"gpuopt leader election {replica.replica}"[:63]},
+            ).scalar()
+        )
 
 
 @pytest.mark.postgres
@@ -219,6 +305,92 @@ def test_a_second_sqlite_daemon_is_refused_and_may_start_after_the_first(tmp_pat
         second.start()
         assert second.is_leader
         second.stop()
+
+
+def test_a_replica_that_leads_serves_the_instances_the_last_leader_launched(
+    tmp_path: Path,
+) -> None:
+    # The last leader launched an instance and died: its metadata endpoint went with it, the
+    # instance runs on. No job names the instance, so no reconcile pass describes it (which
+    # used to be what started the cloud): the replica that leads serves it at once. The real
+    # local cloud; the lock is SQLite's, whose daemon leads from its start, through the same
+    # listener as a takeover on PostgreSQL.
+    config = make_config(tmp_path / "data")
+    state = config.effective_data_dir / "local-cloud"
+    last = LocalCloud(state)
+    offer = next(
+        o
+        for o in last.fetch_offers(["eu-west-1"])
+        if o.instance_type == "g5.xlarge" and o.market is Market.SPOT
+    )
+    ref = last.launch(offer, LaunchSpec(job="j", attempt=1, bootstrap="sleep 60"), "j/1")
+    port = last.metadata.port
+    last.close()  # as the leader dies: the endpoint and ticker stop, the instance runs on
+    try:
+        with running(config, sources=None) as daemon:
+            assert daemon.leadership.is_leader
+            url = f"http://127.0.0.1:{port}/{ref.instance_id}/latest"
+            token = httpx.put(f"{url}/api/token", headers={TOKEN_TTL_HEADER: "60"}).text
+            answer = httpx.get(f"{url}/meta-data/instance-id", headers={TOKEN_HEADER: token})
+            assert (answer.status_code, answer.text) == (200, ref.instance_id)
+    finally:
+        LocalCloud(state).kill_all()
+
+
+class RecordedSource(FakeSource):
+    """A FakeSource that, once `armed`, writes each fetch into `order` and sets `fetched`."""
+
+    def __init__(self) -> None:
+        super().__init__(name="local")
+        self.order: list[str] = []
+        self.armed = threading.Event()
+        self.fetched = threading.Event()
+
+    def fetch_offers(self, regions: Sequence[str] | None = None) -> list[Offer]:
+        if self.armed.is_set():
+            self.order.append("poll")
+            self.fetched.set()
+        return super().fetch_offers(regions)
+
+
+def test_a_takeover_runs_its_reconcile_pass_before_the_polls(tmp_path: Path) -> None:
+    # The polls are CPU-bound and would slow the takeover's pass down, sharing the
+    # interpreter: they wait for it. The takeover's pass below waits (3 s at most) for a
+    # poll that runs beside it; none may come.
+    source = RecordedSource()
+    config = make_config(tmp_path / "data", loops={"deliver_s": 3600, "watch_s": 3600})
+    with running(config, sources={"local": source}) as daemon:
+
+        def quiet() -> bool:  # the start's polls and passes are over
+            polled = {p.name for p in daemon.polls} <= daemon._polled
+            return polled and daemon.reconcile.passes >= 1 and daemon.scheduler._in_flight == 0
+
+        wait_until(quiet, timeout=20, what="the start's loops to end")
+
+        def slow_pass(ctx: object) -> None:
+            if source.armed.is_set():
+                source.order.append("pass")
+                source.fetched.wait(3)
+                source.order.append("pass ended")
+
+        daemon.reconcile.reconcilers.append(slow_pass)
+        source.armed.set()
+        # A takeover, as the election reports one (this daemon's SQLite lock never moves).
+        daemon.leadership._set_leading(False)
+        daemon.leadership._set_leading(True)
+        wait_until(
+            lambda: source.order.count("poll") >= 2, timeout=20, what=f"polls: {source.order}"
+        )
+        assert source.order == ["pass", "pass ended", "poll", "poll"]
+
+
+def test_a_replica_that_leads_starts_no_local_cloud_while_it_has_no_instance(
+    tmp_path: Path,
+) -> None:
+    config = make_config(tmp_path / "data")
+    with running(config, sources=None) as daemon:
+        assert daemon.leadership.is_leader
+        assert not (config.effective_data_dir / "local-cloud").exists()
 
 
 def test_in_memory_sqlite_needs_no_lock() -> None:

@@ -21,6 +21,7 @@ from optimizer.model import Market, Offer
 from policies import regions
 from providers import registry
 from providers.base import (
+    HostedCloud,
     InterruptionQueue,
     Launcher,
     OfferSource,
@@ -42,7 +43,7 @@ def test_the_built_in_providers_and_what_each_declares() -> None:
     assert registry.names() == ("local", "aws", "gcp")
     local, aws, gcp = (registry.capabilities(n) for n in ("local", "aws", "gcp"))
     assert local == Capabilities(
-        launch=True, live_offers=True, watcher="aws-imds", agent_on_host=True
+        launch=True, live_offers=True, watcher="aws-imds", agent_on_host=True, hosted=True
     )
     assert aws.launch and aws.interruption_queue and aws.placement_scores and aws.live_offers
     assert (aws.watcher, gcp.watcher) == ("aws-imds", "gcp-metadata")
@@ -50,6 +51,7 @@ def test_the_built_in_providers_and_what_each_declares() -> None:
     assert not gcp.placement_scores
     assert aws.commitments and gcp.commitments and not local.commitments  # committed offers
     assert aws.gang_placement and gcp.gang_placement and not local.gang_placement
+    assert local.hosted and not aws.hosted and not gcp.hosted  # runs inside the leader
     assert live_providers() == ("local", "aws", "gcp")  # what `gpuopt offers --provider` asks
 
 
@@ -80,6 +82,8 @@ def test_each_built_in_provider_implements_what_it_declares(
     assert (entry.interruption_queue(source) is source) is entry.capabilities.interruption_queue
     assert isinstance(source, PlacementOwner) is entry.capabilities.gang_placement
     assert (entry.placement_owner(source) is source) is entry.capabilities.gang_placement
+    assert isinstance(source, HostedCloud) is entry.capabilities.hosted
+    assert (entry.hosted(source) is source) is entry.capabilities.hosted
     launcher = entry.launcher(source)
     assert launcher is not None
     launcher.close()

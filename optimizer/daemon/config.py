@@ -138,7 +138,7 @@ class LeaderConfig(_Section):
     """Leader election among replicas on one PostgreSQL database (docs/deploy.md)."""
 
     check_s: float = Field(
-        2, gt=0, le=5, description="How often followers try for the lock and the leader checks it."
+        2, gt=0, le=5, description="One round of a follower's lock wait; the leader's check period."
     )
     # At most 10: the lock's session is dropped after about 12 s without an answer, and a
     # cut-off leader must have stopped acting by then (optimizer/daemon/leader.py).

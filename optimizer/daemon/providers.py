@@ -115,6 +115,17 @@ class ProviderHandle:
             return None
         return self.entry.interruption_queue(self.source())
 
+    def start_hosted(self) -> None:
+        """Start what the leading daemon hosts for this provider's running instances, if
+        anything (the local cloud's metadata endpoint and ticker): a replica that takes over
+        calls it. Raises ProviderDisabled while the provider cannot run here. A source given
+        to the handle is its maker's, to start as to close."""
+        if not self.capabilities.hosted or not self._owned:
+            return
+        hosted = self.entry.hosted(self.source())
+        if hosted is not None:
+            hosted.resume()
+
     def close(self) -> None:
         source = self._source
         if source is None or not self._owned:

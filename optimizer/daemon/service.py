@@ -263,6 +263,10 @@ class Daemon:
         self._polled: set[str] = set()  # polls that have run at least once in this process
         self._first_polls = threading.Lock()
         self._leader_loops: list[str] = []
+        # Loops a takeover runs once its first reconcile pass has ended (see
+        # _leadership_changed), and the lock that hands them over.
+        self._after_takeover_pass: list[str] = []
+        self._takeover_lock = threading.Lock()
         self._was_ready = False
         self._stop = threading.Event()
         self.stopping = threading.Event()  # set as stop() begins: long API streams end then
@@ -325,7 +329,7 @@ class Daemon:
             self._lead(queue.name, queue.run_once, 0.5)
         self.scheduler.add("watch", self.watcher.run_once, loops.watch_s, run_now=False)
         # tick() refuses to overlap itself, so a wake-up is never dropped as a second instance
-        self._lead("reconcile", self.reconcile.tick, loops.reconcile_s, guards_overlap=True)
+        self._lead("reconcile", self._reconcile_tick, loops.reconcile_s, guards_overlap=True)
         self._lead("deliver", self.deliver.run_once, loops.deliver_s)
         self._lead("retention", self.retention.run_once, loops.retention_s)
         self.reconcile.attach(lambda: self.scheduler.run_now("reconcile"))
@@ -370,20 +374,50 @@ class Daemon:
         self.metrics.leader_changes.labels("leader" if leading else "follower").inc()
         if not leading:
             return
-        if isinstance(self.leadership, PostgresElection):
+        self._start_hosted()
+        self.watcher.resync()  # record policy changes made while no leader was recording
+        # A takeover acts now, not at the next tick. Only loops already scheduled: at start
+        # the election is won before the loops are added, and each one runs when it is
+        # added (the watch pass right after the election, in _start). The reconcile pass
+        # first: the polls (CPU-bound: a replica's first builds every local offer) and
+        # retention would share the interpreter with it and slow it down, and the store
+        # already holds the last leader's prices; they run as soon as that pass has ended.
+        held = {*(poll.name for poll in self.polls), "retention"}
+        names = [n for n in [*self._leader_loops, "watch"] if n in self.scheduler.names]
+        with self._takeover_lock:
+            self._after_takeover_pass = [n for n in names if n in held]
+        for name in names:
+            if name not in held:
+                self.scheduler.run_now(name)
+        if isinstance(self.leadership, PostgresElection):  # after: the loops need not wait
             self.emitter.emit(
                 EventKind.LEADER_ELECTED,
                 f"replica {self.leadership.replica} now leads: it polls, reconciles jobs "
                 "and sends alerts",
                 data={"replica": self.leadership.replica},
             )
-        self.watcher.resync()  # record policy changes made while no leader was recording
-        # A takeover acts now, not at the next tick. Only loops already scheduled: at start
-        # the election is won before the loops are added, and each one runs when it is
-        # added (the watch pass right after the election, in _start).
-        for name in [*self._leader_loops, "watch"]:
-            if name in self.scheduler.names:
+
+    def _reconcile_tick(self) -> None:
+        """The reconcile loop's tick; after the first one since a takeover, the loops that
+        waited for it."""
+        try:
+            self.reconcile.tick()
+        finally:
+            with self._takeover_lock:
+                waiting, self._after_takeover_pass = self._after_takeover_pass, []
+            for name in waiting:
                 self.scheduler.run_now(name)
+
+    def _start_hosted(self) -> None:
+        """Start what the leader hosts for running instances (the local cloud's metadata
+        endpoint and ticker) now, not at the first pass that happens to describe one: they
+        lost their metadata, and their power-offs their enforcer, when the last leader
+        died."""
+        for handle in self.handles.values():
+            try:
+                handle.start_hosted()
+            except Exception as exc:  # the takeover goes on; the first launch tries again
+                log.warning("could not start provider %s on taking over: %s", handle.name, exc)
 
     def _polling(self, poll: PollLoop) -> Callable[[], None]:
         def run() -> None:

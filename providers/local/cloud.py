@@ -118,6 +118,13 @@ class LocalCloud:
             self._ticker.start()
         return self
 
+    def resume(self) -> None:
+        """Start the endpoint and the ticker when an instance is still running (one that
+        outlived the daemon that launched it: a leader killed, a restart); else nothing, and
+        the first launch starts them."""
+        if self._server is None and any(not record.ended for record in self.state.all()):
+            self.start()
+
     def close(self) -> None:
         """Stop the endpoint and ticker; instances keep running (as across a daemon restart)."""
         # Join the ticker without holding the lock: a tick in progress needs it to finish.

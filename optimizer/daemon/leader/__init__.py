@@ -8,8 +8,9 @@ alerts, so no two processes launch the same job or send the same alert.
   database in different schemas elect separately. PostgreSQL frees the lock the moment the
   leader's session ends: a clean stop, a crash or SIGKILL (the kernel closes the socket),
   or, when the leader's host vanishes, the server's TCP keepalives giving up (set on the
-  session to about 12 s). Followers retry every `check_s`, so one takes over within
-  `check_s` of the release.
+  session to about 12 s). Followers wait for the lock in the server (`pg_advisory_lock`,
+  in rounds of `check_s` under a `lock_timeout`), so PostgreSQL hands it to one of them the
+  moment it is freed: a takeover does not wait for a follower's next round.
 - **Lease**: the leader re-confirms the lock in `pg_locks` every `check_s` and counts as
   leader only while its last confirmation is younger than `lease_s`. A leader cut off from
   the database stops acting after `lease_s`, before the server drops its session and a
@@ -18,8 +19,9 @@ alerts, so no two processes launch the same job or send the same alert.
 - **Wake-ups**: a follower that receives an agent's interruption notice sends
   `NOTIFY gpuopt_wakeup` (payload: its schema); the leader LISTENs on its lock connection
   and runs a reconcile pass at once, so recovery does not wait for the next tick. A leader
-  that stops cleanly announces its release on the same channel, and the followers try for
-  the lock at once (a rolling update hands over without waiting a round).
+  that stops cleanly unlocks, which grants the lock to a waiting follower at once (a rolling
+  update hands over without waiting a round), and announces its release on the same
+  channel for followers of older versions, which poll.
 - **SQLite**: one daemon per database file. The first takes an exclusive `flock` on
   `<database>.lock` and leads for its lifetime; a second one exits with a message naming
   the holder. The kernel drops the lock when the holder exits, however it exits.

@@ -101,12 +101,13 @@ class Election:
             log.info("replica %s is now the leader", self.replica)
         else:
             log.warning("replica %s is no longer the leader", self.replica)
-        self._heartbeat(force=True)
+        # The listeners first: a takeover's loops start before this replica's row is written.
         for listener in list(self.listeners):
             try:
                 listener(leading)
             except Exception:
                 log.exception("leadership listener failed")
+        self._heartbeat(force=True)
 
     def _heartbeat(self, *, force: bool = False) -> None:
         """Refresh this replica's row every HEARTBEAT_S; the leader also prunes dead rows."""
