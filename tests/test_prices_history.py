@@ -175,13 +175,15 @@ def test_gpuopt_prices_history_end_to_end(tmp_path: Path) -> None:
         store.create_all()
         seed(store)
         # The hourly tier as the retention pass at NOW leaves it; the daemon below runs on the
-        # wall clock, with a retention so long that it leaves these rows as they are.
+        # wall clock, with about the longest retention the config takes (ten years, the bound
+        # of every number of days; the hourly tier longer than the raw one), which leaves
+        # these rows as they are.
         store.prices.prune_history(Retention(timedelta(days=14), timedelta(days=400)), now=NOW)
     daemon = DaemonProcess(
         data,
         env={
-            "GPUOPT_PRICES__RETENTION__RAW_DAYS": "100000",
-            "GPUOPT_PRICES__RETENTION__HOURLY_DAYS": "200000",
+            "GPUOPT_PRICES__RETENTION__RAW_DAYS": "3649",
+            "GPUOPT_PRICES__RETENTION__HOURLY_DAYS": "3650",
         },
     )
     try:

@@ -92,6 +92,21 @@ _EVENT_ORDER_LOCK = text(
 )
 
 
+def commit_time(conn: Connection, at: datetime) -> datetime:
+    """The time an event written now on this transaction records: `at` or, when later, the
+    last committed event's. It waits first for any other transaction that has written an
+    event to end (on PostgreSQL the advisory lock below, held to the commit and taken again
+    at no cost by the same transaction; on SQLite the database's one writer, which a
+    transaction holds from its first write), so the time read is final. A transaction that
+    ends attempts with its events takes their time from here too (`Jobs.transition_job`)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(_EVENT_ORDER_LOCK)
+    before = conn.execute(select(_EVENT.c.at).order_by(_EVENT.c.id.desc()).limit(1)).scalar()
+    if before is not None and aware(before, "at") > at:
+        return aware(before, "at")
+    return at
+
+
 def _insert_event(
     conn: Connection,
     at: datetime,
@@ -112,16 +127,9 @@ def _insert_event(
     commit; on SQLite the database's one writer), so ids follow the commits; and the time is
     `at` or, when later, the last committed event's: a transaction that took its time before
     another one committed records its events after that one's, not before."""
-    if conn.dialect.name == "postgresql":
-        conn.execute(_EVENT_ORDER_LOCK)
+    at = commit_time(conn, at)
     row = _event_row(at, kind, message, severity, job_id, policy, data)
     event_id = inserted_id(conn.execute(insert(_EVENT).values(row)))
-    before = conn.execute(
-        select(_EVENT.c.at).where(_EVENT.c.id < event_id).order_by(_EVENT.c.id.desc()).limit(1)
-    ).scalar()
-    if before is not None and aware(before, "at") > at:
-        at = aware(before, "at")
-        conn.execute(update(_EVENT).where(_EVENT.c.id == event_id).values(at=at))
     plain = None if data is None else json.loads(row["data"])
     note_event(conn, EventRecord(event_id, at, kind, severity, job_id, policy, message, plain))
     return event_id, at

@@ -28,7 +28,7 @@ from optimizer.store.engine import (
     job_record,
     table,
 )
-from optimizer.store.events import write_event, write_events
+from optimizer.store.events import commit_time, write_event, write_events
 from optimizer.store.probes import write_probe_result
 from optimizer.store.tables import (
     REMOVED_MARK,
@@ -304,7 +304,8 @@ class Jobs:
         longer in `expected`, nothing is written and None is returned (the caller lost a race;
         the next pass decides again from what is stored). `attempts` (attempt key -> columns,
         as `update_attempt`) are written in the same transaction: an attempt the transition
-        ends is ended exactly when its events are recorded."""
+        ends is ended exactly when its events are recorded (a column set to `at` takes the
+        events' time, which may come out later: see `events.commit_time`)."""
         values: dict[str, Any] = {"state": state, "reason": reason, "updated_at": at}
         if restarts is not None:
             values["restarts"] = restarts
@@ -314,11 +315,13 @@ class Jobs:
             ).rowcount
             if not moved:
                 return None
+            when = commit_time(conn, at) if events else at
             for key, columns in (attempts or {}).items():
+                timed = {name: when if value == at else value for name, value in columns.items()}
                 conn.execute(
-                    update(_ATTEMPT).where(_ATTEMPT.c.idempotency_key == key).values(**columns)
+                    update(_ATTEMPT).where(_ATTEMPT.c.idempotency_key == key).values(**timed)
                 )
-            write_events(conn, (replace(event, job_id=job_id) for event in events), at)
+            write_events(conn, (replace(event, job_id=job_id) for event in events), when)
             row = conn.execute(select(_JOB).where(_JOB.c.id == job_id)).one()
         return job_record(row)
 
