@@ -8,12 +8,14 @@ from datetime import timedelta
 import pytest
 
 from optimizer.jobs.machine import TERMINAL, JobState
-from optimizer.store import DuplicateJobError, JobNotEndedError, Store
-from optimizer.store.tables import (
+from optimizer.store import (
     TERMINAL_JOB_STATES,
+    DuplicateJobError,
+    JobNotEndedError,
     NewEvent,
     PolicyVersionRecord,
     PollStatusRecord,
+    Store,
 )
 from tests.helpers import T0, make_offer
 

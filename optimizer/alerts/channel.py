@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from optimizer.model import EventKind, event_kind
-from optimizer.store.tables import OutboxItem
+from optimizer.store import OutboxItem
 
 # A plain title for every kind the daemon raises (a test checks none is missing); a kind
 # recorded by another version gets its name spelled out.

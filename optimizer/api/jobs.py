@@ -17,8 +17,7 @@ from optimizer.jobs.advice import job_advice
 from optimizer.jobs.machine import JobState
 from optimizer.jobs.spec import JobSpec
 from optimizer.model import EventKind
-from optimizer.store import DuplicateJobError, JobNotEndedError, JobRecord
-from optimizer.store.tables import TERMINAL_JOB_STATES
+from optimizer.store import TERMINAL_JOB_STATES, DuplicateJobError, JobNotEndedError, JobRecord
 from optimizer.store.telemetry import GpuSummary
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])

@@ -157,12 +157,12 @@ def export(
     (.arrow) or Parquet (.parquet) with the same columns."""
     from pathlib import Path
 
-    from optimizer.cli.db import _database_url
+    from optimizer.cli.db import configured_database_url
     from optimizer.jobs.history import columns_history, write_history
     from optimizer.store import Store
 
     start = parse_time(since, "--since")
-    with Store(_database_url(Path(config) if config else None)) as store:
+    with Store(configured_database_url(Path(config) if config else None)) as store:
         found = store.prices.history_columns(start)
     points = columns_history(found)
     count = write_history(points, output, comment=f"gpuopt prices export --since {since}")

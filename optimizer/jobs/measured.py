@@ -16,9 +16,8 @@ from datetime import UTC
 from optimizer import hardware
 from optimizer.jobs.context import ReconcileContext
 from optimizer.model import EventKind
-from optimizer.store import FailureStreak, Store
+from optimizer.store import EventRecord, FailureStreak, Store
 from optimizer.store.probes import DEFAULT_LAST
-from optimizer.store.tables import EventRecord
 from policies.measured import Measured, TypeMeasurement
 
 DEFAULT_DEMOTE_FAILED = 3

@@ -31,9 +31,8 @@ from optimizer.jobs.ranking import pool_of
 from optimizer.jobs.recovery import Failure, Pool, strategy_for
 from optimizer.jobs.utilization import rules_for
 from optimizer.model import Market, Offer
-from optimizer.store import LineFilter, Store
+from optimizer.store import JobRecord, LineFilter, Store
 from optimizer.store.jobs import AttemptRecord
-from optimizer.store.tables import JobRecord
 from policies.engine import evaluate
 from policies.measured import Measured
 from policies.schedule import effective, window_at

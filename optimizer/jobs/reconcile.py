@@ -64,9 +64,9 @@ from optimizer.jobs.placements import release_placements
 from optimizer.jobs.recovery import Failure, Strategy, strategy_for
 from optimizer.jobs.utilization import Rules, Sample, rules_for, watch
 from optimizer.model import EventKind, Market
-from optimizer.store import Store
+from optimizer.store import JobRecord, NewEvent, Store
 from optimizer.store.jobs import AttemptRecord
-from optimizer.store.tables import GpuSample, JobRecord, NewEvent
+from optimizer.store.tables import GpuSample
 from policies.schedule import effective
 from policies.schema import Policy
 from providers.base import EndReason, InstanceRef, InstanceState, InstanceStatus, ProviderError

@@ -28,9 +28,9 @@ from optimizer.jobs.machine import JobState
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow, measured
 from optimizer.jobs.ranking import pool_of
 from optimizer.model import EventKind
+from optimizer.store import JobRecord
 from optimizer.store.events import EventRecord
 from optimizer.store.jobs import AttemptRecord, Pool
-from optimizer.store.tables import JobRecord
 from policies.engine import Ranking, evaluate
 from policies.schedule import Change, Transition, apply, changes, name_of, transitions
 from policies.schema import Policy

@@ -30,16 +30,8 @@ from optimizer.store.engine import (
 )
 from optimizer.store.events import write_event, write_events
 from optimizer.store.probes import write_probe_result
-from optimizer.store.tables import (
-    REMOVED_MARK,
-    TERMINAL_JOB_STATES,
-    AgentEvent,
-    Attempt,
-    Job,
-    JobRecord,
-    NewEvent,
-    PoolCooldown,
-)
+from optimizer.store.records import REMOVED_MARK, TERMINAL_JOB_STATES, JobRecord, NewEvent
+from optimizer.store.tables import AgentEvent, Attempt, Job, PoolCooldown
 from optimizer.store.telemetry import GPU_TELEMETRY, write_telemetry
 
 _JOB = table(Job)

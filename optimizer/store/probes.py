@@ -28,7 +28,8 @@ from typing import Any
 from sqlalchemy import Connection, func, insert, select
 
 from optimizer.store.engine import Database, table
-from optimizer.store.tables import Attempt, Job, ProbeResult, given_name
+from optimizer.store.records import given_name
+from optimizer.store.tables import Attempt, Job, ProbeResult
 
 _PROBE = table(ProbeResult)
 _ATTEMPT = table(Attempt)
