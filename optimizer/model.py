@@ -10,6 +10,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from optimizer.clock import utc_text
+
 
 class Market(StrEnum):
     """How an instance is bought."""
@@ -191,7 +193,7 @@ class Offer:
         out["market"] = self.market.value
         out["interconnect"] = self.interconnect.value
         out["fabric"] = self.fabric.value
-        out["observed_at"] = self.observed_at.isoformat().replace("+00:00", "Z")
+        out["observed_at"] = utc_text(self.observed_at)
         if self.payment_option is not None:
             out["payment_option"] = self.payment_option.value
         return out

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from optimizer.clock import utc_text
 from optimizer.model import EventKind, event_kind
 from optimizer.store import OutboxItem
 
@@ -120,7 +121,7 @@ class Alert:
             "title": self.title,
             "severity": self.severity,
             "message": self.message,
-            "at": self.at.astimezone(UTC).isoformat().replace("+00:00", "Z"),
+            "at": utc_text(self.at),
             "policy": self.policy,
             "job": self.job,
             "price_before": self.price_before,

@@ -13,6 +13,7 @@ import typer
 
 from optimizer.cli.client import ApiOption, call
 from optimizer.cli.common import fail
+from optimizer.clock import utc_text
 
 app = typer.Typer(help="Price history (through the daemon's API).", no_args_is_help=True)
 
@@ -38,7 +39,7 @@ def parse_time(value: str | None, option: str) -> datetime | None:
 
 
 def iso(value: datetime) -> str:
-    return value.isoformat().replace("+00:00", "Z")
+    return utc_text(value)
 
 
 @app.command("history")

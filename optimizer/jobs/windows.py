@@ -20,9 +20,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
+from optimizer.clock import utc_text
 from optimizer.jobs.context import UNREACHABLE, ReconcileContext
 from optimizer.jobs.machine import JobState
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow, measured
@@ -130,7 +131,7 @@ def boundary_event(
     )
     severity = "warning" if any(v.allowed is False for v in verdicts) else "info"
     data = {
-        "at": t.at.astimezone(UTC).isoformat().replace("+00:00", "Z"),
+        "at": utc_text(t.at),
         "before": t.before,
         "after": t.after,
         "changes": [{"key": c.key, "before": c.before, "after": c.after} for c in change.changes],

@@ -18,6 +18,7 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from optimizer.api.state import ApiState
+from optimizer.clock import utc_text
 from optimizer.model import Market, Offer
 from optimizer.store import Grid, InEffect
 from optimizer.ui.prices import MAX_DAYS, bid_cap
@@ -204,11 +205,7 @@ def history(state: ApiState, choice: Choice, policy: Policy | None) -> dict[str,
         "bucket_s": grid.width_s,
         "points": grid.count,
         "pools": len(read),
-        "since": _iso(grid.origin),
-        "until": _iso(now),
+        "since": utc_text(grid.origin),
+        "until": utc_text(now),
     }
     return data
-
-
-def _iso(at: Any) -> str:
-    return str(at.isoformat()).replace("+00:00", "Z")
