@@ -14,10 +14,10 @@ from fastapi import APIRouter, HTTPException, Query, status
 from optimizer.api.costs import job_attempts
 from optimizer.api.state import MAX_ID, MIN_ID, ApiState, StateDep, utc_text
 from optimizer.jobs.advice import job_advice
-from optimizer.jobs.machine import JobState
 from optimizer.jobs.spec import JobSpec
+from optimizer.lifecycle import TERMINAL_JOB_STATES, JobState
 from optimizer.model import EventKind
-from optimizer.store import TERMINAL_JOB_STATES, DuplicateJobError, JobNotEndedError, JobRecord
+from optimizer.store import DuplicateJobError, JobNotEndedError, JobRecord
 from optimizer.store.telemetry import GpuSummary
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])

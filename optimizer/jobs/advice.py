@@ -8,7 +8,8 @@ from datetime import datetime
 
 from optimizer import hardware
 from optimizer.jobs.ranking import launch_ranking
-from optimizer.store import TERMINAL_JOB_STATES, AttemptRecord, JobRecord, Store
+from optimizer.lifecycle import TERMINAL_JOB_STATES
+from optimizer.store import AttemptRecord, JobRecord, Store
 from policies import advice
 from policies.engine import Ranking
 from policies.schedule import effective

@@ -25,9 +25,9 @@ from typing import Any
 
 from optimizer.clock import utc_text
 from optimizer.jobs.context import UNREACHABLE, ReconcileContext
-from optimizer.jobs.machine import JobState
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow, measured
 from optimizer.jobs.ranking import pool_of
+from optimizer.lifecycle import JobState
 from optimizer.model import EventKind
 from optimizer.store import JobRecord
 from optimizer.store.events import EventRecord

@@ -49,7 +49,6 @@ from optimizer.store.policies import Policies
 from optimizer.store.prices import Prices
 from optimizer.store.probes import FailureStreak, ProbeRecord, Probes, TypeFigures
 from optimizer.store.records import (
-    TERMINAL_JOB_STATES,
     EventRecord,
     JobRecord,
     NewEvent,
@@ -61,7 +60,6 @@ from optimizer.store.replicas import ReplicaRecord, Replicas
 from optimizer.store.telemetry import GpuMinute, GpuSampleRecord, GpuSummary, Telemetry
 
 __all__ = [
-    "TERMINAL_JOB_STATES",
     "Appended",
     "AttemptRecord",
     "BilledAttempt",

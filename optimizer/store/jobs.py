@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import Connection, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
+from optimizer.lifecycle import TERMINAL_JOB_STATES, AttemptState
 from optimizer.model import Offer
 from optimizer.store.engine import (
     Database,
@@ -30,7 +31,7 @@ from optimizer.store.engine import (
 )
 from optimizer.store.events import write_event, write_events
 from optimizer.store.probes import write_probe_result
-from optimizer.store.records import REMOVED_MARK, TERMINAL_JOB_STATES, JobRecord, NewEvent
+from optimizer.store.records import REMOVED_MARK, JobRecord, NewEvent
 from optimizer.store.tables import AgentEvent, Attempt, Job, PoolCooldown
 from optimizer.store.telemetry import GPU_TELEMETRY, write_telemetry
 
@@ -344,7 +345,7 @@ class Jobs:
             "instance_type": offer.instance_type,
             "market": offer.market.value,
             "usd_per_hour": offer.usd_per_hour,
-            "state": "launching",
+            "state": AttemptState.LAUNCHING,
             "started_at": self._db.now(at),
             "token_sha256": token_sha256,
         }

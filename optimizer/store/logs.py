@@ -16,9 +16,9 @@ from datetime import datetime
 
 from sqlalchemy import Connection, delete, func, select, update
 
+from optimizer.lifecycle import TERMINAL_JOB_STATES
 from optimizer.store.engine import Database, dialect_insert, table
 from optimizer.store.engine import chunks as batches
-from optimizer.store.records import TERMINAL_JOB_STATES
 from optimizer.store.tables import Attempt, Job, JobLog
 
 _LOG = table(JobLog)

@@ -13,10 +13,6 @@ from typing import Any
 
 from optimizer.model import EventKind
 
-# The job states after which nothing happens to a job: the store keeps them off the live
-# queries and never cancels such a job. The state machine (optimizer.jobs.machine) names the
-# same three; tests/test_daemon_store.py holds the two together.
-TERMINAL_JOB_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "stopped"})
 # A removed job's row is renamed `<name>~removed~<id>`: no job name has a `~` (the pattern in
 # policies/schema.py), so its name is free for a new job and no new job can take this one.
 REMOVED_MARK = "~removed~"

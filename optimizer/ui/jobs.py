@@ -15,7 +15,8 @@ from optimizer.api.logs import LogStream
 from optimizer.api.state import ApiState
 from optimizer.costs import GroupBy
 from optimizer.jobs.ledger import Ledger
-from optimizer.store import TERMINAL_JOB_STATES, EventRecord, JobRecord
+from optimizer.lifecycle import TERMINAL_JOB_STATES
+from optimizer.store import EventRecord, JobRecord
 from optimizer.store.jobs import AttemptRecord
 from optimizer.store.probes import ProbeRecord
 from optimizer.ui import timeline
