@@ -38,9 +38,7 @@ _LISTED = 10  # pools named in a bid-cap message; the event's data lists them al
 
 
 def pool_key(offer: Offer) -> str:
-    return "/".join(
-        (offer.provider, offer.region, offer.zone or "-", offer.instance_type, offer.market.value)
-    )
+    return str(offer.pool)
 
 
 def describe(offer: Offer) -> str:

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from optimizer.jobs.recovery import Failover, GiveUp, Past, Pool, Strategy
+from optimizer.jobs.recovery import Failover, GiveUp, Past, Strategy
 from optimizer.lifecycle import TERMINAL_JOB_STATES as TERMINAL
 from optimizer.lifecycle import AttemptEnd, Failure, JobState
-from optimizer.model import EventKind, Market
+from optimizer.model import EventKind, Market, Pool
 
 REGISTER_TIMEOUT = timedelta(minutes=10)  # how long a launch's agent may take to check in
 
@@ -151,9 +151,9 @@ class _Relaunch:
     stop_job: bool = False  # let the job checkpoint instead of killing the instance
 
 
-def describe_pool(pool: Pool) -> str:
-    provider, region, zone, kind, market = pool
-    return f"{provider} {region}{'/' + zone if zone else ''} {kind} {market}"
+def describe_pool(pool: tuple[str, str, str | None, str, str]) -> str:
+    """The pool in a sentence (`Pool.label`)."""
+    return Pool(*pool).label
 
 
 def _relaunch_reason(

@@ -27,10 +27,10 @@ from optimizer.jobs.migration import (
     RunningJob,
 )
 from optimizer.jobs.ranking import pool_of
-from optimizer.jobs.recovery import Failure, Pool, strategy_for
+from optimizer.jobs.recovery import Failure, strategy_for
 from optimizer.jobs.utilization import rules_for
 from optimizer.lifecycle import FAILURES, HANDED_OVER, AttemptEnd, JobState
-from optimizer.model import Market, Offer
+from optimizer.model import Market, Offer, Pool
 from optimizer.store import JobRecord, LineFilter, Store
 from optimizer.store.jobs import AttemptRecord
 from policies.engine import evaluate
@@ -127,7 +127,7 @@ def measured_overhead(
 
 def _regional(pool: Pool) -> Pool:
     provider, region, _zone, kind, market = pool
-    return (provider, region, None, kind, market)
+    return Pool(provider, region, None, kind, market)
 
 
 def offer_pool(pool: Pool, listed: Mapping[Pool, Offer]) -> Pool:

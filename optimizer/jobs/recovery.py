@@ -24,10 +24,8 @@ from enum import StrEnum
 from typing import ClassVar
 
 from optimizer.lifecycle import Failure
-from optimizer.model import Market
+from optimizer.model import Market, Pool
 from policies.schema import Policy, RecoveryStrategy
-
-Pool = tuple[str, str, str | None, str, str]  # provider, region, zone, instance type, market
 
 
 class LaunchError(StrEnum):
@@ -251,7 +249,6 @@ __all__ = [
     "GiveUp",
     "LaunchError",
     "Past",
-    "Pool",
     "RecoverySettings",
     "Relaunch",
     "SitOut",

@@ -28,10 +28,10 @@ from optimizer.jobs.context import UNREACHABLE, ReconcileContext
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow, measured
 from optimizer.jobs.ranking import pool_of
 from optimizer.lifecycle import JobState
-from optimizer.model import EventKind
+from optimizer.model import EventKind, Pool
 from optimizer.store import JobRecord
 from optimizer.store.events import EventRecord
-from optimizer.store.jobs import AttemptRecord, Pool
+from optimizer.store.jobs import AttemptRecord
 from policies.engine import Ranking, evaluate
 from policies.schedule import Change, Transition, apply, changes, name_of, transitions
 from policies.schema import Policy
@@ -86,14 +86,14 @@ class JobVerdict:
         return f"{where}: no longer allowed ({self.rule}: {self.reason})"
 
 
-def describe_pool(pool: Pool) -> str:
-    provider, region, zone, instance_type, market = pool
-    return f"{provider}/{region}/{zone or '-'}/{instance_type}/{market}"
+def describe_pool(pool: tuple[str, str, str | None, str, str]) -> str:
+    """The pool's text form (`str(Pool)`)."""
+    return str(Pool(*pool))
 
 
 def _zoneless(pool: Pool) -> Pool:
     provider, region, _zone, instance_type, market = pool
-    return (provider, region, None, instance_type, market)
+    return Pool(provider, region, None, instance_type, market)
 
 
 def reassess(

@@ -19,7 +19,7 @@ from sqlalchemy import Connection, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from optimizer.lifecycle import TERMINAL_JOB_STATES, AttemptState
-from optimizer.model import Offer
+from optimizer.model import Offer, Pool
 from optimizer.store.engine import (
     Database,
     DuplicateJobError,
@@ -43,8 +43,6 @@ log = logging.getLogger(__name__)
 _TERMINAL_STATES = sorted(TERMINAL_JOB_STATES)
 # Job ids per IN (...) list: well under SQLite's 32,766 bound parameters.
 ATTEMPT_IDS_PER_QUERY = 5_000
-
-Pool = tuple[str, str, str | None, str, str]
 
 # What an attempt keeps of its agent's reports (docs/agent-protocol.md, Events): the newest of
 # these kinds only, the first of those, and at most this many rows in all. An honest agent
@@ -101,7 +99,7 @@ class AttemptRecord:
 
     @property
     def pool(self) -> Pool:
-        return (self.provider, self.region, self.zone, self.instance_type, self.market)
+        return Pool(self.provider, self.region, self.zone, self.instance_type, self.market)
 
     @property
     def ended(self) -> bool:
@@ -671,7 +669,7 @@ class Jobs:
         with self._db.connect() as conn:
             rows = conn.execute(query).all()
         return {
-            (p, r, z or None, k, m): until if until.tzinfo else until.replace(tzinfo=UTC)
+            Pool(p, r, z or None, k, m): until if until.tzinfo else until.replace(tzinfo=UTC)
             for p, r, z, k, m, until in rows
         }
 
@@ -679,7 +677,7 @@ class Jobs:
         query = select(_COOLDOWN).where(_COOLDOWN.c.until > now)
         with self._db.connect() as conn:
             rows = conn.execute(query).all()
-        return {(r.provider, r.region, r.zone or None, r.instance_type, r.market) for r in rows}
+        return {Pool(r.provider, r.region, r.zone or None, r.instance_type, r.market) for r in rows}
 
 
 def _replace_latest(conn: Connection, key: str, kind: str, at: datetime) -> bool:

@@ -19,7 +19,7 @@ from typing import Any
 
 from optimizer.api.state import ApiState
 from optimizer.clock import utc_text
-from optimizer.model import Market, Offer
+from optimizer.model import Market, Offer, Pool
 from optimizer.store import Grid, InEffect
 from optimizer.ui.prices import MAX_DAYS, bid_cap
 from policies.schema import Policy
@@ -27,7 +27,6 @@ from policies.schema import Policy
 MAX_POINTS = 300  # buckets per series, whatever the window
 MARKETS = (Market.SPOT, Market.ON_DEMAND)
 
-Pool = tuple[str, str, str | None, str, Market]
 Column = Sequence[InEffect | None]
 
 
