@@ -8,7 +8,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
+
+from optimizer.clock import utc_text
 
 
 class Market(StrEnum):
@@ -58,6 +60,43 @@ class Fabric(StrEnum):
     GPUDIRECT_TCPX = "gpudirect_tcpx"
     GPUDIRECT_TCPXO = "gpudirect_tcpxo"
     GPUDIRECT_RDMA = "gpudirect_rdma"
+
+
+class Pool(NamedTuple):
+    """A capacity pool: one instance type bought one way in one region or zone.
+
+    A tuple (it unpacks, compares and hashes as one), with one text form, `str(pool)`:
+    `provider/region/zone/type/market`, `-` for no zone, the form events' data and the
+    daemon's price state carry; `Pool.parse` reads it back. `label` is how messages word it.
+    """
+
+    provider: str
+    region: str
+    zone: str | None
+    instance_type: str
+    market: str
+
+    def __str__(self) -> str:
+        return "/".join(
+            (self.provider, self.region, self.zone or "-", self.instance_type, self.market)
+        )
+
+    @property
+    def label(self) -> str:
+        """The pool in a sentence: `aws eu-west-1/euw1-az1 p4d.24xlarge spot`."""
+        zone = f"/{self.zone}" if self.zone else ""
+        return f"{self.provider} {self.region}{zone} {self.instance_type} {self.market}"
+
+    @classmethod
+    def parse(cls, text: str) -> Pool:
+        """The pool `str(pool)` wrote; a ValueError names what is wrong with other text."""
+        parts = text.split("/")
+        if len(parts) != 5 or not all(parts):
+            raise ValueError(
+                f"not a pool: {text!r} (expected provider/region/zone/type/market, - for no zone)"
+            )
+        provider, region, zone, instance_type, market = parts
+        return cls(provider, region, None if zone == "-" else zone, instance_type, market)
 
 
 class OfferError(ValueError):
@@ -173,9 +212,9 @@ class Offer:
         return max(0.0, self.usd_per_hour - (self.upfront_usd or 0.0) / self.term_hours)
 
     @property
-    def pool(self) -> tuple[str, str, str | None, str, Market]:
-        """The capacity pool this offer prices: (provider, region, zone, type, market)."""
-        return (self.provider, self.region, self.zone, self.instance_type, self.market)
+    def pool(self) -> Pool:
+        """The capacity pool this offer prices."""
+        return Pool(self.provider, self.region, self.zone, self.instance_type, self.market)
 
     @property
     def total_gpu_memory_gib(self) -> float:
@@ -191,7 +230,7 @@ class Offer:
         out["market"] = self.market.value
         out["interconnect"] = self.interconnect.value
         out["fabric"] = self.fabric.value
-        out["observed_at"] = self.observed_at.isoformat().replace("+00:00", "Z")
+        out["observed_at"] = utc_text(self.observed_at)
         if self.payment_option is not None:
             out["payment_option"] = self.payment_option.value
         return out

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from itertools import chain, repeat
 from typing import Any, NamedTuple, TypeVar, overload
 
 import numpy as np
 
+from optimizer.clock import utc_text
 from optimizer.model import Offer
 
 T = TypeVar("T")
@@ -75,10 +76,6 @@ class LazyRows(Sequence[T]):
 
     def __repr__(self) -> str:
         return f"LazyRows({len(self)} rows)"
-
-
-def _utc_text(value: datetime) -> str:
-    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 class Candidate(NamedTuple):
@@ -229,7 +226,7 @@ class Ranking:
         """Plain JSON-ready values."""
         return {
             "policy": self.policy_name,
-            "evaluated_at": _utc_text(self.evaluated_at),
+            "evaluated_at": utc_text(self.evaluated_at),
             "dtype": self.dtype,
             "candidates": [c.to_dict() for c in self.candidates],
             "rejected_by_rule": self.rejection_counts(),

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from optimizer.model import Market, Offer
+from optimizer.model import Market, Offer, Pool
 from policies.ranking import Candidate
 
 HISTORY = timedelta(days=30)  # attempts older than this no longer count towards p
@@ -44,8 +44,6 @@ DEFAULT_P = 0.01
 HOURS_PER_MONTH = 730.0  # 8,760 / 12, the Advisor's month
 DEFAULT_OVERHEAD_H = 0.25  # 15 minutes to relaunch, probe and resume: an assumption
 RECENT = timedelta(hours=24)  # an interruption this recent is named in the candidate's reason
-
-Pool = tuple[str, str, str | None, str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,8 +188,7 @@ def annotate_all(
     out = []
     for c in candidates:
         o = c.offer
-        pool: Pool = (o.provider, o.region, o.zone, o.instance_type, o.market.value)
-        found = histories.get(pool)
+        found = histories.get(o.pool)
         out.append(annotate(c, found, overhead, now))
     return out
 

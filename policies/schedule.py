@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from optimizer.clock import utc_text
 from policies import windows
 from policies.schema import WINDOW_KEYS, Policy, Schedule, Window
 
@@ -191,10 +192,6 @@ def name_of(window: str | None) -> str:
     return window if window is not None else "(no window)"
 
 
-def _utc_text(when: datetime) -> str:
-    return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
-
-
 @dataclass(frozen=True, slots=True)
 class PlannedTransition:
     """A transition with what it changes."""
@@ -206,7 +203,7 @@ class PlannedTransition:
     def to_dict(self) -> dict[str, Any]:
         t = self.transition
         return {
-            "at": _utc_text(t.at),
+            "at": utc_text(t.at),
             "local": self.local.isoformat(),
             "before": t.before,
             "after": t.after,
@@ -229,8 +226,8 @@ class Plan:
         return {
             "policy": self.policy,
             "timezone": self.timezone,
-            "since": _utc_text(self.since),
-            "until": _utc_text(self.until),
+            "since": utc_text(self.since),
+            "until": utc_text(self.until),
             "window": self.window,
             "transitions": [t.to_dict() for t in self.transitions],
         }

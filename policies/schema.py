@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -70,8 +71,15 @@ def _all_markets() -> list[Market]:
     return ["spot", "on_demand"]
 
 
-# The recovery strategies optimizer/jobs/recovery.py defines (it checks that they match).
-RECOVERY_STRATEGIES = ("failover", "eager-on-demand")
+class RecoveryStrategy(StrEnum):
+    """The recovery strategies a policy may name (`recovery.strategy`); each is implemented
+    once in optimizer/jobs/recovery.py, under this name."""
+
+    FAILOVER = "failover"
+    EAGER_ON_DEMAND = "eager-on-demand"
+
+
+RECOVERY_STRATEGIES: tuple[str, ...] = tuple(s.value for s in RecoveryStrategy)
 
 assert set(Dtype.__args__) == set(DTYPES), "Dtype must list the hardware table's dtypes"  # type: ignore[attr-defined]
 
@@ -277,7 +285,7 @@ class Recovery(_Strict):
     strategy (optimizer/jobs/recovery.py) and its settings."""
 
     strategy: str = Field(
-        "failover",
+        RecoveryStrategy.FAILOVER.value,
         description="The recovery strategy: failover (the default) or eager-on-demand.",
         json_schema_extra={"enum": list(RECOVERY_STRATEGIES)},
     )
@@ -608,7 +616,8 @@ class Policy(_Strict):
     )
     budget: Budget = Field(default_factory=Budget, examples=[{"monthly_usd": 5000}])
     recovery: Recovery = Field(
-        default_factory=Recovery, examples=[{"strategy": "failover", "max_restarts": 20}]
+        default_factory=Recovery,
+        examples=[{"strategy": RecoveryStrategy.FAILOVER.value, "max_restarts": 20}],
     )
     utilization: Utilization = Field(
         default_factory=Utilization,

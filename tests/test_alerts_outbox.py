@@ -7,9 +7,8 @@ from datetime import timedelta
 
 import pytest
 
-from optimizer.store import Store
+from optimizer.store import NewEvent, Store
 from optimizer.store import events as store_events
-from optimizer.store.tables import NewEvent
 from tests.helpers import T0
 
 pytestmark = pytest.mark.usefixtures("daemon_env")

@@ -7,13 +7,14 @@ from datetime import timedelta
 
 import pytest
 
-from optimizer.jobs.machine import TERMINAL, JobState
-from optimizer.store import DuplicateJobError, JobNotEndedError, Store
-from optimizer.store.tables import (
-    TERMINAL_JOB_STATES,
+from optimizer.lifecycle import LIVE_JOB_STATES, TERMINAL_JOB_STATES, JobState
+from optimizer.store import (
+    DuplicateJobError,
+    JobNotEndedError,
     NewEvent,
     PolicyVersionRecord,
     PollStatusRecord,
+    Store,
 )
 from tests.helpers import T0, make_offer
 
@@ -96,13 +97,14 @@ def test_removing_an_ended_job_frees_its_name_and_keeps_its_row_and_events(
     assert [e.job_id for e in store.events.list_events(job_id=first)] == [first]
 
 
-def test_the_store_ends_the_same_job_states_as_the_state_machine(store: Store) -> None:
-    assert {s.value for s in TERMINAL} == TERMINAL_JOB_STATES
+def test_the_store_ends_the_job_states_the_vocabulary_calls_terminal(store: Store) -> None:
     for state in JobState:
         job_id = store.jobs.add_job(state.value, "small", {}, at=T0)
         store.jobs.transition_job(job_id, expected="pending", state=state, reason="", at=T0)
-    live = {s.value for s in JobState} - TERMINAL_JOB_STATES
+    live = {s.value for s in LIVE_JOB_STATES}
+    assert live == {"pending", "provisioning", "probing", "running", "interrupted"}
     assert {job.name for job in store.jobs.live_jobs()} == live
+    assert {job.state for job in store.jobs.list_jobs()} == {s.value for s in JobState}
     assert {name for name in live if store.jobs.request_cancel(name)[1]} == live
     assert not any(store.jobs.request_cancel(name)[1] for name in TERMINAL_JOB_STATES)
 

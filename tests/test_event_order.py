@@ -11,9 +11,8 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import text
 
-from optimizer.store import Store
+from optimizer.store import NewEvent, Store
 from optimizer.store.events import write_events
-from optimizer.store.tables import NewEvent
 from tests.helpers import T0
 from tests.helpers.waiting import wait_until
 

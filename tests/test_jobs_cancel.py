@@ -18,8 +18,7 @@ from optimizer.daemon.providers import ProviderHandle
 from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.reconcile import STOP_GRACE, JobReconciler
 from optimizer.model import EventKind
-from optimizer.store import Store
-from optimizer.store.tables import JobRecord
+from optimizer.store import JobRecord, Store
 from policies.loader import parse_policy
 from tests.helpers import make_offer
 from tests.helpers.cancel import NOW, FakeCloud, InForce

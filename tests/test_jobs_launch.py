@@ -19,8 +19,7 @@ from optimizer.jobs.launch import LaunchOutcome
 from optimizer.jobs.machine import Launch
 from optimizer.jobs.reconcile import JobReconciler
 from optimizer.jobs.recovery import Failover, RecoverySettings
-from optimizer.store import Store
-from optimizer.store.tables import JobRecord
+from optimizer.store import JobRecord, Store
 from policies.engine import evaluate
 from policies.loader import parse_policy
 from providers.base import AuthError, CapacityError, InstanceRef, QuotaError, ThrottledError

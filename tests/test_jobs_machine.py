@@ -13,12 +13,10 @@ from hypothesis import strategies as st
 from optimizer.clock import ManualClock
 from optimizer.jobs.machine import (
     FENCE_CLOCK_MARGIN,
-    TERMINAL,
     Alert,
     AttemptView,
     Cooldown,
     Decision,
-    JobState,
     JobView,
     Launch,
     LeaveToCloud,
@@ -34,6 +32,8 @@ from optimizer.jobs.machine import (
     reclaim,
 )
 from optimizer.jobs.recovery import Failover, Failure, RecoverySettings
+from optimizer.lifecycle import TERMINAL_JOB_STATES as TERMINAL
+from optimizer.lifecycle import JobState
 from optimizer.model import EventKind, Market
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from optimizer.jobs.machine import AttemptView, Cooldown, JobState, JobView, Launch, decide
+from optimizer.jobs.machine import AttemptView, Cooldown, JobView, Launch, decide
 from optimizer.jobs.recovery import (
     DEFAULT,
     STRATEGIES,
@@ -21,6 +21,7 @@ from optimizer.jobs.recovery import (
     SitOut,
     strategy_for,
 )
+from optimizer.lifecycle import JobState
 from optimizer.model import Market
 from policies.loader import parse_policy
 from policies.schema import RECOVERY_STRATEGIES

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from optimizer.jobs.machine import (
     Alert,
     AttemptView,
-    JobState,
     JobView,
     PolicyStop,
     Stop,
@@ -28,6 +27,7 @@ from optimizer.jobs.utilization import (
     rules_for,
     watch,
 )
+from optimizer.lifecycle import JobState
 from optimizer.model import EventKind
 from policies.loader import PolicyError, parse_policy
 

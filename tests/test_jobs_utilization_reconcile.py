@@ -17,8 +17,8 @@ from optimizer.daemon.providers import ProviderHandle
 from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.reconcile import STOP_GRACE, JobReconciler, gpu_samples
 from optimizer.model import EventKind
-from optimizer.store import Store
-from optimizer.store.tables import GpuSample, JobRecord
+from optimizer.store import JobRecord, Store
+from optimizer.store.tables import GpuSample
 from policies.loader import parse_policy
 from policies.schema import Policy
 from tests.helpers import make_offer

@@ -9,6 +9,11 @@ imports only the layers listed for it in `MAY_IMPORT` (and itself). Dependencies
 Imports are read from the source (every `import`, also inside functions and under
 TYPE_CHECKING), so a lazy import does not hide a back edge. Beyond the table: the layers'
 graph has no cycle, and no package has modules that import each other in a circle.
+
+Packages have faces: another layer imports a package's public modules only, never its
+internals (`INTERNAL_MODULES`: the store's SQLModel tables and its engine), and no module
+imports a `_private` name from another module, nor a `_private` module from outside the
+package that holds it.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TOP_LEVEL = ("optimizer", "providers", "policies")
 # The vocabulary: top-level modules of optimizer/ that every layer may use.
-VOCABULARY = frozenset({"model", "hardware", "catalog", "clock", "offers"})
+VOCABULARY = frozenset({"model", "hardware", "catalog", "clock", "offers", "lifecycle"})
 
 VOCAB, COMMON, VERSION = "vocabulary", "optimizer.common", "optimizer"
 BASE = frozenset({VOCAB, COMMON, VERSION})  # what any layer but common and the vocabulary uses
@@ -85,6 +90,19 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
         "policies",
         "providers",
     },
+}
+# Modules that are their package's inside: only their own package imports them (the package's
+# `__init__` exports what other layers use).
+INTERNAL_MODULES = frozenset({"optimizer.store.tables", "optimizer.store.engine"})
+# Imports the faces rule lets through, each with why (remove a line when its reason is gone).
+FACE_EXCEPTIONS: dict[tuple[str, str], str] = {
+    # the utilization watch reads `gpu_sample` with its own query; it moves behind the store
+    # when the reconciler is split into passes (issue 28, item 4)
+    ("optimizer.jobs.reconcile", "optimizer.store.tables.GpuSample"): "raw query, to move",
+    # the backtest's and the vector engine's price masks share the scalar rules' tolerance;
+    # one object per rule holds it when the rules are written once (issue 28, item 3)
+    ("policies.backtest", "policies.rules._SLACK"): "shared tolerance, to move",
+    ("policies.columnar", "policies.rules._SLACK"): "shared tolerance, to move",
 }
 # Folders of optimizer/ that hold no Python of their own.
 DATA_FOLDERS = frozenset({"data"})
@@ -160,6 +178,39 @@ def violations(
             for name in sorted(names)
             if layer_of(name) != own and layer_of(name) not in rules[own]
         )
+    return bad
+
+
+def _owner_of_private(name: str) -> str | None:
+    """Where the first `_private` part of a dotted name lives (`a.b._c.d` -> `a.b`), or None
+    when no part is private (dunders such as `__version__` are public)."""
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part.startswith("_") and not (part.startswith("__") and part.endswith("__")):
+            return ".".join(parts[:i])
+    return None
+
+
+def face_violations(
+    graph: Mapping[str, Iterable[str]],
+    internal: frozenset[str] = INTERNAL_MODULES,
+    allowed: Mapping[tuple[str, str], str] = FACE_EXCEPTIONS,
+) -> list[str]:
+    """`a imports b (why)` for each import past a package's face: an internal module (or a
+    name in one) from another layer, a `_private` name from another module, a `_private`
+    module from outside its package."""
+    bad = []
+    for module, names in sorted(graph.items()):
+        for name in sorted(names):
+            if (module, name) in allowed:
+                continue
+            inner = next((m for m in internal if name == m or name.startswith(m + ".")), None)
+            if inner is not None and layer_of(module) != layer_of(inner):
+                bad.append(f"{module} imports {name} (internal to {layer_of(inner)})")
+                continue
+            owner = _owner_of_private(name)
+            if owner is not None and not (module == owner or module.startswith(owner + ".")):
+                bad.append(f"{module} imports {name} (private to {owner})")
     return bad
 
 
@@ -240,6 +291,15 @@ def test_every_module_belongs_to_a_layer() -> None:
     assert sorted(f for f in folders if f"optimizer.{f}" not in MAY_IMPORT) == []
 
 
+def test_other_layers_import_only_a_packages_face() -> None:
+    assert face_violations(GRAPH) == []
+
+
+def test_each_face_exception_is_still_needed() -> None:
+    """An exception whose import is gone is dropped from the list, not kept as a licence."""
+    assert [k for k in FACE_EXCEPTIONS if k[1] not in GRAPH.get(k[0], ())] == []
+
+
 def test_the_layers_import_each_other_in_no_cycle() -> None:
     assert cycles(layer_graph(GRAPH)) == []
 
@@ -294,6 +354,35 @@ def test_each_rule_catches_a_forbidden_import(layer: str, tmp_path: Path) -> Non
     path.write_text(f"from __future__ import annotations\n{FORBIDDEN_SAMPLES[layer]}\n")
     found = violations(imports(tmp_path), MAY_IMPORT)
     assert len(found) == 1 and found[0].startswith(module_name(path, tmp_path)), found
+
+
+# Imports past a package's face: what a careless change would add.
+FACE_SAMPLES = {
+    "optimizer/jobs/sample.py": "from optimizer.store.tables import JobRecord",
+    "optimizer/daemon/sample.py": "from optimizer.store.engine import StoreError",
+    "optimizer/ui/sample.py": "from optimizer.store import tables",
+    "optimizer/api/sample.py": "from optimizer.jobs.machine import _relaunch_reason",
+    "optimizer/probes/sample.py": "from optimizer.probes.nvml import _parse_gpus",
+    "optimizer/cli/sample.py": "from optimizer.probes.active import _dtype",
+}
+
+
+@pytest.mark.parametrize("where", sorted(FACE_SAMPLES))
+def test_the_faces_rule_catches_an_import_past_a_face(where: str, tmp_path: Path) -> None:
+    path = tmp_path / where
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"from __future__ import annotations\n{FACE_SAMPLES[where]}\n")
+    found = face_violations(imports(tmp_path))
+    assert len(found) == 1 and found[0].startswith(module_name(path, tmp_path)), found
+
+
+def test_the_faces_rule_lets_a_package_use_its_own_inside() -> None:
+    graph = {
+        "optimizer.store.jobs": {"optimizer.store.tables.Job", "optimizer.store.engine.table"},
+        "optimizer.probes.active.gemm": {"optimizer.probes.active._dtype.pick"},
+        "optimizer.jobs.reconcile": {"optimizer.store.JobRecord", "optimizer.__version__"},
+    }
+    assert face_violations(graph, allowed={}) == []
 
 
 def test_allowed_imports_pass(tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ import pytest
 
 from optimizer.daemon.service import Daemon
 from optimizer.model import EventKind
-from optimizer.store.tables import EventRecord
+from optimizer.store import EventRecord
 from providers.local import LocalCloud
 from tests.helpers import api, make_config, running, wait_until, write_policy
 from tests.helpers.agent import counter_job

@@ -18,7 +18,7 @@ from optimizer.jobs.migration import (
     highest_since,
     plan,
 )
-from optimizer.jobs.recovery import Pool
+from optimizer.model import Pool
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
 ON = MigrationSettings(enabled=True)  # the defaults: 25%, 30 min, 30 min, 4/day, 10 min, 1

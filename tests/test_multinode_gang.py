@@ -14,7 +14,8 @@ import pytest
 
 from optimizer.agent.config import Assignment
 from optimizer.jobs.gang import Node, fold, gang_key, gate, master
-from optimizer.jobs.machine import AttemptView, JobState, JobView, Launch, Terminate, decide
+from optimizer.jobs.machine import AttemptView, JobView, Launch, Terminate, decide
+from optimizer.lifecycle import JobState
 from optimizer.model import EventKind
 from optimizer.probes.internode import Link, bus_bandwidth, judge, ring_pairs
 

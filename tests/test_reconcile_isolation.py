@@ -25,8 +25,8 @@ from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.reconcile import JobReconciler
 from optimizer.jobs.windows import WindowWatch
 from optimizer.model import EventKind
-from optimizer.store import Store
-from optimizer.store.tables import Job, JobRecord
+from optimizer.store import JobRecord, Store
+from optimizer.store.tables import Job
 from policies.loader import parse_policy
 from policies.schema import Policy
 from tests.helpers import (

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from optimizer.clock import machine_now
+from optimizer.clock import machine_now, utc_text
 from optimizer.common.retry import backoff_delay
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ def _sha256(body: bytes) -> str:
 
 
 def _now_iso() -> str:
-    return machine_now().strftime("%Y-%m-%dT%H:%M:%SZ")
+    return utc_text(machine_now(), timespec="seconds")
 
 
 class _Dedupe:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from optimizer.agent.reporter import DaemonError
-from optimizer.clock import machine_now
+from optimizer.clock import machine_now, utc_text
 from optimizer.common.retry import Backoff
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ def cut_length(data: bytes, *, at_eof: bool, flush: bool) -> int:
 
 
 def now_iso() -> str:
-    return machine_now().isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return utc_text(machine_now(), timespec="milliseconds")
 
 
 class LogShipper:

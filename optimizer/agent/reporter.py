@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from optimizer.clock import machine_now
+from optimizer.clock import machine_now, utc_text
 from optimizer.common.retry import Backoff
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ BATCH = 100
 
 
 def now_iso() -> str:
-    return machine_now().isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return utc_text(machine_now(), timespec="milliseconds")
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from optimizer.clock import machine_now
+from optimizer.clock import machine_now, utc_text
 from optimizer.common.environ import basic_env
 from optimizer.common.files import append_private, private_dir
 from optimizer.common.procs import proc_stat, same_process, signal_group
@@ -159,7 +159,7 @@ class JobRunner:
     # --- the thread ------------------------------------------------------------------
 
     def _note(self, log_file: IO[bytes], text: str) -> None:
-        stamp = machine_now().strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = utc_text(machine_now(), timespec="seconds")
         with contextlib.suppress(OSError):
             log_file.write(f"[gpuopt agent {stamp}] {text}\n".encode())
             log_file.flush()

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from optimizer.clock import machine_now
+from optimizer.clock import machine_now, utc_text
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ class MinuteAggregator:
             return None if value is None else round(value, digits)
 
         return {
-            "start": m.start.isoformat().replace("+00:00", "Z"),
+            "start": utc_text(m.start),
             "span_s": 60,
             "samples": m.samples,
             "gpus": m.gpus,

@@ -13,8 +13,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from optimizer.clock import utc_text
 from optimizer.model import EventKind, event_kind
-from optimizer.store.tables import OutboxItem
+from optimizer.store import OutboxItem
 
 # A plain title for every kind the daemon raises (a test checks none is missing); a kind
 # recorded by another version gets its name spelled out.
@@ -120,7 +121,7 @@ class Alert:
             "title": self.title,
             "severity": self.severity,
             "message": self.message,
-            "at": self.at.astimezone(UTC).isoformat().replace("+00:00", "Z"),
+            "at": utc_text(self.at),
             "policy": self.policy,
             "job": self.job,
             "price_before": self.price_before,

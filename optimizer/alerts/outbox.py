@@ -16,7 +16,7 @@ from optimizer.alerts.config import RetryConfig
 from optimizer.alerts.routing import Router
 from optimizer.common.retry import backoff_delay
 from optimizer.model import EventKind
-from optimizer.store.tables import NewEvent
+from optimizer.store import NewEvent
 
 
 class EventSink(Protocol):

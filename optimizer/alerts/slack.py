@@ -10,14 +10,13 @@ at most 10 fields of <= 2000 characters each, at most 10 context elements.
 from __future__ import annotations
 
 import json
-from datetime import UTC
 from typing import Any
 
 import httpx
 from pydantic import SecretStr
 
 from optimizer.alerts.channel import Alert, SendResult, post
-from optimizer.clock import Clock, utc_now
+from optimizer.clock import Clock, utc_label, utc_now
 from optimizer.costs.summary import savings_text, usd
 from optimizer.model import EventKind
 
@@ -97,7 +96,7 @@ def slack_message(alert: Alert) -> dict[str, Any]:
             ("Price before → after", _price(alert)),
             severity,
         ]
-    when = alert.at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    when = utc_label(alert.at)
     context = [f"gpuopt event {alert.event_id} · {when}"]
     if alert.link:
         context.insert(0, f"<{alert.link}|Open in the gpuopt API>")

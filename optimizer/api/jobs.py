@@ -15,11 +15,10 @@ from optimizer.api.costs import job_attempts
 from optimizer.api.params import Id, Page
 from optimizer.api.state import ApiState, StateDep, utc_text
 from optimizer.jobs.advice import job_advice
-from optimizer.jobs.machine import JobState
 from optimizer.jobs.spec import JobSpec
+from optimizer.lifecycle import TERMINAL_JOB_STATES, JobState
 from optimizer.model import EventKind
 from optimizer.store import DuplicateJobError, JobNotEndedError, JobRecord
-from optimizer.store.tables import TERMINAL_JOB_STATES
 from optimizer.store.telemetry import GpuSummary
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])

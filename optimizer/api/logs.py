@@ -39,10 +39,10 @@ from starlette.types import Receive, Scope, Send
 from optimizer.api.followers import FollowerSlot, TooManyFollowers
 from optimizer.api.logtail import skip_newlines, tail_cut
 from optimizer.api.state import ApiState, StateDep
+from optimizer.lifecycle import TERMINAL_JOB_STATES
 from optimizer.store import Store
 from optimizer.store.jobs import AttemptRecord
 from optimizer.store.logs import ChunkLines, LogChunk
-from optimizer.store.tables import TERMINAL_JOB_STATES
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from pydantic import SecretStr
 
+from optimizer import clock
 from optimizer.alerts.outbox import Emitter
 from optimizer.api.followers import FollowerSlots
 from optimizer.api.throttle import AuthThrottle
@@ -88,4 +89,4 @@ StateDep = Annotated[ApiState, Depends(get_state)]
 def utc_text(value: datetime | None) -> str | None:
     if value is None:
         return None
-    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return clock.utc_text(value)

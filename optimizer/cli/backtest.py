@@ -51,10 +51,10 @@ def _inputs(
             return policy, read_history(history)
         except CatalogError as exc:
             fail(exc)
-    from optimizer.cli.db import _database_url
+    from optimizer.cli.db import configured_database_url
     from optimizer.store import Store
 
-    with Store(_database_url(config)) as store:
+    with Store(configured_database_url(config)) as store:
         return policy, store_history(store, since, until)
 
 

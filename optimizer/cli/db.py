@@ -38,7 +38,7 @@ ConfigOption = Annotated[
 ]
 
 
-def _database_url(config: Path | None) -> str:
+def configured_database_url(config: Path | None) -> str:
     """The URL the daemon would use with this config; problems exit 2 like the daemon's."""
     from optimizer.daemon.config import ConfigError, load_config
     from optimizer.store import DatabaseUrlError
@@ -102,7 +102,7 @@ def current(
     """Print the database's revision, this gpuopt's head, and what that means."""
     from optimizer.store import Store, migrate
 
-    url = _database_url(config)
+    url = configured_database_url(config)
     where = migrate.display_url(url)
     if _sqlite_file_missing(url):
         found = migrate.SchemaStatus(migrate.State.EMPTY, None, migrate.head())
@@ -131,7 +131,7 @@ def upgrade(config: ConfigOption = None) -> None:
     """Migrate the database to this gpuopt's head (safe to run from several places at once)."""
     from optimizer.store import Store, migrate
 
-    url = _database_url(config)
+    url = configured_database_url(config)
     try:
         with Store(url) as store, _sqlite_exclusive(store, "db upgrade"):
             done = migrate.upgrade(store.engine)
@@ -168,7 +168,7 @@ def downgrade(
 
     if revision == "base":
         fail("downgrading to base would drop every table; gpuopt db downgrade does not do that")
-    url = _database_url(config)
+    url = configured_database_url(config)
     try:
         with Store(url) as store, _sqlite_exclusive(store, "db downgrade"):
             done = migrate.downgrade(store.engine, revision)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from optimizer.cli.common import fail
+from optimizer.clock import utc_text
 from optimizer.daemon.settings import DATA_DIR_ENV
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ def _cloud(state_dir: Path):  # -> LocalCloud, imported lazily
 def _when(t: float | None) -> str:
     if t is None:
         return "-"
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    return utc_text(datetime.fromtimestamp(t, UTC), timespec="seconds", sep=" ")
 
 
 @app.command("list")

@@ -13,6 +13,7 @@ import typer
 
 from optimizer.cli.client import ApiOption, call
 from optimizer.cli.common import fail
+from optimizer.clock import utc_text
 from optimizer.common.times import TimeRangeError, in_span
 
 app = typer.Typer(help="Price history (through the daemon's API).", no_args_is_help=True)
@@ -43,7 +44,7 @@ def parse_time(value: str | None, option: str) -> datetime | None:
 
 
 def iso(value: datetime) -> str:
-    return value.isoformat().replace("+00:00", "Z")
+    return utc_text(value)
 
 
 @app.command("history")
@@ -162,12 +163,12 @@ def export(
     (.arrow) or Parquet (.parquet) with the same columns."""
     from pathlib import Path
 
-    from optimizer.cli.db import _database_url
+    from optimizer.cli.db import configured_database_url
     from optimizer.jobs.history import columns_history, write_history
     from optimizer.store import Store
 
     start = parse_time(since, "--since")
-    with Store(_database_url(Path(config) if config else None)) as store:
+    with Store(configured_database_url(Path(config) if config else None)) as store:
         found = store.prices.history_columns(start)
     points = columns_history(found)
     count = write_history(points, output, comment=f"gpuopt prices export --since {since}")

@@ -23,6 +23,7 @@ from typing import Any
 from optimizer.cli.client import NoDaemon, base_url, check, request
 from optimizer.cli.common import fail
 from optimizer.cli.ranking_view import RankingView
+from optimizer.clock import utc_text
 from optimizer.model import Offer
 from optimizer.offers import OfferQuery
 from policies.engine import Ranking
@@ -124,7 +125,7 @@ def view_here(policy: Policy, offers: Iterable[Offer], *, at: datetime | None) -
     when = at or datetime.now(UTC)
     window = window_at(policy.schedule, when)
     view = RankingView.of(evaluate_here(policy, offers, at=when))
-    stamp = when.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    stamp = utc_text(when)
     return replace(view, at=stamp, window=None if window is None else window.name)
 
 

@@ -20,9 +20,10 @@ import csv
 import io
 import json
 from collections.abc import Iterable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
+from optimizer.clock import utc_text
 from optimizer.costs.lines import Line
 
 FOCUS_VERSION = "1.1"
@@ -82,7 +83,7 @@ _PROVIDERS = {
 
 def focus_datetime(at: datetime) -> str:
     """FOCUS Date/Time: UTC, ISO 8601 extended with a Z (`YYYY-MM-DDTHH:mm:ssZ`)."""
-    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return utc_text(at, timespec="seconds")
 
 
 def focus_number(value: float) -> str:

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from optimizer import clock
 from optimizer.common.times import TimeRangeError, in_span
 from optimizer.costs.ledger import Cost, total
 from optimizer.costs.lines import Line, Totals
@@ -65,7 +66,7 @@ def parse_time(text: str, name: str) -> datetime:
 
 
 def utc_text(value: datetime | None) -> str | None:
-    return None if value is None else value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return None if value is None else clock.utc_text(value)
 
 
 def figures(every: Cost, priced: Cost) -> dict[str, Any]:

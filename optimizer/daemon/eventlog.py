@@ -30,7 +30,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from optimizer.store.tables import EventRecord
+from optimizer.store import EventRecord
 
 log = logging.getLogger(__name__)
 

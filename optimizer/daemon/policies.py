@@ -10,6 +10,7 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 
+from optimizer.clock import utc_text
 from policies.schema import Policy
 
 ACTIVE = "active"  # the file on disk is this version
@@ -32,7 +33,7 @@ class LoadedPolicy:
             "name": self.name,
             "path": self.path,
             "sha256": self.sha256,
-            "loaded_at": self.loaded_at.isoformat().replace("+00:00", "Z"),
+            "loaded_at": utc_text(self.loaded_at),
             "status": self.status,
             "problems": list(self.problems),
             "description": self.policy.description,

@@ -25,8 +25,7 @@ from optimizer.alerts.outbox import Emitter
 from optimizer.daemon.policies import PolicyRegistry
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow, measured
 from optimizer.model import EventKind, Market, Offer
-from optimizer.store import Store
-from optimizer.store.tables import NewEvent
+from optimizer.store import NewEvent, Store
 from policies.engine import OfferTable, Ranking, evaluate
 from policies.measured import Measured
 from policies.schedule import effective, window_at
@@ -39,9 +38,7 @@ _LISTED = 10  # pools named in a bid-cap message; the event's data lists them al
 
 
 def pool_key(offer: Offer) -> str:
-    return "/".join(
-        (offer.provider, offer.region, offer.zone or "-", offer.instance_type, offer.market.value)
-    )
+    return str(offer.pool)
 
 
 def describe(offer: Offer) -> str:

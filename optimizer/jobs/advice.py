@@ -8,8 +8,8 @@ from datetime import datetime
 
 from optimizer import hardware
 from optimizer.jobs.ranking import launch_ranking
+from optimizer.lifecycle import TERMINAL_JOB_STATES
 from optimizer.store import AttemptRecord, JobRecord, Store
-from optimizer.store.tables import TERMINAL_JOB_STATES
 from policies import advice
 from policies.engine import Ranking
 from policies.schedule import effective

@@ -23,7 +23,7 @@ from optimizer.jobs.migration import (
     RunningJob,
     plan,
 )
-from optimizer.store.jobs import Pool
+from optimizer.model import Pool
 from policies import schedule
 from policies.backtest import History, Market_, instant
 from policies.schema import Policy
@@ -40,9 +40,7 @@ class Migrations:
     def __init__(self, policy: Policy, history: History) -> None:
         self.policy = policy
         offers = history.pools.offers
-        self.pools: list[Pool] = [
-            (o.provider, o.region, o.zone, o.instance_type, o.market.value) for o in offers
-        ]
+        self.pools: list[Pool] = [o.pool for o in offers]
         self.moved_at: list[int] = []
 
     def __call__(

@@ -17,8 +17,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 from optimizer.clock import Clock
 from optimizer.model import EventKind
-from optimizer.store import Store
-from optimizer.store.tables import JobRecord, NewEvent
+from optimizer.store import JobRecord, NewEvent, Store
 from policies.schema import Policy
 from providers.base import Provider
 

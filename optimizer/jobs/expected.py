@@ -15,8 +15,9 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from optimizer.jobs.ledger import Ledger
+from optimizer.model import Pool
 from optimizer.store import Store
-from optimizer.store.jobs import AttemptRecord, Pool
+from optimizer.store.jobs import AttemptRecord
 from policies import risk
 
 

@@ -26,8 +26,8 @@ from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow
 from optimizer.jobs.ranking import launch_ranking, pool_of
 from optimizer.jobs.recovery import LaunchError, Strategy
 from optimizer.model import EventKind, Offer
+from optimizer.store import JobRecord
 from optimizer.store.jobs import AttemptRecord, token_sha256
-from optimizer.store.tables import JobRecord
 from policies import budget as budget_model
 from policies.schema import Policy
 from providers import registry

@@ -38,7 +38,7 @@ from optimizer.costs.ledger import Interval, PricePoints
 from optimizer.costs.lines import Totals, merge_totals, totals_by
 from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.gang import head_number
-from optimizer.model import Market
+from optimizer.model import Market, Pool
 from optimizer.store import (
     AttemptRecord,
     BilledAttempt,
@@ -55,8 +55,6 @@ SETTLE = timedelta(minutes=10)
 # Attempts frozen per call (per reconcile pass): a store that gains the ledger with many ended
 # attempts freezes them over a few passes instead of holding one pass for long.
 FREEZE_BATCH = 500
-
-Pool = tuple[str, str, str | None, str, str]
 
 
 class Filters(TypedDict, total=False):
@@ -315,7 +313,7 @@ def _series_of(a: AttemptRecord) -> list[Pool]:
     type and region, its zone's first, then the region's zone-less one (see the module)."""
     on_demand = Market.ON_DEMAND.value
     zones = dict.fromkeys((a.zone, None))
-    return [a.pool, *((a.provider, a.region, z, a.instance_type, on_demand) for z in zones)]
+    return [a.pool, *(Pool(a.provider, a.region, z, a.instance_type, on_demand) for z in zones)]
 
 
 def _lines(

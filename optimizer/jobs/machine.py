@@ -29,34 +29,20 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from enum import StrEnum
 from typing import Any
 
-from optimizer.jobs.recovery import Failover, Failure, GiveUp, Past, Pool, Strategy
-from optimizer.model import EventKind, Market
+from optimizer.jobs.recovery import Failover, GiveUp, Past, Strategy
+from optimizer.lifecycle import TERMINAL_JOB_STATES as TERMINAL
+from optimizer.lifecycle import AttemptEnd, Failure, JobState
+from optimizer.model import EventKind, Market, Pool
 
 REGISTER_TIMEOUT = timedelta(minutes=10)  # how long a launch's agent may take to check in
 
 
-class JobState(StrEnum):
-    PENDING = "pending"
-    PROVISIONING = "provisioning"
-    PROBING = "probing"
-    RUNNING = "running"
-    INTERRUPTED = "interrupted"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    STOPPED = "stopped"
-
-
-MIGRATED = "migrated"  # the end reason of an attempt gpuopt moved its job away from
-# The end reason of a replacement whose job never needed to run: the job finished on an earlier
-# attempt during its handover.
-FINISHED_EARLIER = "finished_earlier"
-
-TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.STOPPED})
-LIVE = frozenset(JobState) - TERMINAL
+# The job's states and the attempts' end reasons are the vocabulary's (optimizer/lifecycle.py);
+# these two names are kept for the modules that read them here.
+MIGRATED = AttemptEnd.MIGRATED
+FINISHED_EARLIER = AttemptEnd.FINISHED_EARLIER
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,9 +151,9 @@ class _Relaunch:
     stop_job: bool = False  # let the job checkpoint instead of killing the instance
 
 
-def describe_pool(pool: Pool) -> str:
-    provider, region, zone, kind, market = pool
-    return f"{provider} {region}{'/' + zone if zone else ''} {kind} {market}"
+def describe_pool(pool: tuple[str, str, str | None, str, str]) -> str:
+    """The pool in a sentence (`Pool.label`)."""
+    return Pool(*pool).label
 
 
 def _relaunch_reason(
@@ -217,7 +203,7 @@ def _finished(job: JobView, attempt: AttemptView, code: int) -> Decision:
                 Terminate(attempt.key, "job finished"),
                 Alert(EventKind.JOB_SUCCEEDED, "info", f"job {job.name} finished"),
             ),
-            end_attempt="succeeded",
+            end_attempt=AttemptEnd.SUCCEEDED,
         )
     return Decision(
         JobState.FAILED,
@@ -226,7 +212,7 @@ def _finished(job: JobView, attempt: AttemptView, code: int) -> Decision:
             Terminate(attempt.key, "job failed"),
             Alert(EventKind.JOB_FAILED, "error", f"job {job.name} exited with code {code}"),
         ),
-        end_attempt="failed",
+        end_attempt=AttemptEnd.FAILED,
     )
 
 
@@ -286,7 +272,7 @@ def decide(
                     f"job {job.name} cancelled (was {job.state.value})",
                 ),
             ),
-            end_attempt="user" if attempt is not None else None,
+            end_attempt=AttemptEnd.USER if attempt is not None else None,
         )
 
     if attempt is None:
@@ -317,7 +303,7 @@ def decide(
                         data=(("rule", stop.rule), ("reason", stop.reason)),
                     ),
                 ),
-                end_attempt="stopped",
+                end_attempt=AttemptEnd.STOPPED,
             )
         return Decision(state, f"attempt {attempt.number}: {state.value}")
 
@@ -399,14 +385,14 @@ def unmanageable(job: JobView, attempt: AttemptView | None, why: str) -> Decisio
                     f"reconciled: {why}",
                 ),
             ),
-            end_attempt="user" if attempt is not None else None,
+            end_attempt=AttemptEnd.USER if attempt is not None else None,
         )
     reason = f"could not be reconciled: {why}"
     return Decision(
         JobState.FAILED,
         reason,
         (*gone, Alert(EventKind.JOB_FAILED, "error", f"job {job.name} {reason}")),
-        end_attempt="failed" if attempt is not None else None,
+        end_attempt=AttemptEnd.FAILED if attempt is not None else None,
     )
 
 

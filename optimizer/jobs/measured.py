@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from datetime import UTC
 
 from optimizer import hardware
+from optimizer.clock import utc_text
 from optimizer.jobs.context import ReconcileContext
 from optimizer.model import EventKind
-from optimizer.store import FailureStreak, Store
+from optimizer.store import EventRecord, FailureStreak, Store
 from optimizer.store.probes import DEFAULT_LAST
-from optimizer.store.tables import EventRecord
 from policies.measured import Measured, TypeMeasurement
 
 DEFAULT_DEMOTE_FAILED = 3
@@ -38,7 +38,7 @@ DEFAULT_WINDOW = ProbeWindow()
 
 
 def streak_reason(streak: FailureStreak) -> str:
-    since = streak.since.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    since = utc_text(streak.since, timespec="seconds")
     return (
         f"probe_failures: {streak.failed} of the last {streak.of} probes of "
         f"{streak.instance_type} on {streak.provider} failed (since {since})"

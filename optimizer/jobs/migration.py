@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from optimizer.jobs.recovery import Pool
+from optimizer.model import Pool
 from policies.schema import Policy
 
 DAY = timedelta(days=1)

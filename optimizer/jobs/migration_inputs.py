@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from statistics import median
 
-from optimizer.jobs.machine import MIGRATED, JobState
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow, measured
 from optimizer.jobs.migration import (
     History,
@@ -28,12 +27,12 @@ from optimizer.jobs.migration import (
     RunningJob,
 )
 from optimizer.jobs.ranking import pool_of
-from optimizer.jobs.recovery import Failure, Pool, strategy_for
+from optimizer.jobs.recovery import Failure, strategy_for
 from optimizer.jobs.utilization import rules_for
-from optimizer.model import Market, Offer
-from optimizer.store import LineFilter, Store
+from optimizer.lifecycle import FAILURES, HANDED_OVER, AttemptEnd, JobState
+from optimizer.model import Market, Offer, Pool
+from optimizer.store import JobRecord, LineFilter, Store
 from optimizer.store.jobs import AttemptRecord
-from optimizer.store.tables import JobRecord
 from policies.engine import evaluate
 from policies.measured import Measured
 from policies.schedule import effective, window_at
@@ -43,7 +42,6 @@ ASSUMED_OVERHEAD = timedelta(minutes=10)
 OVERHEAD_TTL = timedelta(minutes=5)  # how long a policy's measured overhead is reused
 LEDGER_DAYS = 30  # the ledger's lines read for the overhead
 HISTORY_POOLS = 100  # pools per policy whose price history is read, best ranked first
-INTERRUPTED = frozenset({Failure.PREEMPTED.value, MIGRATED})
 
 InForce = Callable[[Policy, datetime], Policy]
 WindowName = Callable[[Policy, datetime], str | None]
@@ -115,7 +113,7 @@ def measured_overhead(
     for rows in attempts:
         for i, before in enumerate(rows):
             began = before.notice_at or before.ended_at
-            if before.end_reason not in INTERRUPTED or began is None:
+            if before.end_reason not in HANDED_OVER or began is None:
                 continue
             # the next attempt whose job ran (launches that found no capacity in between)
             after = next((a for a in rows[i + 1 :] if a.job_started_at is not None), None)
@@ -129,7 +127,7 @@ def measured_overhead(
 
 def _regional(pool: Pool) -> Pool:
     provider, region, _zone, kind, market = pool
-    return (provider, region, None, kind, market)
+    return Pool(provider, region, None, kind, market)
 
 
 def offer_pool(pool: Pool, listed: Mapping[Pool, Offer]) -> Pool:
@@ -143,7 +141,7 @@ def offer_pool(pool: Pool, listed: Mapping[Pool, Offer]) -> Pool:
 
 def moving(rows: Sequence[AttemptRecord]) -> bool:
     """Whether the job's last move has not reached a running job yet."""
-    last = max((a.number for a in rows if a.end_reason == MIGRATED), default=None)
+    last = max((a.number for a in rows if a.end_reason == AttemptEnd.MIGRATED), default=None)
     if last is None:
         return False
     return not any(a.number > last and a.job_started_at is not None for a in rows)
@@ -169,7 +167,7 @@ def running(job: JobRecord, rows: Sequence[AttemptRecord]) -> AttemptRecord | No
     for a in rows:  # an earlier attempt still handing over (its job not exited)
         if (
             a is not current
-            and a.end_reason in INTERRUPTED
+            and a.end_reason in HANDED_OVER
             and not a.instance_gone
             and a.exit_code is None
             and a.stop_sent_at is None
@@ -333,9 +331,7 @@ def _running_job(
     spent, spent_note = spent_by[job.policy]
     strategy = strategy_for(policy, max_restarts=job.spec.get("max_restarts"))
     history = tuple(
-        (Failure(a.end_reason), a.ended_at)
-        for a in rows
-        if a.end_reason in {f.value for f in Failure} and a.ended_at
+        (Failure(a.end_reason), a.ended_at) for a in rows if a.end_reason in FAILURES and a.ended_at
     )
     fallback = strategy.while_pending(history, now).markets
     return RunningJob(
@@ -349,7 +345,9 @@ def _running_job(
         remaining_note=left_note,
         overhead=spent,
         overhead_note=spent_note,
-        moved_at=tuple(a.ended_at for a in rows if a.end_reason == MIGRATED and a.ended_at),
+        moved_at=tuple(
+            a.ended_at for a in rows if a.end_reason == AttemptEnd.MIGRATED and a.ended_at
+        ),
         spot_allowed="spot" in policy.markets and (fallback is None or Market.SPOT in fallback),
     )
 

@@ -20,9 +20,8 @@ from datetime import datetime
 
 from optimizer.jobs import budget, expected
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow, measured
-from optimizer.model import Offer
+from optimizer.model import Offer, Pool
 from optimizer.store import Store
-from optimizer.store.jobs import Pool
 from policies import budget as budget_model
 from policies import risk
 from policies.engine import Candidate, Ranking, evaluate
@@ -32,7 +31,7 @@ from policies.schema import Policy
 
 def pool_of(offer: Offer) -> Pool:
     """The capacity pool an offer prices, as the store keys pools."""
-    return (offer.provider, offer.region, offer.zone, offer.instance_type, offer.market.value)
+    return offer.pool
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +67,7 @@ def launch_ranking(
     held = set(avoid) | store.jobs.cooled_pools(now)
     # An attempt records the zone its instance landed in, but a regional offer (on-demand
     # prices are per region) has no zone: avoid the offer's own, regional pool too.
-    held |= {(p, r, None, t, m) for p, r, _zone, t, m in held}
+    held |= {Pool(p, r, None, t, m) for p, r, _zone, t, m in held}
     listed = store.prices.latest_offers()
     offers = [o for o in listed if pool_of(o) not in held]
     spend = budget_model.NOTHING

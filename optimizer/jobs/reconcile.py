@@ -27,14 +27,12 @@ from optimizer.jobs.context import UNREACHABLE, ReconcileContext
 from optimizer.jobs.gang import fold, head_number
 from optimizer.jobs.launch import Launcher, LaunchOutcome
 from optimizer.jobs.machine import (
-    LIVE,
     MIGRATED,
     REGISTER_TIMEOUT,
     Alert,
     AttemptView,
     Cooldown,
     Decision,
-    JobState,
     JobView,
     Launch,
     LeaveToCloud,
@@ -63,10 +61,12 @@ from optimizer.jobs.migration_inputs import why as describe_error
 from optimizer.jobs.placements import release_placements
 from optimizer.jobs.recovery import Failure, Strategy, strategy_for
 from optimizer.jobs.utilization import Rules, Sample, rules_for, watch
+from optimizer.lifecycle import LIVE_JOB_STATES as LIVE
+from optimizer.lifecycle import JobState
 from optimizer.model import EventKind, Market
-from optimizer.store import Store
+from optimizer.store import JobRecord, NewEvent, Store
 from optimizer.store.jobs import AttemptRecord
-from optimizer.store.tables import GpuSample, JobRecord, NewEvent
+from optimizer.store.tables import GpuSample
 from policies.schedule import effective
 from policies.schema import Policy
 from providers.base import EndReason, InstanceRef, InstanceState, InstanceStatus, ProviderError

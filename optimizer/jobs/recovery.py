@@ -8,10 +8,10 @@ give up) and while a job waits for an offer (`while_pending`); the launch walk
 (`launch.Launcher`) asks it what a capacity, quota or credentials error costs the pool or
 the provider (`after_launch_error`).
 
-A policy names its strategy in `recovery.strategy` (policies/schema.py lists the names, which
-must match `STRATEGIES` here); the other `recovery` keys are its settings. To add one: subclass
-`Strategy` (or `Failover`), add it to `STRATEGIES`, and add its name to `RECOVERY_STRATEGIES`
-in the schema.
+A policy names its strategy in `recovery.strategy` (the names are `RecoveryStrategy` in
+policies/schema.py, written there once); the other `recovery` keys are its settings. To add
+one: add its name to `RecoveryStrategy`, subclass `Strategy` (or `Failover`) with that `name`,
+and add it to `STRATEGIES` (tests/test_jobs_recovery.py checks that every name has one).
 """
 
 from __future__ import annotations
@@ -23,19 +23,9 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import ClassVar
 
-from optimizer.model import Market
-from policies.schema import RECOVERY_STRATEGIES, Policy
-
-Pool = tuple[str, str, str | None, str, str]  # provider, region, zone, instance type, market
-
-
-class Failure(StrEnum):
-    """Why an attempt ended without the job finishing (also its `end_reason`)."""
-
-    PREEMPTED = "preempted"  # the cloud took the instance back (or gave notice)
-    PROBE_FAILED = "probe_failed"  # the GPU probe failed on the instance
-    LOST = "lost"  # the instance ended with no exit from the job
-    NOT_REGISTERED = "not_registered"  # the agent never checked in
+from optimizer.lifecycle import Failure
+from optimizer.model import Market, Pool
+from policies.schema import Policy, RecoveryStrategy
 
 
 class LaunchError(StrEnum):
@@ -153,7 +143,7 @@ class Failover(Strategy):
     and skips its provider/region for this launch, and a provider that refused our
     credentials sits out for `auth_cooldown`."""
 
-    name: ClassVar[str] = "failover"
+    name: ClassVar[RecoveryStrategy] = RecoveryStrategy.FAILOVER
 
     def after_failure(
         self,
@@ -226,7 +216,7 @@ class EagerOnDemand(Failover):
     once, for `on_demand_window`; `on_demand_after_interruptions` is not used. For work that
     should not hunt for spot capacity once spot has let it down."""
 
-    name: ClassVar[str] = "eager-on-demand"
+    name: ClassVar[RecoveryStrategy] = RecoveryStrategy.EAGER_ON_DEMAND
 
     def counts(self, failure: Failure) -> bool:
         return True
@@ -240,15 +230,8 @@ class EagerOnDemand(Failover):
         return f"; {failed} within {window}: on-demand at once (eager-on-demand)"
 
 
-STRATEGIES: dict[str, type[Strategy]] = {
-    Failover.name: Failover,
-    EagerOnDemand.name: EagerOnDemand,
-}
+STRATEGIES: dict[str, type[Strategy]] = {kind.name: kind for kind in (Failover, EagerOnDemand)}
 DEFAULT = Failover.name
-
-assert tuple(STRATEGIES) == RECOVERY_STRATEGIES, (
-    "policies/schema.py RECOVERY_STRATEGIES must list the strategies defined here"
-)
 
 
 def strategy_for(policy: Policy, *, max_restarts: int | None = None) -> Strategy:
@@ -266,7 +249,6 @@ __all__ = [
     "GiveUp",
     "LaunchError",
     "Past",
-    "Pool",
     "RecoverySettings",
     "Relaunch",
     "SitOut",

@@ -23,8 +23,7 @@ from optimizer.costs.summary import message, month_name, previous_month, summari
 from optimizer.jobs.context import EventDrafter, ReconcileContext
 from optimizer.jobs.ledger import Ledger
 from optimizer.model import EventKind
-from optimizer.store import Store
-from optimizer.store.tables import EventRecord
+from optimizer.store import EventRecord, Store
 
 SCHEDULE = "schedule"
 REQUEST = "request"

@@ -20,17 +20,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
+from optimizer.clock import utc_text
 from optimizer.jobs.context import UNREACHABLE, ReconcileContext
-from optimizer.jobs.machine import JobState
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow, measured
 from optimizer.jobs.ranking import pool_of
-from optimizer.model import EventKind
+from optimizer.lifecycle import JobState
+from optimizer.model import EventKind, Pool
+from optimizer.store import JobRecord
 from optimizer.store.events import EventRecord
-from optimizer.store.jobs import AttemptRecord, Pool
-from optimizer.store.tables import JobRecord
+from optimizer.store.jobs import AttemptRecord
 from policies.engine import Ranking, evaluate
 from policies.schedule import Change, Transition, apply, changes, name_of, transitions
 from policies.schema import Policy
@@ -85,14 +86,14 @@ class JobVerdict:
         return f"{where}: no longer allowed ({self.rule}: {self.reason})"
 
 
-def describe_pool(pool: Pool) -> str:
-    provider, region, zone, instance_type, market = pool
-    return f"{provider}/{region}/{zone or '-'}/{instance_type}/{market}"
+def describe_pool(pool: tuple[str, str, str | None, str, str]) -> str:
+    """The pool's text form (`str(Pool)`)."""
+    return str(Pool(*pool))
 
 
 def _zoneless(pool: Pool) -> Pool:
     provider, region, _zone, instance_type, market = pool
-    return (provider, region, None, instance_type, market)
+    return Pool(provider, region, None, instance_type, market)
 
 
 def reassess(
@@ -130,7 +131,7 @@ def boundary_event(
     )
     severity = "warning" if any(v.allowed is False for v in verdicts) else "info"
     data = {
-        "at": t.at.astimezone(UTC).isoformat().replace("+00:00", "Z"),
+        "at": utc_text(t.at),
         "before": t.before,
         "after": t.after,
         "changes": [{"key": c.key, "before": c.before, "after": c.after} for c in change.changes],

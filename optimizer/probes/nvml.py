@@ -66,12 +66,12 @@ def kernel_log_xids(text: str, bus_ids: dict[str, int]) -> list[XidEvent]:
     normalised PCI address (domain:bus:device, lower case) to a GPU index."""
     events = []
     for match in _KERNEL_XID.finditer(text):
-        gpu = bus_ids.get(_bus_key(match.group(1)))
+        gpu = bus_ids.get(bus_key(match.group(1)))
         events.append(XidEvent(xid=int(match.group(2)), gpu=gpu, source="kernel-log"))
     return events
 
 
-def _bus_key(address: str) -> str:
+def bus_key(address: str) -> str:
     """`00000000:3B:00.0` and `0000:3b:00` both to `0000:3b:00`."""
     parts = address.lower().split(":")
     if len(parts) < 3:

@@ -224,9 +224,9 @@ def _run(
 
 
 def _bus(address: str) -> str:
-    from optimizer.probes.nvml import _bus_key
+    from optimizer.probes.nvml import bus_key
 
-    return _bus_key(address)
+    return bus_key(address)
 
 
 def _model_name(health: NodeHealth | None, runs: Sequence[DeviceRun]) -> str | None:

@@ -14,8 +14,10 @@
 
 The repositories share one engine and clock (`engine.Database`). Every public write is one
 transaction; a write that causes events (a job transition, a policy change) records them and
-their outbox rows on its own transaction through `events.write_events`. The tables are in
-`tables.py`, the schema revisions in `migrate.py` and `migrations/`.
+their outbox rows on its own transaction through `events.write_events`. This module is the
+package's face: other layers import from here, never from `tables.py` (the SQLModel tables)
+or `engine.py`. The plain records are in `records.py`, the schema revisions in `migrate.py`
+and `migrations/`.
 """
 
 from __future__ import annotations
@@ -46,8 +48,7 @@ from optimizer.store.logs import Appended, LogChunk, Logs, NewChunk
 from optimizer.store.policies import Policies
 from optimizer.store.prices import Prices
 from optimizer.store.probes import FailureStreak, ProbeRecord, Probes, TypeFigures
-from optimizer.store.replicas import ReplicaRecord, Replicas
-from optimizer.store.tables import (
+from optimizer.store.records import (
     EventRecord,
     JobRecord,
     NewEvent,
@@ -55,6 +56,7 @@ from optimizer.store.tables import (
     PolicyVersionRecord,
     PollStatusRecord,
 )
+from optimizer.store.replicas import ReplicaRecord, Replicas
 from optimizer.store.telemetry import GpuMinute, GpuSampleRecord, GpuSummary, Telemetry
 
 __all__ = [

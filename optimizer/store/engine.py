@@ -26,7 +26,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import StaticPool
 from sqlmodel import SQLModel
 
-from optimizer.store.tables import EventRecord, JobRecord
+from optimizer.store.records import EventRecord, JobRecord
 
 _T = TypeVar("_T")
 

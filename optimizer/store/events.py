@@ -39,15 +39,8 @@ from optimizer.store.engine import (
     note_event,
     table,
 )
-from optimizer.store.tables import (
-    AlertOutbox,
-    Event,
-    EventRecord,
-    Job,
-    NewEvent,
-    OutboxItem,
-    given_name,
-)
+from optimizer.store.records import EventRecord, NewEvent, OutboxItem, given_name
+from optimizer.store.tables import AlertOutbox, Event, Job
 
 PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
 ALERT_STATES = (PENDING, DELIVERED, FAILED)

@@ -47,7 +47,9 @@ _HOURLY = table(PriceHourly)
 HOUR = timedelta(hours=1)
 
 PoolKey = tuple[str, str, str, str, str]
-"""A pool as the store keys it: (provider, region, zone or '', instance type, market)."""
+"""A pool as the store's rows key it: (provider, region, zone or '', instance type, market).
+Above the store a pool is `optimizer.model.Pool` (zone None when regional); this row form
+stays inside the store, where '' keeps unique keys working (tables.py says why)."""
 
 
 class Tier(StrEnum):

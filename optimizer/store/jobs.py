@@ -18,7 +18,8 @@ from typing import Any
 from sqlalchemy import Connection, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from optimizer.model import Offer
+from optimizer.lifecycle import TERMINAL_JOB_STATES, AttemptState
+from optimizer.model import Offer, Pool
 from optimizer.store.engine import (
     Database,
     DuplicateJobError,
@@ -30,16 +31,8 @@ from optimizer.store.engine import (
 )
 from optimizer.store.events import commit_time, write_event, write_events
 from optimizer.store.probes import write_probe_result
-from optimizer.store.tables import (
-    REMOVED_MARK,
-    TERMINAL_JOB_STATES,
-    AgentEvent,
-    Attempt,
-    Job,
-    JobRecord,
-    NewEvent,
-    PoolCooldown,
-)
+from optimizer.store.records import REMOVED_MARK, JobRecord, NewEvent
+from optimizer.store.tables import AgentEvent, Attempt, Job, PoolCooldown
 from optimizer.store.telemetry import GPU_TELEMETRY, write_telemetry
 
 _JOB = table(Job)
@@ -50,8 +43,6 @@ log = logging.getLogger(__name__)
 _TERMINAL_STATES = sorted(TERMINAL_JOB_STATES)
 # Job ids per IN (...) list: well under SQLite's 32,766 bound parameters.
 ATTEMPT_IDS_PER_QUERY = 5_000
-
-Pool = tuple[str, str, str | None, str, str]
 
 # What an attempt keeps of its agent's reports (docs/agent-protocol.md, Events): the newest of
 # these kinds only, the first of those, and at most this many rows in all. An honest agent
@@ -108,7 +99,7 @@ class AttemptRecord:
 
     @property
     def pool(self) -> Pool:
-        return (self.provider, self.region, self.zone, self.instance_type, self.market)
+        return Pool(self.provider, self.region, self.zone, self.instance_type, self.market)
 
     @property
     def ended(self) -> bool:
@@ -355,7 +346,7 @@ class Jobs:
             "instance_type": offer.instance_type,
             "market": offer.market.value,
             "usd_per_hour": offer.usd_per_hour,
-            "state": "launching",
+            "state": AttemptState.LAUNCHING,
             "started_at": self._db.now(at),
             "token_sha256": token_sha256,
         }
@@ -681,7 +672,7 @@ class Jobs:
         with self._db.connect() as conn:
             rows = conn.execute(query).all()
         return {
-            (p, r, z or None, k, m): until if until.tzinfo else until.replace(tzinfo=UTC)
+            Pool(p, r, z or None, k, m): until if until.tzinfo else until.replace(tzinfo=UTC)
             for p, r, z, k, m, until in rows
         }
 
@@ -689,7 +680,7 @@ class Jobs:
         query = select(_COOLDOWN).where(_COOLDOWN.c.until > now)
         with self._db.connect() as conn:
             rows = conn.execute(query).all()
-        return {(r.provider, r.region, r.zone or None, r.instance_type, r.market) for r in rows}
+        return {Pool(r.provider, r.region, r.zone or None, r.instance_type, r.market) for r in rows}
 
 
 def _replace_latest(conn: Connection, key: str, kind: str, at: datetime) -> bool:

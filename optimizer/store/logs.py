@@ -16,9 +16,10 @@ from datetime import datetime
 
 from sqlalchemy import Connection, delete, func, select, update
 
+from optimizer.lifecycle import TERMINAL_JOB_STATES
 from optimizer.store.engine import Database, dialect_insert, table
 from optimizer.store.engine import chunks as batches
-from optimizer.store.tables import TERMINAL_JOB_STATES, Attempt, Job, JobLog
+from optimizer.store.tables import Attempt, Job, JobLog
 
 _LOG = table(JobLog)
 _ATTEMPT = table(Attempt)

@@ -12,14 +12,8 @@ from sqlalchemy import delete, func, insert, select
 
 from optimizer.store.engine import Database, aware, dialect_insert, inserted_id, table
 from optimizer.store.events import write_events
-from optimizer.store.tables import (
-    NewEvent,
-    PolicyVersion,
-    PolicyVersionRecord,
-    PollStatus,
-    PollStatusRecord,
-    PriceSignal,
-)
+from optimizer.store.records import NewEvent, PolicyVersionRecord, PollStatusRecord
+from optimizer.store.tables import PolicyVersion, PollStatus, PriceSignal
 
 _VERSION = table(PolicyVersion)
 _SIGNAL = table(PriceSignal)

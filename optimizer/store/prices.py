@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Insert, Row, delete, func, insert, select
 
-from optimizer.model import OFFER_FIELDS, Market, Offer
+from optimizer.model import OFFER_FIELDS, Market, Offer, Pool
 from optimizer.store import buckets, history
 from optimizer.store.buckets import Grid, InEffect
 from optimizer.store.engine import Database, aware, chunks, dialect_insert, table
@@ -99,7 +99,7 @@ class Prices:
         Returns the number of history rows written.
         """
         offers = (offer for offer in offers if offer.market is not Market.COMMITTED)
-        newest: dict[tuple[str, str, str | None, str, Market], Offer] = {}
+        newest: dict[Pool, Offer] = {}
         written = 0
         with self._db.begin() as conn:
             for chunk in chunks(offers, CHUNK_ROWS):

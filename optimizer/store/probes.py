@@ -27,8 +27,10 @@ from typing import Any
 
 from sqlalchemy import Connection, func, insert, select
 
+from optimizer.clock import utc_text
 from optimizer.store.engine import Database, table
-from optimizer.store.tables import Attempt, Job, ProbeResult, given_name
+from optimizer.store.records import given_name
+from optimizer.store.tables import Attempt, Job, ProbeResult
 
 _PROBE = table(ProbeResult)
 _ATTEMPT = table(Attempt)
@@ -68,7 +70,7 @@ class ProbeRecord:
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        out["at"] = self.at.isoformat().replace("+00:00", "Z")
+        out["at"] = utc_text(self.at)
         return out
 
 

@@ -1,4 +1,5 @@
-"""The store's tables (SQLModel), their UTC time type, and the records read back from them.
+"""The store's tables (SQLModel) and their UTC time type; the plain records read back from them
+are in `records.py`.
 
 Key columns hold zone as '' rather than NULL: NULLs are distinct in unique indexes on both
 SQLite and PostgreSQL, so a NULL zone would let one regional pool get many "latest" rows.
@@ -6,8 +7,6 @@ SQLite and PostgreSQL, so a NULL zone would let one regional pool get many "late
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,22 +14,7 @@ from sqlalchemy import BigInteger, DateTime, Dialect, Index, Integer, Text, Uniq
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 
-from optimizer.model import EventKind
-
 POOL_COLUMNS: tuple[str, ...] = ("provider", "region", "zone", "instance_type", "market")
-
-# The job states after which nothing happens to a job: the store keeps them off the live
-# queries and never cancels such a job. The state machine (optimizer.jobs.machine) names the
-# same three; tests/test_daemon_store.py holds the two together.
-TERMINAL_JOB_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "stopped"})
-# A removed job's row is renamed `<name>~removed~<id>`: no job name has a `~` (the pattern in
-# policies/schema.py), so its name is free for a new job and no new job can take this one.
-REMOVED_MARK = "~removed~"
-
-
-def given_name(stored: str) -> str:
-    """The name a job was submitted under, from its row's name (renamed once removed)."""
-    return stored.split(REMOVED_MARK, 1)[0]
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -472,95 +456,3 @@ class Replica(SQLModel, table=True):
     started_at: datetime = Field(sa_type=UTCDateTime)
     leader_since: datetime | None = Field(default=None, sa_type=UTCDateTime)
     heartbeat_at: datetime = Field(sa_type=UTCDateTime, index=True)
-
-
-@dataclass(frozen=True, slots=True)
-class JobRecord:
-    """A job as stored; `spec` is the decoded JSON."""
-
-    id: int
-    name: str
-    policy: str
-    spec: dict[str, Any]
-    state: str
-    reason: str | None
-    restarts: int
-    created_at: datetime
-    updated_at: datetime
-    cancel_requested_at: datetime | None = None
-    removed_at: datetime | None = None
-
-    @property
-    def given_name(self) -> str:
-        """The name the job was submitted under (a removed job's row is renamed)."""
-        return given_name(self.name)
-
-
-@dataclass(frozen=True, slots=True)
-class EventRecord:
-    """An event as stored; `data` is the decoded JSON, or None."""
-
-    id: int
-    at: datetime
-    kind: str
-    severity: str
-    job_id: int | None
-    policy: str | None
-    message: str
-    data: dict[str, Any] | None
-
-
-@dataclass(frozen=True, slots=True)
-class NewEvent:
-    """An event to record, with the alert channels it goes to (routing decided them).
-
-    `dedupe_key` names the fact behind the alert; each channel's outbox row gets
-    `<dedupe_key>#<channel>`, and a key already in the outbox is not raised again.
-    """
-
-    kind: EventKind
-    message: str
-    severity: str = "info"
-    job_id: int | None = None
-    policy: str | None = None
-    data: Mapping[str, Any] | None = None
-    alerts: tuple[str, ...] = ()
-    dedupe_key: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class OutboxItem:
-    """A due alert: its outbox row, the event it reports and the job's name, if any."""
-
-    id: int
-    channel: str
-    dedupe_key: str
-    attempts: int
-    created_at: datetime
-    event: EventRecord
-    job_name: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class PolicyVersionRecord:
-    id: int
-    path: str
-    name: str | None
-    sha256: str
-    outcome: str
-    text: str | None
-    problems: list[str]
-    at: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class PollStatusRecord:
-    provider: str
-    region: str
-    market: str
-    last_run_at: datetime
-    last_ok_at: datetime | None
-    duration_s: float
-    offers: int
-    failures: int
-    last_error: str | None

@@ -22,8 +22,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, delete, func, select
 
+from optimizer.lifecycle import TERMINAL_JOB_STATES
 from optimizer.store.engine import Database, aware, dialect_insert, table
-from optimizer.store.tables import TERMINAL_JOB_STATES, Attempt, GpuSample, Job
+from optimizer.store.tables import Attempt, GpuSample, Job
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,8 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from optimizer.api.state import ApiState
-from optimizer.model import Market, Offer
+from optimizer.clock import utc_text
+from optimizer.model import Market, Offer, Pool
 from optimizer.store import Grid, InEffect
 from optimizer.ui.prices import MAX_DAYS, bid_cap
 from policies.schema import Policy
@@ -26,7 +27,6 @@ from policies.schema import Policy
 MAX_POINTS = 300  # buckets per series, whatever the window
 MARKETS = (Market.SPOT, Market.ON_DEMAND)
 
-Pool = tuple[str, str, str | None, str, Market]
 Column = Sequence[InEffect | None]
 
 
@@ -204,11 +204,7 @@ def history(state: ApiState, choice: Choice, policy: Policy | None) -> dict[str,
         "bucket_s": grid.width_s,
         "points": grid.count,
         "pools": len(read),
-        "since": _iso(grid.origin),
-        "until": _iso(now),
+        "since": utc_text(grid.origin),
+        "until": utc_text(now),
     }
     return data
-
-
-def _iso(at: Any) -> str:
-    return str(at.isoformat()).replace("+00:00", "Z")

@@ -15,10 +15,10 @@ from optimizer.api.logs import LogStream
 from optimizer.api.state import ApiState
 from optimizer.costs import GroupBy
 from optimizer.jobs.ledger import Ledger
+from optimizer.lifecycle import TERMINAL_JOB_STATES
 from optimizer.store import EventRecord, JobRecord
 from optimizer.store.jobs import AttemptRecord
 from optimizer.store.probes import ProbeRecord
-from optimizer.store.tables import TERMINAL_JOB_STATES
 from optimizer.ui import timeline
 
 LIST_LIMIT = 200

@@ -15,7 +15,7 @@ from optimizer.costs.report import add_up, report
 from optimizer.daemon.leader import HEARTBEAT_S, STALE_AFTER
 from optimizer.jobs import budget as job_budget
 from optimizer.jobs.ledger import Ledger
-from optimizer.model import Offer
+from optimizer.model import Offer, Pool
 from optimizer.store import EventRecord, JobRecord
 from optimizer.store.jobs import AttemptRecord
 from optimizer.store.replicas import ReplicaRecord
@@ -26,8 +26,6 @@ from policies import budget
 RECENT_ALERTS = 8
 ALERT_SEVERITIES = frozenset({"warning", "error", "critical"})
 MISSED_BEATS = 3  # as GET /replicas: a replica that missed this many heartbeats is not alive
-
-Pool = tuple[str, str, str | None, str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,8 +91,7 @@ def latest_prices(offers: Iterable[Offer]) -> dict[Pool, float]:
     """The cheapest latest price of each pool."""
     out: dict[Pool, float] = {}
     for o in offers:
-        pool = (o.provider, o.region, o.zone, o.instance_type, o.market.value)
-        out[pool] = min(o.usd_per_hour, out.get(pool, float("inf")))
+        out[o.pool] = min(o.usd_per_hour, out.get(o.pool, float("inf")))
     return out
 
 

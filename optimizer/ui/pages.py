@@ -18,10 +18,9 @@ from fastapi.responses import (
 from starlette.concurrency import run_in_threadpool
 
 from optimizer.api.state import ApiState, StateDep
-from optimizer.jobs.machine import JobState
+from optimizer.lifecycle import TERMINAL_JOB_STATES, JobState
 from optimizer.model import Market
 from optimizer.store import JobRecord
-from optimizer.store.tables import TERMINAL_JOB_STATES
 from optimizer.ui import gpu_prices as gpu_views
 from optimizer.ui import jobs as job_views
 from optimizer.ui import prices as price_views

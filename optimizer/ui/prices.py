@@ -7,10 +7,11 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from optimizer.api.state import ApiState
+from optimizer.clock import utc_text
 from optimizer.model import Market, Offer
 from optimizer.store import PricePoint
 from policies.schema import Policy
@@ -132,11 +133,7 @@ def history(
         "spot_latest": values[-1] if values else None,
         "on_demand_latest": next((v for v in reversed(data["on_demand"]) if v is not None), None),
         "cap_latest": next((v for v in reversed(data["cap"]) if v is not None), None),
-        "since": _iso(since),
-        "until": _iso(now),
+        "since": utc_text(since),
+        "until": utc_text(now),
     }
     return data
-
-
-def _iso(at: datetime) -> str:
-    return at.isoformat().replace("+00:00", "Z")

@@ -3,13 +3,15 @@ the security headers every console answer carries."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import cache
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse
 from jinja2 import Environment, PackageLoader, select_autoescape
+
+from optimizer.clock import utc_label, utc_text
 
 # Everything the pages load comes from /ui/static/ (no CDN, no inline script or style), so
 # the policy can forbid the rest; uPlot styles its elements through the CSSOM, which
@@ -49,11 +51,11 @@ def when(value: datetime | str | None) -> str:
         return NONE
     if isinstance(value, str):
         value = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return utc_label(value)
 
 
 def iso(value: datetime | None) -> str:
-    return "" if value is None else value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return "" if value is None else utc_text(value)
 
 
 def duration(seconds: float | None) -> str:

@@ -22,7 +22,7 @@ SPOT_PAGE_SIZE = 1000  # DescribeSpotPriceHistory MaxResults upper bound
 # GetSpotPlacementScores: RegionNames holds at most 10 (botocore service model).
 SCORE_REGIONS_PER_CALL = 10
 
-Pool = tuple[str, str]  # (instance type, zone name)
+TypeInZone = tuple[str, str]  # (instance type, zone name): a spot price history key
 
 
 def offered_zones(ec2: Any, instance_types: Sequence[str]) -> dict[str, set[str]]:
@@ -60,12 +60,12 @@ def _utc(value: Any) -> datetime:
     return datetime.fromisoformat(str(value).replace("Z", "+00:00")).astimezone(UTC)
 
 
-def latest_spot_prices(rows: Iterable[Mapping[str, Any]]) -> dict[Pool, float]:
+def latest_spot_prices(rows: Iterable[Mapping[str, Any]]) -> dict[TypeInZone, float]:
     """{(type, zone name): USD per hour}: the newest row per pool wins, older ones are ignored.
 
     Rows at the same instant (the two Linux descriptions) resolve to the lower price.
     """
-    best: dict[Pool, tuple[datetime, float]] = {}
+    best: dict[TypeInZone, tuple[datetime, float]] = {}
     for row in rows:
         if row.get("ProductDescription") not in SPOT_PRODUCTS:
             continue
@@ -122,7 +122,7 @@ def build_offers(
     types: Mapping[str, GpuType],
     zone_ids: Mapping[str, str],
     offered: Mapping[str, set[str]],
-    spot: Mapping[Pool, float],
+    spot: Mapping[TypeInZone, float],
     on_demand: Mapping[str, float],
     scores: Mapping[tuple[str, str], float],
     observed_at: datetime,

@@ -204,7 +204,7 @@ class AwsProvider(InstanceOps):
         wanted = list(dict.fromkeys(regions))  # an empty list asks for nothing
         failures: dict[str, ProviderError] = {}
         inventories: dict[str, Inventory] = {}
-        markets: dict[str, Future[tuple[dict[str, set[str]], dict[O.Pool, float]]]] = {}
+        markets: dict[str, Future[tuple[dict[str, set[str]], dict[O.TypeInZone, float]]]] = {}
         prices: dict[str, Future[dict[str, float]]] = {}
         price_errors: list[str] = []
 
@@ -259,7 +259,7 @@ class AwsProvider(InstanceOps):
 
     def _market(
         self, region: str, types: Mapping[str, S.GpuType], now: datetime
-    ) -> tuple[dict[str, set[str]], dict[O.Pool, float]]:
+    ) -> tuple[dict[str, set[str]], dict[O.TypeInZone, float]]:
         """(offered zones per type, latest spot price per pool): two chains per region."""
         ec2 = self.client("ec2", region)
         offered = O.offered_zones(ec2, sorted(types))

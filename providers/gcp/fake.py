@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from optimizer.clock import utc_text
+
 _BASE = "https://www.googleapis.com/compute/v1"
 COMPUTE_SERVICE_ID = "6F81-5844-456A"  # Compute Engine in the billing catalog
 _COMPUTE = r"/compute/v1/projects/(?P<project>[^/]+)"
@@ -246,7 +248,7 @@ class FakeGcp:
         return 404, error_body(404, f"no such method: {method} {path}", "notFound")
 
     def _now(self) -> str:
-        return self.clock().isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        return utc_text(self.clock(), timespec="milliseconds")
 
     def _page(self, items: list[Any], query: dict[str, str], limit: int) -> tuple[list[Any], str]:
         asked = int(query.get("maxResults") or query.get("pageSize") or limit)

@@ -249,7 +249,7 @@ class GcpProvider:
         from google.cloud import compute_v1
 
         if offer.provider != PROVIDER or not offer.zone:
-            raise ProviderError(f"not a zonal GCP offer: {offer.pool}", provider=PROVIDER)
+            raise ProviderError(f"not a zonal GCP offer: {tuple(offer.pool)}", provider=PROVIDER)
         zone = offer.zone
         if spec.max_usd_per_hour is not None and offer.usd_per_hour > spec.max_usd_per_hour:
             # GCP has no cloud-side bid cap; the cap is checked against the quoted price.

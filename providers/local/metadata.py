@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
+from optimizer.clock import utc_text
 from providers.local.state import InstanceRecord, StateDir
 
 TOKEN_TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
@@ -43,7 +44,7 @@ REQUEST_LOG = 1000
 
 
 def iso(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return utc_text(datetime.fromtimestamp(t, UTC), timespec="seconds")
 
 
 def aws_value(record: InstanceRecord, path: str) -> str | None:

@@ -23,7 +23,7 @@ from optimizer.alerts.webhook import verify_signature
 from optimizer.clock import Clock, SteadyClock
 from optimizer.daemon.service import Daemon
 from optimizer.model import EventKind
-from optimizer.store.tables import NewEvent
+from optimizer.store import NewEvent
 from providers.local import LocalCloud
 from tests.helpers.cloud import local_cloud
 from tests.helpers.daemon import api, make_config, running

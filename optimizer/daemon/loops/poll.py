@@ -22,8 +22,7 @@ from optimizer.clock import Clock
 from optimizer.daemon.metrics import Metrics
 from optimizer.daemon.providers import ProviderHandle
 from optimizer.model import EventKind, Market, Offer
-from optimizer.store import Store
-from optimizer.store.tables import NewEvent, PollStatusRecord
+from optimizer.store import NewEvent, PollStatusRecord, Store
 from providers.base import ProviderDisabled
 
 log = logging.getLogger(__name__)

@@ -30,8 +30,7 @@ from optimizer.daemon.policies import (
     RejectedFile,
 )
 from optimizer.model import EventKind
-from optimizer.store import Store
-from optimizer.store.tables import NewEvent, PolicyVersionRecord
+from optimizer.store import NewEvent, PolicyVersionRecord, Store
 from policies.loader import PolicyError, parse_policy
 from policies.schema import Policy
 
