@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query
 
+from optimizer.api import answers
 from optimizer.api.state import MAX_ID, MIN_ID, StateDep, utc_text
 from optimizer.model import event_kind
 from optimizer.store import EventRecord
@@ -27,7 +28,7 @@ def event_view(event: EventRecord) -> dict[str, Any]:
     }
 
 
-@router.get("/events")
+@router.get("/events", response_model=answers.EventList)
 def list_events(
     state: StateDep,
     kind: Annotated[
@@ -58,7 +59,7 @@ def list_events(
     return {"events": [event_view(e) for e in events]}
 
 
-@router.get("/events/{event_id}")
+@router.get("/events/{event_id}", response_model=answers.EventView)
 def show_event(
     event_id: Annotated[int, Path(ge=MIN_ID, le=MAX_ID)], state: StateDep
 ) -> dict[str, Any]:
@@ -68,7 +69,7 @@ def show_event(
     return event_view(event)
 
 
-@router.get("/alerts")
+@router.get("/alerts", response_model=answers.AlertList)
 def list_alerts(
     state: StateDep,
     alert_state: Annotated[str | None, Query(alias="state", pattern=_STATES)] = None,

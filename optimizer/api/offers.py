@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
 
+from optimizer.api import answers
 from optimizer.api.state import StateDep, utc_text
 from optimizer.jobs.ranking import launch_ranking, with_expected
 from optimizer.model import Market
@@ -22,7 +23,7 @@ router = APIRouter(tags=["offers"])
 MAX_PAGE = 1000  # as /jobs and /events
 
 
-@router.get("/offers")
+@router.get("/offers", response_model=answers.OfferList | answers.RankingView)
 def offers(
     state: StateDep,
     policy: Annotated[

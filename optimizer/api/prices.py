@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
 
+from optimizer.api import answers
 from optimizer.api.state import StateDep, utc_text
 from optimizer.model import Market
 from optimizer.store import PricePoint
@@ -59,7 +60,7 @@ def _page(points: list[PricePoint], limit: int) -> tuple[list[PricePoint], datet
     return kept, next_at
 
 
-@router.get("/history")
+@router.get("/history", response_model=answers.PriceHistory)
 def price_history(
     state: StateDep,
     provider: Annotated[str, Query(min_length=1, description="The pool's provider.")],

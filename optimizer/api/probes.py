@@ -7,12 +7,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
+from optimizer.api import answers
 from optimizer.api.state import MAX_ID, MIN_ID, StateDep
 
 router = APIRouter(prefix="/probes", tags=["probes"])
 
 
-@router.get("")
+@router.get("", response_model=answers.ProbeList)
 def list_probes(
     state: StateDep,
     instance_type: Annotated[str | None, Query(max_length=200)] = None,
