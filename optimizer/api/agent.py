@@ -30,6 +30,7 @@ from optimizer.jobs.machine import (
     lifted_on_clock,
 )
 from optimizer.jobs.reconcile import attempt_view, finished_keys, power_off_at
+from optimizer.jobs.spec import DEFAULT_PROBES, job_spec
 from optimizer.model import EventKind
 from optimizer.protocol import (
     EVENT_DATA,
@@ -204,7 +205,7 @@ def _gang_nodes(attempt: AttemptRecord, every: list[AttemptRecord]) -> list[Node
 
 def _gang_gate(state: ApiState, attempt: AttemptRecord, every: list[AttemptRecord]) -> Gate:
     job = state.store.jobs.get_job_by_id(attempt.job_id)
-    probes = str((job.spec if job is not None else {}).get("probes", "quick"))
+    probes = DEFAULT_PROBES if job is None else job_spec(job).probes
     return gate(_gang_nodes(attempt, every), probes=probes)
 
 
@@ -291,17 +292,17 @@ def register(
             values["address"] = body.address
         state.store.jobs.update_attempt(attempt.key, **values)
         state.wakeup.set()
-    spec = job.spec
+    spec = job_spec(job)
     return RegisterAnswer(
         job=Job(
             name=job.name,
-            run=spec["run"],
-            setup=spec.get("setup"),
-            workdir=spec.get("workdir"),
-            env=spec.get("env") or {},
-            checkpoint_dir=spec["checkpoint_dir"],
-            probes=spec.get("probes", "quick"),
-            expected_gpus=spec.get("expected_gpus"),
+            run=spec.run,
+            setup=spec.setup,
+            workdir=spec.workdir,
+            env=dict(spec.env),
+            checkpoint_dir=spec.checkpoint_dir,
+            probes=spec.probes,
+            expected_gpus=spec.expected_gpus,
         ),
         attempt=head_number(attempt.number, attempt.gang),  # a gang's: rank 0's number
         restarts=job.restarts,

@@ -16,7 +16,7 @@ from optimizer.api.costs import job_attempts
 from optimizer.api.state import MAX_ID, MIN_ID, ApiState, StateDep, utc_text
 from optimizer.jobs.advice import job_advice
 from optimizer.jobs.machine import JobState
-from optimizer.jobs.spec import JobSpec
+from optimizer.jobs.spec import JobSpec, stored_form
 from optimizer.model import EventKind
 from optimizer.store import DuplicateJobError, JobNotEndedError, JobRecord
 from optimizer.store.tables import TERMINAL_JOB_STATES
@@ -81,7 +81,7 @@ def submit_job(spec: JobSpec, state: StateDep) -> dict[str, Any]:
                 }
             ],
         )
-    body = spec.model_dump(mode="json", exclude={"api_version", "kind", "name", "policy"})
+    body = stored_form(spec)
     event = state.emitter.draft(
         EventKind.JOB_SUBMITTED,
         f"job {spec.name} submitted under policy {spec.policy}",

@@ -15,6 +15,7 @@ from optimizer.api.logs import LogStream
 from optimizer.api.state import ApiState
 from optimizer.costs import GroupBy
 from optimizer.jobs.ledger import Ledger
+from optimizer.jobs.spec import JobSpec, job_spec
 from optimizer.store import EventRecord, JobRecord
 from optimizer.store.jobs import AttemptRecord
 from optimizer.store.probes import ProbeRecord
@@ -52,6 +53,10 @@ class JobPage:
     probes: list[ProbeRecord]
     gpu: dict[str, Any] | None
     events: list[EventRecord]
+
+    @property
+    def spec(self) -> JobSpec:
+        return job_spec(self.job)
 
     @property
     def ended(self) -> bool:
