@@ -64,11 +64,25 @@ class JobList(Answer):
 
 
 class CostLineView(Answer):
+    """One cost line: an attempt's cost in one calendar month (UTC), with its figures
+    (`optimizer.costs.report.figures`, docs/costs.md)."""
+
     month: str
     period_start: str | None
     period_end: str | None
     frozen: bool
     refunded: bool
+    spend_usd: Number
+    storage_usd: Number
+    total_usd: Number
+    on_demand_usd: Number | None
+    savings_usd: Number | None
+    savings_fraction: Number | None
+    net_savings_fraction: Number | None
+    billed_seconds: Number
+    overhead_seconds: Number
+    overhead_usd: Number
+    baseline_known: bool
 
 
 class AttemptView(Answer):
@@ -288,10 +302,23 @@ class ReplicaList(Answer):
 
 
 class CostGroup(Answer):
-    """One group of `GET /costs` (`optimizer.costs.report.report`): its figures, and per
-    market and per attempt where asked."""
+    """One group of `GET /costs` (`optimizer.costs.report.report`): its figures, how many
+    attempts, and where asked `markets` (the same figures per market) and `attempts` (with
+    `by=job`), which only such answers carry."""
 
-    group: str | None
+    group: str
+    spend_usd: Number
+    storage_usd: Number
+    total_usd: Number
+    on_demand_usd: Number | None
+    savings_usd: Number | None
+    savings_fraction: Number | None
+    net_savings_fraction: Number | None
+    billed_seconds: Number
+    overhead_seconds: Number
+    overhead_usd: Number
+    baseline_known: bool
+    attempt_count: int
 
 
 class CostNotice(Answer):

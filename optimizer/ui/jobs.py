@@ -9,6 +9,7 @@ from typing import Any
 
 from markupsafe import Markup
 
+from optimizer.api.answers import AttemptView, GpuView
 from optimizer.api.costs import job_attempts
 from optimizer.api.jobs import gpu_view
 from optimizer.api.logs import LogStream
@@ -48,10 +49,10 @@ class JobPage:
     now: datetime
     job: JobRecord
     attempts: list[AttemptRecord]
-    costs: list[dict[str, Any]]  # GET /jobs/{name}'s attempts, each with its cost lines
+    costs: list[AttemptView]  # GET /jobs/{name}'s attempts, each with its cost lines
     timeline: Markup
     probes: list[ProbeRecord]
-    gpu: dict[str, Any] | None
+    gpu: GpuView | None  # GET /jobs/{name}'s `gpu`
     events: list[EventRecord]
 
     @property
@@ -68,7 +69,12 @@ class JobPage:
 
     @property
     def total_usd(self) -> float:
-        return sum(line["total_usd"] for a in self.costs for line in a["cost_lines"])
+        return sum(line.total_usd for a in self.costs for line in a.cost_lines)
+
+
+def _gpu(state: ApiState, job: JobRecord) -> GpuView | None:
+    found = gpu_view(state.store.telemetry.summary(job_id=job.id))
+    return None if found is None else GpuView.model_validate(found)
 
 
 def job_rows(state: ApiState, job_state: str | None = None) -> list[JobRow]:
@@ -90,10 +96,10 @@ def job_page(state: ApiState, job: JobRecord) -> JobPage:
         now=now,
         job=job,
         attempts=attempts,
-        costs=job_attempts(state, job.id),
+        costs=[AttemptView.model_validate(a) for a in job_attempts(state, job.id)],
         timeline=timeline.svg(attempts, now),
         probes=probes,
-        gpu=gpu_view(state.store.telemetry.summary(job_id=job.id)),
+        gpu=_gpu(state, job),
         events=state.store.events.list_events(job_id=job.id, limit=EVENTS),
     )
 
