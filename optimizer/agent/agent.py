@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from optimizer import __version__
+from optimizer import __version__, protocol
 from optimizer.agent.config import AgentConfig, Assignment
 from optimizer.agent.imds import Notice, Watcher, make_watcher, watch
 from optimizer.agent.logship import LogShipper
@@ -66,7 +66,8 @@ def default_internode(config: AgentConfig) -> InternodeFn:
     """Run optimizer.probes.internode in a subprocess with a hard time limit."""
 
     def run(ask: dict[str, Any]) -> dict[str, Any]:
-        timeout = float(ask.get("timeout_s") or 120.0)
+        timeout = float(ask.get("timeout_s") or protocol.INTERNODE_TIMEOUT_S)
+        fraction = float(ask.get("min_fraction") or protocol.INTERNODE_MIN_FRACTION)
         argv = [
             sys.executable,
             "-m",
@@ -74,7 +75,7 @@ def default_internode(config: AgentConfig) -> InternodeFn:
             *("--rank", str(int(ask["rank"])), "--nodes", str(int(ask["nodes"]))),
             *("--master-addr", str(ask["master_addr"])),
             *("--master-port", str(int(ask["master_port"]))),
-            *("--min-fraction", str(float(ask.get("min_fraction") or 0.25))),
+            *("--min-fraction", str(fraction)),
             *("--timeout-s", str(timeout)),
         ]
         if ask.get("expected_gbps"):

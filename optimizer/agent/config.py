@@ -26,6 +26,7 @@ from optimizer.protocol import (
     ENV_METADATA_KIND,
     PROBE_KINDS,
     REQUIRED_ENV,
+    STOP_GRACE_S,
     Gang,
     Internode,
     Job,
@@ -58,7 +59,7 @@ class AgentConfig:
     agent_dir: Path = field(default_factory=default_agent_dir)
     instance_id: str | None = None
     poll_s: float = AWS_POLL_S
-    stop_grace_s: float = 30.0  # a stop command without grace_s gets this long
+    stop_grace_s: float = STOP_GRACE_S  # a stop command without grace_s gets this long
     flush_s: float = 120.0  # how long the final events are retried before giving up
     self_stop_s: float = 10.0  # after an ending notice the daemon did not take
     fence_poll_s: float = 0.25  # how often a fenced agent asks whether it may start the job
@@ -114,7 +115,7 @@ class AgentConfig:
             agent_dir=Path(agent_dir) if agent_dir else default_agent_dir(),
             instance_id=get("GPUOPT_INSTANCE_ID"),
             poll_s=number("GPUOPT_AGENT_POLL_S", AWS_POLL_S) or AWS_POLL_S,
-            stop_grace_s=number("GPUOPT_AGENT_STOP_GRACE_S", 30.0) or 30.0,
+            stop_grace_s=number("GPUOPT_AGENT_STOP_GRACE_S", STOP_GRACE_S) or STOP_GRACE_S,
             flush_s=number("GPUOPT_AGENT_FLUSH_S", 120.0) or 120.0,
             self_stop_s=number("GPUOPT_AGENT_SELF_STOP_S", 10.0) or 10.0,
             fence_poll_s=number("GPUOPT_AGENT_FENCE_POLL_S", 0.25) or 0.25,
