@@ -217,14 +217,8 @@ def _rendezvous(state: ApiState, attempt: AttemptRecord) -> dict[str, Any]:
     every = state.store.jobs.attempts(attempt.job_id)
     nodes = _gang_nodes(attempt, every)
     found = master(nodes)
-    block = Gang(rank=attempt.node_rank, nodes=attempt.nodes)
-    if found is not None:
-        block = Gang(
-            rank=attempt.node_rank,
-            nodes=attempt.nodes,
-            master_addr=found[0],
-            master_port=found[1],
-        )
+    addr, port = found if found is not None else (None, None)
+    block = Gang(rank=attempt.node_rank, nodes=attempt.nodes, master_addr=addr, master_port=port)
     out: dict[str, Any] = {"gang": block}
     if (
         found is not None
