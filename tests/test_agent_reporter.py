@@ -12,6 +12,7 @@ import pytest
 
 from optimizer.agent.reporter import DaemonClient, DaemonError, EventQueue, Reporter
 from optimizer.common.retry import Backoff
+from optimizer.protocol import Command
 from tests.helpers import wait_until
 
 
@@ -106,7 +107,7 @@ def test_the_reporter_retries_in_order_and_hands_on_commands() -> None:
     answers: list[Any] = [503, httpx.ReadTimeout("slow"), "ack-all"]
     client = DaemonClient("http://d", "tok", "job/1", client=transport(answers, seen))
     queue = EventQueue()
-    commands: list[dict[str, Any]] = []
+    commands: list[Command] = []
     reporter = Reporter(queue, client, commands.extend, backoff=Backoff(base=0.01, cap=0.02))
     first, second = queue.put("job_started"), queue.put("interruption_notice")
     reporter.start()
@@ -124,9 +125,9 @@ def test_commands_in_an_answer_reach_the_agent() -> None:
     client = DaemonClient(
         "http://d", "tok", "job/1", client=transport([{"ack": [event.id], "commands": [stop]}], [])
     )
-    commands: list[dict[str, Any]] = []
+    commands: list[Command] = []
     assert Reporter(queue, client, commands.extend).send_once()
-    assert commands == [stop] and len(queue) == 0
+    assert commands == [Command(kind="stop", reason="interrupted")] and len(queue) == 0
 
 
 def test_a_batch_the_daemon_refuses_for_good_is_dropped_not_retried_forever() -> None:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime
+
 import pytest
 
-from optimizer.jobs.spec import JobSpecError, parse_job_spec
+from optimizer.jobs.spec import JobSpecError, from_stored, job_spec, parse_job_spec, stored_form
+from optimizer.store import JobRecord
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 GOOD = """\
 name: train-resnet
@@ -99,3 +105,48 @@ def test_a_spec_file_takes_the_submitters_environment(monkeypatch: pytest.Monkey
     monkeypatch.setenv("RUN_ID", "r42")
     spec = parse_job_spec(GOOD + "workdir: /work/${RUN_ID}\n")
     assert spec.workdir == "/work/r42"
+
+
+FULL = (
+    GOOD
+    + "setup: pip install -r req.txt\nprobes: deep\nmax_restarts: 3\n"
+    + "checkpoint_allowance_s: 45\nmax_duration: 2h\nnodes: 2\n"
+    + "utilization:\n  idle: {below: 0.05, for: 20m, action: stop}\n"
+)
+
+
+@pytest.mark.parametrize("text", [GOOD, FULL])
+def test_a_stored_spec_reads_back_as_the_spec_submitted(text: str) -> None:
+    spec = parse_job_spec(text)
+    stored = json.loads(json.dumps(stored_form(spec)))  # as the store keeps it: JSON
+    assert "name" not in stored and "policy" not in stored  # the job's row holds them
+    assert from_stored(stored, name=spec.name, policy=spec.policy) == spec
+
+
+def test_a_spec_stored_by_an_earlier_version_reads_with_todays_defaults() -> None:
+    """Fields it predates take their defaults; keys no longer known are ignored; a value
+    that no longer passes reads as its default, and one without a default as stored."""
+    old = {"run": "python train.py", "checkpoint_dir": "/ckpt", "gone_field": 1}
+    spec = from_stored(old, name="train", policy="p")
+    assert (spec.probes, spec.checkpoint_allowance_s, spec.env) == ("quick", 20.0, {})
+    assert spec.nodes is None and spec.max_restarts is None
+    odd = from_stored({**old, "probes": "thorough", "nodes": 0}, name="train", policy="p")
+    assert (odd.run, odd.probes, odd.nodes) == ("python train.py", "quick", None)
+    blank = from_stored({**old, "run": " "}, name="train", policy="p")
+    assert blank.run == " " and blank.probes == "quick"  # taken as stored, never refused
+
+
+def test_a_stored_jobs_spec_comes_from_its_row() -> None:
+    spec = parse_job_spec(FULL)
+    row = JobRecord(
+        id=1,
+        name="train-resnet",
+        policy="resnet50-training",
+        spec=stored_form(spec),
+        state="succeeded",
+        reason=None,
+        restarts=0,
+        created_at=T0,
+        updated_at=T0,
+    )
+    assert job_spec(row) == spec

@@ -117,3 +117,35 @@ def test_without_probes_the_gang_starts_once_every_node_registered(daemon: Daemo
     answer = call(daemon, second, "register", address="127.0.0.1:4200")
     assert answer["fence"] is None
     assert answer["gang"]["master_port"] == 4100 and "internode" not in answer
+
+
+def raw(daemon: Daemon, node: tuple[str, str], path: str, **body: Any) -> str:
+    key, token = node
+    with httpx.Client(base_url=daemon.url, timeout=10) as client:
+        answer = client.post(
+            f"/agent/v1/{path}",
+            json={"attempt_key": key, **body},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+    assert answer.status_code == 200, answer.text
+    return answer.text
+
+
+def test_the_answers_bytes_are_what_agents_have_always_read(daemon: Daemon) -> None:
+    """The daemon builds its answers through the protocol's models: the JSON text, key order
+    included, is the one it wrote when it built them by hand."""
+    first, second = gang(daemon)
+    registered = raw(daemon, first, "register", instance_id="i-0", address="10.0.0.1:29500")
+    assert registered == (
+        '{"job":{"name":"pair","run":"train","setup":null,"workdir":null,"env":{},'
+        '"checkpoint_dir":"/c","probes":"quick","expected_gpus":null},"attempt":1,'
+        '"restarts":0,"heartbeat_s":2,"commands":[],'
+        '"fence":"waiting for node 1 of 2 to register",'
+        '"gang":{"rank":0,"nodes":2,"master_addr":"10.0.0.1","master_port":29500}}'
+    )
+    assert raw(daemon, second, "events", events=[]) == (
+        '{"ack":[],"commands":[],"fence":"waiting for node 1 of 2 to register",'
+        '"gang":{"rank":1,"nodes":2,"master_addr":"10.0.0.1","master_port":29500}}'
+    )
+    chunk = {"seq": 0, "stream": "stdout", "text": "hi\n"}
+    assert raw(daemon, first, "logs", chunks=[chunk]) == '{"ack":[0]}'

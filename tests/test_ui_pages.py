@@ -192,6 +192,20 @@ def test_a_job_page_and_its_cancel_needs_the_forms_csrf_token(
     assert client.get("/ui/data/jobs/j1/utilization").json()["t"] == []
 
 
+def test_a_job_page_reads_the_stored_spec_with_its_defaults(
+    client: httpx.Client, daemon: Daemon
+) -> None:
+    """A spec stored without `probes` (an earlier version's) runs the default quick probe, so
+    its page does not say the job runs without probes; one stored with `probes: none` does."""
+    daemon.store.jobs.add_job("old", "small", {"run": "x", "checkpoint_dir": "/x"})
+    daemon.store.jobs.add_job(
+        "bare", "small", {"run": "x", "checkpoint_dir": "/x", "probes": "none"}
+    )
+    note = "(the job runs with <code>probes: none</code>)"
+    assert note not in client.get("/ui/jobs/old").text
+    assert note in client.get("/ui/jobs/bare").text
+
+
 def _attempt(number: int, start: datetime, **values: object) -> AttemptRecord:
     base = {
         "id": number,

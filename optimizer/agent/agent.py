@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from optimizer import __version__
+from optimizer import __version__, protocol
 from optimizer.agent.config import AgentConfig, Assignment
 from optimizer.agent.imds import Notice, Watcher, make_watcher, watch
 from optimizer.agent.logship import LogShipper
@@ -48,6 +48,7 @@ from optimizer.agent.telemetry import (
 from optimizer.common.files import private_dir
 from optimizer.common.procs import proc_start_ticks
 from optimizer.common.retry import Backoff
+from optimizer.protocol import Command, Gang, Internode, Register, Wait
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,8 @@ def default_internode(config: AgentConfig) -> InternodeFn:
     """Run optimizer.probes.internode in a subprocess with a hard time limit."""
 
     def run(ask: dict[str, Any]) -> dict[str, Any]:
-        timeout = float(ask.get("timeout_s") or 120.0)
+        timeout = float(ask.get("timeout_s") or protocol.INTERNODE_TIMEOUT_S)
+        fraction = float(ask.get("min_fraction") or protocol.INTERNODE_MIN_FRACTION)
         argv = [
             sys.executable,
             "-m",
@@ -74,7 +76,7 @@ def default_internode(config: AgentConfig) -> InternodeFn:
             *("--rank", str(int(ask["rank"])), "--nodes", str(int(ask["nodes"]))),
             *("--master-addr", str(ask["master_addr"])),
             *("--master-port", str(int(ask["master_port"]))),
-            *("--min-fraction", str(float(ask.get("min_fraction") or 0.25))),
+            *("--min-fraction", str(fraction)),
             *("--timeout-s", str(timeout)),
         ]
         if ask.get("expected_gbps"):
@@ -154,7 +156,7 @@ class Agent:
         )
         self.probe = probe or default_probe(config)
         self.internode = internode or default_internode(config)
-        self._gang: dict[str, Any] | None = None  # the rendezvous, as the daemon last said it
+        self._gang: Gang | None = None  # the rendezvous, as the daemon last said it
         self._internode_done = False
         self.register_backoff = register_backoff or Backoff(base=1.0, cap=30.0)
         self.queue = EventQueue(config.agent_dir / "events.json", attempt_key=config.attempt_key)
@@ -184,12 +186,12 @@ class Agent:
         """What the SIGTERM/SIGINT handlers call (SimpleQueue.put is safe in a handler)."""
         self.inbox.put(("signal", signum))
 
-    def _on_commands(self, commands: list[dict[str, Any]]) -> None:
+    def _on_commands(self, commands: list[Command]) -> None:
         for command in commands:
-            if command.get("kind") == "stop":
+            if command.kind == "stop":
                 self.inbox.put(("command", command))
             else:
-                log.warning("ignoring unknown command %r", command.get("kind"))
+                log.warning("ignoring unknown command %r", command.kind)
 
     def _on_notice(self, notice: Notice) -> None:
         event = self.queue.put("interruption_notice", notice.to_data())
@@ -276,13 +278,15 @@ class Agent:
     def _register(self) -> Assignment | int:
         """Register, retrying until the daemon answers; an int exit status if a signal came."""
         instance_id = self.config.instance_id or self.watcher.instance_id() or platform.node()
-        body = {
-            "instance_id": instance_id,
-            "provider": self.config.cloud,
-            "hostname": platform.node(),
-            "agent_version": __version__,
-            "address": node_address(self.config.daemon_url),
-        }
+        body = Register(
+            attempt_key=self.config.attempt_key,
+            instance_id=instance_id,
+            provider=self.config.cloud,
+            hostname=platform.node(),
+            agent_version=__version__,
+            address=node_address(self.config.daemon_url),
+        ).wire()
+        del body["attempt_key"]  # the client adds it
         log.info(
             "registering %s as %s with %s",
             self.config.attempt_key,
@@ -292,9 +296,7 @@ class Agent:
         while True:
             try:
                 assignment = Assignment.parse(self.client.register(body))
-                log.info(
-                    "registered: job %r, attempt %d", assignment.job.get("name"), assignment.attempt
-                )
+                log.info("registered: job %r, attempt %d", assignment.job.name, assignment.attempt)
                 return assignment
             except (DaemonError, ValueError) as exc:
                 delay = self.register_backoff.next()
@@ -336,11 +338,11 @@ class Agent:
                 log.warning("adopting the job an earlier agent left running (pid %s)", self.job.pid)
                 self.state = "running"
                 return self._supervise()
-        probes = str(assignment.job.get("probes") or "none")
+        probes = assignment.job.probes or "none"
         if probes != "none":
             self.state = "probing"
             # The job's own count, else the GPUs the offer sold (set by the bootstrap).
-            expected = assignment.job.get("expected_gpus")
+            expected = assignment.job.expected_gpus
             if expected is None:
                 expected = self.config.expected_gpus
             status, result = self._probe(probes, expected)
@@ -357,7 +359,7 @@ class Agent:
             return self._stopped() if self.stop_reason is not None else self._signalled
         return self._start_job(assignment)
 
-    def _await_fence(self, why: str) -> bool:
+    def _await_fence(self, why: Wait) -> bool:
         """Wait until the daemon lifts the fence (an earlier attempt's job still runs); False
         if a stop or a signal came first. Polls every `fence_poll_s`, so the job starts
         within that of the daemon seeing the old job exit."""
@@ -373,37 +375,36 @@ class Agent:
                 log.warning("fence poll failed (%s); retrying in %.1f s", exc, delay)
             else:
                 backoff.reset()
-                commands = [c for c in answer.get("commands") or [] if isinstance(c, dict)]
-                self._on_commands(commands)
-                if isinstance(answer.get("gang"), dict):
-                    self._gang = answer["gang"]
-                if isinstance(answer.get("internode"), dict):
-                    self._run_internode(answer["internode"])
+                self._on_commands(answer.commands)
+                if answer.gang is not None:
+                    self._gang = answer.gang
+                if answer.internode is not None:
+                    self._run_internode(answer.internode)
                     continue  # report it and ask again at once
-                if not answer.get("fence"):
+                if answer.fence is None:
                     log.info("fence lifted")
                     return not self._pending_stop()
             item = self._next(delay)
             if item is None:
                 continue
             kind, value = item
-            if kind == "command" and value.get("kind") == "stop":
-                self.stop_reason = str(value.get("reason") or "stop")
+            if kind == "command" and value.kind == "stop":
+                self.stop_reason = value.reason or "stop"
                 return False
             if kind == "signal":
                 self._signalled = 128 + int(value)
                 return False
 
-    def _run_internode(self, ask: dict[str, Any]) -> None:
+    def _run_internode(self, ask: Internode) -> None:
         """Run the inter-node probe once (every node at once, at the daemon's word), and
         report it; the daemon judges the gang from every node's report."""
         if self._internode_done:
             return
         self._internode_done = True
         self.state = "probing_internode"
-        log.info("running the inter-node probe as node %s of %s", ask.get("rank"), ask.get("nodes"))
+        log.info("running the inter-node probe as node %s of %s", ask.rank, ask.nodes)
         try:
-            result = self.internode(ask)
+            result = self.internode(ask.wire())
         except Exception as exc:  # a crashed probe has failed; it must not end the agent
             log.exception("the inter-node probe crashed")
             result = {"status": "fail", "reason": f"{type(exc).__name__}: {exc}"}
@@ -430,8 +431,8 @@ class Agent:
         """Drain the inbox before starting the job: a stop or a signal that came meanwhile."""
         while (item := self._next(0)) is not None:
             kind, value = item
-            if kind == "command" and value.get("kind") == "stop":
-                self.stop_reason = str(value.get("reason") or "stop")
+            if kind == "command" and value.kind == "stop":
+                self.stop_reason = value.reason or "stop"
             elif kind == "signal":
                 self.stop_reason = f"signal {value}"
         return self.stop_reason is not None
@@ -443,8 +444,8 @@ class Agent:
             if item is None:
                 continue
             kind, value = item
-            if kind == "command" and value.get("kind") == "stop":
-                self.stop_reason = str(value.get("reason") or "stop")
+            if kind == "command" and value.kind == "stop":
+                self.stop_reason = value.reason or "stop"
                 return self._stopped()
             if kind == "signal":
                 return 128 + int(value)
@@ -462,7 +463,7 @@ class Agent:
         checkpoint = env["GPUOPT_CHECKPOINT_DIR"]
         if checkpoint and "://" not in checkpoint:
             Path(checkpoint).mkdir(parents=True, exist_ok=True)
-        workdir = Path(job["workdir"]) if job.get("workdir") else self.config.agent_dir
+        workdir = Path(job.workdir) if job.workdir else self.config.agent_dir
         log_path = self.config.agent_dir / JOB_LOG
 
         def started(pid: int, phase: str) -> None:
@@ -470,11 +471,11 @@ class Agent:
             self.queue.put("job_started", {"pid": pid, "log": str(log_path)})
             self.state = "running"
 
-        self.state = "setup" if job.get("setup") else "starting"
+        self.state = "setup" if job.setup else "starting"
         self.logs.begin()
         self.job = JobRunner(
-            run=job["run"],
-            setup=job.get("setup"),
+            run=job.run,
+            setup=job.setup,
             env=env,
             log_path=log_path,
             err_path=self.config.agent_dir / JOB_ERR_LOG,
@@ -491,8 +492,8 @@ class Agent:
             item = self._next(0.2)
             if item is not None:
                 kind, value = item
-                if kind == "command" and value.get("kind") == "stop":
-                    self._stop_job(str(value.get("reason") or "stop"), value.get("grace_s"))
+                if kind == "command" and value.kind == "stop":
+                    self._stop_job(value.reason or "stop", value.grace_s)
                 elif kind == "signal":
                     log.info("forwarding signal %s to the job", value)
                     job.signal(int(value))

@@ -16,10 +16,26 @@ from optimizer.agent.imds import (
     UnknownWatcherKind,
     check_watcher_kind,
 )
+from optimizer.protocol import (
+    DEFAULT_HEARTBEAT_S,
+    ENV_AGENT_TOKEN,
+    ENV_ATTEMPT_KEY,
+    ENV_CLOUD,
+    ENV_DAEMON_URL,
+    ENV_EXPECTED_GPUS,
+    ENV_METADATA_KIND,
+    PROBE_KINDS,
+    REQUIRED_ENV,
+    STOP_GRACE_S,
+    Gang,
+    Internode,
+    Job,
+    RegisterAnswer,
+    Wait,
+)
 
 # A provider's name as the daemon's registry spells it (the agent knows no provider list).
 CLOUD_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
-PROBE_KINDS = ("quick", "deep", "none")
 
 
 class AgentConfigError(ValueError):
@@ -43,7 +59,7 @@ class AgentConfig:
     agent_dir: Path = field(default_factory=default_agent_dir)
     instance_id: str | None = None
     poll_s: float = AWS_POLL_S
-    stop_grace_s: float = 30.0  # a stop command without grace_s gets this long
+    stop_grace_s: float = STOP_GRACE_S  # a stop command without grace_s gets this long
     flush_s: float = 120.0  # how long the final events are retried before giving up
     self_stop_s: float = 10.0  # after an ending notice the daemon did not take
     fence_poll_s: float = 0.25  # how often a fenced agent asks whether it may start the job
@@ -61,27 +77,18 @@ class AgentConfig:
             value = env.get(name, "").strip()
             return value or None
 
-        missing = [
-            n
-            for n in (
-                "GPUOPT_DAEMON_URL",
-                "GPUOPT_AGENT_TOKEN",
-                "GPUOPT_ATTEMPT_KEY",
-                "GPUOPT_METADATA_KIND",
-            )
-            if get(n) is None
-        ]
+        missing = [n for n in REQUIRED_ENV if get(n) is None]
         if missing:
             raise AgentConfigError(f"missing environment variable(s): {', '.join(missing)}")
-        cloud = (get("GPUOPT_CLOUD") or "aws").lower()
+        cloud = (get(ENV_CLOUD) or "aws").lower()
         if not CLOUD_NAME.match(cloud):
             raise AgentConfigError(
-                f"GPUOPT_CLOUD={cloud!r}: expected a provider name (lowercase letters, digits, -)"
+                f"{ENV_CLOUD}={cloud!r}: expected a provider name (lowercase letters, digits, -)"
             )
         try:
-            kind = check_watcher_kind((get("GPUOPT_METADATA_KIND") or "").lower())
+            kind = check_watcher_kind((get(ENV_METADATA_KIND) or "").lower())
         except UnknownWatcherKind as exc:
-            raise AgentConfigError(f"GPUOPT_METADATA_KIND: {exc}") from None
+            raise AgentConfigError(f"{ENV_METADATA_KIND}: {exc}") from None
 
         def number(name: str, default: float | None) -> float | None:
             raw = get(name)
@@ -97,18 +104,18 @@ class AgentConfig:
 
         agent_dir = get("GPUOPT_AGENT_DIR")
         cpu_n = number("GPUOPT_PROBE_CPU_N", None)
-        gpus = number("GPUOPT_EXPECTED_GPUS", None)
+        gpus = number(ENV_EXPECTED_GPUS, None)
         return cls(
-            daemon_url=get("GPUOPT_DAEMON_URL") or "",
-            token=get("GPUOPT_AGENT_TOKEN") or "",
-            attempt_key=get("GPUOPT_ATTEMPT_KEY") or "",
+            daemon_url=get(ENV_DAEMON_URL) or "",
+            token=get(ENV_AGENT_TOKEN) or "",
+            attempt_key=get(ENV_ATTEMPT_KEY) or "",
             metadata_kind=kind,
             cloud=cloud,
             metadata_url=get("GPUOPT_METADATA_URL") or DEFAULT_METADATA_URL,
             agent_dir=Path(agent_dir) if agent_dir else default_agent_dir(),
             instance_id=get("GPUOPT_INSTANCE_ID"),
             poll_s=number("GPUOPT_AGENT_POLL_S", AWS_POLL_S) or AWS_POLL_S,
-            stop_grace_s=number("GPUOPT_AGENT_STOP_GRACE_S", 30.0) or 30.0,
+            stop_grace_s=number("GPUOPT_AGENT_STOP_GRACE_S", STOP_GRACE_S) or STOP_GRACE_S,
             flush_s=number("GPUOPT_AGENT_FLUSH_S", 120.0) or 120.0,
             self_stop_s=number("GPUOPT_AGENT_SELF_STOP_S", 10.0) or 10.0,
             fence_poll_s=number("GPUOPT_AGENT_FENCE_POLL_S", 0.25) or 0.25,
@@ -122,51 +129,44 @@ class AgentConfig:
 
 @dataclass(frozen=True)
 class Assignment:
-    """The registration answer: what to run and how often to check in."""
+    """The registration answer (`protocol.RegisterAnswer`): what to run and how often to
+    check in."""
 
-    job: dict[str, Any]
+    job: Job
     attempt: int
     restarts: int
     heartbeat_s: float
-    fence: str | None = None  # why the job must not start yet (None: it may)
-    gang: dict[str, Any] | None = None  # a multi-node attempt: rank, nodes, rank 0's address
-    internode: dict[str, Any] | None = None  # run the inter-node probe now, with these
+    fence: Wait | None = None  # why the job must not start yet (None: it may)
+    gang: Gang | None = None  # a multi-node attempt: rank, nodes, rank 0's address
+    internode: Internode | None = None  # run the inter-node probe now, with these
 
     @classmethod
-    def parse(cls, answer: Mapping[str, Any]) -> Assignment:
-        job = answer.get("job")
-        if not isinstance(job, dict) or not isinstance(job.get("run"), str):
-            raise ValueError("registration answer has no job with a `run` command")
-        if job.get("probes", "none") not in PROBE_KINDS:
-            raise ValueError(f"unknown probes value {job.get('probes')!r}")
+    def parse(cls, raw: Mapping[str, Any]) -> Assignment:
+        """The answer, checked; ValueError (a pydantic ValidationError) naming what is wrong."""
+        answer = RegisterAnswer.model_validate(raw)
+        if answer.job.probes not in PROBE_KINDS:
+            raise ValueError(f"unknown probes value {answer.job.probes!r}")
         return cls(
-            job=job,
-            attempt=int(answer.get("attempt") or 1),
-            restarts=int(answer.get("restarts") or 0),
-            heartbeat_s=max(float(answer.get("heartbeat_s") or 10.0), 0.05),
-            fence=str(answer["fence"]) if answer.get("fence") else None,
-            gang=answer["gang"] if isinstance(answer.get("gang"), dict) else None,
-            internode=answer["internode"] if isinstance(answer.get("internode"), dict) else None,
+            job=answer.job,
+            attempt=answer.attempt or 1,
+            restarts=answer.restarts,
+            heartbeat_s=max(float(answer.heartbeat_s or DEFAULT_HEARTBEAT_S), 0.05),
+            fence=answer.fence,
+            gang=answer.gang,
+            internode=answer.internode,
         )
 
     def protocol_env(self) -> dict[str, str]:
-        env = {str(k): str(v) for k, v in (self.job.get("env") or {}).items()}
+        env = {str(k): str(v) for k, v in self.job.env.items()}
         env.update(
-            GPUOPT_CHECKPOINT_DIR=str(self.job.get("checkpoint_dir") or ""),
+            GPUOPT_CHECKPOINT_DIR=str(self.job.checkpoint_dir or ""),
             GPUOPT_ATTEMPT=str(self.attempt),
             GPUOPT_RESTARTS=str(self.restarts),
-            GPUOPT_JOB=str(self.job.get("name") or ""),
+            GPUOPT_JOB=str(self.job.name or ""),
         )
-        gang = self.gang or {}
-        if gang.get("master_addr") and gang.get("master_port"):
-            env.update(
-                rendezvous_env(
-                    int(gang.get("rank") or 0),
-                    int(gang.get("nodes") or 1),
-                    str(gang["master_addr"]),
-                    int(gang["master_port"]),
-                )
-            )
+        gang = self.gang
+        if gang is not None and gang.master_addr and gang.master_port:
+            env.update(rendezvous_env(gang.rank, gang.nodes, gang.master_addr, gang.master_port))
         return env
 
 

@@ -34,15 +34,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from optimizer import protocol
 from optimizer.agent.reporter import DaemonError
 from optimizer.clock import machine_now, utc_text
 from optimizer.common.retry import Backoff
+from optimizer.protocol import LogChunk
 
 log = logging.getLogger(__name__)
 
-CHUNK_BYTES = 64 * 1024  # JSON-encoded, well under the daemon's default body limit (1 MiB)
-BATCH_CHUNKS = 16
-BATCH_BYTES = 256 * 1024
+# JSON-encoded, well under the daemon's default body limit (1 MiB); the limits are the protocol's
+CHUNK_BYTES = protocol.CHUNK_BYTES
+BATCH_CHUNKS = protocol.LOG_BATCH_CHUNKS
+BATCH_BYTES = protocol.LOG_BATCH_BYTES
 MAX_PENDING = 64  # chunks cut and not yet acknowledged; later output waits in its file
 POLL_S = 0.5
 HOLD_S = 2.0  # a partial line still growing is shipped after this long anyway
@@ -302,7 +305,10 @@ class LogShipper:
             if not batch:
                 return True
             body = [
-                {"seq": c.seq, "stream": c.stream, "at": c.at, "text": self._read(c)} for c in batch
+                LogChunk.model_validate(
+                    {"seq": c.seq, "stream": c.stream, "at": c.at, "text": self._read(c)}
+                ).wire()
+                for c in batch
             ]
             try:
                 acked = self.client.send_logs(body)

@@ -21,20 +21,24 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel, ValidationError
 
+from optimizer import protocol
 from optimizer.clock import machine_now, utc_text
 from optimizer.common.retry import Backoff
+from optimizer.protocol import Command, EventsAnswer, LogsAnswer
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT = "heartbeat"
 GPU_TELEMETRY = "gpu_telemetry"
 RETRYABLE_STATUS = frozenset({401, 404, 408, 425, 429})
+_A = TypeVar("_A", bound=BaseModel)
 MAX_EVENTS = 1000
-BATCH = 100
+BATCH = protocol.EVENTS_BATCH
 
 
 def now_iso() -> str:
@@ -50,6 +54,10 @@ class Event:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def message(self) -> protocol.AgentEvent:
+        """The event as the protocol sends it."""
+        return protocol.AgentEvent(id=self.id, kind=self.kind, at=self.at, data=self.data)
 
 
 class EventQueue:
@@ -184,26 +192,31 @@ class DaemonClient:
         return value
 
     def register(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        return self._post("/agent/v1/register", {"attempt_key": self.attempt_key, **body})
+        """Register (`body`: a `protocol.Register` but the attempt key); the raw answer, which
+        `Assignment.parse` reads."""
+        return self._post(f"{protocol.PREFIX}/register", {"attempt_key": self.attempt_key, **body})
 
-    def poll(self) -> dict[str, Any]:
+    def poll(self) -> EventsAnswer:
         """An empty batch: the daemon's answer (commands, fence) without reporting anything."""
-        return self._post("/agent/v1/events", {"attempt_key": self.attempt_key, "events": []})
+        return self._answer(EventsAnswer, "/events", protocol.Events(attempt_key=self.attempt_key))
 
-    def send(self, events: list[Event]) -> tuple[list[str], list[dict[str, Any]]]:
+    def send(self, events: list[Event]) -> tuple[list[str], list[Command]]:
         """Post a batch: (the ids acknowledged, the commands that came back)."""
-        answer = self._post(
-            "/agent/v1/events",
-            {"attempt_key": self.attempt_key, "events": [e.to_json() for e in events]},
-        )
-        acked = [str(i) for i in answer.get("ack") or []]
-        commands = [c for c in answer.get("commands") or [] if isinstance(c, dict)]
-        return acked, commands
+        body = protocol.Events(attempt_key=self.attempt_key, events=[e.message() for e in events])
+        answer = self._answer(EventsAnswer, "/events", body)
+        return answer.ack, answer.commands
 
     def send_logs(self, chunks: list[dict[str, Any]]) -> list[int]:
-        """Post chunks of the job's output; the seqs the daemon holds now."""
-        answer = self._post("/agent/v1/logs", {"attempt_key": self.attempt_key, "chunks": chunks})
-        return [s for s in answer.get("ack") or [] if isinstance(s, int)]
+        """Post chunks of the job's output (`protocol.LogChunk`s); the seqs the daemon holds now."""
+        body = protocol.Logs.model_validate({"attempt_key": self.attempt_key, "chunks": chunks})
+        return self._answer(LogsAnswer, "/logs", body).ack
+
+    def _answer(self, model: type[_A], call: str, body: BaseModel) -> _A:
+        path = f"{protocol.PREFIX}{call}"
+        try:
+            return model.model_validate(self._post(path, body.model_dump(mode="json")))
+        except ValidationError as exc:
+            raise DaemonError(f"{path}: unexpected answer: {exc}", retryable=True) from exc
 
 
 class Reporter:
@@ -213,7 +226,7 @@ class Reporter:
         self,
         queue: EventQueue,
         client: DaemonClient,
-        on_commands: Callable[[list[dict[str, Any]]], object],
+        on_commands: Callable[[list[Command]], object],
         *,
         backoff: Backoff | None = None,
         batch: int = BATCH,

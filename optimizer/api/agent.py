@@ -13,13 +13,13 @@ from __future__ import annotations
 import hmac
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
+from pydantic import ValidationError
 
-from optimizer import hardware
+from optimizer import hardware, protocol
 from optimizer.api.state import ApiState, StateDep
 from optimizer.jobs.gang import Gate, Node, gate, head_number, master
 from optimizer.jobs.machine import (
@@ -30,90 +30,29 @@ from optimizer.jobs.machine import (
     lifted_on_clock,
 )
 from optimizer.jobs.reconcile import attempt_view, finished_keys, power_off_at
+from optimizer.jobs.spec import DEFAULT_PROBES, job_spec
 from optimizer.model import EventKind
+from optimizer.protocol import (
+    EVENT_DATA,
+    AgentEvent,
+    Command,
+    EventsAnswer,
+    Gang,
+    Internode,
+    Job,
+    LogsAnswer,
+    RegisterAnswer,
+    Wait,
+)
 from optimizer.store.jobs import AttemptRecord, token_sha256
 from optimizer.store.logs import NewChunk
 from providers import registry
 
-router = APIRouter(prefix="/agent/v1", tags=["agent"])
+router = APIRouter(prefix=protocol.PREFIX, tags=["agent"])
 
-HEARTBEAT_S = 2  # commands (stop) ride on answers: keep them prompt
-STOP_GRACE_S = 30
-MAX_EVENTS_PER_CALL = 500
-MAX_CHUNKS_PER_CALL = 64
-MAX_CHUNK_CHARS = 64 * 1024
-# The inter-node probe: a link below this fraction of the fabric's line rate fails the attempt
-# (a gpuopt choice, not a published figure: NCCL over a healthy fabric reaches well above it),
-# and the probe's own time limit, rendezvous included.
-INTERNODE_MIN_FRACTION = 0.25
-INTERNODE_TIMEOUT_S = 120  # the agent cuts chunks of at most 64 KiB (optimizer/agent/logship.py)
 # How long after its attempt ended and its instance went a token still ships output: what the
 # agent sent just before the end may arrive after the daemon saw it (a gpuopt choice).
 TOKEN_GRACE = timedelta(minutes=2)
-
-
-class Register(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    attempt_key: str = Field(min_length=1, max_length=200)
-    instance_id: str | None = None
-    provider: str | None = None
-    hostname: str | None = None
-    agent_version: str | None = None
-    # host:port where the other nodes of a multi-node attempt reach this one (its rendezvous
-    # port, free when the agent registered).
-    address: str | None = Field(None, max_length=300)
-
-
-class AgentEventIn(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    id: str = Field(min_length=1, max_length=100)
-    kind: str = Field(min_length=1, max_length=50)
-    at: str | None = None
-    data: dict[str, Any] = Field(default_factory=dict)
-
-
-class JobExitedData(BaseModel):
-    """A `job_exited` event's `data` (docs/agent-protocol.md): the exit status is folded into
-    the attempt row, so it must be a number the store holds; other keys pass as they are."""
-
-    model_config = ConfigDict(extra="allow")
-
-    # The attempt row's exit_code is a 32-bit integer; the daemon stores 128 + signal.
-    exit_code: StrictInt | None = Field(None, ge=-(2**31), le=2**31 - 1)
-    signal: StrictInt | None = Field(None, ge=1, le=127)
-    phase: str | None = Field(None, max_length=20)
-    stopped: StrictBool | None = None
-    adopted: StrictBool | None = None
-    log_chunks: StrictInt | None = Field(None, ge=0, le=2**31 - 1)
-
-
-# The data of the events whose fields the daemon folds into numbers, checked at the edge.
-EVENT_DATA: dict[str, type[BaseModel]] = {"job_exited": JobExitedData}
-
-
-class Events(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    attempt_key: str = Field(min_length=1, max_length=200)
-    events: list[AgentEventIn] = Field(default_factory=list, max_length=MAX_EVENTS_PER_CALL)
-
-
-class LogChunkIn(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    seq: int = Field(ge=0, le=2**31 - 1)
-    stream: Literal["stdout", "stderr"]
-    at: str | None = Field(None, max_length=64)
-    text: str = Field(max_length=MAX_CHUNK_CHARS)
-
-
-class Logs(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    attempt_key: str = Field(min_length=1, max_length=200)
-    chunks: list[LogChunkIn] = Field(default_factory=list, max_length=MAX_CHUNKS_PER_CALL)
 
 
 def _authorized(
@@ -157,7 +96,7 @@ def _span(delta: timedelta) -> str:
     return f"{seconds // 60} min" if seconds % 60 == 0 else f"{seconds} s"
 
 
-def _check_data(events: list[AgentEventIn]) -> None:
+def _check_data(events: list[AgentEvent]) -> None:
     """422 naming the field for a known event whose data the daemon could not fold in."""
     errors: list[dict[str, Any]] = []
     for i, event in enumerate(events):
@@ -266,7 +205,7 @@ def _gang_nodes(attempt: AttemptRecord, every: list[AttemptRecord]) -> list[Node
 
 def _gang_gate(state: ApiState, attempt: AttemptRecord, every: list[AttemptRecord]) -> Gate:
     job = state.store.jobs.get_job_by_id(attempt.job_id)
-    probes = str((job.spec if job is not None else {}).get("probes", "quick"))
+    probes = DEFAULT_PROBES if job is None else job_spec(job).probes
     return gate(_gang_nodes(attempt, every), probes=probes)
 
 
@@ -278,21 +217,23 @@ def _rendezvous(state: ApiState, attempt: AttemptRecord) -> dict[str, Any]:
     every = state.store.jobs.attempts(attempt.job_id)
     nodes = _gang_nodes(attempt, every)
     found = master(nodes)
-    block: dict[str, Any] = {"rank": attempt.node_rank, "nodes": attempt.nodes}
-    if found is not None:
-        block.update(master_addr=found[0], master_port=found[1])
+    addr, port = found if found is not None else (None, None)
+    block = Gang(rank=attempt.node_rank, nodes=attempt.nodes, master_addr=addr, master_port=port)
     out: dict[str, Any] = {"gang": block}
     if (
         found is not None
         and attempt.internode_status is None
         and _gang_gate(state, attempt, every).run_internode
     ):
-        out["internode"] = {
-            **block,
-            "expected_gbps": _expected_gbps(attempt),
-            "min_fraction": INTERNODE_MIN_FRACTION,
-            "timeout_s": INTERNODE_TIMEOUT_S,
-        }
+        out["internode"] = Internode(
+            rank=attempt.node_rank,
+            nodes=attempt.nodes,
+            master_addr=found[0],
+            master_port=found[1],
+            expected_gbps=_expected_gbps(attempt),
+            min_fraction=protocol.INTERNODE_MIN_FRACTION,
+            timeout_s=protocol.INTERNODE_TIMEOUT_S,
+        )
     return out
 
 
@@ -313,7 +254,7 @@ def known_agent(state: ApiState, authorization: str | None) -> bool:
     return state.store.jobs.attempt_by_token(token_sha256(token.strip())) is not None
 
 
-def _commands(attempt: AttemptRecord) -> list[dict[str, Any]]:
+def _commands(attempt: AttemptRecord) -> list[Command]:
     # An interrupted or migrated attempt's job keeps running until the daemon stops it (a hot
     # handover).
     handing_over = (
@@ -321,16 +262,16 @@ def _commands(attempt: AttemptRecord) -> list[dict[str, Any]]:
     ) or attempt.end_reason == MIGRATED
     if attempt.stop_sent_at is not None or (attempt.ended and not handing_over):
         reason = attempt.end_reason or "stop requested"
-        return [{"kind": "stop", "reason": reason, "grace_s": STOP_GRACE_S}]
+        return [protocol.stop(reason)]
     return []
 
 
 @router.post("/register")
 def register(
-    body: Register,
+    body: protocol.Register,
     state: StateDep,
     authorization: Annotated[str | None, Header()] = None,
-) -> dict[str, Any]:
+) -> RegisterAnswer:
     attempt = _authorized(state, body.attempt_key, authorization)
     job = state.store.jobs.get_job_by_id(attempt.job_id)
     if job is None:
@@ -345,25 +286,25 @@ def register(
             values["address"] = body.address
         state.store.jobs.update_attempt(attempt.key, **values)
         state.wakeup.set()
-    spec = job.spec
-    return {
-        "job": {
-            "name": job.name,
-            "run": spec["run"],
-            "setup": spec.get("setup"),
-            "workdir": spec.get("workdir"),
-            "env": spec.get("env") or {},
-            "checkpoint_dir": spec["checkpoint_dir"],
-            "probes": spec.get("probes", "quick"),
-            "expected_gpus": spec.get("expected_gpus"),
-        },
-        "attempt": head_number(attempt.number, attempt.gang),  # a gang's: rank 0's number
-        "restarts": job.restarts,
-        "heartbeat_s": HEARTBEAT_S,
-        "commands": _commands(attempt),
-        "fence": _fence(state, attempt),
+    spec = job_spec(job)
+    return RegisterAnswer(
+        job=Job(
+            name=job.name,
+            run=spec.run,
+            setup=spec.setup,
+            workdir=spec.workdir,
+            env=dict(spec.env),
+            checkpoint_dir=spec.checkpoint_dir,
+            probes=spec.probes,
+            expected_gpus=spec.expected_gpus,
+        ),
+        attempt=head_number(attempt.number, attempt.gang),  # a gang's: rank 0's number
+        restarts=job.restarts,
+        heartbeat_s=protocol.HEARTBEAT_S,
+        commands=_commands(attempt),
+        fence=Wait.of(_fence(state, attempt)),
         **_rendezvous(state, state.store.jobs.attempt(attempt.key) or attempt),
-    }
+    )
 
 
 def _on_host(provider: str) -> bool:
@@ -374,10 +315,10 @@ def _on_host(provider: str) -> bool:
 
 @router.post("/events")
 def events(
-    body: Events,
+    body: protocol.Events,
     state: StateDep,
     authorization: Annotated[str | None, Header()] = None,
-) -> dict[str, Any]:
+) -> EventsAnswer:
     attempt = _authorized(state, body.attempt_key, authorization)
     _check_data(body.events)
     payload = [e.model_dump() for e in body.events]
@@ -387,20 +328,20 @@ def events(
     if any(e.kind != "heartbeat" for e in body.events):
         state.wakeup.set()
     after = state.store.jobs.attempt(attempt.key) or attempt
-    return {
-        "ack": acked,
-        "commands": _commands(after),
-        "fence": _fence(state, after),
+    return EventsAnswer(
+        ack=acked,
+        commands=_commands(after),
+        fence=Wait.of(_fence(state, after)),
         **_rendezvous(state, after),
-    }
+    )
 
 
 @router.post("/logs")
 def logs(
-    body: Logs,
+    body: protocol.Logs,
     state: StateDep,
     authorization: Annotated[str | None, Header()] = None,
-) -> dict[str, Any]:
+) -> LogsAnswer:
     """Chunks of the job's output: stored once per (attempt, seq), under the per-job cap."""
     attempt = _authorized(state, body.attempt_key, authorization, output=True)
     chunks = [NewChunk(c.seq, c.stream, c.text, _chunk_time(c.at)) for c in body.chunks]
@@ -413,7 +354,7 @@ def logs(
     )
     if done.stored:
         state.log_changes.bump(attempt.job_id)
-    return {"ack": done.acked}
+    return LogsAnswer(ack=done.acked)
 
 
 def _chunk_time(raw: str | None) -> datetime | None:

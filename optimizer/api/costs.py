@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import Response
 
+from optimizer.api import answers
 from optimizer.api.state import ApiState, StateDep, utc_text
 from optimizer.costs import GroupBy, Line
 from optimizer.costs.focus import write_csv
@@ -45,7 +46,7 @@ def _window(since: str | None, until: str | None) -> tuple[datetime | None, date
 
 @router.get(
     "/costs",
-    response_model=list[dict[str, Any]],
+    response_model=list[answers.CostGroup],
     responses={200: {"content": {"text/csv": {}}, "description": "JSON, or FOCUS CSV"}},
 )
 def costs(
@@ -140,7 +141,7 @@ def job_attempts(state: ApiState, job_id: int) -> list[dict[str, Any]]:
     ]
 
 
-@router.post("/costs/notify")
+@router.post("/costs/notify", response_model=answers.CostNotice)
 def notify(
     state: StateDep,
     since: Annotated[

@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query
 
+from optimizer.api import answers
 from optimizer.api.params import Id, Page
 from optimizer.api.state import StateDep, utc_text
 from optimizer.model import event_kind
@@ -28,7 +29,7 @@ def event_view(event: EventRecord) -> dict[str, Any]:
     }
 
 
-@router.get("/events")
+@router.get("/events", response_model=answers.EventList)
 def list_events(
     state: StateDep,
     kind: Annotated[
@@ -56,7 +57,7 @@ def list_events(
     return {"events": [event_view(e) for e in events]}
 
 
-@router.get("/events/{event_id}")
+@router.get("/events/{event_id}", response_model=answers.EventView)
 def show_event(event_id: Annotated[Id, Path()], state: StateDep) -> dict[str, Any]:
     event = state.store.events.get_event(event_id)
     if event is None:
@@ -64,7 +65,7 @@ def show_event(event_id: Annotated[Id, Path()], state: StateDep) -> dict[str, An
     return event_view(event)
 
 
-@router.get("/alerts")
+@router.get("/alerts", response_model=answers.AlertList)
 def list_alerts(
     state: StateDep,
     alert_state: Annotated[str | None, Query(alias="state", pattern=_STATES)] = None,

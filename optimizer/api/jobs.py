@@ -11,11 +11,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, status
 
+from optimizer.api import answers
 from optimizer.api.costs import job_attempts
 from optimizer.api.params import Id, Page
 from optimizer.api.state import ApiState, StateDep, utc_text
 from optimizer.jobs.advice import job_advice
-from optimizer.jobs.spec import JobSpec
+from optimizer.jobs.spec import JobSpec, stored_form
 from optimizer.lifecycle import TERMINAL_JOB_STATES, JobState
 from optimizer.model import EventKind
 from optimizer.store import DuplicateJobError, JobNotEndedError, JobRecord
@@ -49,7 +50,7 @@ def _job(state: ApiState, name: str) -> JobRecord:
     return job
 
 
-@router.get("")
+@router.get("", response_model=answers.JobList)
 def list_jobs(
     state: StateDep,
     job_state: Annotated[JobState | None, Query(alias="state")] = None,
@@ -63,7 +64,7 @@ def list_jobs(
     return {"jobs": [job_view(j) for j in jobs]}
 
 
-@router.post("", status_code=status.HTTP_201_CREATED)
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=answers.JobView)
 def submit_job(spec: JobSpec, state: StateDep) -> dict[str, Any]:
     """Store a job to run under a loaded policy (409 if the name is taken)."""
     if state.policies.get(spec.policy) is None:
@@ -78,7 +79,7 @@ def submit_job(spec: JobSpec, state: StateDep) -> dict[str, Any]:
                 }
             ],
         )
-    body = spec.model_dump(mode="json", exclude={"api_version", "kind", "name", "policy"})
+    body = stored_form(spec)
     event = state.emitter.draft(
         EventKind.JOB_SUBMITTED,
         f"job {spec.name} submitted under policy {spec.policy}",
@@ -104,7 +105,7 @@ def _taken(exc: DuplicateJobError) -> str:
     )
 
 
-@router.get("/{name}")
+@router.get("/{name}", response_model=answers.JobDetail)
 def show_job(name: str, state: StateDep) -> dict[str, Any]:
     """The job, and its attempts each with its cost lines (docs/costs.md)."""
     job = _job(state, name)
@@ -137,7 +138,7 @@ def gpu_view(summary: GpuSummary | None) -> dict[str, Any] | None:
     }
 
 
-@router.get("/{name}/advice")
+@router.get("/{name}/advice", response_model=answers.AdviceView)
 def advise_job(name: str, state: StateDep) -> dict[str, Any]:
     """Rightsizing advice (docs/advice.md): from the job's measured peak GPU memory x (1 +
     its policy's buffer), utilization and duty cycle, the cheapest offer its policy allows
@@ -154,7 +155,7 @@ def advise_job(name: str, state: StateDep) -> dict[str, Any]:
     return {**found.to_dict(), "evaluated_at": utc_text(now)}
 
 
-@router.post("/{name}/cancel")
+@router.post("/{name}/cancel", response_model=answers.JobView)
 def cancel_job(name: str, state: StateDep) -> dict[str, Any]:
     """Ask for a job that has not ended to be cancelled (409 once it has succeeded, failed or
     been cancelled): the answer is the job in its current state with `cancel_requested_at`
@@ -168,7 +169,7 @@ def cancel_job(name: str, state: StateDep) -> dict[str, Any]:
     return job_view(job)
 
 
-@router.delete("/{name}")
+@router.delete("/{name}", response_model=answers.JobView)
 def remove_job(name: str, state: StateDep) -> dict[str, Any]:
     """Remove an ended job (409 while it has not ended: cancel it first): it leaves the lists
     and its name is free for a new job; its attempts, events and costs stay under its id. The

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
 
+from optimizer.api import answers
 from optimizer.api.params import Offset, Page, Time
 from optimizer.api.state import StateDep, utc_text
 from optimizer.jobs.ranking import launch_ranking, with_expected
@@ -20,7 +21,7 @@ from policies.schedule import effective, window_at
 router = APIRouter(tags=["offers"])
 
 
-@router.get("/offers")
+@router.get("/offers", response_model=answers.OfferList | answers.RankingView)
 def offers(
     state: StateDep,
     policy: Annotated[

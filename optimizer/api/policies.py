@@ -6,12 +6,13 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException
 
+from optimizer.api import answers
 from optimizer.api.state import StateDep, utc_text
 
 router = APIRouter(prefix="/policies", tags=["policies"])
 
 
-@router.get("")
+@router.get("", response_model=answers.PolicyList)
 def list_policies(state: StateDep) -> dict[str, Any]:
     """Policies in force (status active, file_invalid or file_deleted) and rejected files."""
     return {
@@ -23,7 +24,7 @@ def list_policies(state: StateDep) -> dict[str, Any]:
     }
 
 
-@router.get("/{name}")
+@router.get("/{name}", response_model=answers.PolicyDetail)
 def show_policy(name: str, state: StateDep) -> dict[str, Any]:
     """One policy: its summary, its content as validated, and its recent versions."""
     loaded = state.policies.get(name)

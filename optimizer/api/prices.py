@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
+from optimizer.api import answers
 from optimizer.api.params import Time, bad_query
 from optimizer.api.state import StateDep, utc_text
 from optimizer.model import Market
@@ -53,7 +54,7 @@ def _page(points: list[PricePoint], limit: int) -> tuple[list[PricePoint], datet
     return kept, next_at
 
 
-@router.get("/history")
+@router.get("/history", response_model=answers.PriceHistory)
 def price_history(
     state: StateDep,
     provider: Annotated[str, Query(min_length=1, description="The pool's provider.")],

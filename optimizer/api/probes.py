@@ -7,13 +7,14 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
+from optimizer.api import answers
 from optimizer.api.params import Id, Page
 from optimizer.api.state import StateDep
 
 router = APIRouter(prefix="/probes", tags=["probes"])
 
 
-@router.get("")
+@router.get("", response_model=answers.ProbeList)
 def list_probes(
     state: StateDep,
     instance_type: Annotated[str | None, Query(max_length=200)] = None,

@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from optimizer.api import answers
 from optimizer.api.state import StateDep, utc_text
 from optimizer.daemon.leader import HEARTBEAT_S, STALE_AFTER
 
@@ -20,7 +21,7 @@ router = APIRouter(tags=["replicas"])
 MISSED_BEATS = 3
 
 
-@router.get("/replicas")
+@router.get("/replicas", response_model=answers.ReplicaList)
 def list_replicas(state: StateDep) -> dict[str, Any]:
     """Replicas seen in the last minute, the leader first."""
     now = state.clock()

@@ -40,8 +40,9 @@ from optimizer.common.errors import LocatedError, Problem
 from optimizer.common.validation import findings, in_file_order
 from optimizer.daemon import settings, token_strength
 from optimizer.daemon.connections import ConnectionLimits
-from optimizer.jobs.bootstrap import BOOTSTRAP_ENV, AgentInstall, AgentProxy, AgentSettings
+from optimizer.jobs.bootstrap import AgentInstall, AgentProxy, AgentSettings
 from optimizer.jobs.measured import DEFAULT_DEMOTE_FAILED, ProbeWindow
+from optimizer.protocol import BOOTSTRAP_ENV
 from optimizer.store import DatabaseUrlError, Retention, normalize_database_url
 from optimizer.store.logs import (
     DEFAULT_FOLLOWERS,

@@ -16,17 +16,10 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from optimizer import protocol
+
 DEFAULT_INSTALL = "pip install 'gpuopt[probes]'"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# Set by the bootstrap itself; the agent settings' `env` may not name them.
-BOOTSTRAP_ENV = (
-    "GPUOPT_DAEMON_URL",
-    "GPUOPT_ATTEMPT_KEY",
-    "GPUOPT_CLOUD",
-    "GPUOPT_METADATA_KIND",
-    "GPUOPT_AGENT_TOKEN",
-    "GPUOPT_EXPECTED_GPUS",
-)
 # Metadata endpoints the agent must reach directly, whatever the proxy.
 METADATA_HOSTS = ("169.254.169.254", "metadata.google.internal")
 _EXTRA = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -126,7 +119,7 @@ class AgentSettings:
         (GPUOPT_EXPECTED_GPUS; a job's own `expected_gpus` wins)."""
         env = {**self.proxy.env(), **self.env}
         if expected_gpus is not None:
-            env["GPUOPT_EXPECTED_GPUS"] = str(expected_gpus)
+            env[protocol.ENV_EXPECTED_GPUS] = str(expected_gpus)
         return bootstrap_script(
             daemon_url=daemon_url,
             token=token,
@@ -166,13 +159,13 @@ def bootstrap_script(
     `env` adds variables for the agent and the job (e.g. `GPUOPT_PROBE_CPU_N`).
     """
     values = {
-        "GPUOPT_DAEMON_URL": _check("daemon_url", daemon_url),
-        "GPUOPT_ATTEMPT_KEY": _check("attempt_key", attempt_key),
-        "GPUOPT_CLOUD": _check("cloud", cloud),
-        "GPUOPT_METADATA_KIND": _check("metadata_kind", metadata_kind),
+        protocol.ENV_DAEMON_URL: _check("daemon_url", daemon_url),
+        protocol.ENV_ATTEMPT_KEY: _check("attempt_key", attempt_key),
+        protocol.ENV_CLOUD: _check("cloud", cloud),
+        protocol.ENV_METADATA_KIND: _check("metadata_kind", metadata_kind),
     }
     for name, value in (env or {}).items():
-        if not _NAME.match(name) or name == "GPUOPT_AGENT_TOKEN":
+        if not _NAME.match(name) or name == protocol.ENV_AGENT_TOKEN:
             raise ValueError(f"bad environment variable name {name!r}")
         values[name] = _check(name, str(value))
     command = (
@@ -190,8 +183,8 @@ def bootstrap_script(
     if install:
         lines.append(_check("install", install))
     lines += [
-        f"GPUOPT_AGENT_TOKEN={shlex.quote(_check('token', token))}",
-        "export GPUOPT_AGENT_TOKEN",
+        f"{protocol.ENV_AGENT_TOKEN}={shlex.quote(_check('token', token))}",
+        f"export {protocol.ENV_AGENT_TOKEN}",
         f"exec {command}",
     ]
     return "\n".join(lines) + "\n"

@@ -22,19 +22,27 @@ nodes: 2                       # optional: instances launched together (the poli
 Durations are at most ten years (87600h) and no number may be NaN or infinite, as in policies
 (optimizer/common/bounds.py): a spec that says otherwise is refused, by the CLI and with a 422
 naming the field by `POST /jobs`.
+
+The store keeps a submitted spec as JSON (`stored_form`: durations in seconds, less the name
+and policy, which the job's row holds) and every reader gets it back as a `JobSpec`
+(`job_spec(job)`), so each default is written once, here.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from optimizer.common.documents import load_document, parse_document
 from optimizer.common.errors import LocatedError
 from policies.schema import MIN_WINDOW_S, NAME_PATTERN, Duration, Utilization
+
+if TYPE_CHECKING:  # the store is not loaded for reading a spec file (the CLI)
+    from optimizer.store import JobRecord
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV = (
@@ -52,6 +60,10 @@ RESERVED_ENV = (
 # or an environment too large to hand to a process.
 MAX_RUN_BYTES = 64 * 1024
 MAX_ENV_KEYS = 256
+ProbeKind = Literal["quick", "deep", "none"]
+# The defaults a spec that does not say gets (the readers take them from JobSpec, never again).
+DEFAULT_PROBES: ProbeKind = "quick"
+DEFAULT_CHECKPOINT_ALLOWANCE_S = 20.0
 
 
 def _no_nul(value: str) -> str:
@@ -86,13 +98,13 @@ class JobSpec(BaseModel):
         description=f"At most {MAX_ENV_KEYS} variables.",
         examples=[{"WANDB_PROJECT": "resnet"}],
     )
-    probes: Literal["quick", "deep", "none"] = "quick"
+    probes: ProbeKind = DEFAULT_PROBES
     expected_gpus: int | None = Field(
         None, ge=0, le=64, description="GPUs the probe must find (default: the offer's)."
     )
     max_restarts: int | None = Field(None, ge=0, le=1000)
     checkpoint_allowance_s: float = Field(
-        20.0,
+        DEFAULT_CHECKPOINT_ALLOWANCE_S,
         gt=0,
         le=3600,
         description="How long the job needs to checkpoint after SIGTERM: after an "
@@ -158,3 +170,37 @@ def parse_job_spec(text: str | bytes, *, path: str = "<job>") -> JobSpec:
 
 def load_job_spec(path: str | Path) -> JobSpec:
     return load_document(path, JobSpec, interpolate=True, what="job spec", error=JobSpecError)
+
+
+# What the job's row holds itself, so the stored spec leaves it out.
+ROW_FIELDS = frozenset({"api_version", "kind", "name", "policy"})
+
+
+def stored_form(spec: JobSpec) -> dict[str, Any]:
+    """What the store keeps of a submitted spec: its JSON (durations in seconds), less the
+    fields the job's row holds."""
+    return spec.model_dump(mode="json", exclude=set(ROW_FIELDS))
+
+
+def from_stored(stored: Mapping[str, Any], *, name: str, policy: str) -> JobSpec:
+    """A stored spec read back, its defaults filled in. Tolerant of what an earlier version
+    stored: keys no longer known are ignored, a field that no longer passes reads as its
+    default, and should a field without a default not pass, the spec is taken as stored,
+    unchecked (a job already accepted is never refused on reading)."""
+    data = {k: v for k, v in stored.items() if k in JobSpec.model_fields and k not in ROW_FIELDS}
+    data.update(name=name, policy=policy)
+    try:
+        return JobSpec.model_validate(data, strict=False)
+    except ValidationError as exc:
+        bad = {str(e["loc"][0]) for e in exc.errors() if e["loc"]}
+    optional = {k for k in bad if not JobSpec.model_fields[k].is_required()}
+    kept = {k: v for k, v in data.items() if k not in optional}
+    try:
+        return JobSpec.model_validate(kept, strict=False)
+    except ValidationError:
+        return JobSpec.model_construct(**kept)
+
+
+def job_spec(job: JobRecord) -> JobSpec:
+    """A stored job's spec, as a `JobSpec`."""
+    return from_stored(job.spec, name=job.given_name, policy=job.policy)

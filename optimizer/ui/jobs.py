@@ -9,12 +9,14 @@ from typing import Any
 
 from markupsafe import Markup
 
+from optimizer.api.answers import AttemptView, GpuView
 from optimizer.api.costs import job_attempts
 from optimizer.api.jobs import gpu_view
 from optimizer.api.logs import LogStream
 from optimizer.api.state import ApiState
 from optimizer.costs import GroupBy
 from optimizer.jobs.ledger import Ledger
+from optimizer.jobs.spec import JobSpec, job_spec
 from optimizer.lifecycle import TERMINAL_JOB_STATES
 from optimizer.store import EventRecord, JobRecord
 from optimizer.store.jobs import AttemptRecord
@@ -47,11 +49,15 @@ class JobPage:
     now: datetime
     job: JobRecord
     attempts: list[AttemptRecord]
-    costs: list[dict[str, Any]]  # GET /jobs/{name}'s attempts, each with its cost lines
+    costs: list[AttemptView]  # GET /jobs/{name}'s attempts, each with its cost lines
     timeline: Markup
     probes: list[ProbeRecord]
-    gpu: dict[str, Any] | None
+    gpu: GpuView | None  # GET /jobs/{name}'s `gpu`
     events: list[EventRecord]
+
+    @property
+    def spec(self) -> JobSpec:
+        return job_spec(self.job)
 
     @property
     def ended(self) -> bool:
@@ -63,7 +69,12 @@ class JobPage:
 
     @property
     def total_usd(self) -> float:
-        return sum(line["total_usd"] for a in self.costs for line in a["cost_lines"])
+        return sum(line.total_usd for a in self.costs for line in a.cost_lines)
+
+
+def _gpu(state: ApiState, job: JobRecord) -> GpuView | None:
+    found = gpu_view(state.store.telemetry.summary(job_id=job.id))
+    return None if found is None else GpuView.model_validate(found)
 
 
 def job_rows(state: ApiState, job_state: str | None = None) -> list[JobRow]:
@@ -85,10 +96,10 @@ def job_page(state: ApiState, job: JobRecord) -> JobPage:
         now=now,
         job=job,
         attempts=attempts,
-        costs=job_attempts(state, job.id),
+        costs=[AttemptView.model_validate(a) for a in job_attempts(state, job.id)],
         timeline=timeline.svg(attempts, now),
         probes=probes,
-        gpu=gpu_view(state.store.telemetry.summary(job_id=job.id)),
+        gpu=_gpu(state, job),
         events=state.store.events.list_events(job_id=job.id, limit=EVENTS),
     )
 

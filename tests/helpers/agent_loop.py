@@ -7,6 +7,7 @@ from typing import Any
 
 from optimizer.agent import Notice
 from optimizer.agent.reporter import DaemonError
+from optimizer.protocol import Command
 from tests.helpers.agent import counter_job
 
 
@@ -30,14 +31,14 @@ class ScriptedDaemon:
             raise DaemonError("503", retryable=True, status=503)
         return self.answer
 
-    def send(self, events: list[Any]) -> tuple[list[str], list[dict[str, Any]]]:
+    def send(self, events: list[Any]) -> tuple[list[str], list[Command]]:
         if self.down:
             raise DaemonError("connection refused", retryable=True)
         if any(e.kind == "job_exited" for e in events):
             self.chunks_at_exit = len(self.chunks)
         self.events += events
         commands, self.commands = self.commands, []
-        return [e.id for e in events], commands
+        return [e.id for e in events], [Command.model_validate(c) for c in commands]
 
     def send_logs(self, chunks: list[dict[str, Any]]) -> list[int]:
         if self.down:

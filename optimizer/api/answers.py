@@ -1,0 +1,328 @@
+"""The API's answers as models: each route declares one, so `/openapi.json` documents it,
+and the CLI and the console read the same shapes (docs/api.md).
+
+The routes still build plain dicts; FastAPI checks each against its model and writes the
+model's fields in the order given here, which is the order the dicts have always had. Rules,
+so that no answer changes by being typed:
+
+- numbers that are not counts are `Number` (int or float, whichever the value is: a float
+  field would write 2 as 2.0);
+- times are the text `state.utc_text` writes (`...Z`), or null;
+- an object the API passes on from elsewhere (a ranking's candidates, a probe result, the
+  cost report's groups) is a free-form object here: its own module defines it;
+- every model keeps keys it does not list (`extra="allow"`), so a field added to a dict and
+  forgotten here still reaches the caller, only undocumented.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+Number = int | float
+Object = dict[str, Any]
+
+
+class Answer(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+# -- health -----------------------------------------------------------------------------------
+
+
+class Health(Answer):
+    status: str
+    version: str
+    started_at: str | None
+
+
+class Ready(Answer):
+    ready: bool
+    checks: Object
+
+
+# -- jobs -------------------------------------------------------------------------------------
+
+
+class JobView(Answer):
+    id: int
+    name: str
+    policy: str
+    state: str
+    reason: str | None
+    restarts: int
+    created_at: str | None
+    updated_at: str | None
+    cancel_requested_at: str | None
+    removed_at: str | None
+    spec: Object
+
+
+class JobList(Answer):
+    jobs: list[JobView]
+
+
+class CostLineView(Answer):
+    """One cost line: an attempt's cost in one calendar month (UTC), with its figures
+    (`optimizer.costs.report.figures`, docs/costs.md)."""
+
+    month: str
+    period_start: str | None
+    period_end: str | None
+    frozen: bool
+    refunded: bool
+    spend_usd: Number
+    storage_usd: Number
+    total_usd: Number
+    on_demand_usd: Number | None
+    savings_usd: Number | None
+    savings_fraction: Number | None
+    net_savings_fraction: Number | None
+    billed_seconds: Number
+    overhead_seconds: Number
+    overhead_usd: Number
+    baseline_known: bool
+
+
+class AttemptView(Answer):
+    number: int
+    gang: int | None
+    node_rank: int
+    nodes: int
+    provider: str
+    region: str
+    zone: str | None
+    instance_type: str
+    market: str
+    usd_per_hour: Number | None
+    instance_id: str | None
+    state: str
+    end_reason: str | None
+    started_at: str | None
+    ended_at: str | None
+    launched_at: str | None
+    terminated_at: str | None
+    terminated_by: str | None
+    cost_lines: list[CostLineView]
+
+
+class GpuView(Answer):
+    current_utilization: Number | None
+    current_at: str | None
+    average_utilization: Number | None
+    current_memory_used_gib: Number | None
+    peak_memory_used_gib: Number | None
+    memory_total_gib: Number | None
+    peak_memory_used_ratio: Number | None
+    since: str | None
+    samples: int
+    attempt_id: int | None
+    throttle_reasons: int | None
+    xids: list[int]
+    simulated: bool
+
+
+class JobDetail(JobView):
+    attempts: list[AttemptView]
+    gpu: GpuView | None
+
+
+class AdviceView(Answer):
+    job: str
+    policy: str
+    status: str
+    reason: str | None
+    usage: Object
+    duty_cycle: Object
+    buffer: Number | None
+    gpu_memory_need_gib: Number | None
+    rank_by: str | None
+    dtype: str | None
+    current: Object | None
+    advised: Object | None
+    usd_per_hour_saving: Number | None
+    monthly_saving_usd: Number | None
+    notes: list[str]
+    evaluated_at: str | None
+
+
+# -- events and alerts ------------------------------------------------------------------------
+
+
+class EventView(Answer):
+    id: int
+    at: str | None
+    kind: str
+    severity: str
+    job_id: int | None
+    policy: str | None
+    message: str
+    data: Object | None
+
+
+class EventList(Answer):
+    events: list[EventView]
+
+
+class AlertView(Answer):
+    id: int
+    event_id: int
+    channel: str
+    dedupe_key: str | None
+    state: str
+    attempts: int
+    next_attempt_at: str | None
+    last_error: str | None
+    created_at: str | None
+    delivered_at: str | None
+
+
+class AlertList(Answer):
+    counts: dict[str, int]
+    alerts: list[AlertView]
+
+
+# -- offers and prices ------------------------------------------------------------------------
+
+
+class OfferList(Answer):
+    """Without a policy: the latest offers, cheapest first (`Offer.to_dict`)."""
+
+    count: int
+    offers: list[Object]
+
+
+class RankingView(Answer):
+    """With a policy: the ranking a launch would walk (`Candidate.to_dict`,
+    `Rejection.to_dict`)."""
+
+    policy: str
+    evaluated_at: str | None
+    at: str | None
+    window: str | None
+    dtype: str | None
+    candidate_count: int
+    candidates: list[Object]
+    rejection_count: int
+    rejected_by_rule: dict[str, int]
+    rejections: list[Object]
+    cooling_down: int
+    policy_status: str
+    policy_sha256: str
+
+
+class PricePointView(Answer):
+    at: str | None
+    tier: str
+    usd_per_hour: Number
+    min_usd: Number | None
+    max_usd: Number | None
+    points: int | None
+
+
+class PriceHistory(Answer):
+    provider: str
+    region: str
+    zone: str | None
+    instance_type: str
+    market: str
+    since: str | None
+    until: str | None
+    count: int
+    points: list[PricePointView]
+    next_since: str | None
+
+
+# -- policies ---------------------------------------------------------------------------------
+
+
+class PolicySummary(Answer):
+    name: str
+    path: str | None
+    sha256: str
+    loaded_at: str
+    status: str
+    problems: list[str]
+    description: str | None
+
+
+class RejectedFileView(Answer):
+    path: str
+    sha256: str
+    problems: list[str]
+    kept: str | None
+
+
+class PolicyList(Answer):
+    policies: list[PolicySummary]
+    rejected_files: list[RejectedFileView]
+
+
+class PolicyVersionView(Answer):
+    id: int
+    path: str | None
+    sha256: str | None
+    outcome: str
+    at: str | None
+    problems: list[str] | None
+
+
+class PolicyDetail(PolicySummary):
+    spec: Object
+    versions: list[PolicyVersionView]
+
+
+# -- the rest ---------------------------------------------------------------------------------
+
+
+class ProbeList(Answer):
+    """Probe results newest first (`ProbeRecord.to_dict`)."""
+
+    probes: list[Object]
+
+
+class ReplicaView(Answer):
+    id: str
+    role: str
+    host: str
+    pid: int
+    version: str
+    api_url: str | None
+    started_at: str | None
+    leader_since: str | None
+    heartbeat_at: str | None
+    alive: bool
+
+
+class ReplicaList(Answer):
+    leader: str | None
+    answered_by: Any
+    replicas: list[ReplicaView]
+
+
+class CostGroup(Answer):
+    """One group of `GET /costs` (`optimizer.costs.report.report`): its figures, how many
+    attempts, and where asked `markets` (the same figures per market) and `attempts` (with
+    `by=job`), which only such answers carry."""
+
+    group: str
+    spend_usd: Number
+    storage_usd: Number
+    total_usd: Number
+    on_demand_usd: Number | None
+    savings_usd: Number | None
+    savings_fraction: Number | None
+    net_savings_fraction: Number | None
+    billed_seconds: Number
+    overhead_seconds: Number
+    overhead_usd: Number
+    baseline_known: bool
+    attempt_count: int
+
+
+class CostNotice(Answer):
+    event_id: int | None
+    channels: list[str]
+    message: str
+    data: Object

@@ -1,0 +1,270 @@
+"""The agent protocol, v1 (docs/agent-protocol.md): the one definition both sides use.
+
+The daemon's routes (`optimizer/api/agent.py`) parse the requests and build the answers with
+these models, and the agent (`optimizer/agent/`) builds the requests and parses the answers
+with the same ones, so the wire has one description. The JSON is the protocol's: a model
+dumped with `wire()` gives exactly the bytes an agent of any earlier version sends or reads
+(tests/test_protocol.py holds the documented examples to that).
+
+Also here: the environment the bootstrap script sets for the agent (the names it reads), and
+the protocol's limits (how much one call may carry, how often to check in).
+
+Every model ignores the fields it does not know, so an older agent and a newer daemon (or the
+other way round) still understand each other; the answers' defaults are what an agent assumes
+when a field is missing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    RootModel,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    StrictBool,
+    StrictInt,
+    field_validator,
+    model_serializer,
+)
+
+PREFIX = "/agent/v1"
+
+# -- the limits -------------------------------------------------------------------------------
+
+HEARTBEAT_S = 2  # the heartbeat the daemon asks for: commands (stop) ride on answers
+DEFAULT_HEARTBEAT_S = 10.0  # what an agent uses when an answer names none
+STOP_GRACE_S = 30  # a stop's SIGTERM-to-SIGKILL time, when the command names none
+MAX_EVENTS_PER_CALL = 500  # events in one /events call (the daemon refuses more with 422)
+EVENTS_BATCH = 100  # the agent sends at most this many a call
+MAX_CHUNKS_PER_CALL = 64  # chunks of output in one /logs call
+MAX_CHUNK_CHARS = 64 * 1024  # characters in one chunk's text
+CHUNK_BYTES = 64 * 1024  # the agent cuts chunks of at most this many bytes (so fewer chars)
+LOG_BATCH_CHUNKS = 16  # the agent sends at most this many chunks a call...
+LOG_BATCH_BYTES = 256 * 1024  # ...and this many bytes of output
+# The inter-node probe: a link below this fraction of the fabric's line rate fails the attempt
+# (a gpuopt choice, not a published figure: NCCL over a healthy fabric reaches well above it),
+# and the probe's own time limit, rendezvous included.
+INTERNODE_MIN_FRACTION = 0.25
+INTERNODE_TIMEOUT_S = 120
+
+# -- the bootstrap's environment --------------------------------------------------------------
+
+ENV_DAEMON_URL = "GPUOPT_DAEMON_URL"
+ENV_ATTEMPT_KEY = "GPUOPT_ATTEMPT_KEY"
+ENV_CLOUD = "GPUOPT_CLOUD"
+ENV_METADATA_KIND = "GPUOPT_METADATA_KIND"
+ENV_AGENT_TOKEN = "GPUOPT_AGENT_TOKEN"
+ENV_EXPECTED_GPUS = "GPUOPT_EXPECTED_GPUS"
+# Set by the bootstrap itself; the agent settings' `env` may not name them.
+BOOTSTRAP_ENV = (
+    ENV_DAEMON_URL,
+    ENV_ATTEMPT_KEY,
+    ENV_CLOUD,
+    ENV_METADATA_KIND,
+    ENV_AGENT_TOKEN,
+    ENV_EXPECTED_GPUS,
+)
+# What the agent cannot run without.
+REQUIRED_ENV = (ENV_DAEMON_URL, ENV_AGENT_TOKEN, ENV_ATTEMPT_KEY, ENV_METADATA_KIND)
+
+PROBE_KINDS = ("quick", "deep", "none")
+
+
+class _Message(BaseModel):
+    """A protocol message: unknown fields are ignored (either side may be newer)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON object sent on the wire."""
+        return self.model_dump(mode="json")
+
+
+# -- requests (agent -> daemon) ---------------------------------------------------------------
+
+
+class Register(_Message):
+    attempt_key: str = Field(min_length=1, max_length=200)
+    instance_id: str | None = None
+    provider: str | None = None
+    hostname: str | None = None
+    agent_version: str | None = None
+    # host:port where the other nodes of a multi-node attempt reach this one (its rendezvous
+    # port, free when the agent registered).
+    address: str | None = Field(None, max_length=300)
+
+
+class AgentEvent(_Message):
+    id: str = Field(min_length=1, max_length=100)
+    kind: str = Field(min_length=1, max_length=50)
+    at: str | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class JobExitedData(BaseModel):
+    """A `job_exited` event's `data`: the exit status is folded into the attempt row, so it
+    must be a number the store holds; other keys pass as they are."""
+
+    model_config = ConfigDict(extra="allow")
+
+    # The attempt row's exit_code is a 32-bit integer; the daemon stores 128 + signal.
+    exit_code: StrictInt | None = Field(None, ge=-(2**31), le=2**31 - 1)
+    signal: StrictInt | None = Field(None, ge=1, le=127)
+    phase: str | None = Field(None, max_length=20)
+    stopped: StrictBool | None = None
+    adopted: StrictBool | None = None
+    log_chunks: StrictInt | None = Field(None, ge=0, le=2**31 - 1)
+
+
+# The data of the events whose fields the daemon folds into numbers, checked at the edge.
+EVENT_DATA: dict[str, type[BaseModel]] = {"job_exited": JobExitedData}
+
+
+class Events(_Message):
+    attempt_key: str = Field(min_length=1, max_length=200)
+    events: list[AgentEvent] = Field(default_factory=list, max_length=MAX_EVENTS_PER_CALL)
+
+
+class LogChunk(_Message):
+    seq: int = Field(ge=0, le=2**31 - 1)
+    stream: Literal["stdout", "stderr"]
+    at: str | None = Field(None, max_length=64)
+    text: str = Field(max_length=MAX_CHUNK_CHARS)
+
+
+class Logs(_Message):
+    attempt_key: str = Field(min_length=1, max_length=200)
+    chunks: list[LogChunk] = Field(default_factory=list, max_length=MAX_CHUNKS_PER_CALL)
+
+
+# -- answers (daemon -> agent) ----------------------------------------------------------------
+
+
+class Wait(RootModel[str]):
+    """The fence: why the agent must not start the job yet. On the wire a string; an answer's
+    `fence` is null (or missing, or empty) once the job may start."""
+
+    @property
+    def reason(self) -> str:
+        return self.root
+
+    def __str__(self) -> str:
+        return self.root
+
+    @classmethod
+    def of(cls, reason: str | None) -> Wait | None:
+        """The fence for a reason to wait (None: none, the job may start)."""
+        return cls(reason) if reason else None
+
+
+class Command(_Message):
+    """What the daemon asks of the agent: `stop` (SIGTERM the job, SIGKILL after `grace_s`)."""
+
+    kind: str
+    reason: str | None = None
+    grace_s: int | float | None = None
+
+
+def stop(reason: str, grace_s: int | float = STOP_GRACE_S) -> Command:
+    return Command(kind="stop", reason=reason, grace_s=grace_s)
+
+
+class _Optional(_Message):
+    """A message whose `OMITTED` fields are left out of the JSON while None (the answers have
+    always had them only when they say something); its other None fields are sent as null."""
+
+    OMITTED: ClassVar[frozenset[str]] = frozenset()
+
+    @model_serializer(mode="wrap")
+    def _leave_out(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo):  # type: ignore[no-untyped-def]  # unannotated: the JSON schema stays the model's
+        out: dict[str, Any] = handler(self)
+        for name in self.OMITTED:
+            if out.get(name, 0) is None:
+                del out[name]
+        return out
+
+
+class Gang(_Optional):
+    """A gang node's place: its rank, the size, and rank 0's address once known."""
+
+    OMITTED = frozenset({"master_addr", "master_port"})
+
+    rank: int = 0
+    nodes: int = 1
+    master_addr: str | None = None
+    master_port: int | None = None
+
+
+class Internode(_Message):
+    """Run the inter-node probe now, with these."""
+
+    rank: int
+    nodes: int
+    master_addr: str
+    master_port: int
+    expected_gbps: int | float | None = None
+    min_fraction: float = INTERNODE_MIN_FRACTION
+    timeout_s: int | float = INTERNODE_TIMEOUT_S
+
+
+class Job(_Message):
+    """What to run (the job spec's part the agent needs)."""
+
+    name: str | None = None
+    run: str
+    setup: str | None = None
+    workdir: str | None = None
+    env: dict[str, Any] = Field(default_factory=dict)
+    checkpoint_dir: str | None = None
+    probes: str = "none"
+    expected_gpus: int | None = None
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env(cls, value: Any) -> Any:
+        return {} if value is None else value
+
+
+class _Answer(_Optional):
+    """An answer that carries commands, the fence and, for a gang node, the rendezvous
+    (`gang`, `internode`: absent for one node). Each answer lists its fields itself, in the
+    order they have always had on the wire."""
+
+    OMITTED = frozenset({"gang", "internode"})
+
+    @field_validator("fence", mode="before", check_fields=False)
+    @classmethod
+    def _fence(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+    @field_validator("commands", mode="before", check_fields=False)
+    @classmethod
+    def _commands(cls, value: Any) -> Any:
+        return [] if value is None else value
+
+
+class RegisterAnswer(_Answer):
+    job: Job
+    attempt: int = 1  # a gang's: its rank 0's number
+    restarts: int = 0
+    heartbeat_s: int | float = DEFAULT_HEARTBEAT_S
+    commands: list[Command] = Field(default_factory=list)
+    fence: Wait | None = None
+    gang: Gang | None = None
+    internode: Internode | None = None
+
+
+class EventsAnswer(_Answer):
+    ack: list[str] = Field(default_factory=list)
+    commands: list[Command] = Field(default_factory=list)
+    fence: Wait | None = None
+    gang: Gang | None = None
+    internode: Internode | None = None
+
+
+class LogsAnswer(_Message):
+    ack: list[int] = Field(default_factory=list)
