@@ -23,6 +23,7 @@ from pydantic.json_schema import WithJsonSchema
 from pydantic_core import PydanticCustomError, ValidationError
 
 from optimizer import hardware
+from optimizer.common import plugins
 from optimizer.common.bounds import (
     MAX_DURATION_H,
     MAX_DURATION_S,
@@ -45,25 +46,38 @@ RankBy = Literal["price", "price_per_tflop", "price_per_tbps", "expected_cost"]
 Day = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
 
 
+def _installed_providers() -> tuple[str, ...]:
+    """The providers installed here (the `gpuopt.providers` entry points, and any registered
+    in this process): read when a policy is loaded, never baked into the schema."""
+    return plugins.names(plugins.PROVIDERS)
+
+
 def _known_provider(name: str) -> str:
-    known = regions.providers()
+    known = _installed_providers()
     if name not in known:
-        quoted = [repr(p) for p in known]
+        quoted = [repr(p) for p in known] or ["none is installed"]
         listed = f"{', '.join(quoted[:-1])} or {quoted[-1]}" if len(quoted) > 1 else quoted[0]
-        raise ValueError(f"must be {listed}")
+        raise ValueError(f"must be an installed provider: {listed}")
     return name
 
 
-# A provider a policy may name: one with rows in policies/regions.csv (or the local cloud).
+# A provider a policy may name: an installed one (providers/registry.py). The published
+# schema says a name; the loader checks it against what is installed where it runs.
 ProviderName = Annotated[
     str,
     AfterValidator(_known_provider),
-    WithJsonSchema({"enum": list(regions.providers()), "type": "string"}),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "pattern": "^[a-z][a-z0-9-]{0,31}$",
+            "description": "An installed provider (local, aws and gcp are built in).",
+        }
+    ),
 ]
 
 
 def _all_providers() -> list[str]:
-    return list(regions.providers())
+    return list(_installed_providers())
 
 
 def _all_markets() -> list[Market]:

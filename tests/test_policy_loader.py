@@ -162,7 +162,8 @@ BAD: list[tuple[str, str, str]] = [
     (
         "unknown provider",
         "placement: {providers: [azure]}\n",
-        "p.yaml:4:25: placement.providers[0]: must be 'aws', 'gcp' or 'local'",
+        "p.yaml:4:25: placement.providers[0]: must be an installed provider: 'aws', 'gcp' or "
+        "'local'",
     ),
     ("no markets", "markets: []\n", "p.yaml:4:10: markets: must not be empty"),
     (

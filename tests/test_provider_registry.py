@@ -13,13 +13,17 @@ from typing import Any
 
 import pytest
 
+from optimizer import hardware
 from optimizer.agent.imds import WATCHERS
 from optimizer.cli.sources import live_providers
+from optimizer.costs import rule_for
 from optimizer.daemon.config import ConfigError, ProviderConfig, load_config
 from optimizer.daemon.providers import ProviderHandle, provider_secrets
-from optimizer.model import Market, Offer
+from optimizer.hardware import UnknownCloudError
+from optimizer.model import Interconnect, Market, Offer
 from policies import regions
-from providers import registry
+from providers import aws, registry
+from providers.aws import AwsConfig
 from providers.base import (
     InterruptionQueue,
     Launcher,
@@ -28,6 +32,8 @@ from providers.base import (
     ProviderDisabled,
     ProviderSettings,
 )
+from providers.facts import FocusNames
+from providers.gcp import GcpConfig
 from providers.local import LocalCloud
 from providers.registry import Capabilities, ProviderEntry, RegistryError
 from tests.helpers import api, make_config, running, wait_until, write_policy
@@ -39,7 +45,7 @@ pytestmark = pytest.mark.usefixtures("daemon_env")
 
 
 def test_the_built_in_providers_and_what_each_declares() -> None:
-    assert registry.names() == ("local", "aws", "gcp")
+    assert {"local", "aws", "gcp"} <= set(registry.names())  # found through entry points
     local, aws, gcp = (registry.capabilities(n) for n in ("local", "aws", "gcp"))
     assert local == Capabilities(
         launch=True, live_offers=True, watcher="aws-imds", agent_on_host=True
@@ -50,7 +56,9 @@ def test_the_built_in_providers_and_what_each_declares() -> None:
     assert not gcp.placement_scores
     assert aws.commitments and gcp.commitments and not local.commitments  # committed offers
     assert aws.gang_placement and gcp.gang_placement and not local.gang_placement
-    assert live_providers() == ("local", "aws", "gcp")  # what `gpuopt offers --provider` asks
+    live = tuple(n for n in registry.names() if registry.capabilities(n).live_offers)
+    assert live_providers() == live  # what `gpuopt offers --provider` asks
+    assert {"local", "aws", "gcp"} <= set(live)
 
 
 def built(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> OfferSource:
@@ -64,8 +72,8 @@ def built(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> OfferSo
     return registry.build(name, ProviderSettings(data_dir=tmp_path))
 
 
-@pytest.mark.parametrize("name", ["local", "aws", "gcp"])
-def test_each_built_in_provider_implements_what_it_declares(
+@pytest.mark.parametrize("name", registry.names())
+def test_each_installed_provider_implements_what_it_declares(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if name == "gcp":
@@ -117,13 +125,17 @@ def no_build(settings: ProviderSettings) -> OfferSource:
             "not a lowercase word",
         ),
         (lambda: registry.register(ProviderEntry("aws", Capabilities(), no_build)), "already"),
-        (lambda: registry.get("azure"), "unknown provider 'azure'; known: local, aws, gcp"),
+        (
+            lambda: registry.get("azure"),
+            f"unknown provider 'azure'; installed: {', '.join(registry.names())}",
+        ),
     ],
 )
 def test_bad_entries_and_unknown_names_are_errors(entry: Any, message: str) -> None:
+    before = registry.names()
     with pytest.raises(RegistryError, match=message):
         entry()
-    assert registry.names() == ("local", "aws", "gcp")
+    assert registry.names() == before
 
 
 def test_a_provider_without_a_capability_is_never_asked_for_it() -> None:
@@ -141,18 +153,20 @@ def test_a_provider_without_a_capability_is_never_asked_for_it() -> None:
 @pytest.mark.parametrize(
     ("section", "message"),
     [
-        ("azure: {}", "providers: unknown provider 'azure'; known: local, aws, gcp"),
         (
-            "gcp: {placement_scores: true}",
-            "providers: gcp.placement_scores: gcp has no placement scores",
+            "azure: {}",
+            f"providers: unknown provider 'azure'; installed: {', '.join(registry.names())}",
         ),
+        ("gcp: {placement_scores: true}", "providers: gcp.placement_scores: gcp has no such"),
         (
             "local: {interruption_queue_url: 'https://sqs.example/q'}",
-            "providers: local.interruption_queue_url: local reads no interruption queue",
+            "providers: local.interruption_queue_url: local has no such setting",
         ),
+        ("aws: {project: p}", "providers: aws.project: aws has no such setting"),
+        ("gcp: {project: [p]}", "providers: gcp.project: must be a valid string"),
     ],
 )
-def test_the_config_asks_the_registry_what_a_provider_can_do(
+def test_each_provider_section_is_validated_with_the_providers_own_model(
     tmp_path: Path, section: str, message: str
 ) -> None:
     path = tmp_path / "gpuopt.yaml"
@@ -160,8 +174,57 @@ def test_the_config_asks_the_registry_what_a_provider_can_do(
     with pytest.raises(ConfigError) as caught:
         load_config(path)
     assert f"{path}:2:3: {message}" in str(caught.value)
-    path.write_text("providers:\n  aws: {placement_scores: true, interruption_queue_url: q}\n")
-    assert load_config(path).providers["aws"].placement_scores
+    path.write_text(
+        "providers:\n  aws: {placement_scores: true, interruption_queue_url: q}\n"
+        "  gcp: {project: example}\n"
+    )
+    loaded = load_config(path).providers
+    assert isinstance(loaded["aws"], AwsConfig) and loaded["aws"].placement_scores
+    assert loaded["aws"].interruption_queue_configured
+    assert isinstance(loaded["gcp"], GcpConfig) and loaded["gcp"].project == "example"
+
+
+def test_the_provider_settings_variables_keep_their_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "gpuopt.yaml"
+    path.write_text("providers:\n  aws: {}\n  gcp: {}\n")
+    monkeypatch.setenv("GPUOPT_PROVIDERS__AWS__INTERRUPTION_QUEUE_URL", "https://sqs.example/q")
+    monkeypatch.setenv("GPUOPT_PROVIDERS__GCP__PROJECT", "from-env")
+    loaded = load_config(path).providers
+    assert isinstance(loaded["aws"], AwsConfig)
+    assert loaded["aws"].interruption_queue_url == "https://sqs.example/q"
+    assert isinstance(loaded["gcp"], GcpConfig) and loaded["gcp"].project == "from-env"
+
+
+# -- what each provider knows ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_each_installed_provider_declares_its_billing_hardware_and_focus_names(name: str) -> None:
+    entry = registry.get(name)
+    assert rule_for(name) is entry.billing_rule()
+    facts = entry.hardware_facts()
+    assert facts.interconnect("any-type", 1) is Interconnect.NONE
+    assert facts.fabric("any-type") is not None
+    names = entry.focus_names()
+    assert names.issuer and names.compute and names.storage
+
+
+def test_an_unknown_provider_is_an_error_not_another_clouds_facts() -> None:
+    installed = ", ".join(registry.names())
+    with pytest.raises(RegistryError, match=f"unknown provider 'azure'; installed: {installed}"):
+        rule_for("azure")  # it billed as AWS did
+    with pytest.raises(UnknownCloudError, match="no hardware facts for provider 'azure'"):
+        hardware.instance_interconnect("azure", "nd96asr_v4", 8)  # it was PCIe
+    bare = ProviderEntry("bare", Capabilities(), no_build)
+    with registry.registered(bare):
+        with pytest.raises(RegistryError, match="provider 'bare' declares no billing rule"):
+            rule_for("bare")
+        with pytest.raises(RegistryError, match="declares no hardware facts"):
+            bare.hardware_facts()
+        with pytest.raises(RegistryError, match="declares no FOCUS names"):
+            bare.focus_names()
 
 
 # -- a provider the tests define -----------------------------------------------------------
@@ -208,7 +271,12 @@ def acme(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[AcmeCloud]]:
     monkeypatch.setattr(regions, "table_text", lambda: table)
     regions.reload()
     entry = ProviderEntry(
-        "acme", Capabilities(launch=True, watcher="aws-imds", agent_on_host=True), build
+        "acme",
+        Capabilities(launch=True, watcher="aws-imds", agent_on_host=True),
+        build,
+        billing=aws.BILLING,
+        hardware=hardware.LOCAL_FACTS,
+        focus=FocusNames("Acme", "Acme instances", "Acme volumes"),
     )
     try:
         with registry.registered(entry):
