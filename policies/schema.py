@@ -84,8 +84,12 @@ def _all_markets() -> list[Market]:
     return ["spot", "on_demand"]
 
 
-# The recovery strategies optimizer/jobs/recovery.py defines (it checks that they match).
-RECOVERY_STRATEGIES = ("failover", "eager-on-demand")
+def recovery_strategies() -> tuple[str, ...]:
+    """The recovery strategies installed here (the `gpuopt.recovery_strategies` entry points,
+    optimizer/jobs/recovery.py, and any registered in this process), by name: read when a
+    policy is loaded, never baked into the schema."""
+    return plugins.names(plugins.RECOVERY_STRATEGIES)
+
 
 assert set(Dtype.__args__) == set(DTYPES), "Dtype must list the hardware table's dtypes"  # type: ignore[attr-defined]
 
@@ -292,8 +296,10 @@ class Recovery(_Strict):
 
     strategy: str = Field(
         "failover",
-        description="The recovery strategy: failover (the default) or eager-on-demand.",
-        json_schema_extra={"enum": list(RECOVERY_STRATEGIES)},
+        description=(
+            "The recovery strategy: an installed one (failover, the default, and "
+            "eager-on-demand are built in)."
+        ),
     )
     max_restarts: Count = Field(20, ge=0, description="Relaunches before the job fails.")
     pool_cooldown_minutes: Minutes = Field(
@@ -321,9 +327,10 @@ class Recovery(_Strict):
     @field_validator("strategy")
     @classmethod
     def _known_strategy(cls, value: str) -> str:
-        if value not in RECOVERY_STRATEGIES:
-            known = ", ".join(RECOVERY_STRATEGIES)
-            raise ValueError(f"unknown recovery strategy {value!r}; known strategies: {known}")
+        known = recovery_strategies()
+        if value not in known:
+            listed = ", ".join(known) or "none is installed"
+            raise ValueError(f"unknown recovery strategy {value!r}; installed: {listed}")
         return value
 
 

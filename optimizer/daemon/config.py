@@ -38,7 +38,7 @@ from optimizer.alerts.config import ALERTS_EXAMPLE, AlertsConfig
 from optimizer.common.bounds import Count, Days, Seconds
 from optimizer.common.documents import Checked, check_file
 from optimizer.common.errors import LocatedError, Problem
-from optimizer.common.validation import findings, in_file_order
+from optimizer.common.validation import findings, in_file_order, validate_each
 from optimizer.daemon import settings, token_strength
 from optimizer.daemon.connections import ConnectionLimits
 from optimizer.jobs.bootstrap import BOOTSTRAP_ENV, AgentInstall, AgentProxy, AgentSettings
@@ -436,12 +436,12 @@ class _Environment(EnvSettingsSource):
         return {k: v for k, v in super()._load_env_vars().items() if k.lower() not in ignored}
 
 
-def _provider_problem(provider: str, error: Any) -> str:
-    """One pydantic error of a provider's section in words; a key the provider does not
-    have names the provider."""
-    if error["type"] == "extra_forbidden":
-        return f"{provider} has no such setting"
-    return str(error["msg"])
+def _provider_model(name: Any, section: Any) -> type[ProviderConfig]:
+    """The settings model of an installed provider."""
+    entry = registry.find(name) if isinstance(name, str) else None
+    if entry is None:
+        raise ValueError(f"unknown provider {name!r}; installed: {', '.join(registry.names())}")
+    return entry.settings
 
 
 def _default_providers() -> dict[str, ProviderConfig]:
@@ -487,24 +487,7 @@ class ConfigSchema(BaseModel):
     def _provider_sections(cls, value: Any) -> Any:
         """Each provider's section validated with the model its registry entry names (its
         own keys: `project` is GCP's, `interruption_queue_url` AWS's)."""
-        if not isinstance(value, Mapping):
-            return value
-        out: dict[Any, Any] = {}
-        for name, section in value.items():
-            entry = registry.find(name) if isinstance(name, str) else None
-            if entry is None:
-                known = ", ".join(registry.names())
-                raise ValueError(f"unknown provider {name!r}; installed: {known}")
-            if isinstance(section, ProviderConfig) or section is None:
-                out[name] = section
-                continue
-            try:
-                out[name] = entry.settings.model_validate(section)
-            except ValidationError as exc:
-                first = exc.errors()[0]
-                where = ".".join(str(p) for p in (name, *first["loc"]))
-                raise ValueError(f"{where}: {_provider_problem(entry.name, first)}") from None
-        return out
+        return validate_each("providers", value, _provider_model)
 
     @field_validator("data_dir", "policy_dir")
     @classmethod

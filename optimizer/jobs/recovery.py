@@ -8,23 +8,26 @@ give up) and while a job waits for an offer (`while_pending`); the launch walk
 (`launch.Launcher`) asks it what a capacity, quota or credentials error costs the pool or
 the provider (`after_launch_error`).
 
-A policy names its strategy in `recovery.strategy` (policies/schema.py lists the names, which
-must match `STRATEGIES` here); the other `recovery` keys are its settings. To add one: subclass
-`Strategy` (or `Failover`), add it to `STRATEGIES`, and add its name to `RECOVERY_STRATEGIES`
-in the schema.
+A policy names its strategy in `recovery.strategy`; the other `recovery` keys are its
+settings. The strategies are found through the `gpuopt.recovery_strategies` entry points
+(each names a `Strategy` subclass whose `name` is the entry point's): gpuopt's own are declared
+in its pyproject.toml, and another installed package adds one the same way (docs/extending.md,
+"A recovery strategy"); the policy loader checks the name against the installed ones.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import ClassVar
 
+from optimizer.common import plugins
 from optimizer.model import Market
-from policies.schema import RECOVERY_STRATEGIES, Policy
+from policies.schema import Policy
 
 Pool = tuple[str, str, str | None, str, str]  # provider, region, zone, instance type, market
 
@@ -240,26 +243,68 @@ class EagerOnDemand(Failover):
         return f"; {failed} within {window}: on-demand at once (eager-on-demand)"
 
 
-STRATEGIES: dict[str, type[Strategy]] = {
-    Failover.name: Failover,
-    EagerOnDemand.name: EagerOnDemand,
-}
 DEFAULT = Failover.name
+_STRATEGIES: dict[str, type[Strategy]] = {}
+_loaded = False
 
-assert tuple(STRATEGIES) == RECOVERY_STRATEGIES, (
-    "policies/schema.py RECOVERY_STRATEGIES must list the strategies defined here"
-)
+
+def _check(kind: type, name: str) -> None:
+    if not issubclass(kind, Strategy) or getattr(kind, "name", None) != name:
+        raise plugins.PluginError(
+            f"entry point {plugins.RECOVERY_STRATEGIES} {name}: not a Strategy named {name!r}"
+        )
+
+
+def strategies() -> Mapping[str, type[Strategy]]:
+    """The installed strategies, by name (read from their entry points once)."""
+    global _loaded
+    if not _loaded:
+        found = plugins.load(plugins.RECOVERY_STRATEGIES, type, _check)
+        _STRATEGIES.update({n: k for n, k in found.items() if n not in _STRATEGIES})
+        _loaded = True
+    return _STRATEGIES
+
+
+def reload() -> None:
+    """Read the installed strategies again, keeping those registered in this process."""
+    global _loaded
+    plugins.refresh()
+    _loaded = False
+    strategies()
+
+
+@contextmanager
+def registered(kind: type[Strategy]) -> Iterator[type[Strategy]]:
+    """A strategy registered in this process for the length of a `with` block (tests; an
+    installed package declares an entry point instead); policies may name it meanwhile."""
+    strategies()
+    found = _STRATEGIES
+    if kind.name in found:
+        raise ValueError(f"recovery strategy {kind.name!r} is already registered")
+    found[kind.name] = kind
+    plugins.declare(plugins.RECOVERY_STRATEGIES, kind.name)
+    try:
+        yield kind
+    finally:
+        found.pop(kind.name, None)
+        plugins.withdraw(plugins.RECOVERY_STRATEGIES, kind.name)
 
 
 def strategy_for(policy: Policy, *, max_restarts: int | None = None) -> Strategy:
-    """The strategy a policy names, with the policy's settings."""
-    kind = STRATEGIES[policy.recovery.strategy]  # the schema admits only known names
+    """The strategy a policy names, with the policy's settings; a name no installed strategy
+    has (the policy was loaded where another package was installed) is a PluginError naming
+    the installed ones."""
+    kind = strategies().get(policy.recovery.strategy)
+    if kind is None:
+        known = ", ".join(strategies())
+        raise plugins.PluginError(
+            f"unknown recovery strategy {policy.recovery.strategy!r}; installed: {known}"
+        )
     return kind(RecoverySettings.of(policy, max_restarts=max_restarts))
 
 
 __all__ = [
     "DEFAULT",
-    "STRATEGIES",
     "EagerOnDemand",
     "Failover",
     "Failure",
@@ -271,5 +316,7 @@ __all__ = [
     "Relaunch",
     "SitOut",
     "Strategy",
+    "registered",
+    "strategies",
     "strategy_for",
 ]
