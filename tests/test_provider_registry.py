@@ -336,3 +336,14 @@ def test_the_daemon_polls_and_launches_on_a_provider_it_was_never_told_about(
     assert last.instance_id in {r.id for r in cloud.instances()}
     console = (cloud.state.disk(last.instance_id) / "console.log").read_text()
     assert f"registering {last.key} as {last.instance_id}" in console  # the real agent ran
+
+
+def test_no_test_fake_ships_in_the_product_packages() -> None:
+    root = Path(__file__).resolve().parents[1]
+    shipped = [
+        str(path.relative_to(root))
+        for top in ("optimizer", "providers", "policies")
+        for path in (root / top).rglob("*.py")
+        if "fake" in path.stem
+    ]
+    assert shipped == []  # test fakes live under tests/helpers/
