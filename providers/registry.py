@@ -134,7 +134,8 @@ class ProviderEntry:
         return cast(PlacementOwner, source) if self.capabilities.gang_placement else None
 
 
-_ENTRIES: dict[str, ProviderEntry] = {}
+_ENTRIES: dict[str, ProviderEntry] = {}  # the installed ones, then those registered here
+_LOCAL: dict[str, ProviderEntry] = {}  # registered in this process (tests)
 _loaded = False
 
 
@@ -146,7 +147,8 @@ def _check(entry: ProviderEntry, name: str) -> None:
 
 
 def _load() -> dict[str, ProviderEntry]:
-    """The installed providers, read from their entry points once (and after `reload`)."""
+    """The providers, the installed ones read from their entry points once (and after
+    `reload`)."""
     global _loaded
     if not _loaded:
         found = plugins.load(plugins.PROVIDERS, ProviderEntry, _check)
@@ -155,19 +157,19 @@ def _load() -> dict[str, ProviderEntry]:
                 f"no provider is installed: the {plugins.PROVIDERS} entry points are missing "
                 "(install gpuopt, or reinstall a checkout: pip install -e .)"
             )
-        # Entries registered in this process (tests) stay; an installed one may not take
-        # their name.
-        for name, entry in found.items():
-            if name in _ENTRIES and _ENTRIES[name] is not entry:
-                raise RegistryError(f"provider {name!r} is already registered")
-        _ENTRIES.update({name: entry for name, entry in found.items() if name not in _ENTRIES})
+        taken = sorted(set(found) & set(_LOCAL))
+        if taken:
+            raise RegistryError(f"provider {taken[0]!r} is already registered")
+        _ENTRIES.clear()
+        _ENTRIES.update(found)
+        _ENTRIES.update(_LOCAL)
         _loaded = True
     return _ENTRIES
 
 
 def reload() -> None:
-    """Read the installed providers again (after a package was installed into this process),
-    keeping those registered here."""
+    """Read the installed providers again (after a package was installed into, or removed
+    from, this process's path), keeping those registered here."""
     global _loaded
     plugins.refresh()
     _loaded = False
@@ -180,14 +182,15 @@ def register(entry: ProviderEntry) -> ProviderEntry:
     entries = _load()
     if entry.name in entries:
         raise RegistryError(f"provider {entry.name!r} is already registered")
-    entries[entry.name] = entry
+    entries[entry.name] = _LOCAL[entry.name] = entry
     plugins.declare(plugins.PROVIDERS, entry.name)
     return entry
 
 
 def unregister(name: str) -> None:
-    """Remove a provider (tests that register one of their own)."""
-    if _load().pop(name, None) is not None:
+    """Remove a provider registered in this process."""
+    if _LOCAL.pop(name, None) is not None:
+        _load().pop(name, None)
         plugins.withdraw(plugins.PROVIDERS, name)
 
 

@@ -100,7 +100,8 @@ class ChannelType:
     build: Builder
 
 
-_TYPES: dict[str, ChannelType] = {}
+_TYPES: dict[str, ChannelType] = {}  # the installed ones, then those registered here
+_LOCAL: dict[str, ChannelType] = {}  # registered in this process (tests)
 _loaded = False
 
 
@@ -112,11 +113,13 @@ def _check(kind: ChannelType, name: str) -> None:
 
 
 def channel_types() -> Mapping[str, ChannelType]:
-    """The installed channel types, by name (read from their entry points once)."""
+    """The channel types by name, the installed ones read from their entry points once."""
     global _loaded
     if not _loaded:
         found = plugins.load(plugins.ALERT_CHANNELS, ChannelType, _check)
-        _TYPES.update({n: t for n, t in found.items() if n not in _TYPES})
+        _TYPES.clear()
+        _TYPES.update(found)
+        _TYPES.update(_LOCAL)
         _loaded = True
     return _TYPES
 
@@ -134,14 +137,14 @@ def registered(kind: ChannelType) -> Iterator[ChannelType]:
     """A channel type registered in this process for the length of a `with` block (tests;
     an installed package declares an entry point instead)."""
     channel_types()
-    types = _TYPES
-    if kind.name in types:
+    if kind.name in _TYPES:
         raise ValueError(f"channel type {kind.name!r} is already registered")
-    types[kind.name] = kind
+    _TYPES[kind.name] = _LOCAL[kind.name] = kind
     try:
         yield kind
     finally:
-        types.pop(kind.name, None)
+        _TYPES.pop(kind.name, None)
+        _LOCAL.pop(kind.name, None)
 
 
 def channel_model(raw: Any) -> type[ChannelConfig]:

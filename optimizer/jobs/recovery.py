@@ -244,7 +244,8 @@ class EagerOnDemand(Failover):
 
 
 DEFAULT = Failover.name
-_STRATEGIES: dict[str, type[Strategy]] = {}
+_STRATEGIES: dict[str, type[Strategy]] = {}  # the installed ones, then those registered here
+_LOCAL: dict[str, type[Strategy]] = {}  # registered in this process (tests)
 _loaded = False
 
 
@@ -256,11 +257,13 @@ def _check(kind: type, name: str) -> None:
 
 
 def strategies() -> Mapping[str, type[Strategy]]:
-    """The installed strategies, by name (read from their entry points once)."""
+    """The strategies by name, the installed ones read from their entry points once."""
     global _loaded
     if not _loaded:
         found = plugins.load(plugins.RECOVERY_STRATEGIES, type, _check)
-        _STRATEGIES.update({n: k for n, k in found.items() if n not in _STRATEGIES})
+        _STRATEGIES.clear()
+        _STRATEGIES.update(found)
+        _STRATEGIES.update(_LOCAL)
         _loaded = True
     return _STRATEGIES
 
@@ -278,15 +281,15 @@ def registered(kind: type[Strategy]) -> Iterator[type[Strategy]]:
     """A strategy registered in this process for the length of a `with` block (tests; an
     installed package declares an entry point instead); policies may name it meanwhile."""
     strategies()
-    found = _STRATEGIES
-    if kind.name in found:
+    if kind.name in _STRATEGIES:
         raise ValueError(f"recovery strategy {kind.name!r} is already registered")
-    found[kind.name] = kind
+    _STRATEGIES[kind.name] = _LOCAL[kind.name] = kind
     plugins.declare(plugins.RECOVERY_STRATEGIES, kind.name)
     try:
         yield kind
     finally:
-        found.pop(kind.name, None)
+        _STRATEGIES.pop(kind.name, None)
+        _LOCAL.pop(kind.name, None)
         plugins.withdraw(plugins.RECOVERY_STRATEGIES, kind.name)
 
 
