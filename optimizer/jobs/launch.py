@@ -504,8 +504,10 @@ class Launcher:
 def cloud_cap(ctx: ReconcileContext, job: JobRecord, offer: Offer) -> float | None:
     """The price cap a spot launch sends to the cloud, where the policy in force enforces its
     bid there (`bid.enforce_in_cloud`); None otherwise, and for on-demand (no cap to send)."""
+    if offer.market is not Market.SPOT:
+        return None
     loaded = ctx.policies.get(job.policy)
-    if loaded is None or offer.market is not Market.SPOT:
+    if loaded is None:
         return None
     return effective(loaded.policy, ctx.now).bid.cloud_cap(offer.gpu_count)
 
