@@ -3,7 +3,7 @@
 Builds a synthetic world the size of GCP's GPU footprint (every GCP region in
 policies/regions.csv, three zones each, the GPU machine types and n1 hosts of
 tests/data/gcp, ~10k billing SKUs of which most are no GPU concern, as in the real catalog),
-serves it from providers.gcp.fake with a fixed delay per request, and times:
+serves it from tests.helpers.gcp_fake with a fixed delay per request, and times:
 
 - cold: no cached specs (aggregated accelerator + machine lists, and the SKUs);
 - warm: specs cached (SKUs only: prices are fetched once per refresh);
@@ -25,6 +25,7 @@ import os
 import platform
 import random
 import statistics
+import sys
 import time
 from collections import Counter
 from datetime import UTC, datetime
@@ -32,12 +33,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the fake is a test helper (tests/helpers/gcp_fake.py)
 
 from google.auth.credentials import AnonymousCredentials  # noqa: E402
 
 from policies import regions as region_table  # noqa: E402
 from providers.gcp import GcpProvider  # noqa: E402
-from providers.gcp.fake import COMPUTE_SERVICE_ID, FakeGcp  # noqa: E402
+from tests.helpers.gcp_fake import COMPUTE_SERVICE_ID, FakeGcp  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "gcp_poll.json"
 FIXTURES = ROOT / "tests" / "data" / "gcp"

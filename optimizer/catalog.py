@@ -189,7 +189,12 @@ def iter_offers(stream: TextIO, *, path: str = "<catalog>") -> Iterator[Offer]:
                         path, str(exc), line=line, column=column, field=name
                     ) from None
             if values["fabric"] is None or values["fabric_interfaces"] is None:
-                spec = hardware.instance_fabric(values["provider"], values["instance_type"])
+                try:
+                    spec = hardware.instance_fabric(values["provider"], values["instance_type"])
+                except hardware.UnknownCloudError as exc:
+                    raise CatalogError.at(
+                        path, f"{exc}: give the fabric and fabric_interfaces columns", line=line
+                    ) from None
                 if values["fabric"] is None:
                     values["fabric"] = spec.fabric
                 if values["fabric_interfaces"] is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
@@ -383,19 +384,29 @@ _AWS_NVLINK_PREFIXES = ("p6-", "p6e-")
 _GCP_NVLINK_SERIES = frozenset({"a2", "a3", "a4", "a4x"})
 
 
-def instance_interconnect(provider: str, instance_type: str, gpu_count: int) -> Interconnect:
-    """The GPU-to-GPU link inside one instance; PCIE wherever NVLink is not documented."""
+def aws_interconnect(instance_type: str, gpu_count: int) -> Interconnect:
+    """The GPU-to-GPU link inside one EC2 instance; PCIE wherever NVLink is not documented."""
     if gpu_count <= 1:
         return Interconnect.NONE
-    cloud = provider.strip().lower()
-    itype = instance_type.strip().lower()
-    if cloud == "aws":
-        family = itype.split(".", 1)[0]
-        if family in _AWS_NVLINK_FAMILIES or family.startswith(_AWS_NVLINK_PREFIXES):
-            return Interconnect.NVLINK
-    elif cloud == "gcp" and itype.split("-", 1)[0] in _GCP_NVLINK_SERIES:
+    family = instance_type.strip().lower().split(".", 1)[0]
+    if family in _AWS_NVLINK_FAMILIES or family.startswith(_AWS_NVLINK_PREFIXES):
         return Interconnect.NVLINK
     return Interconnect.PCIE
+
+
+def gcp_interconnect(machine_type: str, gpu_count: int) -> Interconnect:
+    """The GPU-to-GPU link inside one GCE machine; PCIE wherever NVLink is not documented."""
+    if gpu_count <= 1:
+        return Interconnect.NONE
+    if machine_type.strip().lower().split("-", 1)[0] in _GCP_NVLINK_SERIES:
+        return Interconnect.NVLINK
+    return Interconnect.PCIE
+
+
+def pcie_interconnect(instance_type: str, gpu_count: int) -> Interconnect:
+    """PCIe between the GPUs of any multi-GPU type: a cloud that documents no NVLink (the
+    local cloud, whose processes share no GPU link)."""
+    return Interconnect.NONE if gpu_count <= 1 else Interconnect.PCIE
 
 
 # --- inter-node fabric -----------------------------------------------------------------------
@@ -450,18 +461,75 @@ _GCP_FABRIC: dict[str, FabricSpec] = {
 }
 
 
-def instance_fabric(provider: str, instance_type: str) -> FabricSpec:
-    """The inter-node fabric of a type (NO_FABRIC wherever none is documented). The local
-    cloud's types are the snapshot's AWS and GCP types: looked up under either cloud."""
-    cloud = provider.strip().lower()
+def aws_fabric(instance_type: str) -> FabricSpec:
+    """An EC2 type's EFA interfaces (NO_FABRIC wherever none is documented)."""
     itype = instance_type.strip().lower()
-    if cloud in ("aws", "local"):
-        found = _AWS_EFA.get(itype)
-        if found is not None:
-            return FabricSpec(Fabric.EFA, found[0], found[1])
-        family, _, size = itype.partition(".")
-        if family in _AWS_EFA_FAMILIES and size in _AWS_EFA_SIZES:
-            return FabricSpec(Fabric.EFA, 1, None)
-    if cloud in ("gcp", "local"):
-        return _GCP_FABRIC.get(itype, NO_FABRIC)
+    found = _AWS_EFA.get(itype)
+    if found is not None:
+        return FabricSpec(Fabric.EFA, found[0], found[1])
+    family, _, size = itype.partition(".")
+    if family in _AWS_EFA_FAMILIES and size in _AWS_EFA_SIZES:
+        return FabricSpec(Fabric.EFA, 1, None)
     return NO_FABRIC
+
+
+def gcp_fabric(machine_type: str) -> FabricSpec:
+    """A GCE machine type's GPU data NICs (NO_FABRIC wherever none is documented)."""
+    return _GCP_FABRIC.get(machine_type.strip().lower(), NO_FABRIC)
+
+
+def either_fabric(instance_type: str) -> FabricSpec:
+    """The local cloud's types are the snapshot's AWS and GCP types: looked up under either."""
+    aws = aws_fabric(instance_type)
+    return aws if aws.fabric is not Fabric.NONE else gcp_fabric(instance_type)
+
+
+# --- per-cloud facts -------------------------------------------------------------------------
+
+
+class UnknownCloudError(ValueError):
+    """A provider whose hardware facts this table does not hold."""
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareFacts:
+    """What a cloud documents about its instance types beyond the GPU: the link between the
+    GPUs of one instance and the inter-node fabric. Each provider's registry entry carries its
+    own (`ProviderEntry.hardware`)."""
+
+    interconnect: Callable[[str, int], Interconnect]  # (instance type, GPU count)
+    fabric: Callable[[str], FabricSpec]  # (instance type)
+
+
+AWS_FACTS = HardwareFacts(aws_interconnect, aws_fabric)
+GCP_FACTS = HardwareFacts(gcp_interconnect, gcp_fabric)
+LOCAL_FACTS = HardwareFacts(pcie_interconnect, either_fabric)
+# The built-in clouds' facts, for the readers of the bundled tables (the catalog and the price
+# history files hold rows of these providers only); a provider's registry entry is the way in
+# from anywhere else.
+BUILT_IN_FACTS: dict[str, HardwareFacts] = {
+    "aws": AWS_FACTS,
+    "gcp": GCP_FACTS,
+    "local": LOCAL_FACTS,
+}
+
+
+def _facts(provider: str) -> HardwareFacts:
+    cloud = provider.strip().lower()
+    found = BUILT_IN_FACTS.get(cloud)
+    if found is None:
+        known = ", ".join(BUILT_IN_FACTS)
+        raise UnknownCloudError(f"no hardware facts for provider {provider!r}; known: {known}")
+    return found
+
+
+def instance_interconnect(provider: str, instance_type: str, gpu_count: int) -> Interconnect:
+    """The GPU-to-GPU link inside one instance of a built-in cloud; UnknownCloudError for
+    another provider."""
+    return _facts(provider).interconnect(instance_type, gpu_count)
+
+
+def instance_fabric(provider: str, instance_type: str) -> FabricSpec:
+    """The inter-node fabric of a built-in cloud's type (NO_FABRIC wherever none is
+    documented); UnknownCloudError for another provider."""
+    return _facts(provider).fabric(instance_type)

@@ -24,6 +24,7 @@ from pydantic.json_schema import WithJsonSchema
 from pydantic_core import PydanticCustomError, ValidationError
 
 from optimizer import hardware
+from optimizer.common import plugins
 from optimizer.common.bounds import (
     MAX_DURATION_H,
     MAX_DURATION_S,
@@ -46,25 +47,38 @@ RankBy = Literal["price", "price_per_tflop", "price_per_tbps", "expected_cost"]
 Day = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
 
 
+def _installed_providers() -> tuple[str, ...]:
+    """The providers installed here (the `gpuopt.providers` entry points, and any registered
+    in this process): read when a policy is loaded, never baked into the schema."""
+    return plugins.names(plugins.PROVIDERS)
+
+
 def _known_provider(name: str) -> str:
-    known = regions.providers()
+    known = _installed_providers()
     if name not in known:
-        quoted = [repr(p) for p in known]
+        quoted = [repr(p) for p in known] or ["none is installed"]
         listed = f"{', '.join(quoted[:-1])} or {quoted[-1]}" if len(quoted) > 1 else quoted[0]
-        raise ValueError(f"must be {listed}")
+        raise ValueError(f"must be an installed provider: {listed}")
     return name
 
 
-# A provider a policy may name: one with rows in policies/regions.csv (or the local cloud).
+# A provider a policy may name: an installed one (providers/registry.py). The published
+# schema says a name; the loader checks it against what is installed where it runs.
 ProviderName = Annotated[
     str,
     AfterValidator(_known_provider),
-    WithJsonSchema({"enum": list(regions.providers()), "type": "string"}),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "pattern": "^[a-z][a-z0-9-]{0,31}$",
+            "description": "An installed provider (local, aws and gcp are built in).",
+        }
+    ),
 ]
 
 
 def _all_providers() -> list[str]:
-    return list(regions.providers())
+    return list(_installed_providers())
 
 
 def _all_markets() -> list[Market]:
@@ -72,14 +86,19 @@ def _all_markets() -> list[Market]:
 
 
 class RecoveryStrategy(StrEnum):
-    """The recovery strategies a policy may name (`recovery.strategy`); each is implemented
-    once in optimizer/jobs/recovery.py, under this name."""
+    """The built-in recovery strategies (each implemented once in optimizer/jobs/recovery.py,
+    under this name); a policy may name any installed one (`recovery_strategies`)."""
 
     FAILOVER = "failover"
     EAGER_ON_DEMAND = "eager-on-demand"
 
 
-RECOVERY_STRATEGIES: tuple[str, ...] = tuple(s.value for s in RecoveryStrategy)
+def recovery_strategies() -> tuple[str, ...]:
+    """The recovery strategies installed here (the `gpuopt.recovery_strategies` entry points,
+    optimizer/jobs/recovery.py, and any registered in this process), by name: read when a
+    policy is loaded, never baked into the schema."""
+    return plugins.names(plugins.RECOVERY_STRATEGIES)
+
 
 assert set(Dtype.__args__) == set(DTYPES), "Dtype must list the hardware table's dtypes"  # type: ignore[attr-defined]
 
@@ -221,6 +240,27 @@ class Bid(_Strict):
         le=1,
         description="Spot only: spot price <= this x on-demand of the same type and region.",
     )
+    enforce_in_cloud: bool = Field(
+        False,
+        description=(
+            "Also send the instance cap (max_usd_per_hour, max_usd_per_gpu_hour x GPUs) with "
+            "each spot launch, so the cloud stops the instance when the spot price passes it "
+            "(AWS MaxPrice; GCP has no spot maximum price: its launch checks the quoted price)."
+        ),
+    )
+
+    def cloud_cap(self, gpu_count: int) -> float | None:
+        """The whole-instance cap a spot launch sends to the cloud (`enforce_in_cloud`), the
+        lower of `max_usd_per_hour` and `max_usd_per_gpu_hour` x `gpu_count`; None when not
+        enforced in the cloud or no such cap is set. `max_fraction_of_on_demand` is not one:
+        it needs the on-demand price, which gpuopt checks before launching."""
+        if not self.enforce_in_cloud:
+            return None
+        caps = [self.max_usd_per_hour]
+        if self.max_usd_per_gpu_hour is not None:
+            caps.append(self.max_usd_per_gpu_hour * max(gpu_count, 1))
+        found = [c for c in caps if c is not None]
+        return min(found) if found else None
 
 
 class RegionRules(_Strict):
@@ -286,8 +326,10 @@ class Recovery(_Strict):
 
     strategy: str = Field(
         RecoveryStrategy.FAILOVER.value,
-        description="The recovery strategy: failover (the default) or eager-on-demand.",
-        json_schema_extra={"enum": list(RECOVERY_STRATEGIES)},
+        description=(
+            "The recovery strategy: an installed one (failover, the default, and "
+            "eager-on-demand are built in)."
+        ),
     )
     max_restarts: Count = Field(20, ge=0, description="Relaunches before the job fails.")
     pool_cooldown_minutes: Minutes = Field(
@@ -315,9 +357,10 @@ class Recovery(_Strict):
     @field_validator("strategy")
     @classmethod
     def _known_strategy(cls, value: str) -> str:
-        if value not in RECOVERY_STRATEGIES:
-            known = ", ".join(RECOVERY_STRATEGIES)
-            raise ValueError(f"unknown recovery strategy {value!r}; known strategies: {known}")
+        known = recovery_strategies()
+        if value not in known:
+            listed = ", ".join(known) or "none is installed"
+            raise ValueError(f"unknown recovery strategy {value!r}; installed: {listed}")
         return value
 
 

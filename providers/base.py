@@ -7,13 +7,14 @@ nothing above a provider ever parses an error message.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from optimizer.model import Offer
+from providers.config import ProviderConfig
 
 
 class ProviderError(Exception):
@@ -149,16 +150,16 @@ class ProviderSettings:
     """What a provider is built from (its `build` in providers/registry.py): its part of the
     daemon config, or the CLI's defaults, plus what the daemon lends it.
 
-    `data_dir` is the daemon's data directory (a provider keeps any state of its own in a
-    folder there; None from the CLI), `cache` where slow-changing facts are kept between
-    polls (None: in memory), `clock` the time offers are stamped with.
+    `config` is the provider's own config section, validated with the model its registry
+    entry names (`ProviderEntry.settings`; the common keys only from the CLI). `data_dir` is
+    the daemon's data directory (a provider keeps any state of its own in a folder there;
+    None from the CLI), `cache` where slow-changing facts are kept between polls (None: in
+    memory), `clock` the time offers are stamped with.
     """
 
     regions: tuple[str, ...] = ()  # empty: every region the provider knows
-    project: str | None = None
-    placement_scores: bool = False
+    config: ProviderConfig = field(default_factory=ProviderConfig)
     commitments: bool = False  # also fetch committed offers (1-/3-year commitment rates)
-    interruption_queue_url: str | None = None
     data_dir: Path | None = None
     cache: SpecCache | None = None
     clock: Callable[[], datetime] = _utc_now

@@ -1,19 +1,21 @@
-"""The provider registry: what each provider can do, declared once, and how it is built.
+"""The provider registry: what each provider can do and knows, declared once, and how it is built.
 
-Each provider is one `ProviderEntry`: its name, its `Capabilities` and its builder (a
-`ProviderSettings` → source function, kept in the provider's own package). The daemon's
-poll, queue and reconcile loops, `gpuopt offers --provider` and the bootstrap that starts
-the agent on a new instance ask this registry what a provider can do; none of them probes a
-source's attributes. Adding a provider is a new `providers/<name>/` package, one `register`
-line at the bottom of this module and the provider's rows in `policies/regions.csv`
-(docs/architecture.md, "Provider registry").
+Each provider is one `ProviderEntry`: its name, its `Capabilities`, its builder (a
+`ProviderSettings` → source function), the model of its section of the daemon config, its
+billing rule, its hardware facts and its names in a FOCUS cost export. The entries are found
+through the `gpuopt.providers` entry-point group: gpuopt's own (`local`, `aws`, `gcp`) are
+declared in its pyproject.toml, and another installed package adds one the same way, with no
+edit to gpuopt (docs/extending.md, "A provider"). The daemon's poll, queue and reconcile
+loops, `gpuopt offers --provider`, the bootstrap that starts the agent on a new instance, the
+cost ledger and the policy loader ask this registry; none of them probes a source's
+attributes, and a name no provider has is a RegistryError listing the installed ones.
 
 A declared capability is a promise about the built source's type: `launch` means it is a
 `Launcher` (launch, describe, terminate, close), `interruption_queue` an
 `InterruptionQueue`, `gang_placement` a `PlacementOwner`, `hosted` a `HostedCloud`. The
 lookups (`ProviderEntry.launcher`, `.interruption_queue`, `.placement_owner`, `.hosted`)
 return the source under that type, or None when the provider does not declare it;
-tests/test_provider_registry.py checks each built-in provider implements what it declares.
+tests/test_provider_registry.py checks each installed provider implements what it declares.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import cast
 
-from providers import aws, gcp, local
+from optimizer.common import plugins
+from optimizer.hardware import HardwareFacts
 from providers.base import (
     HostedCloud,
     InterruptionQueue,
@@ -33,6 +36,8 @@ from providers.base import (
     Provider,
     ProviderSettings,
 )
+from providers.config import ProviderConfig
+from providers.facts import BillingRule, FocusNames
 
 NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 # A metadata watcher kind names the metadata endpoint an instance's agent watches for
@@ -73,13 +78,20 @@ class ProviderEntry:
 
     `build` raises ProviderDisabled (one line why) while the provider cannot run here.
     `secret_env` names the environment variables holding its credentials, kept out of
-    error texts and logs.
+    error texts and logs. `settings` is the model of its `providers.<name>` config section
+    (the common keys, or a subclass with its own); `billing`, `hardware` and `focus` are what
+    it knows about its cloud, each asked through `billing_rule()`, `hardware_facts()` and
+    `focus_names()`, which name the provider when it declares none.
     """
 
     name: str
     capabilities: Capabilities
     build: Callable[[ProviderSettings], OfferSource]
     secret_env: tuple[str, ...] = field(default=())
+    settings: type[ProviderConfig] = ProviderConfig
+    billing: BillingRule | None = None
+    hardware: HardwareFacts | None = None
+    focus: FocusNames | None = None
 
     def __post_init__(self) -> None:
         where = f"provider {self.name!r}"
@@ -93,6 +105,24 @@ class ProviderEntry:
                 f"{where}: a provider that launches must name the metadata watcher kind its "
                 "instances' agent runs (Capabilities.watcher)"
             )
+
+    def billing_rule(self) -> BillingRule:
+        """How the provider bills an instance and its root volume."""
+        if self.billing is None:
+            raise RegistryError(f"provider {self.name!r} declares no billing rule")
+        return self.billing
+
+    def hardware_facts(self) -> HardwareFacts:
+        """The interconnect and fabric of the provider's instance types."""
+        if self.hardware is None:
+            raise RegistryError(f"provider {self.name!r} declares no hardware facts")
+        return self.hardware
+
+    def focus_names(self) -> FocusNames:
+        """The provider's names in a FOCUS cost export."""
+        if self.focus is None:
+            raise RegistryError(f"provider {self.name!r} declares no FOCUS names")
+        return self.focus
 
     def launcher(self, source: OfferSource) -> Provider | None:
         """`source` as a Provider (offers and a Launcher) when this provider declares
@@ -113,20 +143,64 @@ class ProviderEntry:
         return cast(PlacementOwner, source) if self.capabilities.gang_placement else None
 
 
-_ENTRIES: dict[str, ProviderEntry] = {}
+_ENTRIES: dict[str, ProviderEntry] = {}  # the installed ones, then those registered here
+_LOCAL: dict[str, ProviderEntry] = {}  # registered in this process (tests)
+_loaded = False
+
+
+def _check(entry: ProviderEntry, name: str) -> None:
+    if entry.name != name:
+        raise plugins.PluginError(
+            f"entry point {plugins.PROVIDERS} {name}: names provider {entry.name!r}"
+        )
+
+
+def _load() -> dict[str, ProviderEntry]:
+    """The providers, the installed ones read from their entry points once (and after
+    `reload`)."""
+    global _loaded
+    if not _loaded:
+        found = plugins.load(plugins.PROVIDERS, ProviderEntry, _check)
+        if not found:
+            raise RegistryError(
+                f"no provider is installed: the {plugins.PROVIDERS} entry points are missing "
+                "(install gpuopt, or reinstall a checkout: pip install -e .)"
+            )
+        taken = sorted(set(found) & set(_LOCAL))
+        if taken:
+            raise RegistryError(f"provider {taken[0]!r} is already registered")
+        _ENTRIES.clear()
+        _ENTRIES.update(found)
+        _ENTRIES.update(_LOCAL)
+        _loaded = True
+    return _ENTRIES
+
+
+def reload() -> None:
+    """Read the installed providers again (after a package was installed into, or removed
+    from, this process's path), keeping those registered here."""
+    global _loaded
+    plugins.refresh()
+    _loaded = False
+    _load()
 
 
 def register(entry: ProviderEntry) -> ProviderEntry:
-    """Add a provider; its name must be free."""
-    if entry.name in _ENTRIES:
+    """Add a provider in this process (tests; an installed package declares an entry point
+    instead); its name must be free."""
+    entries = _load()
+    if entry.name in entries:
         raise RegistryError(f"provider {entry.name!r} is already registered")
-    _ENTRIES[entry.name] = entry
+    entries[entry.name] = _LOCAL[entry.name] = entry
+    plugins.declare(plugins.PROVIDERS, entry.name)
     return entry
 
 
 def unregister(name: str) -> None:
-    """Remove a provider (tests that register one of their own)."""
-    _ENTRIES.pop(name, None)
+    """Remove a provider registered in this process."""
+    if _LOCAL.pop(name, None) is not None:
+        _load().pop(name, None)
+        plugins.withdraw(plugins.PROVIDERS, name)
 
 
 @contextmanager
@@ -140,23 +214,23 @@ def registered(entry: ProviderEntry) -> Iterator[ProviderEntry]:
 
 
 def names() -> tuple[str, ...]:
-    """Every registered provider, in registration order."""
-    return tuple(_ENTRIES)
+    """Every provider, in the order found."""
+    return tuple(_load())
 
 
 def entries() -> Mapping[str, ProviderEntry]:
-    return dict(_ENTRIES)
+    return dict(_load())
 
 
 def find(name: str) -> ProviderEntry | None:
-    return _ENTRIES.get(name)
+    return _load().get(name)
 
 
 def get(name: str) -> ProviderEntry:
-    """The provider's entry; RegistryError naming the known ones otherwise."""
-    entry = _ENTRIES.get(name)
+    """The provider's entry; RegistryError naming the installed ones otherwise."""
+    entry = _load().get(name)
     if entry is None:
-        raise RegistryError(f"unknown provider {name!r}; known: {', '.join(_ENTRIES)}")
+        raise RegistryError(f"unknown provider {name!r}; installed: {', '.join(_ENTRIES)}")
     return entry
 
 
@@ -170,47 +244,5 @@ def build(name: str, settings: ProviderSettings) -> OfferSource:
 
 
 def secret_env() -> tuple[str, ...]:
-    """Every registered provider's credential variables."""
-    return tuple(name for entry in _ENTRIES.values() for name in entry.secret_env)
-
-
-# The built-in providers: one `register` each.
-register(
-    ProviderEntry(
-        "local",
-        Capabilities(
-            launch=True, live_offers=True, watcher="aws-imds", agent_on_host=True, hosted=True
-        ),
-        local.build,
-    )
-)
-register(
-    ProviderEntry(
-        "aws",
-        Capabilities(
-            launch=True,
-            interruption_queue=True,
-            placement_scores=True,
-            live_offers=True,
-            commitments=True,
-            gang_placement=True,
-            watcher="aws-imds",
-        ),
-        aws.build,
-        ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"),
-    )
-)
-register(
-    ProviderEntry(
-        "gcp",
-        Capabilities(
-            launch=True,
-            live_offers=True,
-            commitments=True,
-            gang_placement=True,
-            watcher="gcp-metadata",
-        ),
-        gcp.build,
-        ("GPUOPT_GCP_BILLING_API_KEY",),
-    )
-)
+    """Every provider's credential variables."""
+    return tuple(name for entry in _load().values() for name in entry.secret_env)

@@ -18,7 +18,7 @@ from providers.aws import launch as L
 from providers.aws import specs as S
 from providers.base import CapacityError, EndReason, Gang, InstanceState, LaunchSpec
 from tests.helpers.aws import NOW, Clock, StubSession
-from tests.helpers.gang import gang_walk
+from tests.helpers.gang import gang_walk, walk_one
 
 pytestmark = pytest.mark.usefixtures("aws_env", "offline")
 
@@ -194,6 +194,33 @@ def test_max_price_is_sent_only_when_the_policy_enforces_its_cap_in_aws(
     offer = _offer(aws)
     aws.launch(offer, _spec(image, max_usd_per_hour=3.5), "capped")
     assert captured[0]["InstanceMarketOptions"]["SpotOptions"]["MaxPrice"] == "3.5"
+
+
+@pytest.mark.parametrize(
+    ("bid", "max_price"),
+    [
+        ("{max_usd_per_hour: 4, max_usd_per_gpu_hour: 2.5, enforce_in_cloud: true}", "2.5"),
+        ("{max_usd_per_hour: 1.75, max_usd_per_gpu_hour: 2.5, enforce_in_cloud: true}", "1.75"),
+        ("{max_usd_per_hour: 4}", None),  # enforced by gpuopt before launching, the default
+        ("{max_fraction_of_on_demand: 0.9, enforce_in_cloud: true}", None),  # no instance cap
+    ],
+)
+def test_the_launch_walk_sends_the_policys_cap_as_max_price_when_it_enforces_it_in_aws(
+    session: Any,
+    image: str,
+    captured: list[dict[str, Any]],
+    tmp_path: Path,
+    bid: str,
+    max_price: str | None,
+) -> None:
+    config = L.AwsLaunchConfig(image_id=image)
+    aws = AwsProvider(["us-east-1"], session=session, clock=Clock(), launch_config=config)
+    offer = _offer(aws)  # g6.xlarge: one GPU
+    assert offer.gpu_count == 1
+    policy = f"apiVersion: gpuopt/v1\nkind: Policy\nname: p\nbid: {bid}\n"
+    walk_one(tmp_path, aws, offer, policy)
+    (request,) = captured
+    assert request["InstanceMarketOptions"]["SpotOptions"].get("MaxPrice") == max_price
 
 
 def test_an_on_demand_launch_has_no_market_options(

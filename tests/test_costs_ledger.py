@@ -17,8 +17,9 @@ from optimizer.costs import (
     month_windows,
     total,
 )
-from optimizer.costs.billing import AWS, GCP
 from optimizer.costs.ledger import gaps, storage_usd
+from providers.aws import BILLING as AWS
+from providers.gcp import BILLING as GCP
 
 T0 = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
 MIN = timedelta(minutes=1)

@@ -19,8 +19,8 @@ from providers.gcp.billing import (
     instance_price,
     read_commitment_sku,
 )
-from providers.gcp.fake import COMPUTE_SERVICE_ID
 from tests.helpers.gcp import A2_COMMITMENT_SKUS, DATA
+from tests.helpers.gcp_fake import COMPUTE_SERVICE_ID
 
 
 def sku(
@@ -133,7 +133,7 @@ A2_16G_3Y = 96 * 0.014225 + 1360 * 0.001907 + 16 * 1.0285  # 20.41912
 @pytest.fixture
 def fake() -> Iterator[Any]:
     pytest.importorskip("google.cloud.compute_v1")
-    from providers.gcp.fake import FakeGcp
+    from tests.helpers.gcp_fake import FakeGcp
 
     with FakeGcp.from_recorded(DATA) as server:
         server.skus[COMPUTE_SERVICE_ID].extend(A2_COMMITMENT_SKUS)
@@ -190,7 +190,7 @@ def test_without_commitments_the_commitment_skus_are_ignored(fake) -> None:
 
 def test_a_term_missing_one_sku_is_not_priced() -> None:
     pytest.importorskip("google.cloud.compute_v1")
-    from providers.gcp.fake import FakeGcp
+    from tests.helpers.gcp_fake import FakeGcp
 
     with FakeGcp.from_recorded(DATA) as recorded:  # 1-year core and A100 only, no RAM
         gcp = provider(recorded, commitments=True)

@@ -30,10 +30,10 @@ from providers.base import (
     ThrottledError,
 )
 from providers.gcp import GcpProvider
-from providers.gcp.fake import FakeGcp, error_body
 from providers.gcp.names import request_id
 from tests.helpers import make_offer
 from tests.helpers.gang import gang_walk
+from tests.helpers.gcp_fake import FakeGcp, error_body
 
 DATA = Path(__file__).parent / "data" / "gcp"
 T0 = datetime(2026, 5, 4, 9, 0, tzinfo=UTC)

@@ -21,9 +21,9 @@ from optimizer import hardware
 from optimizer.model import Interconnect, Market, Offer
 from providers.base import AuthError
 from providers.gcp import GcpProvider
-from providers.gcp.fake import FakeGcp, error_body
 from providers.gcp.offers import read_machines
 from providers.gcp.provider import MACHINE_FILTER
+from tests.helpers.gcp_fake import FakeGcp, error_body
 
 DATA = Path(__file__).parent / "data" / "gcp"
 T0 = datetime(2026, 5, 4, 9, 0, tzinfo=UTC)

@@ -173,7 +173,7 @@ def test_make_gcp_provider_refuses_with_the_reason() -> None:
 
 def test_the_environment_points_a_plain_provider_at_a_local_emulator(monkeypatch) -> None:
     pytest.importorskip("google.cloud.compute_v1")
-    from providers.gcp.fake import FakeGcp
+    from tests.helpers.gcp_fake import FakeGcp
 
     with FakeGcp.from_recorded(DATA) as fake:
         monkeypatch.setenv("GPUOPT_GCP_PROJECT", "gpuopt-test")
@@ -200,7 +200,7 @@ def test_a_billing_api_key_replaces_credentials_for_the_catalog_client() -> None
 
 def test_importing_the_gcp_package_loads_no_google_sdk() -> None:
     code = (
-        "import sys, providers, providers.gcp, providers.gcp.fake\n"
+        "import sys, providers, providers.gcp\n"
         "from providers.gcp import gcp_disabled_reason\n"
         "gcp_disabled_reason()\n"
         "heavy = [m for m in sys.modules if m.startswith(('google.cloud', 'google.api_core'))]\n"

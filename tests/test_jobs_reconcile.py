@@ -13,6 +13,7 @@ from optimizer.daemon.loops.queue import WAIT_S, QueueLoop
 from optimizer.daemon.providers import ProviderHandle
 from optimizer.jobs.reconcile import JobReconciler, finished_keys
 from optimizer.store import Store
+from providers.aws import AwsConfig
 from tests.helpers import make_offer
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
@@ -61,7 +62,7 @@ def test_queue_notices_are_recorded_on_the_matching_attempts(tmp_path: Path) -> 
         ]
     )
     woken: list[bool] = []
-    handle = ProviderHandle.given("aws", ProviderConfig(interruption_queue_url=QUEUE), source)
+    handle = ProviderHandle.given("aws", AwsConfig(interruption_queue_url=QUEUE), source)
     loop = QueueLoop(handle, store, lambda: NOW, wake=lambda: woken.append(True))
     assert loop.run_once() == 2
     assert source.waits == [WAIT_S]  # a long poll, on its own loop

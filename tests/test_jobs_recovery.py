@@ -2,29 +2,32 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from typing import Any, ClassVar
 
 import pytest
 
 from optimizer.jobs.machine import AttemptView, Cooldown, JobView, Launch, decide
 from optimizer.jobs.recovery import (
     DEFAULT,
-    STRATEGIES,
     EagerOnDemand,
     Failover,
     Failure,
     GiveUp,
     LaunchError,
+    Pool,
     RecoverySettings,
     Relaunch,
     SitOut,
+    registered,
+    strategies,
     strategy_for,
 )
 from optimizer.lifecycle import JobState
 from optimizer.model import Market
-from policies.loader import parse_policy
-from policies.schema import RECOVERY_STRATEGIES
+from policies.loader import PolicyError, parse_policy
+from policies.schema import recovery_strategies
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
 POOL = ("aws", "eu-west-1", "euw1-az1", "p4d.24xlarge", "spot")
@@ -44,9 +47,35 @@ def relaunch(answer: Relaunch | GiveUp) -> Relaunch:
     return answer
 
 
-def test_the_schema_and_the_strategies_name_the_same_set() -> None:
-    assert tuple(STRATEGIES) == RECOVERY_STRATEGIES
-    assert DEFAULT == "failover" and STRATEGIES[DEFAULT] is Failover
+def test_the_schema_reads_the_installed_strategies() -> None:
+    assert set(strategies()) == set(recovery_strategies())
+    assert {"failover", "eager-on-demand"} <= set(strategies())  # found through entry points
+    assert DEFAULT == "failover" and strategies()[DEFAULT] is Failover
+    assert strategies()["eager-on-demand"] is EagerOnDemand
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUpAtOnce(Failover):
+    """A strategy only this test knows: any failure ends the job."""
+
+    name: ClassVar[str] = "give-up-at-once"
+
+    def after_failure(
+        self, failure: Failure, pool: Pool, *, restarts: int, history: Any, now: datetime
+    ) -> Relaunch | GiveUp:
+        return GiveUp("no second chances", "gave up at once")
+
+
+def test_a_registered_strategy_is_one_a_policy_may_name_and_then_decides() -> None:
+    named = HEAD + "recovery:\n  strategy: give-up-at-once\n"
+    with pytest.raises(PolicyError, match="unknown recovery strategy 'give-up-at-once'"):
+        parse_policy(named)
+    with registered(GiveUpAtOnce):
+        strategy = strategy_for(parse_policy(named))
+        answer = strategy.after_failure(Failure.PREEMPTED, POOL, restarts=0, history=(), now=NOW)
+    assert isinstance(strategy, GiveUpAtOnce) and isinstance(answer, GiveUp)
+    with pytest.raises(PolicyError, match="unknown recovery strategy 'give-up-at-once'"):
+        parse_policy(named)
 
 
 def test_a_policy_names_its_strategy_and_gives_its_settings() -> None:

@@ -40,7 +40,9 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "optimizer.probes": BASE,
     "optimizer.agent": BASE | {"optimizer.probes"},
     "optimizer.store": BASE,
-    "optimizer.costs": BASE,  # the ledger's pure model and the clouds' billing rules
+    # the ledger's pure model; each provider's billing rule and FOCUS names from its registry
+    # entry
+    "optimizer.costs": BASE | {"providers"},
     # alerts word the cost summary with the ledger's pure figures
     "optimizer.alerts": BASE | {"optimizer.store", "optimizer.costs"},
     # jobs record their events through the store, not through alerts

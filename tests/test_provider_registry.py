@@ -13,13 +13,17 @@ from typing import Any
 
 import pytest
 
+from optimizer import hardware
 from optimizer.agent.imds import WATCHERS
 from optimizer.cli.sources import live_providers
+from optimizer.costs import rule_for
 from optimizer.daemon.config import ConfigError, ProviderConfig, load_config
 from optimizer.daemon.providers import ProviderHandle, provider_secrets
-from optimizer.model import Market, Offer
+from optimizer.hardware import UnknownCloudError
+from optimizer.model import Interconnect, Market, Offer
 from policies import regions
-from providers import registry
+from providers import aws, registry
+from providers.aws import AwsConfig
 from providers.base import (
     HostedCloud,
     InterruptionQueue,
@@ -29,6 +33,8 @@ from providers.base import (
     ProviderDisabled,
     ProviderSettings,
 )
+from providers.facts import FocusNames
+from providers.gcp import GcpConfig
 from providers.local import LocalCloud
 from providers.registry import Capabilities, ProviderEntry, RegistryError
 from tests.helpers import api, make_config, running, wait_until, write_policy
@@ -40,7 +46,7 @@ pytestmark = pytest.mark.usefixtures("daemon_env")
 
 
 def test_the_built_in_providers_and_what_each_declares() -> None:
-    assert registry.names() == ("local", "aws", "gcp")
+    assert {"local", "aws", "gcp"} <= set(registry.names())  # found through entry points
     local, aws, gcp = (registry.capabilities(n) for n in ("local", "aws", "gcp"))
     assert local == Capabilities(
         launch=True, live_offers=True, watcher="aws-imds", agent_on_host=True, hosted=True
@@ -52,7 +58,9 @@ def test_the_built_in_providers_and_what_each_declares() -> None:
     assert aws.commitments and gcp.commitments and not local.commitments  # committed offers
     assert aws.gang_placement and gcp.gang_placement and not local.gang_placement
     assert local.hosted and not aws.hosted and not gcp.hosted  # runs inside the leader
-    assert live_providers() == ("local", "aws", "gcp")  # what `gpuopt offers --provider` asks
+    live = tuple(n for n in registry.names() if registry.capabilities(n).live_offers)
+    assert live_providers() == live  # what `gpuopt offers --provider` asks
+    assert {"local", "aws", "gcp"} <= set(live)
 
 
 def built(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> OfferSource:
@@ -66,8 +74,8 @@ def built(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> OfferSo
     return registry.build(name, ProviderSettings(data_dir=tmp_path))
 
 
-@pytest.mark.parametrize("name", ["local", "aws", "gcp"])
-def test_each_built_in_provider_implements_what_it_declares(
+@pytest.mark.parametrize("name", registry.names())
+def test_each_installed_provider_implements_what_it_declares(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if name == "gcp":
@@ -121,13 +129,17 @@ def no_build(settings: ProviderSettings) -> OfferSource:
             "not a lowercase word",
         ),
         (lambda: registry.register(ProviderEntry("aws", Capabilities(), no_build)), "already"),
-        (lambda: registry.get("azure"), "unknown provider 'azure'; known: local, aws, gcp"),
+        (
+            lambda: registry.get("azure"),
+            f"unknown provider 'azure'; installed: {', '.join(registry.names())}",
+        ),
     ],
 )
 def test_bad_entries_and_unknown_names_are_errors(entry: Any, message: str) -> None:
+    before = registry.names()
     with pytest.raises(RegistryError, match=message):
         entry()
-    assert registry.names() == ("local", "aws", "gcp")
+    assert registry.names() == before
 
 
 def test_a_provider_without_a_capability_is_never_asked_for_it() -> None:
@@ -145,27 +157,78 @@ def test_a_provider_without_a_capability_is_never_asked_for_it() -> None:
 @pytest.mark.parametrize(
     ("section", "message"),
     [
-        ("azure: {}", "providers: unknown provider 'azure'; known: local, aws, gcp"),
         (
-            "gcp: {placement_scores: true}",
-            "providers: gcp.placement_scores: gcp has no placement scores",
+            "azure: {}",
+            f"3: providers: unknown provider 'azure'; installed: {', '.join(registry.names())}",
         ),
+        ("gcp: {placement_scores: true}", "9: providers.gcp.placement_scores: unknown field"),
         (
             "local: {interruption_queue_url: 'https://sqs.example/q'}",
-            "providers: local.interruption_queue_url: local reads no interruption queue",
+            "11: providers.local.interruption_queue_url: unknown field",
         ),
+        ("aws: {project: p}", "9: providers.aws.project: unknown field"),
+        ("gcp: {project: [p]}", "18: providers.gcp.project: must be text"),
     ],
 )
-def test_the_config_asks_the_registry_what_a_provider_can_do(
+def test_each_provider_section_is_validated_with_the_providers_own_model(
     tmp_path: Path, section: str, message: str
 ) -> None:
     path = tmp_path / "gpuopt.yaml"
     path.write_text(f"providers:\n  {section}\n")
     with pytest.raises(ConfigError) as caught:
         load_config(path)
-    assert f"{path}:2:3: {message}" in str(caught.value)
-    path.write_text("providers:\n  aws: {placement_scores: true, interruption_queue_url: q}\n")
-    assert load_config(path).providers["aws"].placement_scores
+    assert f"{path}:2:{message}" in str(caught.value)
+    path.write_text(
+        "providers:\n  aws: {placement_scores: true, interruption_queue_url: q}\n"
+        "  gcp: {project: example}\n"
+    )
+    loaded = load_config(path).providers
+    assert isinstance(loaded["aws"], AwsConfig) and loaded["aws"].placement_scores
+    assert loaded["aws"].interruption_queue_configured
+    assert isinstance(loaded["gcp"], GcpConfig) and loaded["gcp"].project == "example"
+
+
+def test_the_provider_settings_variables_keep_their_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "gpuopt.yaml"
+    path.write_text("providers:\n  aws: {}\n  gcp: {}\n")
+    monkeypatch.setenv("GPUOPT_PROVIDERS__AWS__INTERRUPTION_QUEUE_URL", "https://sqs.example/q")
+    monkeypatch.setenv("GPUOPT_PROVIDERS__GCP__PROJECT", "from-env")
+    loaded = load_config(path).providers
+    assert isinstance(loaded["aws"], AwsConfig)
+    assert loaded["aws"].interruption_queue_url == "https://sqs.example/q"
+    assert isinstance(loaded["gcp"], GcpConfig) and loaded["gcp"].project == "from-env"
+
+
+# -- what each provider knows ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_each_installed_provider_declares_its_billing_hardware_and_focus_names(name: str) -> None:
+    entry = registry.get(name)
+    assert rule_for(name) is entry.billing_rule()
+    facts = entry.hardware_facts()
+    assert facts.interconnect("any-type", 1) is Interconnect.NONE
+    assert facts.fabric("any-type") is not None
+    names = entry.focus_names()
+    assert names.issuer and names.compute and names.storage
+
+
+def test_an_unknown_provider_is_an_error_not_another_clouds_facts() -> None:
+    installed = ", ".join(registry.names())
+    with pytest.raises(RegistryError, match=f"unknown provider 'azure'; installed: {installed}"):
+        rule_for("azure")  # it billed as AWS did
+    with pytest.raises(UnknownCloudError, match="no hardware facts for provider 'azure'"):
+        hardware.instance_interconnect("azure", "nd96asr_v4", 8)  # it was PCIe
+    bare = ProviderEntry("bare", Capabilities(), no_build)
+    with registry.registered(bare):
+        with pytest.raises(RegistryError, match="provider 'bare' declares no billing rule"):
+            rule_for("bare")
+        with pytest.raises(RegistryError, match="declares no hardware facts"):
+            bare.hardware_facts()
+        with pytest.raises(RegistryError, match="declares no FOCUS names"):
+            bare.focus_names()
 
 
 # -- a provider the tests define -----------------------------------------------------------
@@ -212,7 +275,12 @@ def acme(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[AcmeCloud]]:
     monkeypatch.setattr(regions, "table_text", lambda: table)
     regions.reload()
     entry = ProviderEntry(
-        "acme", Capabilities(launch=True, watcher="aws-imds", agent_on_host=True), build
+        "acme",
+        Capabilities(launch=True, watcher="aws-imds", agent_on_host=True),
+        build,
+        billing=aws.BILLING,
+        hardware=hardware.LOCAL_FACTS,
+        focus=FocusNames("Acme", "Acme instances", "Acme volumes"),
     )
     try:
         with registry.registered(entry):
@@ -272,3 +340,14 @@ def test_the_daemon_polls_and_launches_on_a_provider_it_was_never_told_about(
     assert last.instance_id in {r.id for r in cloud.instances()}
     console = (cloud.state.disk(last.instance_id) / "console.log").read_text()
     assert f"registering {last.key} as {last.instance_id}" in console  # the real agent ran
+
+
+def test_no_test_fake_ships_in_the_product_packages() -> None:
+    root = Path(__file__).resolve().parents[1]
+    shipped = [
+        str(path.relative_to(root))
+        for top in ("optimizer", "providers", "policies")
+        for path in (root / top).rglob("*.py")
+        if "fake" in path.stem
+    ]
+    assert shipped == []  # test fakes live under tests/helpers/

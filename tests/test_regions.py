@@ -6,6 +6,7 @@ import csv
 import io
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -268,16 +269,24 @@ def test_parse_table_names_the_bad_line(row: str, fragment: str) -> None:
     assert fragment in str(caught.value)
 
 
-def test_a_new_providers_rows_are_all_policies_need_of_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Adding a provider means adding its rows to regions.csv: its regions are then known,
-    checked for jurisdiction, and the provider is one a policy may name."""
+def test_a_new_providers_rows_make_its_regions_known_and_installing_it_makes_it_nameable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A new provider's rows in regions.csv make its regions known and checked for
+    jurisdiction; a policy may name it once it is installed (the provider registry)."""
     from policies.loader import parse_policy
+    from providers import registry
+    from providers.base import ProviderDisabled, ProviderSettings
+    from providers.registry import Capabilities, ProviderEntry
+
+    def no_build(settings: ProviderSettings) -> Any:
+        raise ProviderDisabled("not here", provider="acme")
 
     text = "apiVersion: gpuopt/v1\nkind: Policy\nname: p\nworkload: {gpus: 1}\n"
     named = text + "placement: {providers: [acme], compliance: eu}\n"
-    assert providers() == ("aws", "gcp", "local")
-    with pytest.raises(ValueError, match="must be 'aws', 'gcp' or 'local'"):
-        parse_policy(named)
+    installed = " or ".join(
+        [", ".join(repr(n) for n in registry.names()[:-1]), repr(registry.names()[-1])]
+    )
     rows = "acme,fr-par-1,Paris,FR,europe,https://example.com/acme/regions\n"
     monkeypatch.setattr("policies.regions.table_text", lambda: HEADER + rows + ROW)
     reload()
@@ -285,8 +294,13 @@ def test_a_new_providers_rows_are_all_policies_need_of_it(monkeypatch: pytest.Mo
         assert providers() == ("acme", "aws", "local")
         assert check("acme", "fr-par-1", compliance="eu") is None
         assert check("acme", "fr-par-2", compliance="eu") is not None  # not in the table
-        assert parse_policy(named).placement.providers == ["acme"]
-        assert "acme" in parse_policy(text).placement.providers  # the default: every provider
+        with pytest.raises(ValueError, match=f"must be an installed provider: {installed}"):
+            parse_policy(named)
+        with registry.registered(ProviderEntry("acme", Capabilities(), no_build)):
+            assert parse_policy(named).placement.providers == ["acme"]
+            assert "acme" in parse_policy(text).placement.providers  # default: every provider
+        with pytest.raises(ValueError, match="must be an installed provider"):
+            parse_policy(named)
     finally:
         monkeypatch.undo()
         reload()

@@ -77,7 +77,7 @@ def test_policy_check_lists_problems_in_file_order(tmp_path: Path) -> None:
     ]
     assert lines[1].endswith(
         "bid: must be a mapping with keys max_usd_per_hour, max_usd_per_gpu_hour, "
-        "max_fraction_of_on_demand; for example: bid: {max_usd_per_gpu_hour: 2.5}"
+        "max_fraction_of_on_demand, enforce_in_cloud; for example: bid: {max_usd_per_gpu_hour: 2.5}"
     )
     assert lines[2].endswith("markets: must be a list; for example: markets: [spot, on_demand]")
 

@@ -239,7 +239,7 @@ def gcp_fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Any]:
     """The environment pointing `gpuopt tco --provider gcp` at the fake, us-central1 only,
     whose catalog holds the A2 commitment SKUs of both terms (tests/helpers/gcp.py)."""
     pytest.importorskip("google.cloud.compute_v1")
-    from providers.gcp.fake import COMPUTE_SERVICE_ID, FakeGcp
+    from tests.helpers.gcp_fake import COMPUTE_SERVICE_ID, FakeGcp
 
     with FakeGcp.from_recorded(DATA) as fake:
         fake.skus[COMPUTE_SERVICE_ID].extend(A2_COMMITMENT_SKUS)

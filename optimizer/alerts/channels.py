@@ -1,89 +1,169 @@
-"""The alert channel types a daemon config may name: one entry per type.
+"""The alert channel types a daemon config may name, found through the `gpuopt.alert_channels`
+entry points.
 
-This table is the seam for a new channel (PagerDuty, email, ...): write its notifier (a
-class with `name` and `send(alert) -> SendResult`, see `channel.Notifier`), add one
-`ChannelType` line below, and document it in docs/alerts.md. The config validates `type`
-and `secret` against this table, and the daemon builds each configured channel through it.
+A channel type is one `ChannelType`: its name (the `type:` a config entry gives), the model
+of its config entry (a `ChannelConfig` subclass: the keys it takes, validated where they are
+written) and its builder (name, config, HTTP client, clock → a `Notifier`). gpuopt's own
+(`slack`, `webhook`) are declared in its pyproject.toml; another installed package adds one
+the same way (docs/extending.md, "An alert channel"), with no edit to gpuopt. The config
+validates each `alerts.channels` entry with its type's model, and the daemon builds each
+configured channel through it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
-from types import MappingProxyType
-from typing import Protocol
+from typing import Any, ClassVar
 
 import httpx
-from pydantic import SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from optimizer.alerts.channel import Notifier
-from optimizer.alerts.slack import SlackNotifier
-from optimizer.alerts.webhook import WebhookNotifier
+from optimizer.alerts.channel import Notifier, check_url
 from optimizer.clock import Clock
+from optimizer.common import plugins
+from optimizer.common.validation import SectionError
+
+MIN_SECRET_CHARS = 16
 
 
-class ChannelSpec(Protocol):
-    """What a channel type builds from: one validated `alerts.channels` entry."""
+class ChannelConfig(BaseModel):
+    """One `alerts.channels` entry: its `type`, and the keys its channel type declares in a
+    subclass. `secrets()` lists the values to keep out of logs and API answers."""
 
-    @property
-    def type(self) -> str: ...
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    @property
-    def url(self) -> SecretStr: ...
+    type: str
 
-    @property
-    def secret(self) -> SecretStr | None: ...
+    def secrets(self) -> list[str]:
+        return []
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any]) -> ChannelConfig:
+        """An entry validated with the model its `type` names."""
+        return channel_model(raw).model_validate(raw)
 
 
-Builder = Callable[[str, ChannelSpec, httpx.Client, Clock], Notifier]
+class UrlChannelConfig(ChannelConfig):
+    """An entry that posts to a URL (a credential itself: kept secret), with a shared secret
+    where the type signs its bodies (`needs_secret`)."""
+
+    needs_secret: ClassVar[bool] = False  # True: `secret` is required; False: refused
+    secret_note: ClassVar[str] = ""  # why, shown when the config gets `secret` wrong
+
+    url: SecretStr
+    secret: SecretStr | None = Field(
+        None, description=f"webhook: the shared HMAC secret, >= {MIN_SECRET_CHARS} characters."
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _usable_url(cls, value: SecretStr) -> SecretStr:
+        problem = check_url(value.get_secret_value())
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("secret")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < MIN_SECRET_CHARS:
+            raise ValueError(f"must be at least {MIN_SECRET_CHARS} characters")
+        return value
+
+    @model_validator(mode="after")
+    def _secret_fits_type(self) -> UrlChannelConfig:
+        if self.needs_secret and self.secret is None:
+            raise ValueError(f"a {self.type} channel needs `secret` ({self.secret_note})")
+        if not self.needs_secret and self.secret is not None:
+            raise ValueError(f"a {self.type} channel takes no `secret` ({self.secret_note})")
+        return self
+
+    def secrets(self) -> list[str]:
+        found = [self.url.get_secret_value()]
+        if self.secret is not None:
+            found.append(self.secret.get_secret_value())
+        return found
+
+
+Builder = Callable[[str, Any, httpx.Client, Clock], Notifier]
 
 
 @dataclass(frozen=True, slots=True)
 class ChannelType:
-    """One kind of destination: whether it takes a shared secret, and how it is built."""
+    """One kind of destination: the model of its config entry and how it is built (the
+    builder gets the entry validated with `config`)."""
 
     name: str
-    needs_secret: bool  # True: `secret` is required; False: `secret` is refused
-    secret_note: str  # why, shown when the config gets `secret` wrong
+    config: type[ChannelConfig]
     build: Builder
 
 
-def _slack(name: str, spec: ChannelSpec, client: httpx.Client, clock: Clock) -> Notifier:
-    return SlackNotifier(name, spec.url, client, clock=clock)
+_TYPES: dict[str, ChannelType] = {}  # the installed ones, then those registered here
+_LOCAL: dict[str, ChannelType] = {}  # registered in this process (tests)
+_loaded = False
 
 
-def _webhook(name: str, spec: ChannelSpec, client: httpx.Client, clock: Clock) -> Notifier:
-    if spec.secret is None:  # the config refuses a webhook without one
-        raise ValueError(f"webhook channel {name!r} has no secret")
-    return WebhookNotifier(name, spec.url, spec.secret, client, clock=clock)
-
-
-CHANNEL_TYPES: Mapping[str, ChannelType] = MappingProxyType(
-    {
-        t.name: t
-        for t in (
-            ChannelType("slack", False, "the URL is the credential", _slack),
-            ChannelType("webhook", True, "receivers verify the signature", _webhook),
+def _check(kind: ChannelType, name: str) -> None:
+    if kind.name != name:
+        raise plugins.PluginError(
+            f"entry point {plugins.ALERT_CHANNELS} {name}: names channel type {kind.name!r}"
         )
-    }
-)
 
 
-def secret_problem(type_name: str, has_secret: bool) -> str | None:
-    """Why `secret` does not fit the channel type (one line), or None."""
-    kind = CHANNEL_TYPES[type_name]
-    if kind.needs_secret and not has_secret:
-        return f"a {kind.name} channel needs `secret` ({kind.secret_note})"
-    if not kind.needs_secret and has_secret:
-        return f"a {kind.name} channel takes no `secret` ({kind.secret_note})"
-    return None
+def channel_types() -> Mapping[str, ChannelType]:
+    """The channel types by name, the installed ones read from their entry points once."""
+    global _loaded
+    if not _loaded:
+        found = plugins.load(plugins.ALERT_CHANNELS, ChannelType, _check)
+        _TYPES.clear()
+        _TYPES.update(found)
+        _TYPES.update(_LOCAL)
+        _loaded = True
+    return _TYPES
+
+
+def reload() -> None:
+    """Read the installed channel types again, keeping those registered in this process."""
+    global _loaded
+    plugins.refresh()
+    _loaded = False
+    channel_types()
+
+
+@contextmanager
+def registered(kind: ChannelType) -> Iterator[ChannelType]:
+    """A channel type registered in this process for the length of a `with` block (tests;
+    an installed package declares an entry point instead)."""
+    channel_types()
+    if kind.name in _TYPES:
+        raise ValueError(f"channel type {kind.name!r} is already registered")
+    _TYPES[kind.name] = _LOCAL[kind.name] = kind
+    try:
+        yield kind
+    finally:
+        _TYPES.pop(kind.name, None)
+        _LOCAL.pop(kind.name, None)
+
+
+def channel_model(raw: Any) -> type[ChannelConfig]:
+    """The config model of the type an entry names; SectionError at `type` otherwise."""
+    name = raw.get("type") if isinstance(raw, Mapping) else None
+    kind = channel_types().get(name) if isinstance(name, str) else None
+    if kind is None:
+        known = ", ".join(sorted(channel_types())) or "none is installed"
+        if name is None:
+            raise SectionError(f"`type` is missing; known types: {known}", ("type",))
+        raise SectionError(f"unknown channel type {name!r}; known types: {known}", ("type",))
+    return kind.config
 
 
 def build_notifiers(
-    channels: Mapping[str, ChannelSpec], client: httpx.Client, clock: Clock
+    channels: Mapping[str, ChannelConfig], client: httpx.Client, clock: Clock
 ) -> dict[str, Notifier]:
     """One notifier per configured channel, by name."""
+    types = channel_types()
     return {
-        name: CHANNEL_TYPES[spec.type].build(name, spec, client, clock)
-        for name, spec in channels.items()
+        name: types[spec.type].build(name, spec, client, clock) for name, spec in channels.items()
     }

@@ -7,16 +7,23 @@ URLs and secrets are `SecretStr`: they print as `**********` in reprs, logs and
 from __future__ import annotations
 
 import re
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    field_validator,
+    model_validator,
+)
 
-from optimizer.alerts.channel import check_url
-from optimizer.alerts.channels import CHANNEL_TYPES, secret_problem
+from optimizer.alerts.channels import ChannelConfig, channel_model
 from optimizer.alerts.routing import Route
 from optimizer.common.bounds import Hours, Seconds
+from optimizer.common.validation import validate_each
 
 CHANNEL_NAME = r"^[a-z0-9][a-z0-9_-]{0,62}$"
-MIN_SECRET_CHARS = 16
 # The shape of the section, for error messages and the schema (not a working webhook).
 _CHANNELS_EXAMPLE = {"ops": {"type": "slack", "url": "https://hooks.slack.com/services/T0/B0/x"}}
 _ROUTES_EXAMPLE = [{"kinds": ["job_*"], "min_severity": "warning", "channels": ["ops"]}]
@@ -25,55 +32,6 @@ ALERTS_EXAMPLE = {"channels": _CHANNELS_EXAMPLE, "routes": _ROUTES_EXAMPLE}
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-def _usable_url(value: SecretStr) -> SecretStr:
-    problem = check_url(value.get_secret_value())
-    if problem:
-        raise ValueError(problem)
-    return value
-
-
-class ChannelConfig(_Section):
-    """One alert destination: a Slack incoming webhook (`type: slack`) or any HTTP endpoint
-    that receives signed JSON (`type: webhook`, which needs the shared `secret`); the types
-    are those of `alerts/channels.py`."""
-
-    type: str
-    url: SecretStr
-    secret: SecretStr | None = Field(
-        None, description=f"webhook only: shared HMAC secret, >= {MIN_SECRET_CHARS} characters."
-    )
-
-    @field_validator("type")
-    @classmethod
-    def _known_type(cls, value: str) -> str:
-        if value not in CHANNEL_TYPES:
-            known = ", ".join(sorted(CHANNEL_TYPES))
-            raise ValueError(f"unknown channel type {value!r}; known types: {known}")
-        return value
-
-    @field_validator("url")
-    @classmethod
-    def _usable_url(cls, value: SecretStr) -> SecretStr:
-        problem = check_url(value.get_secret_value())
-        if problem:
-            raise ValueError(problem)
-        return value
-
-    @field_validator("secret")
-    @classmethod
-    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and len(value.get_secret_value()) < MIN_SECRET_CHARS:
-            raise ValueError(f"must be at least {MIN_SECRET_CHARS} characters")
-        return value
-
-    @model_validator(mode="after")
-    def _secret_fits_type(self) -> ChannelConfig:
-        problem = secret_problem(self.type, self.secret is not None)
-        if problem:
-            raise ValueError(problem)
-        return self
 
 
 class RetryConfig(_Section):
@@ -89,9 +47,17 @@ class RetryConfig(_Section):
 
 
 class AlertsConfig(_Section):
-    channels: dict[str, ChannelConfig] = Field(default_factory=dict, examples=[_CHANNELS_EXAMPLE])
+    channels: dict[str, SerializeAsAny[ChannelConfig]] = Field(
+        default_factory=dict, examples=[_CHANNELS_EXAMPLE]
+    )
     routes: list[Route] = Field(default_factory=list, examples=[_ROUTES_EXAMPLE])
     retry: RetryConfig = Field(default_factory=RetryConfig, examples=[{"max_attempts": 12}])
+
+    @field_validator("channels", mode="before")
+    @classmethod
+    def _each_with_its_types_model(cls, value: Any) -> Any:
+        """Each entry validated with the config model its `type` declares."""
+        return validate_each("channels", value, lambda _name, raw: channel_model(raw))
 
     @field_validator("channels")
     @classmethod
@@ -117,9 +83,4 @@ class AlertsConfig(_Section):
 
     def secrets(self) -> list[str]:
         """Every URL and secret, for redaction."""
-        out: list[str] = []
-        for channel in self.channels.values():
-            out.append(channel.url.get_secret_value())
-            if channel.secret is not None:
-                out.append(channel.secret.get_secret_value())
-        return out
+        return [value for channel in self.channels.values() for value in channel.secrets()]

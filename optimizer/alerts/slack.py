@@ -16,6 +16,7 @@ import httpx
 from pydantic import SecretStr
 
 from optimizer.alerts.channel import Alert, SendResult, post
+from optimizer.alerts.channels import ChannelType, UrlChannelConfig
 from optimizer.clock import Clock, utc_label, utc_now
 from optimizer.costs.summary import savings_text, usd
 from optimizer.model import EventKind
@@ -147,3 +148,17 @@ class SlackNotifier:
             secrets=(),
             now=self._clock(),
         )
+
+
+class SlackConfig(UrlChannelConfig):
+    """`type: slack`: an incoming webhook's URL, which is the credential (no `secret`)."""
+
+    secret_note = "the URL is the credential"
+
+
+def _build(name: str, spec: SlackConfig, client: httpx.Client, clock: Clock) -> SlackNotifier:
+    return SlackNotifier(name, spec.url, client, clock=clock)
+
+
+# The Slack channel type, as the `gpuopt.alert_channels` entry point `slack` names it.
+CHANNEL = ChannelType("slack", SlackConfig, _build)

@@ -19,6 +19,7 @@ import httpx
 from pydantic import SecretStr
 
 from optimizer.alerts.channel import Alert, SendResult, post
+from optimizer.alerts.channels import ChannelType, UrlChannelConfig
 from optimizer.clock import Clock, utc_now
 
 TIMESTAMP_HEADER = "X-Gpuopt-Timestamp"
@@ -105,3 +106,19 @@ class WebhookNotifier:
         return post(
             self._client, self._url.get_secret_value(), body, headers, secrets=[secret], now=now
         )
+
+
+class WebhookConfig(UrlChannelConfig):
+    """`type: webhook`: any HTTP endpoint, and the shared secret its bodies are signed with."""
+
+    needs_secret = True
+    secret_note = "receivers verify the signature"
+
+
+def _build(name: str, spec: WebhookConfig, client: httpx.Client, clock: Clock) -> WebhookNotifier:
+    assert spec.secret is not None  # the model refuses a webhook without one
+    return WebhookNotifier(name, spec.url, spec.secret, client, clock=clock)
+
+
+# The webhook channel type, as the `gpuopt.alert_channels` entry point `webhook` names it.
+CHANNEL = ChannelType("webhook", WebhookConfig, _build)

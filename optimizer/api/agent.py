@@ -19,7 +19,7 @@ from fastapi import APIRouter, Header, HTTPException
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from optimizer import hardware, protocol
+from optimizer import protocol
 from optimizer.api.state import ApiState, StateDep
 from optimizer.jobs.gang import Gate, Node, gate, head_number, master
 from optimizer.jobs.machine import (
@@ -239,10 +239,14 @@ def _rendezvous(state: ApiState, attempt: AttemptRecord) -> dict[str, Any]:
 
 def _expected_gbps(attempt: AttemptRecord) -> float | None:
     """The fabric's line rate per instance (Gbit/s), None where unknown (the local cloud's
-    processes share this host's loopback, which no fabric figure describes)."""
+    processes share this host's loopback, which no fabric figure describes, and a provider
+    no longer installed or declaring no hardware facts)."""
     if _on_host(attempt.provider):
         return None
-    return hardware.instance_fabric(attempt.provider, attempt.instance_type).gbps
+    entry = registry.find(attempt.provider)
+    if entry is None or entry.hardware is None:
+        return None
+    return entry.hardware.fabric(attempt.instance_type).gbps
 
 
 def known_agent(state: ApiState, authorization: str | None) -> bool:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import types
 import typing
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from optimizer.common.errors import Problem
 
@@ -226,3 +227,50 @@ def without(data: Any, locs: Iterable[FieldPath]) -> Any | None:
     if not all([_take_out(data, loc) for loc in locs]):
         return None
     return _sweep(data)
+
+
+class SectionError(ValueError):
+    """No model for a section: reported at `loc` below the section's key."""
+
+    def __init__(self, message: str, loc: tuple[str | int, ...] = ()) -> None:
+        super().__init__(message)
+        self.loc = loc
+
+
+def _error(key: Any, loc: tuple[Any, ...], kind: str, message: str, value: Any) -> Any:
+    template = message.replace("{", "{{").replace("}", "}}")
+    return InitErrorDetails(type=PydanticCustomError(kind, template), loc=(key, *loc), input=value)
+
+
+def validate_each(
+    title: str, sections: Any, model_of: Callable[[Any, Any], type[BaseModel]]
+) -> Any:
+    """Each value of a mapping validated with the model `model_of(key, value)` picks (a
+    provider's own settings model, a channel type's config model): for a field whose model a
+    plug-in declares. Every error keeps its location below the key, as a nested model's would;
+    `model_of` raises ValueError for a key it has no model for (SectionError: reported below the
+    key, at its `loc`). A value that is not a
+    mapping, or a value already validated, is left to the field's own type."""
+    if not isinstance(sections, dict):
+        return sections
+    out: dict[Any, Any] = {}
+    errors: list[InitErrorDetails] = []
+    for key, raw in sections.items():
+        if isinstance(raw, BaseModel) or not isinstance(raw, dict):
+            out[key] = raw
+            continue
+        try:
+            model = model_of(key, raw)
+        except SectionError as exc:
+            errors.append(_error(key, exc.loc, "value_error", str(exc), raw))
+            continue
+        try:
+            out[key] = model.model_validate(raw)
+        except ValidationError as exc:
+            errors.extend(
+                _error(key, tuple(e["loc"]), e["type"], str(e["msg"]), e.get("input"))
+                for e in exc.errors()
+            )
+    if errors:
+        raise ValidationError.from_exception_data(title, errors)
+    return out

@@ -1,6 +1,6 @@
 """Cost accounting: each cloud's billing rules and the ledger's pure model (docs/costs.md)."""
 
-from optimizer.costs.billing import RULES, BillingRule, rule_for
+from optimizer.costs.billing import BillingRule, rule_for
 from optimizer.costs.ledger import (
     Cost,
     Usage,
@@ -14,7 +14,6 @@ from optimizer.costs.ledger import (
 from optimizer.costs.lines import Group, GroupBy, Line, group_lines
 
 __all__ = [
-    "RULES",
     "BillingRule",
     "Cost",
     "Group",

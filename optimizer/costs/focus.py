@@ -25,6 +25,7 @@ from typing import Any
 
 from optimizer.clock import utc_text
 from optimizer.costs.lines import Line
+from providers import registry
 
 FOCUS_VERSION = "1.1"
 
@@ -73,13 +74,6 @@ COLUMNS: tuple[str, ...] = (
     "x_OverheadSeconds",
 )
 
-# Who bills, and the services' own names.
-_PROVIDERS = {
-    "aws": ("Amazon Web Services", "Amazon Elastic Compute Cloud", "Amazon Elastic Block Store"),
-    "gcp": ("Google Cloud", "Compute Engine", "Compute Engine"),
-    "local": ("gpuopt local cloud", "Local instances", "Local volumes"),
-}
-
 
 def focus_datetime(at: datetime) -> str:
     """FOCUS Date/Time: UTC, ISO 8601 extended with a Z (`YYYY-MM-DDTHH:mm:ssZ`)."""
@@ -103,9 +97,9 @@ def _charge_period(line: Line) -> tuple[datetime, datetime]:
 def rows(lines: Iterable[Line], *, account: str | None = None) -> Iterator[dict[str, Any]]:
     """FOCUS rows (None = null) for `lines`, instance first then volume, in line order."""
     for line in lines:
-        issuer, compute, storage = _PROVIDERS.get(
-            line.provider, (line.provider, f"{line.provider} compute", f"{line.provider} disks")
-        )
+        # Who bills, and the services' own names: the provider's registry entry declares them.
+        names = registry.get(line.provider).focus_names()
+        issuer, compute, storage = names.issuer, names.compute, names.storage
         start, end = _charge_period(line)
         hours = (end - start).total_seconds() / 3600
         tags = {

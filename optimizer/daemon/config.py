@@ -23,6 +23,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     SecretStr,
+    SerializeAsAny,
     ValidationError,
     field_validator,
 )
@@ -37,7 +38,7 @@ from optimizer.alerts.config import ALERTS_EXAMPLE, AlertsConfig
 from optimizer.common.bounds import Count, Days, Seconds
 from optimizer.common.documents import Checked, check_file
 from optimizer.common.errors import LocatedError, Problem
-from optimizer.common.validation import findings, in_file_order
+from optimizer.common.validation import findings, in_file_order, validate_each
 from optimizer.daemon import settings, token_strength
 from optimizer.daemon.connections import ConnectionLimits
 from optimizer.jobs.bootstrap import AgentInstall, AgentProxy, AgentSettings
@@ -51,6 +52,7 @@ from optimizer.store.logs import (
 )
 from optimizer.store.probes import DEFAULT_LAST
 from providers import registry
+from providers.config import ProviderConfig
 
 CONFIG_FILE_NAME = "gpuopt.yaml"
 CONFIG_ENV = "GPUOPT_CONFIG"
@@ -67,22 +69,6 @@ class ConfigError(LocatedError):
 class _Section(BaseModel):
     # Numbers are bounded (optimizer/common/bounds.py); NaN and infinity are never one.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class ProviderConfig(_Section):
-    """One provider's polling. Regions empty = every region the provider knows."""
-
-    enabled: bool = True
-    regions: list[str] = Field(default_factory=list, examples=[["us-east-1", "eu-west-1"]])
-    spot_interval_s: Seconds = Field(600, ge=1, description="Spot prices: every 10 minutes.")
-    on_demand_interval_s: Seconds = Field(
-        86_400, ge=1, description="On-demand prices and specs: daily."
-    )
-    project: str | None = Field(None, description="GCP only: the project (GPUOPT_GCP_PROJECT).")
-    placement_scores: bool = Field(False, description="AWS only: fetch spot placement scores.")
-    interruption_queue_url: str | None = Field(
-        None, description="AWS only: the SQS queue EventBridge sends EC2 interruption events to."
-    )
 
 
 class ApiConfig(_Section):
@@ -451,6 +437,14 @@ class _Environment(EnvSettingsSource):
         return {k: v for k, v in super()._load_env_vars().items() if k.lower() not in ignored}
 
 
+def _provider_model(name: Any, section: Any) -> type[ProviderConfig]:
+    """The settings model of an installed provider."""
+    entry = registry.find(name) if isinstance(name, str) else None
+    if entry is None:
+        raise ValueError(f"unknown provider {name!r}; installed: {', '.join(registry.names())}")
+    return entry.settings
+
+
 def _default_providers() -> dict[str, ProviderConfig]:
     return {"local": ProviderConfig()}
 
@@ -463,7 +457,7 @@ class ConfigSchema(BaseModel):
     data_dir: Path | None = None
     database_url: SecretStr | None = None
     policy_dir: Path | None = None
-    providers: dict[str, ProviderConfig] = Field(
+    providers: dict[str, SerializeAsAny[ProviderConfig]] = Field(
         default_factory=_default_providers,
         examples=[{"aws": {"regions": ["us-east-1"]}, "local": {"enabled": False}}],
     )
@@ -489,23 +483,12 @@ class ConfigSchema(BaseModel):
         default_factory=AgentEventsConfig, examples=[{"retention_days": 30}]
     )
 
-    @field_validator("providers")
+    @field_validator("providers", mode="before")
     @classmethod
-    def _known_providers(cls, value: dict[str, ProviderConfig]) -> dict[str, ProviderConfig]:
-        """Providers the registry knows, asked only for what each can do."""
-        for name, cfg in value.items():
-            entry = registry.find(name)
-            if entry is None:
-                known = ", ".join(registry.names())
-                raise ValueError(f"unknown provider {name!r}; known: {known}")
-            can = entry.capabilities
-            if cfg.placement_scores and not can.placement_scores:
-                raise ValueError(f"{name}.placement_scores: {name} has no placement scores")
-            if cfg.interruption_queue_url and not can.interruption_queue:
-                raise ValueError(
-                    f"{name}.interruption_queue_url: {name} reads no interruption queue"
-                )
-        return value
+    def _provider_sections(cls, value: Any) -> Any:
+        """Each provider's section validated with the model its registry entry names (its
+        own keys: `project` is GCP's, `interruption_queue_url` AWS's)."""
+        return validate_each("providers", value, _provider_model)
 
     @field_validator("data_dir", "policy_dir")
     @classmethod

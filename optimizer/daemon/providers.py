@@ -17,7 +17,6 @@ from functools import partial
 from pathlib import Path
 
 from optimizer.clock import Clock
-from optimizer.daemon.config import ProviderConfig
 from optimizer.store import Store
 from providers import registry
 from providers.base import (
@@ -27,6 +26,7 @@ from providers.base import (
     ProviderSettings,
     SpecCache,
 )
+from providers.config import ProviderConfig
 from providers.registry import Capabilities, ProviderEntry
 
 log = logging.getLogger(__name__)
@@ -48,9 +48,7 @@ def provider_settings(
     """What the registry builds a provider from: its config section and the daemon's parts."""
     return ProviderSettings(
         regions=tuple(config.regions),
-        project=config.project,
-        placement_scores=config.placement_scores,
-        interruption_queue_url=config.interruption_queue_url,
+        config=config,
         data_dir=data_dir,
         cache=cache,
         clock=clock,
@@ -106,7 +104,7 @@ class ProviderHandle:
     @property
     def has_interruption_queue(self) -> bool:
         """The provider reads an interruption queue and this config names one."""
-        return self.capabilities.interruption_queue and bool(self.config.interruption_queue_url)
+        return self.capabilities.interruption_queue and self.config.interruption_queue_configured
 
     def interruption_queue(self) -> InterruptionQueue | None:
         """The source as an InterruptionQueue where it has one configured, else None; raises

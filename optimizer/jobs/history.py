@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from optimizer import hardware
 from optimizer.catalog import OPTIONAL, REQUIRED, CatalogError, iter_offers, write_catalog
 from optimizer.common.errors import Problem
 from optimizer.common.times import EARLIEST_SECONDS, LATEST_SECONDS, SPAN
@@ -27,6 +26,7 @@ from optimizer.store import Store
 from optimizer.store.bulk import PriceColumns
 from policies.backtest import History
 from policies.table import OfferTable
+from providers import registry
 
 POOL = ("provider", "region", "zone", "instance_type", "market")
 _TEXT = frozenset(POOL) | {"gpu_model", "interconnect", "source", "fabric", "interruption_bucket"}
@@ -271,7 +271,8 @@ def read_history(path: str | Path) -> History:
                 if values.get(name) in ("", None):
                     values[name] = default
             if values["fabric"] is None or values["fabric_interfaces"] is None:
-                spec = hardware.instance_fabric(values["provider"], values["instance_type"])
+                facts = registry.get(values["provider"]).hardware_facts()
+                spec = facts.fabric(values["instance_type"])
                 values["fabric"] = values["fabric"] or spec.fabric
                 if values["fabric_interfaces"] is None:
                     values["fabric_interfaces"] = spec.interfaces

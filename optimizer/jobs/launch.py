@@ -25,10 +25,11 @@ from optimizer.jobs.machine import Alert, Launch, describe_pool
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow
 from optimizer.jobs.ranking import launch_ranking, pool_of
 from optimizer.jobs.recovery import LaunchError, Strategy
-from optimizer.model import EventKind, Offer
+from optimizer.model import EventKind, Market, Offer
 from optimizer.store import JobRecord
 from optimizer.store.jobs import AttemptRecord, token_sha256
 from policies import budget as budget_model
+from policies.schedule import effective
 from policies.schema import Policy
 from providers import registry
 from providers.base import (
@@ -366,7 +367,7 @@ class Launcher:
             attempt=attempt.gang or attempt.number,
             bootstrap=self._bootstrap(attempt, token, offer),
             image=self.agent.image(attempt.provider),
-            max_usd_per_hour=None,
+            max_usd_per_hour=cloud_cap(ctx, job, offer),
             gang=gang,
         )
         if not ctx.leading():
@@ -498,6 +499,17 @@ class Launcher:
             # instance on this host has this host's GPUs, not the simulated offer's.
             expected_gpus=None if on_host else offer.gpu_count,
         )
+
+
+def cloud_cap(ctx: ReconcileContext, job: JobRecord, offer: Offer) -> float | None:
+    """The price cap a spot launch sends to the cloud, where the policy in force enforces its
+    bid there (`bid.enforce_in_cloud`); None otherwise, and for on-demand (no cap to send)."""
+    if offer.market is not Market.SPOT:
+        return None
+    loaded = ctx.policies.get(job.policy)
+    if loaded is None:
+        return None
+    return effective(loaded.policy, ctx.now).bid.cloud_cap(offer.gpu_count)
 
 
 def job_nodes(job: JobRecord, policy: Policy) -> int:

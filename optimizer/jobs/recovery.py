@@ -8,21 +8,24 @@ give up) and while a job waits for an offer (`while_pending`); the launch walk
 (`launch.Launcher`) asks it what a capacity, quota or credentials error costs the pool or
 the provider (`after_launch_error`).
 
-A policy names its strategy in `recovery.strategy` (the names are `RecoveryStrategy` in
-policies/schema.py, written there once); the other `recovery` keys are its settings. To add
-one: add its name to `RecoveryStrategy`, subclass `Strategy` (or `Failover`) with that `name`,
-and add it to `STRATEGIES` (tests/test_jobs_recovery.py checks that every name has one).
+A policy names its strategy in `recovery.strategy`; the other `recovery` keys are its
+settings. The strategies are found through the `gpuopt.recovery_strategies` entry points
+(each names a `Strategy` subclass whose `name` is the entry point's): gpuopt's own are declared
+in its pyproject.toml, and another installed package adds one the same way (docs/extending.md,
+"A recovery strategy"); the policy loader checks the name against the installed ones.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import ClassVar
 
+from optimizer.common import plugins
 from optimizer.lifecycle import Failure
 from optimizer.model import Market, Pool
 from policies.schema import Policy, RecoveryStrategy
@@ -230,19 +233,71 @@ class EagerOnDemand(Failover):
         return f"; {failed} within {window}: on-demand at once (eager-on-demand)"
 
 
-STRATEGIES: dict[str, type[Strategy]] = {kind.name: kind for kind in (Failover, EagerOnDemand)}
 DEFAULT = Failover.name
+_STRATEGIES: dict[str, type[Strategy]] = {}  # the installed ones, then those registered here
+_LOCAL: dict[str, type[Strategy]] = {}  # registered in this process (tests)
+_loaded = False
+
+
+def _check(kind: type, name: str) -> None:
+    if not issubclass(kind, Strategy) or getattr(kind, "name", None) != name:
+        raise plugins.PluginError(
+            f"entry point {plugins.RECOVERY_STRATEGIES} {name}: not a Strategy named {name!r}"
+        )
+
+
+def strategies() -> Mapping[str, type[Strategy]]:
+    """The strategies by name, the installed ones read from their entry points once."""
+    global _loaded
+    if not _loaded:
+        found = plugins.load(plugins.RECOVERY_STRATEGIES, type, _check)
+        _STRATEGIES.clear()
+        _STRATEGIES.update(found)
+        _STRATEGIES.update(_LOCAL)
+        _loaded = True
+    return _STRATEGIES
+
+
+def reload() -> None:
+    """Read the installed strategies again, keeping those registered in this process."""
+    global _loaded
+    plugins.refresh()
+    _loaded = False
+    strategies()
+
+
+@contextmanager
+def registered(kind: type[Strategy]) -> Iterator[type[Strategy]]:
+    """A strategy registered in this process for the length of a `with` block (tests; an
+    installed package declares an entry point instead); policies may name it meanwhile."""
+    strategies()
+    if kind.name in _STRATEGIES:
+        raise ValueError(f"recovery strategy {kind.name!r} is already registered")
+    _STRATEGIES[kind.name] = _LOCAL[kind.name] = kind
+    plugins.declare(plugins.RECOVERY_STRATEGIES, kind.name)
+    try:
+        yield kind
+    finally:
+        _STRATEGIES.pop(kind.name, None)
+        _LOCAL.pop(kind.name, None)
+        plugins.withdraw(plugins.RECOVERY_STRATEGIES, kind.name)
 
 
 def strategy_for(policy: Policy, *, max_restarts: int | None = None) -> Strategy:
-    """The strategy a policy names, with the policy's settings."""
-    kind = STRATEGIES[policy.recovery.strategy]  # the schema admits only known names
+    """The strategy a policy names, with the policy's settings; a name no installed strategy
+    has (the policy was loaded where another package was installed) is a PluginError naming
+    the installed ones."""
+    kind = strategies().get(policy.recovery.strategy)
+    if kind is None:
+        known = ", ".join(strategies())
+        raise plugins.PluginError(
+            f"unknown recovery strategy {policy.recovery.strategy!r}; installed: {known}"
+        )
     return kind(RecoverySettings.of(policy, max_restarts=max_restarts))
 
 
 __all__ = [
     "DEFAULT",
-    "STRATEGIES",
     "EagerOnDemand",
     "Failover",
     "Failure",
@@ -253,5 +308,7 @@ __all__ = [
     "Relaunch",
     "SitOut",
     "Strategy",
+    "registered",
+    "strategies",
     "strategy_for",
 ]

@@ -148,7 +148,7 @@ def build_offers(
             "gpu_memory_gib": spec.gpu_memory_mib / 1024,
             "vcpus": spec.vcpus,
             "ram_gib": spec.ram_mib / 1024,
-            "interconnect": hardware.instance_interconnect("aws", name, spec.gpu_count),
+            "interconnect": hardware.aws_interconnect(name, spec.gpu_count),
             **_fabric(spec),
             "observed_at": observed_at,
             "source": SOURCE,
@@ -181,6 +181,6 @@ def _fabric(spec: GpuType) -> dict[str, Any]:
     the hardware table's count where a cached listing predates the count."""
     if not spec.efa:
         return {"fabric": Fabric.NONE, "fabric_interfaces": 0}
-    known = hardware.instance_fabric("aws", spec.instance_type)
+    known = hardware.aws_fabric(spec.instance_type)
     interfaces = spec.efa_interfaces or known.interfaces or 1
     return {"fabric": Fabric.EFA, "fabric_interfaces": interfaces}

@@ -254,7 +254,7 @@ def _offer(
     **terms: Any,
 ) -> Offer:
     model = hardware.from_gcp(cand.accelerator)
-    fabric = hardware.instance_fabric("gcp", cand.instance_type)
+    fabric = hardware.gcp_fabric(cand.instance_type)
     return Offer(
         provider="gcp",
         region=region,
@@ -265,7 +265,7 @@ def _offer(
         gpu_memory_gib=model.memory_gib,
         vcpus=cand.machine.vcpus,
         ram_gib=cand.machine.memory_mb / 1024,
-        interconnect=hardware.instance_interconnect("gcp", cand.machine.name, cand.count),
+        interconnect=hardware.gcp_interconnect(cand.machine.name, cand.count),
         fabric=fabric.fabric,
         fabric_interfaces=fabric.interfaces,
         market=market,

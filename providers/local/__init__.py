@@ -2,14 +2,19 @@
 local processes, a metadata endpoint shaped like AWS IMDSv2 and GCP's, injected interruptions
 and launch failures. gpuopt's embedded default; see `providers/local/cloud.py`."""
 
+from optimizer import hardware
+from providers import aws
 from providers.base import ProviderDisabled, ProviderSettings
+from providers.facts import FocusNames
 from providers.local.cloud import LocalCloud
 from providers.local.faults import FAULTS
 from providers.local.metadata import MetadataServer
 from providers.local.prices import SIMULATED, SpotWalk, local_offers
 from providers.local.state import InstanceRecord, Interruption, StateDir
+from providers.registry import Capabilities, ProviderEntry
 
 __all__ = [
+    "ENTRY",
     "FAULTS",
     "SIMULATED",
     "STATE_DIR",
@@ -33,3 +38,18 @@ def build(settings: ProviderSettings) -> LocalCloud:
         raise ProviderDisabled("the local cloud needs a data directory", provider="local")
     clock = settings.clock
     return LocalCloud(settings.data_dir / STATE_DIR, clock=lambda: clock().timestamp())
+
+
+# The local cloud, as the `gpuopt.providers` entry point `local` names it. It bills as AWS
+# does, so its numbers exercise the same rules; its types are the snapshot's AWS and GCP
+# types (their fabric looked up under either cloud), its processes share no GPU link.
+ENTRY = ProviderEntry(
+    "local",
+    Capabilities(
+        launch=True, live_offers=True, watcher="aws-imds", agent_on_host=True, hosted=True
+    ),
+    build,
+    billing=aws.BILLING,
+    hardware=hardware.LOCAL_FACTS,
+    focus=FocusNames("gpuopt local cloud", "Local instances", "Local volumes"),
+)

@@ -47,3 +47,32 @@ def gang_walk(tmp_path: Path, source: Any, offers: list[Offer]) -> list[str]:
         return [a.instance_id for a in store.jobs.attempts(job.id) if a.instance_id]
     finally:
         store.close()
+
+
+def walk_one(tmp_path: Path, source: Any, offer: Offer, policy_text: str) -> str:
+    """Walk one offer for a single-node job under `policy_text` (named `p`) on `source`; the
+    instance id it launched."""
+    store = Store(f"sqlite:///{tmp_path / 'one.sqlite'}")
+    store.create_all()
+    try:
+        store.jobs.add_job("one", "p", {"run": "x", "checkpoint_dir": "/c"})
+        job = store.jobs.get_job("one")
+        assert job is not None
+        handle = ProviderHandle.given(source.name, ProviderConfig(), source)
+        ctx = ReconcileContext(
+            now=NOW,
+            jobs=(job,),
+            policies={"p": SimpleNamespace(policy=parse_policy(policy_text))},
+            store=store,
+            providers={source.name: handle},
+            emitter=Drafter(),
+            clock=lambda: NOW,
+            leading=lambda: True,
+        )
+        walked = JobReconciler(lambda: "http://daemon").launcher._try(ctx, job, [offer], Failover())
+        assert walked.launched, walked.why
+        [attempt] = store.jobs.attempts(job.id)
+        assert attempt.instance_id is not None
+        return attempt.instance_id
+    finally:
+        store.close()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from providers.gcp.fake import COMPUTE_SERVICE_ID
+from tests.helpers.gcp_fake import COMPUTE_SERVICE_ID
 
 DATA = Path(__file__).parent.parent / "data" / "gcp"
 

@@ -486,7 +486,7 @@ class FakeGcp:
 
 
 def main() -> None:
-    """`python -m providers.gcp.fake [DIR] [--port N]`: serve recorded responses until ^C."""
+    """`python -m tests.helpers.gcp_fake [DIR] [--port N]`: serve recorded responses until ^C."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)
