@@ -124,7 +124,7 @@ def test_quota_cools_the_pool_for_the_quota_cooldown_and_skips_its_region(store:
     assert [zone for zone, _key in source.launched] == ["use1-az1", "usw2-az1"]  # az2 skipped
     assert store.jobs.cooled_pools(NOW + timedelta(minutes=29)) == {EAST_A_POOL}
     assert store.jobs.cooled_pools(NOW + timedelta(minutes=30)) == set()
-    assert [e.kind for e in reconciler._buffer] == ["provider.quota_exceeded"]
+    assert [e.kind for e in reconciler.acting.buffer] == ["provider.quota_exceeded"]
 
 
 def test_auth_benches_the_provider_for_the_auth_cooldown(store: Store) -> None:
@@ -134,7 +134,7 @@ def test_auth_benches_the_provider_for_the_auth_cooldown(store: Store) -> None:
     assert not launched and "failed to launch" in why
     assert source.launched == [("use1-az1", "1-1")]  # one call, then aws sat out
     assert reconciler.launcher.disabled == {"aws": NOW + timedelta(minutes=90)}
-    [alert] = reconciler._buffer
+    [alert] = reconciler.acting.buffer
     assert alert.kind == "provider.auth_failed" and alert.message.endswith(
         "no launches on aws for 1.5 h"
     )

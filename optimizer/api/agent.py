@@ -22,14 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Valida
 from optimizer import hardware
 from optimizer.api.state import ApiState, StateDep
 from optimizer.jobs.gang import Gate, Node, gate, head_number, master
-from optimizer.jobs.machine import (
-    FENCE_CLOCK_MARGIN,
-    MIGRATED,
-    AttemptView,
-    fence,
-    lifted_on_clock,
-)
-from optimizer.jobs.reconcile import attempt_view, finished_keys, power_off_at
+from optimizer.jobs.handover import FENCE_CLOCK_MARGIN, fence, lifted_on_clock
+from optimizer.jobs.machine import MIGRATED, AttemptView
+from optimizer.jobs.views import attempt_view, finished_keys, power_off_at
 from optimizer.model import EventKind
 from optimizer.store.jobs import AttemptRecord, token_sha256
 from optimizer.store.logs import NewChunk
