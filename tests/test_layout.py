@@ -354,3 +354,42 @@ def test_a_stray_top_level_module_is_reported() -> None:
     assert found == [
         "optimizer.store_daemon is in no layer: move it into a package (or give it a rule)"
     ]
+
+
+# -- the reconciler's shape --------------------------------------------------------------------
+
+# The reconciler and its passes (optimizer/jobs/reconcile.py registers them): the daemon's to
+# run. The API asks the jobs layer's own answers (the fence: jobs/fence.py) and never borrows
+# the reconciler's helpers to decide something itself.
+RECONCILER = frozenset(
+    f"optimizer.jobs.{name}"
+    for name in ("reconcile", "acting", "describe", "moving", "per_job", "watch", "cleanup")
+)
+
+
+def api_reconciler_imports(graph: Mapping[str, Iterable[str]]) -> list[str]:
+    """`a imports b` for each module of optimizer/api that imports the reconciler or a pass."""
+    return [
+        f"{module} imports {name}"
+        for module, names in sorted(graph.items())
+        if layer_of(module) == "optimizer.api"
+        for name in sorted(names)
+        if any(name == r or name.startswith(f"{r}.") for r in RECONCILER)
+    ]
+
+
+def test_the_api_does_not_import_the_reconciler() -> None:
+    assert api_reconciler_imports(GRAPH) == []
+
+
+def test_an_api_module_that_imports_the_reconciler_is_caught(tmp_path: Path) -> None:
+    sample = tmp_path / "optimizer" / "api" / "sample.py"
+    sample.parent.mkdir(parents=True)
+    sample.write_text(
+        "from __future__ import annotations\n"
+        "from optimizer.jobs.fence import fence_for\n"
+        "from optimizer.jobs.reconcile import attempt_view\n"
+    )
+    assert api_reconciler_imports(imports(tmp_path)) == [
+        "optimizer.api.sample imports optimizer.jobs.reconcile.attempt_view"
+    ]
