@@ -15,7 +15,7 @@ import pytest
 from optimizer.api.agent import TOKEN_GRACE
 from optimizer.clock import ManualClock
 from optimizer.daemon.service import Daemon
-from optimizer.jobs.reconcile import finished_earlier
+from optimizer.jobs.views import finished_earlier
 from optimizer.store.jobs import token_sha256
 from tests.helpers import make_offer
 from tests.helpers.daemon import make_config, running

@@ -14,7 +14,7 @@ import pytest
 
 from optimizer.clock import ManualClock
 from optimizer.daemon.service import Daemon
-from optimizer.jobs.machine import FENCE_CLOCK_MARGIN
+from optimizer.jobs.handover import FENCE_CLOCK_MARGIN
 from optimizer.model import EventKind
 from optimizer.store.jobs import token_sha256
 from tests.helpers import make_offer

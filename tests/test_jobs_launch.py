@@ -123,7 +123,7 @@ def test_quota_cools_the_pool_for_the_quota_cooldown_and_skips_its_region(store:
     assert [zone for zone, _key in source.launched] == ["use1-az1", "usw2-az1"]  # az2 skipped
     assert store.jobs.cooled_pools(NOW + timedelta(minutes=29)) == {EAST_A_POOL}
     assert store.jobs.cooled_pools(NOW + timedelta(minutes=30)) == set()
-    assert [e.kind for e in reconciler._buffer] == ["provider.quota_exceeded"]
+    assert [e.kind for e in reconciler.acting.buffer] == ["provider.quota_exceeded"]
 
 
 def test_auth_benches_the_provider_for_the_auth_cooldown(store: Store) -> None:
@@ -133,7 +133,7 @@ def test_auth_benches_the_provider_for_the_auth_cooldown(store: Store) -> None:
     assert not launched and "failed to launch" in why
     assert source.launched == [("use1-az1", "1-1")]  # one call, then aws sat out
     assert reconciler.launcher.disabled == {"aws": NOW + timedelta(minutes=90)}
-    [alert] = reconciler._buffer
+    [alert] = reconciler.acting.buffer
     assert alert.kind == "provider.auth_failed" and alert.message.endswith(
         "no launches on aws for 1.5 h"
     )
@@ -285,3 +285,46 @@ def test_the_bootstrap_comes_from_the_agent_settings_and_expects_the_offers_gpus
     assert "/srv/gpuopt/bin/python -m pip install" in spec.bootstrap
     assert "'gpuopt[probes]==0.4.1'" in spec.bootstrap
     assert spec.bootstrap.endswith("exec /srv/gpuopt/bin/python -m optimizer.cli agent run\n")
+
+
+def test_one_walk_launches_a_single_node_as_a_gang_of_one(store: Store) -> None:
+    """A single node's try is the gang walk's with one node: its row keeps the single-node
+    key and no gang, a failed node ends its own row, and no gang is torn down."""
+    source = FlakySource(CapacityError("none left"))
+    reconciler = JobReconciler(lambda: "http://d")
+    launched, why = walk(reconciler, context(store, source))
+    assert launched
+    assert why == "launched attempt 2 on aws us-east-1/use1-az2 g5.xlarge spot at $0.4500/h"
+    job = job_of(store)
+    first, second = store.jobs.attempts(job.id)
+    assert (first.key, first.gang, first.node_rank, first.nodes) == (f"{job.id}-1", None, 0, 1)
+    assert (second.key, second.gang, second.nodes) == (f"{job.id}-2", None, 1)
+    assert [e.message for e in reconciler.acting.buffer] == [
+        "no capacity on aws us-east-1/use1-az1 g5.xlarge spot; trying the next offer"
+    ]
+
+
+def test_a_lost_lead_mid_walk_keeps_each_shapes_words(store: Store) -> None:
+    """The job's reason when the lead is lost before a node's call, as the single-node and
+    the gang walks always worded it."""
+    reconciler = JobReconciler(lambda: "http://d")
+    ctx = context(store, FlakySource(), leading=iter([True, False]))
+    launched, why = reconciler.launcher.walk(ctx, job_of(store), Launch(), POLICY, STRATEGY)
+    assert launched and why == (
+        "launching attempt 1 on aws us-east-1/use1-az1 g5.xlarge spot at $0.4000/h "
+        "(this replica stopped leading; the new leader retries)"
+    )
+    store.jobs.add_job("g", "p", {"run": "x", "checkpoint_dir": "/g", "nodes": 2})
+    gang = store.jobs.get_job("g")
+    assert gang is not None
+    ctx = context(store, FlakySource(), leading=iter([True, True, False]))
+    launched, why = reconciler.launcher.walk(ctx, gang, Launch(), POLICY, STRATEGY)
+    assert launched and why == (
+        "launching attempt 1 (2 nodes) on aws us-east-1/use1-az1 g5.xlarge spot at "
+        "$0.4000/h each (not_leader; retrying)"
+    )
+    rows = store.jobs.attempts(gang.id)
+    assert [(a.gang, a.node_rank, a.nodes, a.instance_id is not None) for a in rows] == [
+        (1, 0, 2, True),
+        (1, 1, 2, False),
+    ]

@@ -11,25 +11,27 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from optimizer.clock import ManualClock
-from optimizer.jobs.machine import (
+from optimizer.jobs.handover import (
     FENCE_CLOCK_MARGIN,
+    LeaveToCloud,
+    fence,
+    handover,
+    leftover,
+    lifted_on_clock,
+    reclaim,
+)
+from optimizer.jobs.machine import (
     Alert,
     AttemptView,
     Cooldown,
     Decision,
     JobView,
     Launch,
-    LeaveToCloud,
     Stop,
     Terminate,
     decide,
-    fence,
     finished_on,
-    handover,
-    leftover,
-    lifted_on_clock,
     power_off_time,
-    reclaim,
 )
 from optimizer.jobs.recovery import Failover, Failure, RecoverySettings
 from optimizer.lifecycle import TERMINAL_JOB_STATES as TERMINAL

@@ -11,7 +11,8 @@ from typing import Any
 from optimizer.daemon.config import ProviderConfig
 from optimizer.daemon.loops.queue import WAIT_S, QueueLoop
 from optimizer.daemon.providers import ProviderHandle
-from optimizer.jobs.reconcile import JobReconciler, finished_keys
+from optimizer.jobs.reconcile import JobReconciler
+from optimizer.jobs.views import finished_keys
 from optimizer.store import Store
 from providers.aws import AwsConfig
 from tests.helpers import make_offer

@@ -15,7 +15,8 @@ from optimizer.clock import ManualClock
 from optimizer.daemon.config import ProviderConfig
 from optimizer.daemon.providers import ProviderHandle
 from optimizer.jobs.context import ReconcileContext
-from optimizer.jobs.reconcile import STOP_GRACE, JobReconciler, gpu_samples
+from optimizer.jobs.reconcile import STOP_GRACE, JobReconciler
+from optimizer.jobs.watch import gpu_samples
 from optimizer.model import EventKind
 from optimizer.store import JobRecord, Store
 from optimizer.store.tables import GpuSample

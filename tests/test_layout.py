@@ -445,3 +445,65 @@ def test_a_stray_top_level_module_is_reported() -> None:
     assert found == [
         "optimizer.store_daemon is in no layer: move it into a package (or give it a rule)"
     ]
+
+
+# -- the reconciler's shape --------------------------------------------------------------------
+
+# The reconciler and its passes (optimizer/jobs/reconcile.py registers them): the daemon's to
+# run. The API asks the jobs layer's own answers (the fence: jobs/fence.py) and never borrows
+# the reconciler's helpers to decide something itself.
+RECONCILER = frozenset(
+    f"optimizer.jobs.{name}"
+    for name in ("reconcile", "acting", "describe", "moving", "per_job", "watch", "cleanup")
+)
+MAX_JOBS_MODULE_LINES = 500  # a module of optimizer/jobs past this is doing more than one job
+
+
+def api_reconciler_imports(graph: Mapping[str, Iterable[str]]) -> list[str]:
+    """`a imports b` for each module of optimizer/api that imports the reconciler or a pass."""
+    return [
+        f"{module} imports {name}"
+        for module, names in sorted(graph.items())
+        if layer_of(module) == "optimizer.api"
+        for name in sorted(names)
+        if any(name == r or name.startswith(f"{r}.") for r in RECONCILER)
+    ]
+
+
+def long_jobs_modules(root: Path, limit: int = MAX_JOBS_MODULE_LINES) -> list[str]:
+    """`path: N lines` for each module of optimizer/jobs longer than `limit` lines."""
+    found = []
+    for path in sorted((root / "optimizer" / "jobs").rglob("*.py")):
+        lines = len(path.read_text().splitlines())
+        if lines > limit:
+            found.append(f"{path.relative_to(root).as_posix()}: {lines} lines (at most {limit})")
+    return found
+
+
+def test_the_api_does_not_import_the_reconciler() -> None:
+    assert api_reconciler_imports(GRAPH) == []
+
+
+def test_an_api_module_that_imports_the_reconciler_is_caught(tmp_path: Path) -> None:
+    sample = tmp_path / "optimizer" / "api" / "sample.py"
+    sample.parent.mkdir(parents=True)
+    sample.write_text(
+        "from __future__ import annotations\n"
+        "from optimizer.jobs.fence import fence_for\n"
+        "from optimizer.jobs.reconcile import attempt_view\n"
+    )
+    assert api_reconciler_imports(imports(tmp_path)) == [
+        "optimizer.api.sample imports optimizer.jobs.reconcile.attempt_view"
+    ]
+
+
+def test_no_module_of_jobs_is_over_500_lines() -> None:
+    assert long_jobs_modules(ROOT) == []
+
+
+def test_a_long_jobs_module_is_caught(tmp_path: Path) -> None:
+    folder = tmp_path / "optimizer" / "jobs"
+    folder.mkdir(parents=True)
+    (folder / "short.py").write_text("x = 1\n" * MAX_JOBS_MODULE_LINES)
+    (folder / "long.py").write_text("x = 1\n" * (MAX_JOBS_MODULE_LINES + 1))
+    assert long_jobs_modules(tmp_path) == ["optimizer/jobs/long.py: 501 lines (at most 500)"]

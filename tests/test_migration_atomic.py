@@ -9,6 +9,7 @@ The reconciler runs here against a fake cloud, one pass at a time, on a fixed cl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,7 +19,9 @@ from optimizer.daemon.config import ProviderConfig
 from optimizer.daemon.providers import ProviderHandle
 from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.migration import Move, Plan, Reason
+from optimizer.jobs.moving import Moves
 from optimizer.jobs.reconcile import ABANDONED, JobReconciler
+from optimizer.jobs.views import PassView
 from optimizer.model import EventKind, Offer
 from optimizer.store import Store
 from optimizer.store.jobs import AttemptRecord
@@ -39,13 +42,26 @@ class Killed(BaseException):
     """The daemon's process ended here (no `except Exception` of the pass catches it)."""
 
 
+class Planned(Moves):
+    """A migration pass that plans the move its reconciler holds, if any."""
+
+    def __init__(self, owner: Moving) -> None:
+        super().__init__(owner.acting)
+        self.owner = owner
+
+    def plan(self, ctx: ReconcileContext, view: PassView) -> Plan:
+        move = self.owner.move
+        return Plan(moves=(move,)) if move is not None else Plan()
+
+
 class Moving(JobReconciler):
     """A reconciler whose migration pass moves the job to THERE while `move` is set."""
 
     move: Move | None = None
 
-    def _plan(self, ctx: ReconcileContext, live: Any, attempts: Any) -> Plan:
-        return Plan(moves=(self.move,)) if self.move is not None else Plan()
+    def __init__(self, daemon_url: Callable[[], str]) -> None:
+        super().__init__(daemon_url)
+        self.moves = Planned(self)
 
 
 class FlakyCloud(FakeCloud):

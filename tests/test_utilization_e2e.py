@@ -19,8 +19,8 @@ import pytest
 from pytest_httpserver import HTTPServer
 
 from optimizer.daemon.service import Daemon
-from optimizer.jobs.reconcile import gpu_samples
 from optimizer.jobs.utilization import Rule, below_for
+from optimizer.jobs.watch import gpu_samples
 from optimizer.model import EventKind
 from providers.local import LocalCloud
 from tests.helpers import api, wait_until

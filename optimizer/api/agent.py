@@ -11,7 +11,6 @@ it has ended. So does the fence: why the agent must not start the job yet (null 
 from __future__ import annotations
 
 import hmac
-from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
@@ -21,17 +20,10 @@ from pydantic import ValidationError
 
 from optimizer import protocol
 from optimizer.api.state import ApiState, StateDep
-from optimizer.jobs.gang import Gate, Node, gate, head_number, master
-from optimizer.jobs.machine import (
-    FENCE_CLOCK_MARGIN,
-    MIGRATED,
-    AttemptView,
-    fence,
-    lifted_on_clock,
-)
-from optimizer.jobs.reconcile import attempt_view, finished_keys, power_off_at
-from optimizer.jobs.spec import DEFAULT_PROBES, job_spec
-from optimizer.model import EventKind
+from optimizer.jobs.fence import fence_for, gang_gate, gang_nodes
+from optimizer.jobs.gang import head_number, master
+from optimizer.jobs.machine import MIGRATED
+from optimizer.jobs.spec import job_spec
 from optimizer.protocol import (
     EVENT_DATA,
     AgentEvent,
@@ -119,94 +111,9 @@ def _check_data(events: list[AgentEvent]) -> None:
 
 
 def _fence(state: ApiState, attempt: AttemptRecord) -> str | None:
-    """Why the attempt's agent must wait before starting the job (None: it may start it).
-
-    The daemon lifts the fence once every earlier attempt's job has exited or its instance is
-    seen gone (`machine.fence`), so two runs never overlap; the announced power-off lifts it
-    only well after it has passed, with a `job.fence_lifted` event. It never lifts it for an
-    attempt the daemon has ended before its job started (a cancel, or a job that finished on
-    an earlier attempt meanwhile): the stop comes with the answers."""
-    if attempt.job_started_at is not None:
-        return None
-    head = head_number(attempt.number, attempt.gang)
-    if attempt.ended:
-        return f"attempt {head} has ended ({attempt.end_reason or 'ended'})"
-    every = state.store.jobs.attempts(attempt.job_id)
-    before = [a for a in every if head_number(a.number, a.gang) < head]
-    done = finished_keys(state.store, before)
-    # Every earlier attempt whose job started: one still running holds the fence, and one that
-    # started after an attempt whose job finished takes the job over (`machine.finished_on`).
-    # A gang's nodes go by their rank 0's number.
-    earlier = [a for a in before if a.key in done or a.job_started_at is not None]
-    views = [
-        replace(
-            attempt_view(a, power_off_at=power_off_at(state.store, a), finished=a.key in done),
-            number=head_number(a.number, a.gang),
-        )
-        for a in earlier
-    ]
-    now = state.clock()
-    why = fence(views, now=now)
-    if why is None:
-        for old in lifted_on_clock(views, now=now):
-            _record_clock_lift(state, attempt, old)
-    if why is None and attempt.nodes > 1:
-        why = _gang_gate(state, attempt, every).why
-    return why
-
-
-def _record_clock_lift(state: ApiState, attempt: AttemptRecord, old: AttemptView) -> None:
-    """Record (once per earlier attempt) that the fence let the job start on the clock
-    alone: nothing said that attempt's job had exited, so the runs may overlap."""
-    job = state.store.jobs.get_job_by_id(attempt.job_id)
-    name = job.given_name if job is not None else str(attempt.job_id)
-    off = old.power_off_at.isoformat(timespec="seconds") if old.power_off_at else "?"
-    margin = FENCE_CLOCK_MARGIN.total_seconds()
-    dedupe = f"attempt:{old.key}:fence-lifted-on-clock"
-    event = state.emitter.draft(
-        EventKind.JOB_FENCE_LIFTED,
-        f"job {name}: attempt {head_number(attempt.number, attempt.gang)} starts the job on the "
-        f"clock: attempt {old.number}'s job never reported its exit and its instance was never "
-        f"seen gone, {margin:.0f} s after the power-off announced for {off}",
-        severity="warning",
-        policy=job.policy if job is not None else None,
-        job_id=attempt.job_id,
-        data={
-            "job": name,
-            "attempt": head_number(attempt.number, attempt.gang),
-            "earlier_attempt": old.number,
-            "power_off_at": None if old.power_off_at is None else old.power_off_at.isoformat(),
-            "margin_s": margin,
-        },
-        dedupe_key=dedupe,
-    )
-    state.store.events.record_once(
-        event,
-        since=old.power_off_at or state.clock(),
-        same=lambda e: (
-            (e.data or {}).get("earlier_attempt") == old.number and e.job_id == attempt.job_id
-        ),
-    )
-
-
-def _gang_nodes(attempt: AttemptRecord, every: list[AttemptRecord]) -> list[Node]:
-    return [
-        Node(
-            rank=a.node_rank,
-            registered=a.registered_at is not None,
-            address=a.address,
-            probe_status=a.probe_status,
-            internode_status=a.internode_status,
-        )
-        for a in every
-        if a.gang == attempt.gang
-    ]
-
-
-def _gang_gate(state: ApiState, attempt: AttemptRecord, every: list[AttemptRecord]) -> Gate:
-    job = state.store.jobs.get_job_by_id(attempt.job_id)
-    probes = DEFAULT_PROBES if job is None else job_spec(job).probes
-    return gate(_gang_nodes(attempt, every), probes=probes)
+    """Why the attempt's agent must wait before starting the job (None: it may start it),
+    as the jobs layer decides it (optimizer/jobs/fence.py)."""
+    return fence_for(state.store, state.emitter, attempt, now=state.clock())
 
 
 def _rendezvous(state: ApiState, attempt: AttemptRecord) -> dict[str, Any]:
@@ -215,7 +122,7 @@ def _rendezvous(state: ApiState, attempt: AttemptRecord) -> dict[str, Any]:
     if attempt.nodes <= 1 or attempt.ended:
         return {}
     every = state.store.jobs.attempts(attempt.job_id)
-    nodes = _gang_nodes(attempt, every)
+    nodes = gang_nodes(attempt, every)
     found = master(nodes)
     addr, port = found if found is not None else (None, None)
     block = Gang(rank=attempt.node_rank, nodes=attempt.nodes, master_addr=addr, master_port=port)
@@ -223,7 +130,7 @@ def _rendezvous(state: ApiState, attempt: AttemptRecord) -> dict[str, Any]:
     if (
         found is not None
         and attempt.internode_status is None
-        and _gang_gate(state, attempt, every).run_internode
+        and gang_gate(state.store, attempt, every).run_internode
     ):
         out["internode"] = Internode(
             rank=attempt.node_rank,

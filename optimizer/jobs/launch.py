@@ -4,10 +4,11 @@
 `GET /offers?policy=` shows too: minus pools in cooldown and pools the decision avoids; the
 ranking's budget rule, given what the policy has spent and runs now, drops those the month's
 budget cannot pay for, a multi-node job's offers priced once per node), and tries them in
-order: each try writes its attempt row first (so a daemon killed mid-call retries with the
-same idempotency key), then calls the provider. `Launcher.launch` is one call, and says what
-happened as a `LaunchOutcome`; what a capacity, quota or credentials error costs the pool or
-the provider is the recovery strategy's answer (recovery.py).
+order, in one walk for every job (a single node is a gang of one): each try writes its
+attempt rows first (so a daemon killed mid-call retries with the same idempotency key), then
+calls the provider for each node. `Launcher.launch` is one call, and says what happened as a
+`LaunchOutcome`; what a capacity, quota or credentials error costs the pool or the provider
+is the recovery strategy's answer (recovery.py, applied by launch_errors.py).
 """
 
 from __future__ import annotations
@@ -21,11 +22,19 @@ from typing import NamedTuple
 from optimizer.jobs.bootstrap import AgentSettings
 from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.gang import gang_key, placement_name
+from optimizer.jobs.launch_errors import (
+    Emit,
+    after_auth,
+    after_capacity,
+    after_quota,
+    end,
+)
 from optimizer.jobs.machine import Alert, Launch, describe_pool
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow
 from optimizer.jobs.ranking import launch_ranking, pool_of
-from optimizer.jobs.recovery import LaunchError, Strategy
-from optimizer.model import EventKind, Market, Offer
+from optimizer.jobs.recovery import Strategy
+from optimizer.jobs.spec import job_spec
+from optimizer.model import EventKind, Market, Offer, Pool
 from optimizer.store import JobRecord
 from optimizer.store.jobs import AttemptRecord, token_sha256
 from policies import budget as budget_model
@@ -45,10 +54,6 @@ from providers.base import (
 )
 
 MAX_OFFERS_TRIED = 25  # per launch, so a run of capacity errors ends in a clear pending reason
-
-# Queue an event about a job, recorded with its transition: (ctx, job, alert, dedupe key,
-# the attempt it concerns).
-Emit = Callable[[ReconcileContext, JobRecord, Alert, str | None, AttemptRecord | None], None]
 
 
 class LaunchOutcome(Enum):
@@ -196,47 +201,9 @@ class Launcher:
                     f"budget:{job.policy}:{ctx.now:%Y-%m}",
                     None,
                 )
-        if nodes > 1:
-            return self._try_gangs(ctx, job, candidates[:MAX_OFFERS_TRIED], strategy, nodes)
-        return self._try(ctx, job, candidates[:MAX_OFFERS_TRIED], strategy)
+        return self._try(ctx, job, candidates[:MAX_OFFERS_TRIED], strategy, nodes)
 
     def _try(
-        self, ctx: ReconcileContext, job: JobRecord, offers: list[Offer], strategy: Strategy
-    ) -> Walk:
-        skip_scopes: set[tuple[str, str]] = set()
-        number = next_number(ctx, job)
-        for offer in offers:
-            if (offer.provider, offer.region) in skip_scopes:
-                continue
-            if self.provider(ctx, offer.provider) is None:
-                skip_scopes.add((offer.provider, offer.region))
-                continue
-            if not ctx.leading():
-                return Walk(False, "this replica stopped leading; the new leader launches")
-            key = f"{job.id}-{number}"
-            token = secrets.token_urlsafe(32)
-            attempt = ctx.store.jobs.create_attempt(
-                job.id, number, key, offer, token_sha256(token), ctx.now
-            )
-            outcome = self.launch(ctx, job, attempt, strategy, token=token, offer=offer)
-            where = (
-                f"attempt {number} on {describe_pool(attempt.pool)} at ${offer.usd_per_hour:.4f}/h"
-            )
-            if outcome is LaunchOutcome.LAUNCHED:
-                return Walk(True, f"launched {where}")
-            if outcome is LaunchOutcome.THROTTLED:
-                return Walk(True, f"launching {where} (throttled; retrying)")
-            if outcome is LaunchOutcome.NOT_LEADER:
-                return Walk(
-                    True,
-                    f"launching {where} (this replica stopped leading; the new leader retries)",
-                )
-            if outcome.skips_scope:
-                skip_scopes.add((offer.provider, offer.region))
-            number += 1
-        return Walk(False, f"every offer under policy {job.policy} failed to launch (see events)")
-
-    def _try_gangs(
         self,
         ctx: ReconcileContext,
         job: JobRecord,
@@ -244,10 +211,10 @@ class Launcher:
         strategy: Strategy,
         nodes: int,
     ) -> Walk:
-        """Launch `nodes` instances of one offer together, all or nothing: every node's row
-        is written first (one key each), then each is launched; if one fails, the nodes
-        already launched are terminated and the next offer is tried (the failed node's error
-        costs its pool what a single launch's would)."""
+        """Launch `nodes` instances of one offer together, all or nothing (a single node is a
+        gang of one): every node's row is written first (one key each), then each is
+        launched; if one fails, the nodes already launched are terminated and the next offer
+        is tried (the failed node's error costs its pool what a single launch's would)."""
         skip_scopes: set[tuple[str, str]] = set()
         number = next_number(ctx, job)
         for offer in offers:
@@ -258,26 +225,8 @@ class Launcher:
                 continue
             if not ctx.leading():
                 return Walk(False, "this replica stopped leading; the new leader launches")
-            rows: list[tuple[AttemptRecord, str]] = []
-            for rank in range(nodes):
-                token = secrets.token_urlsafe(32)
-                key = gang_key(job.id, number, rank)
-                row = ctx.store.jobs.create_attempt(
-                    job.id,
-                    number + rank,
-                    key,
-                    offer,
-                    token_sha256(token),
-                    ctx.now,
-                    gang=number,
-                    node_rank=rank,
-                    nodes=nodes,
-                )
-                rows.append((row, token))
-            where = (
-                f"attempt {number} ({nodes} nodes) on {describe_pool(rows[0][0].pool)} at "
-                f"${offer.usd_per_hour:.4f}/h each"
-            )
+            rows = [self._row(ctx, job, offer, number, rank, nodes) for rank in range(nodes)]
+            where = _where(number, nodes, rows[0][0].pool, offer)
             outcome = LaunchOutcome.LAUNCHED
             for row, token in rows:
                 outcome = self.launch(ctx, job, row, strategy, token=token, offer=offer)
@@ -286,14 +235,40 @@ class Launcher:
             if outcome is LaunchOutcome.LAUNCHED:
                 return Walk(True, f"launched {where}")
             if outcome.pending:
-                return Walk(True, f"launching {where} ({outcome.value}; retrying)")
-            self.tear_down(
-                ctx, job, [row for row, _ in rows], why=f"a node failed: {outcome.value}"
-            )
+                return Walk(True, f"launching {where} ({_pending(outcome, nodes)})")
+            if nodes > 1:  # a single node's launch has ended its one row
+                self.tear_down(
+                    ctx, job, [row for row, _ in rows], why=f"a node failed: {outcome.value}"
+                )
             if outcome.skips_scope:
                 skip_scopes.add((offer.provider, offer.region))
             number += nodes
         return Walk(False, f"every offer under policy {job.policy} failed to launch (see events)")
+
+    def _row(
+        self,
+        ctx: ReconcileContext,
+        job: JobRecord,
+        offer: Offer,
+        number: int,
+        rank: int,
+        nodes: int,
+    ) -> tuple[AttemptRecord, str]:
+        """Write one node's attempt row before its launch, with its token: a gang's rows name
+        their gang (the rank-0 row's number), rank and size; a single node's name none."""
+        token = secrets.token_urlsafe(32)
+        row = ctx.store.jobs.create_attempt(
+            job.id,
+            number + rank,
+            gang_key(job.id, number, rank),
+            offer,
+            token_sha256(token),
+            ctx.now,
+            gang=number if nodes > 1 else None,
+            node_rank=rank,
+            nodes=nodes,
+        )
+        return row, token
 
     def tear_down(
         self, ctx: ReconcileContext, job: JobRecord, rows: list[AttemptRecord], *, why: str
@@ -377,15 +352,15 @@ class Launcher:
         try:
             ref = source.launch(offer, spec, attempt.key)
         except CapacityError as exc:
-            self._capacity(ctx, job, attempt, strategy, exc)
+            after_capacity(ctx, job, attempt, strategy, exc, self.emit)
             return LaunchOutcome.CAPACITY
         except QuotaError as exc:
-            self._quota(ctx, job, attempt, strategy, exc)
+            after_quota(ctx, job, attempt, strategy, exc, self.emit)
             return LaunchOutcome.QUOTA
         except ThrottledError:
             return LaunchOutcome.THROTTLED
         except AuthError as exc:
-            self._auth(ctx, job, attempt, strategy, exc)
+            after_auth(ctx, job, attempt, strategy, exc, self.emit, self.disabled)
             return LaunchOutcome.AUTH
         except ProviderError as exc:
             end(ctx, attempt, "launch_error")
@@ -409,81 +384,6 @@ class Launcher:
             disk_gib=spec.disk_gib,  # the root volume the launch created (billed as storage)
         )
         return LaunchOutcome.LAUNCHED
-
-    def _capacity(
-        self,
-        ctx: ReconcileContext,
-        job: JobRecord,
-        attempt: AttemptRecord,
-        strategy: Strategy,
-        exc: CapacityError,
-    ) -> None:
-        sit = strategy.after_launch_error(LaunchError.CAPACITY, ctx.now)
-        if sit.pool_until is not None:
-            ctx.store.jobs.add_cooldown(attempt.pool, sit.pool_until, f"no capacity: {exc}")
-        end(ctx, attempt, "capacity")
-        self.emit(
-            ctx,
-            job,
-            Alert(
-                EventKind.JOB_LAUNCH_FAILED,
-                "info",
-                f"no capacity on {describe_pool(attempt.pool)}; trying the next offer",
-            ),
-            None,
-            attempt,
-        )
-
-    def _quota(
-        self,
-        ctx: ReconcileContext,
-        job: JobRecord,
-        attempt: AttemptRecord,
-        strategy: Strategy,
-        exc: QuotaError,
-    ) -> None:
-        sit = strategy.after_launch_error(LaunchError.QUOTA, ctx.now)
-        end(ctx, attempt, "quota")
-        self.emit(
-            ctx,
-            job,
-            Alert(
-                EventKind.PROVIDER_QUOTA_EXCEEDED,
-                "warning",
-                f"quota on {attempt.provider} {attempt.region}: {exc}",
-            ),
-            f"quota:{attempt.provider}:{attempt.region}",
-            attempt,
-        )
-        if sit.pool_until is not None:
-            ctx.store.jobs.add_cooldown(attempt.pool, sit.pool_until, f"quota: {exc}")
-
-    def _auth(
-        self,
-        ctx: ReconcileContext,
-        job: JobRecord,
-        attempt: AttemptRecord,
-        strategy: Strategy,
-        exc: AuthError,
-    ) -> None:
-        sit = strategy.after_launch_error(LaunchError.AUTH, ctx.now)
-        sits_out = ""
-        if sit.provider_until is not None:
-            self.disabled[attempt.provider] = sit.provider_until
-            hours = (sit.provider_until - ctx.now).total_seconds() / 3600
-            sits_out = f"; no launches on {attempt.provider} for {hours:g} h"
-        end(ctx, attempt, "auth")
-        self.emit(
-            ctx,
-            job,
-            Alert(
-                EventKind.PROVIDER_AUTH_FAILED,
-                "error",
-                f"{attempt.provider} refused the launch: {exc}{sits_out}",
-            ),
-            f"auth:{attempt.provider}",
-            attempt,
-        )
 
     def _bootstrap(self, attempt: AttemptRecord, token: str, offer: Offer) -> str:
         caps = registry.capabilities(attempt.provider)
@@ -512,26 +412,33 @@ def cloud_cap(ctx: ReconcileContext, job: JobRecord, offer: Offer) -> float | No
     return effective(loaded.policy, ctx.now).bid.cloud_cap(offer.gpu_count)
 
 
+def _where(number: int, nodes: int, pool: Pool, offer: Offer) -> str:
+    """The attempt a walk launches, as the job's reason names it."""
+    if nodes == 1:
+        return f"attempt {number} on {describe_pool(pool)} at ${offer.usd_per_hour:.4f}/h"
+    return (
+        f"attempt {number} ({nodes} nodes) on {describe_pool(pool)} at "
+        f"${offer.usd_per_hour:.4f}/h each"
+    )
+
+
+def _pending(outcome: LaunchOutcome, nodes: int) -> str:
+    """Why a launch the walk began is still under way (the words a single node's and a
+    gang's reasons have always used)."""
+    if nodes == 1 and outcome is LaunchOutcome.NOT_LEADER:
+        return "this replica stopped leading; the new leader retries"
+    return f"{outcome.value}; retrying"
+
+
 def job_nodes(job: JobRecord, policy: Policy) -> int:
     """How many instances each attempt of the job spans: the spec's `nodes`, else the
     policy's `workload.nodes`."""
-    return int(job.spec.get("nodes") or policy.workload.nodes or 1)
+    return job_spec(job).nodes or policy.workload.nodes or 1
 
 
 def next_number(ctx: ReconcileContext, job: JobRecord) -> int:
     """The next attempt number: a gang of N takes N numbers (one per node's row)."""
     return max((a.number for a in ctx.store.jobs.attempts(job.id)), default=0) + 1
-
-
-def end(ctx: ReconcileContext, attempt: AttemptRecord, why: str) -> None:
-    """End an attempt (its instance counts as gone when it never had one)."""
-    ctx.store.jobs.update_attempt(
-        attempt.key,
-        state="ended",
-        ended_at=ctx.now,
-        end_reason=why,
-        instance_gone=attempt.instance_id is None,
-    )
 
 
 def offer_of(ctx: ReconcileContext, attempt: AttemptRecord) -> Offer | None:

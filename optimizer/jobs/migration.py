@@ -8,7 +8,7 @@ moves it held back (and why). It does no I/O and reads no clock but `now`; the r
 gathers its inputs (migration_inputs.py) and makes each move through the interruption path:
 the new attempt launches while the old one keeps running, the old job gets SIGTERM to
 checkpoint once the new instance is ready, and the new job starts only after the old one has
-exited (machine.handover and machine.fence).
+exited (handover.handover and handover.fence).
 
 A job moves when (in this order of precedence):
 

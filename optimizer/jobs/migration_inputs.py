@@ -28,6 +28,7 @@ from optimizer.jobs.migration import (
 )
 from optimizer.jobs.ranking import pool_of
 from optimizer.jobs.recovery import Failure, strategy_for
+from optimizer.jobs.spec import job_spec
 from optimizer.jobs.utilization import rules_for
 from optimizer.lifecycle import FAILURES, HANDED_OVER, AttemptEnd, JobState
 from optimizer.model import Market, Offer, Pool
@@ -329,7 +330,7 @@ def _running_job(
         theirs_rows = [attempts.get(j.id, ()) for j in mine if j.policy == job.policy]
         spent_by[job.policy] = overheads.of(store, job.policy, theirs_rows, now)
     spent, spent_note = spent_by[job.policy]
-    strategy = strategy_for(policy, max_restarts=job.spec.get("max_restarts"))
+    strategy = strategy_for(policy, max_restarts=job_spec(job).max_restarts)
     history = tuple(
         (Failure(a.end_reason), a.ended_at) for a in rows if a.end_reason in FAILURES and a.ended_at
     )

@@ -3,9 +3,10 @@
 `watch(...)` looks at one running attempt — its job's start, the per-span GPU readings its
 agent sent (the `gpu_sample` rows: `util_mean` over each span), the rules of its policy and
 job spec, the end of the last window each alert rule already alerted on — and the time now,
-and says which rules fire. It does no I/O and reads no clock; the reconciler
-(reconcile.py) carries out what it says: `stop` through the state machine (machine.decide,
-the job ends `stopped`), `alert` as an event deduplicated per attempt and window start.
+and says which rules fire. It does no I/O and reads no clock; the reconciler's
+utilization watch (watch.py) carries out what it says: `stop` through the state machine
+(machine.decide, the job ends `stopped`), `alert` as an event deduplicated per attempt and
+window start.
 
 "Below `below` for W", precisely (docs/policies.md, Utilization):
 

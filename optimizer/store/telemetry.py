@@ -17,7 +17,7 @@ import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Row, delete, func, select
@@ -315,6 +315,28 @@ class Telemetry:
             rows = [_record(r) for r in conn.execute(query)]
         rows.reverse()
         return rows
+
+    def ending_after(self, attempt_id: int, since: datetime) -> list[GpuSampleRecord]:
+        """One attempt's spans that end after `since`, oldest first (what the utilization
+        watch reads)."""
+        # Spans are at most an hour (the downsampled rows): any that ends after `since` starts
+        # after `since - 1 h`.
+        query = (
+            _select()
+            .where(
+                _SAMPLE.c.attempt_id == attempt_id,
+                _SAMPLE.c.start > since - timedelta(hours=1),
+            )
+            .order_by(_SAMPLE.c.start)
+        )
+        with self._db.connect() as conn:
+            rows = [_record(r) for r in conn.execute(query)]
+        spans = []
+        for row in rows:
+            start = row.start if row.start.tzinfo is not None else row.start.replace(tzinfo=UTC)
+            if start + timedelta(seconds=row.span_s) > since:
+                spans.append(replace(row, start=start))
+        return spans
 
     def latest(self, attempt_ids: Sequence[int]) -> dict[int, GpuSampleRecord]:
         """Each attempt's newest span (attempts with none left out)."""

@@ -42,7 +42,7 @@ def gang_walk(tmp_path: Path, source: Any, offers: list[Offer]) -> list[str]:
             leading=lambda: True,
         )
         launcher = JobReconciler(lambda: "http://daemon").launcher
-        walked = launcher._try_gangs(ctx, job, offers, Failover(), 2)
+        walked = launcher._try(ctx, job, offers, Failover(), 2)
         assert walked.launched, walked.why
         return [a.instance_id for a in store.jobs.attempts(job.id) if a.instance_id]
     finally:
