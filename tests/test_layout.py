@@ -98,9 +98,6 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
 INTERNAL_MODULES = frozenset({"optimizer.store.tables", "optimizer.store.engine"})
 # Imports the faces rule lets through, each with why (remove a line when its reason is gone).
 FACE_EXCEPTIONS: dict[tuple[str, str], str] = {
-    # the utilization watch reads `gpu_sample` with its own query; it moves behind the store
-    # when the reconciler is split into passes (issue 28, item 4)
-    ("optimizer.jobs.reconcile", "optimizer.store.tables.GpuSample"): "raw query, to move",
     # the backtest's and the vector engine's price masks share the scalar rules' tolerance;
     # one object per rule holds it when the rules are written once (issue 28, item 3)
     ("policies.backtest", "policies.rules._SLACK"): "shared tolerance, to move",

@@ -69,7 +69,9 @@ def walk_one(tmp_path: Path, source: Any, offer: Offer, policy_text: str) -> str
             clock=lambda: NOW,
             leading=lambda: True,
         )
-        walked = JobReconciler(lambda: "http://daemon").launcher._try(ctx, job, [offer], Failover())
+        walked = JobReconciler(lambda: "http://daemon").launcher._try(
+            ctx, job, [offer], Failover(), 1
+        )
         assert walked.launched, walked.why
         [attempt] = store.jobs.attempts(job.id)
         assert attempt.instance_id is not None
