@@ -71,9 +71,9 @@ class MaxUsdPerHour(BidCap):
         return bid.max_usd_per_hour
 
     def why(self, rules: RuleContext, priced: Priced) -> str | None:
-        cap = rules.bid.max_usd_per_hour
-        if cap is not None and exceeds(priced.usd_per_hour, cap):
-            return f"{usd(priced.usd_per_hour)}/h > cap {usd(cap)}/h"
+        limit = self.limit(rules.bid, priced.gpu_count, priced.on_demand)
+        if limit is not None and exceeds(priced.usd_per_hour, limit):
+            return f"{usd(priced.usd_per_hour)}/h > cap {usd(limit)}/h"
         return None
 
 

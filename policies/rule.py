@@ -73,7 +73,7 @@ class ShapeColumns:
         self.size = len(self.rows)
         self._figures: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._bandwidth: tuple[np.ndarray, np.ndarray] | None = None
-        self._kinds: tuple[np.ndarray, list[tuple[str, str, str]]] | None = None
+        self._kinds: tuple[np.ndarray, list[tuple[Any, ...]]] | None = None
 
     def number(self, name: str) -> np.ndarray:
         """An int or float field, per shape."""
@@ -115,7 +115,7 @@ class ShapeColumns:
 
         return table.memo("shape-groups:" + ",".join(names), build)  # type: ignore[no-any-return]
 
-    def _type_keys(self) -> tuple[np.ndarray, list[tuple[str, str, str]]]:
+    def _type_keys(self) -> tuple[np.ndarray, list[tuple[Any, ...]]]:
         """(group per shape, (model, provider, type) per group): figures depend on a type's
         probes where there are per-type measurements, else on the GPU model alone."""
         if self._kinds is None:
@@ -124,8 +124,8 @@ class ShapeColumns:
             ids, first = self._groups(by)
             names = ("gpu_model", "provider", "instance_type")
             keys = [self._values(names, int(i)) for i in first.tolist()]
-            self._kinds = ids, keys  # type: ignore[assignment]
-        return self._kinds  # type: ignore[return-value]
+            self._kinds = ids, keys
+        return self._kinds
 
     def figure(self, dtype: str) -> tuple[np.ndarray, np.ndarray]:
         """(per-GPU TFLOPS or NaN, measured?) per shape: `RuleContext.figure`'s."""
