@@ -18,17 +18,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 
 from optimizer.model import Market
 from policies.measured import DATASHEET, MEASURED, TypeMeasurement
 from policies.price_rules import STALE
-from policies.rule import Priced, PriceRule, Prices, Shape, ShapeColumns, ShapeRule
+from policies.rule import Priced, Prices, Shape, ShapeColumns
 from policies.rules import RuleSet
 from policies.table import SHAPE_FIELDS, OfferTable
 
 PASSED = -1  # the rule index of a row that fails no rule
+_shape_of = attrgetter(*SHAPE_FIELDS)
 
 
 def _first(masks: Sequence[np.ndarray], indexes: Sequence[int], size: int) -> np.ndarray:
@@ -70,12 +72,12 @@ class Verdicts:
 
     def reason(self, row: int) -> str:
         """Why `row` was rejected, in the failing rule's words (formatted now)."""
-        rule = self.rules.checks[int(self.rule[row])]
+        index = int(self.rule[row])
+        rules = self.rules
         offer = self.table.offers[row]
-        why: str | None
-        if rule is STALE:
-            why = STALE.why(self.rules, offer.observed_at)
-        elif isinstance(rule, PriceRule):
+        why: str | None = None
+        price_rule = rules.price_at.get(index)
+        if price_rule is not None:
             reference = float(self.on_demand[row])
             priced = Priced(
                 offer.usd_per_hour,
@@ -85,19 +87,19 @@ class Verdicts:
                 offer.instance_type,
                 offer.region,
             )
-            why = rule.why(self.rules, priced)
-        elif isinstance(rule, ShapeRule):
+            why = price_rule.why(rules, priced)
+        elif index == rules.stale_index:
+            why = STALE.why(rules, offer.observed_at)
+        else:
             shape = int(self.shapes.ids[row])
             why = self._reasons.get(shape)
             if why is None:
-                values = Shape._make(getattr(offer, name) for name in SHAPE_FIELDS)
-                why = rule.why(self.rules, values)
+                values = Shape._make(_shape_of(offer))
+                why = rules.shape_at[index].why(rules, values)
                 if why is not None:
                     self._reasons[shape] = why
-        else:
-            why = None
         if why is None:
-            raise AssertionError(f"row {row}: the masks say {rule.id}, its check passes it")
+            raise AssertionError(f"row {row}: the masks say {rules.ids[index]}, its check passes")
         return why
 
     def reasons(self, rows: np.ndarray) -> list[str]:
@@ -105,10 +107,11 @@ class Verdicts:
         shape, stale's per observation time; the price rules' per row."""
         if len(rows) == 0:
             return []
-        rule = self.rules.checks[int(self.rule[rows[0]])]
-        if isinstance(rule, PriceRule) or np.any(self.rule[rows] != self.rule[rows[0]]):
+        index = int(self.rule[rows[0]])
+        if index in self.rules.price_at or np.any(self.rule[rows] != index):
             return list(map(self.reason, rows.tolist()))
-        by = self.table.column("observed_at").codes if rule is STALE else self.shapes.ids
+        stale = index == self.rules.stale_index
+        by = self.table.column("observed_at").codes if stale else self.shapes.ids
         _, first, inverse = np.unique(by[rows], return_index=True, return_inverse=True)
         words = np.array([self.reason(int(rows[i])) for i in first], dtype=object)
         return words[inverse.reshape(-1)].tolist()  # type: ignore[no-any-return]
@@ -172,8 +175,7 @@ def judge(rules: RuleSet, table: OfferTable) -> Verdicts:
     stale = STALE.mask(rules, table)
     found = shapes(rules, table)
     on_demand = _on_demand(rules, table, ~stale)
-    stale_index = np.int16(rules.checks.index(STALE))
-    rule = np.where(stale, stale_index, found.rule[found.ids])
+    rule = np.where(stale, np.int16(rules.stale_index), found.rule[found.ids])
     pending = np.flatnonzero(rule == PASSED)  # the price rules judge only these rows
     if rules.price_checks:
         market = table.column("market")

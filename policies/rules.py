@@ -60,14 +60,14 @@ class RuleSet(RuleContext):
         self.checks: tuple[Rule, ...] = rulebook.current()
         """Every registered rule, in order: a verdict is an index into it."""
         self.ids = tuple(rule.id for rule in self.checks)
-        set_ = [(i, r) for i, r in enumerate(self.checks) if r.applies(self)]
-        self.shape_checks: tuple[tuple[int, ShapeRule], ...] = tuple(
-            (i, r) for i, r in set_ if isinstance(r, ShapeRule)
-        )
+        self.stale_index = self.checks.index(STALE)
+        self.shape_at = {i: r for i, r in enumerate(self.checks) if isinstance(r, ShapeRule)}
+        """Each shape rule by its index in `checks`."""
+        self.price_at = {i: r for i, r in enumerate(self.checks) if isinstance(r, PriceRule)}
+        """Each price rule by its index in `checks`."""
+        self.shape_checks = tuple((i, r) for i, r in self.shape_at.items() if r.applies(self))
         """(index, rule) of each shape rule the policy sets, in order."""
-        self.price_checks: tuple[tuple[int, PriceRule], ...] = tuple(
-            (i, r) for i, r in set_ if isinstance(r, PriceRule)
-        )
+        self.price_checks = tuple((i, r) for i, r in self.price_at.items() if r.applies(self))
         """(index, rule) of each price rule the policy sets, in order."""
         self.prices_capped = bool(self.price_checks)
 
