@@ -17,6 +17,24 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+def utc_text(when: datetime, *, timespec: str = "auto", sep: str = "T") -> str:
+    """`when` as ISO 8601 text in UTC with a `Z`: `2026-03-14T12:03:07.250000Z`.
+
+    The one text form of a time on the wire, in events, files and logs. `timespec` is
+    `datetime.isoformat`'s (`"seconds"` drops the fraction, `"milliseconds"` keeps three
+    digits); `sep` the character between date and time. A naive time has no zone to convert
+    from, so it is refused rather than read as local time.
+    """
+    if when.tzinfo is None:
+        raise ValueError(f"naive datetime {when!r}: pass a timezone-aware time")
+    return when.astimezone(UTC).isoformat(sep, timespec).replace("+00:00", "Z")
+
+
+def utc_label(when: datetime) -> str:
+    """`when` for people, in UTC to the second: `2026-03-14 12:03:07 UTC`."""
+    return f"{utc_text(when, timespec='seconds', sep=' ').removesuffix('Z')} UTC"
+
+
 CLOCK_OFFSET_ENV = "GPUOPT_CLOCK_OFFSET_S"
 
 

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from optimizer.clock import utc_text
 from optimizer.model import Market, Offer
 from policies import budget, schedule
 from policies.columnar import PASSED, shapes
@@ -155,7 +156,7 @@ class Backtest:
 
 
 def _text(value: datetime) -> str:
-    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return utc_text(value)
 
 
 def pool_name(offer: Offer) -> str:

@@ -65,10 +65,6 @@ def usd(value: float) -> str:
     return f"${text}"
 
 
-def utc_text(value: datetime) -> str:
-    return value.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
 def hours_text(delta: timedelta) -> str:
     return f"{delta.total_seconds() / 3600:.1f} h"
 

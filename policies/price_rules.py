@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from optimizer.clock import utc_text
 from optimizer.model import Market
 from policies import budget
-from policies.context import SLACK, RuleContext, hours_text, usd, utc_text
+from policies.context import SLACK, RuleContext, hours_text, usd
 from policies.context import number_text as _n
 from policies.rule import BidCap, ObservationRule, Priced, PriceRule, Prices, exceeds
 from policies.schema import Bid
@@ -36,7 +37,7 @@ class StaleRule(ObservationRule):
         memo = rules.memo(self.id)
         found = memo.get(observed_at)
         if found is None:
-            when = utc_text(observed_at)
+            when = utc_text(observed_at, timespec="seconds")
             if observed_at > rules.newest:
                 ahead = hours_text(observed_at - rules.now)
                 found = f"observed in the future: {when} is {ahead} after now"

@@ -77,7 +77,7 @@ def bid_caps() -> tuple[BidCap, ...]:
     return tuple(r for r in _BOOK if isinstance(r, BidCap))
 
 
-def has_bid_cap(bid: Bid) -> bool:
+def any_bid_cap(bid: Bid) -> bool:
     """Whether this bid block sets any cap."""
     return any(cap.sets(bid) for cap in bid_caps())
 

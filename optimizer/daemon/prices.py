@@ -27,9 +27,9 @@ from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow, measured
 from optimizer.model import EventKind, Market, Offer
 from optimizer.store import Store
 from optimizer.store.tables import NewEvent
-from policies import rulebook
 from policies.engine import OfferTable, Ranking, evaluate
 from policies.measured import Measured
+from policies.rulebook import any_bid_cap, around_bid_caps
 from policies.schedule import effective, window_at
 from policies.schema import Policy
 
@@ -96,7 +96,7 @@ class Signal:
 
 def has_bid_cap(policy: Policy) -> bool:
     """Whether the policy sets any bid cap (`policies.rulebook`'s)."""
-    return rulebook.has_bid_cap(policy.bid)
+    return any_bid_cap(policy.bid)
 
 
 def cap_sides(ranking: Ranking) -> dict[str, tuple[str, float]]:
@@ -109,7 +109,7 @@ def cap_sides(ranking: Ranking) -> dict[str, tuple[str, float]]:
             sides[pool_key(offer)] = (UNDER, offer.usd_per_hour)
     # Only the bid rules' and the later rules' rejections: the ranking builds no record for
     # the (many) offers the other rules rejected.
-    caps, later = rulebook.around_bid_caps()
+    caps, later = around_bid_caps()
     for rule in ranking.rejection_counts():
         if rule in caps:
             side = OVER
