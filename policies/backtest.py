@@ -4,8 +4,8 @@ Pure and columnar: the history is three point columns (pool, time, price) and on
 hardware per pool. Prices go into a snapshots x pools matrix, filled forward (a pool's price
 at a snapshot is its latest observation at or before it); the shape rules run once per pool
 (`policies.columnar.shapes`), and stale, the bid caps and the budget run over the whole matrix
-at once, with the same formulas as the engine. Only the job's walk from snapshot to snapshot
-is a Python loop, one step per snapshot.
+at once, each by its rule's own mask (`policies.rulebook`), the one the engine applies. Only
+the job's walk from snapshot to snapshot is a Python loop, one step per snapshot.
 """
 
 from __future__ import annotations
@@ -19,10 +19,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from optimizer.clock import utc_text
 from optimizer.model import Market, Offer
 from policies import budget, schedule
 from policies.columnar import PASSED, shapes
-from policies.rules import _SLACK, RuleSet
+from policies.price_rules import STALE
+from policies.rule import BidCap, Prices
+from policies.rules import RuleSet
 from policies.schema import Policy
 from policies.table import OfferTable
 
@@ -153,7 +156,7 @@ class Backtest:
 
 
 def _text(value: datetime) -> str:
-    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return utc_text(value)
 
 
 def pool_name(offer: Offer) -> str:
@@ -284,7 +287,7 @@ def _judge(
     shape_ok = found.rule[found.ids] == PASSED
     fresh = ~np.isnan(price)
     if policy.max_price_age_hours is not None and observed is not None:
-        fresh &= observed >= times[:, None] - policy.max_price_age_hours * 3600
+        fresh &= STALE.fresh(policy.max_price_age_hours, observed, times)
     price = np.where(fresh, price, np.nan)
     allowed = fresh & shape_ok[None, :]
 
@@ -294,27 +297,23 @@ def _judge(
     spot_pool = market_codes.codes == market_codes.code_of(Market.SPOT)
     groups, _ = pools.group(("provider", "region", "instance_type"))
     reference = _references(price, on_demand_pool, groups)
-    count = pools.number("gpu_count")
 
+    def hours_left() -> np.ndarray:
+        # Nothing spent: see docs/backtest.md; a gang launches `nodes` instances.
+        left = [budget.hours_left(instant(t), rules.hours_per_month) for t in times.tolist()]
+        return np.array(left)[:, None]
+
+    prices = Prices(price, pools.number("gpu_count"), spot_pool, reference, hours_left)
+    # The price rules: the bid caps (`over`: a job there crossed its cap) and the others
+    # (the budget: `over_budget`).
     over = np.zeros(price.shape, dtype=bool)
     over_budget = np.zeros(price.shape, dtype=bool)
     with np.errstate(invalid="ignore"):
-        if rules.max_usd_per_hour is not None:
-            over |= price > rules.max_usd_per_hour * (1 + _SLACK)
-        if rules.max_usd_per_gpu_hour is not None:
-            over |= price > rules.max_usd_per_gpu_hour * count * (1 + _SLACK)
-        if rules.max_fraction is not None:
-            no_reference = np.isnan(reference)
-            over |= spot_pool & (
-                no_reference | (price > rules.max_fraction * reference * (1 + _SLACK))
-            )
-        if rules.monthly_usd is not None:
-            hours = np.array(
-                [budget.hours_left(instant(t), rules.hours_per_month) for t in times.tolist()]
-            )
-            # Nothing spent: see docs/backtest.md; a gang launches `nodes` instances.
-            monthly = price * rules.nodes * hours[:, None]
-            over_budget = monthly > rules.monthly_usd * (1 + _SLACK)
+        for _, rule in rules.price_checks:
+            if isinstance(rule, BidCap):
+                over |= rule.mask(rules, prices)
+            else:
+                over_budget |= rule.mask(rules, prices)
     candidate = allowed & ~over & ~over_budget
 
     node = found.node_tflops[found.ids]

@@ -1,7 +1,8 @@
 """The ranking engine: a policy and offers in, ranked candidates and explained rejections out.
 
 `evaluate` is pure: no I/O, and the clock is its `now` argument. Each offer ends up either a
-candidate or a rejection carrying the first rule it failed (`policies.rules.RULES` order).
+candidate or a rejection carrying the first rule it failed, in the checking order of
+`policies.rulebook` (`RULES`: the built-in rules).
 
 It works on columns (`policies.table.OfferTable`): every rule is a vectorised mask, and the
 first failing rule of each offer comes from one pass over the stacked masks
@@ -88,7 +89,8 @@ def _rejected(verdicts: Verdicts) -> tuple[tuple[str, LazyRows[Offer], LazyRows[
     rule = verdicts.rule
     rejected = np.flatnonzero(rule != PASSED)
     order = rejected[np.argsort(rule[rejected], kind="stable")]
-    counts = np.bincount(rule[rejected], minlength=len(RULES))
+    ids = verdicts.rules.ids
+    counts = np.bincount(rule[rejected], minlength=len(ids))
     offers = verdicts.table.offers.__getitem__
     out = []
     start = 0
@@ -97,7 +99,7 @@ def _rejected(verdicts: Verdicts) -> tuple[tuple[str, LazyRows[Offer], LazyRows[
             rows = order[start : start + count]
             out.append(
                 (
-                    RULES[index],
+                    ids[index],
                     LazyRows(offers, rows),
                     LazyRows(verdicts.reason, rows, verdicts.reasons),
                 )

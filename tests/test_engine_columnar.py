@@ -2,7 +2,8 @@
 
 For random policies, offers and probe measurements, both must give the same candidates (every
 figure) in the same order, and the same rule and reason for every rejection, in the same
-order. Hypothesis runs a bounded number of examples (GPUOPT_PROPERTY_EXAMPLES, default 60) so
+order; and each rule's mask must agree with its own words on every offer it judges.
+Hypothesis runs a bounded number of examples (GPUOPT_PROPERTY_EXAMPLES, default 60) so
 the suite stays fast; raise it locally to search harder.
 """
 
@@ -12,14 +13,20 @@ import os
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from optimizer.model import Fabric, Interconnect, Market, Offer, PaymentOption
 from policies.budget import Committed
+from policies.columnar import PASSED, judge
 from policies.engine import OfferTable, Ranking, evaluate
 from policies.measured import Measured, TypeMeasurement
+from policies.price_rules import STALE
+from policies.rule import Priced, PriceRule, Prices, Shape, ShapeColumns
+from policies.rules import RuleSet
 from policies.schema import Policy
+from policies.table import SHAPE_FIELDS
 from tests.helpers import row_engine
 
 NOW = datetime(2026, 4, 23, 12, tzinfo=UTC)
@@ -204,6 +211,66 @@ def test_columnar_engine_matches_the_row_engine(
     _same(ours, oracle)
     again = evaluate(policy, listed, NOW, measured=measured, committed=spent)  # plain offers
     assert list(again.candidates) == list(oracle.candidates)
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    policy=policies(),
+    rows=st.lists(offers(), min_size=1, max_size=40),
+    measured=measurements(),
+    spent=st.sampled_from([None, Committed(300.0, 0.5, 1)]),
+)
+def test_each_rules_mask_agrees_with_its_words_on_every_offer(
+    policy: Policy, rows: list[Offer], measured: Measured | None, spent: Committed | None
+) -> None:
+    """Rule by rule, not only the first failing one: where a rule's mask is True its `why`
+    gives a reason, and nowhere else (policies/rule.py), so a rule checked later than another
+    that rejects an offer is held to its words too."""
+    rules = RuleSet(policy, NOW, measured, committed=spent)
+    table = OfferTable.from_offers(rows)
+    offers_ = table.offers
+    assert STALE.mask(rules, table).tolist() == [
+        STALE.why(rules, o.observed_at) is not None for o in offers_
+    ]
+    columns = ShapeColumns(rules, table)
+    first = [offers_[i] for i in columns.rows.tolist()]
+    for _, rule in rules.shape_checks:
+        words = [rule.why(rules, Shape._make(getattr(o, f) for f in SHAPE_FIELDS)) for o in first]
+        assert rule.mask(rules, columns).tolist() == [w is not None for w in words], rule.id
+    # The price rules judge the offers that pass stale and every shape rule.
+    verdicts = judge(rules, table)
+    priced = [r == PASSED or isinstance(rules.checks[r], PriceRule) for r in verdicts.rule]
+    pending = np.flatnonzero(priced)
+    on_demand = verdicts.on_demand[pending]
+    prices = Prices(
+        table.number("usd_per_hour")[pending],
+        table.number("gpu_count")[pending],
+        np.array([offers_[i].market is Market.SPOT for i in pending.tolist()], dtype=bool),
+        on_demand,
+        lambda: rules.budget_hours,
+    )
+    for _, rule in rules.price_checks:
+        words = [
+            rule.why(
+                rules,
+                Priced(
+                    o.usd_per_hour,
+                    o.gpu_count,
+                    o.market,
+                    None if np.isnan(od) else float(od),
+                    o.instance_type,
+                    o.region,
+                ),
+            )
+            for o, od in zip(
+                [offers_[i] for i in pending.tolist()], on_demand.tolist(), strict=True
+            )
+        ]
+        assert rule.mask(rules, prices).tolist() == [w is not None for w in words], rule.id
 
 
 def test_one_table_ranks_many_policies_alike() -> None:

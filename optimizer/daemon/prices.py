@@ -28,6 +28,7 @@ from optimizer.model import EventKind, Market, Offer
 from optimizer.store import NewEvent, Store
 from policies.engine import OfferTable, Ranking, evaluate
 from policies.measured import Measured
+from policies.rulebook import any_bid_cap, around_bid_caps
 from policies.schedule import effective, window_at
 from policies.schema import Policy
 
@@ -91,25 +92,25 @@ class Signal:
 
 
 def has_bid_cap(policy: Policy) -> bool:
-    bid = policy.bid
-    caps = (bid.max_usd_per_hour, bid.max_usd_per_gpu_hour, bid.max_fraction_of_on_demand)
-    return any(cap is not None for cap in caps)
+    """Whether the policy sets any bid cap (`policies.rulebook`'s)."""
+    return any_bid_cap(policy.bid)
 
 
 def cap_sides(ranking: Ranking) -> dict[str, tuple[str, float]]:
     """Spot pools on each side of the bid cap: rejected by a bid rule (over), or passing
-    them (a candidate, or rejected only by the later budget rule: under)."""
+    them (a candidate, or rejected only by a rule checked after them, the budget: under)."""
     sides: dict[str, tuple[str, float]] = {}
     for candidate in ranking.candidates:
         offer = candidate.offer
         if offer.market is Market.SPOT:
             sides[pool_key(offer)] = (UNDER, offer.usd_per_hour)
-    # Only the bid rules' and the budget's rejections: the ranking builds no record for the
-    # (many) offers the other rules rejected.
+    # Only the bid rules' and the later rules' rejections: the ranking builds no record for
+    # the (many) offers the other rules rejected.
+    caps, later = around_bid_caps()
     for rule in ranking.rejection_counts():
-        if rule.startswith("bid."):
+        if rule in caps:
             side = OVER
-        elif rule == "budget":
+        elif rule in later:
             side = UNDER
         else:
             continue

@@ -14,6 +14,7 @@ from optimizer.api.state import ApiState
 from optimizer.clock import utc_text
 from optimizer.model import Market, Offer
 from optimizer.store import PricePoint
+from policies import rulebook
 from policies.schema import Policy
 
 MAX_DAYS = 30
@@ -58,16 +59,9 @@ def spot_pools(offers: Sequence[Offer]) -> list[tuple[PoolKey, Offer]]:
 
 def bid_cap(policy: Policy, gpu_count: int, on_demand: float | None) -> float | None:
     """The highest spot price `policy`'s bid caps allow for an instance of `gpu_count` GPUs
-    when on-demand costs `on_demand` (policies/rules.py's bid rules; None: no cap)."""
-    bid = policy.bid
-    caps = []
-    if bid.max_usd_per_hour is not None:
-        caps.append(bid.max_usd_per_hour)
-    if bid.max_usd_per_gpu_hour is not None:
-        caps.append(bid.max_usd_per_gpu_hour * gpu_count)
-    if bid.max_fraction_of_on_demand is not None and on_demand is not None:
-        caps.append(bid.max_fraction_of_on_demand * on_demand)
-    return min(caps) if caps else None
+    when on-demand costs `on_demand` (the caps' own limits: `policies.rulebook.bid_cap`;
+    None: no cap)."""
+    return rulebook.bid_cap(policy.bid, gpu_count, on_demand)
 
 
 def _at(points: Sequence[PricePoint], times: Sequence[float], t: float) -> float | None:

@@ -19,7 +19,7 @@ from optimizer.model import Market, Offer
 from policies.budget import Committed
 from policies.measured import MEASURED, Measured
 from policies.ranking import Candidate, Ranking
-from policies.rules import RULES, Fit, RuleSet
+from policies.rules import Fit, RuleSet
 from policies.schema import Policy
 
 # A rule's rejections while evaluate collects them: the offers, and the reason for each.
@@ -229,7 +229,7 @@ def _candidate(
 
 
 def _rank(rules: RuleSet, policy_name: str, offers: Iterable[Offer]) -> Ranking:
-    buckets: dict[str, _Columns] = {rule: ([], []) for rule in RULES}
+    buckets: dict[str, _Columns] = {rule: ([], []) for rule in rules.ids}
     shapes, kept, kept_shapes = _first_pass(rules, offers, buckets)
     on_demand = _on_demand_prices(shapes)
     markets, per_tflop, per_tbps = rules.markets, rules.per_tflop, rules.per_tbps
