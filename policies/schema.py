@@ -249,19 +249,6 @@ class Bid(_Strict):
         ),
     )
 
-    def cloud_cap(self, gpu_count: int) -> float | None:
-        """The whole-instance cap a spot launch sends to the cloud (`enforce_in_cloud`), the
-        lower of `max_usd_per_hour` and `max_usd_per_gpu_hour` x `gpu_count`; None when not
-        enforced in the cloud or no such cap is set. `max_fraction_of_on_demand` is not one:
-        it needs the on-demand price, which gpuopt checks before launching."""
-        if not self.enforce_in_cloud:
-            return None
-        caps = [self.max_usd_per_hour]
-        if self.max_usd_per_gpu_hour is not None:
-            caps.append(self.max_usd_per_gpu_hour * max(gpu_count, 1))
-        found = [c for c in caps if c is not None]
-        return min(found) if found else None
-
 
 class RegionRules(_Strict):
     allow: list[str] = Field(default_factory=lambda: ["*"], min_length=1, examples=[["eu-*"]])

@@ -97,12 +97,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
 # `__init__` exports what other layers use).
 INTERNAL_MODULES = frozenset({"optimizer.store.tables", "optimizer.store.engine"})
 # Imports the faces rule lets through, each with why (remove a line when its reason is gone).
-FACE_EXCEPTIONS: dict[tuple[str, str], str] = {
-    # the backtest's and the vector engine's price masks share the scalar rules' tolerance;
-    # one object per rule holds it when the rules are written once (issue 28, item 3)
-    ("policies.backtest", "policies.rules._SLACK"): "shared tolerance, to move",
-    ("policies.columnar", "policies.rules._SLACK"): "shared tolerance, to move",
-}
+FACE_EXCEPTIONS: dict[tuple[str, str], str] = {}
 # Folders of optimizer/ that hold no Python of their own.
 DATA_FOLDERS = frozenset({"data"})
 

@@ -38,6 +38,7 @@ from optimizer.model import EventKind, Market, Offer, Pool
 from optimizer.store import JobRecord
 from optimizer.store.jobs import AttemptRecord, token_sha256
 from policies import budget as budget_model
+from policies import rulebook
 from policies.schedule import effective
 from policies.schema import Policy
 from providers import registry
@@ -409,7 +410,12 @@ def cloud_cap(ctx: ReconcileContext, job: JobRecord, offer: Offer) -> float | No
     loaded = ctx.policies.get(job.policy)
     if loaded is None:
         return None
-    return effective(loaded.policy, ctx.now).bid.cloud_cap(offer.gpu_count)
+    bid = effective(loaded.policy, ctx.now).bid
+    if not bid.enforce_in_cloud:
+        return None
+    # The caps the rulebook defines, without the on-demand price: a fraction of it is checked
+    # by gpuopt before launching and is not one the cloud takes.
+    return rulebook.bid_cap(bid, max(offer.gpu_count, 1), None)
 
 
 def _where(number: int, nodes: int, pool: Pool, offer: Offer) -> str:
