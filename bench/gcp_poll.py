@@ -13,7 +13,7 @@ serves it from tests.helpers.gcp_fake with a fixed delay per request, and times:
 The fake ignores the machine-type `filter`; the world holds only the types that filter keeps.
 Prints figures and writes bench/results/gcp_poll.json.
 
-    python bench/gcp_poll.py [--latency-ms 40] [--repeat 3]
+    python -m bench.gcp_poll [--latency-ms 40] [--repeat 3]   # from the repository's root
 """
 
 from __future__ import annotations
@@ -25,21 +25,19 @@ import os
 import platform
 import random
 import statistics
-import sys
 import time
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from google.auth.credentials import AnonymousCredentials
+
+from policies import regions as region_table
+from providers.gcp import GcpProvider
+from tests.helpers.gcp_fake import COMPUTE_SERVICE_ID, FakeGcp  # a test helper: run with -m
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the fake is a test helper (tests/helpers/gcp_fake.py)
-
-from google.auth.credentials import AnonymousCredentials  # noqa: E402
-
-from policies import regions as region_table  # noqa: E402
-from providers.gcp import GcpProvider  # noqa: E402
-from tests.helpers.gcp_fake import COMPUTE_SERVICE_ID, FakeGcp  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "gcp_poll.json"
 FIXTURES = ROOT / "tests" / "data" / "gcp"

@@ -307,6 +307,56 @@ def test_a_second_sqlite_daemon_is_refused_and_may_start_after_the_first(tmp_pat
         second.stop()
 
 
+def test_a_lock_file_caught_before_its_holder_wrote_it_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `gpuopt db upgrade` that finds the lock taken but its file still empty (the holder
+    took the lock and has not written who it is yet) reads it again instead of taking the
+    holder for a daemon: two upgrades started at once both succeed."""
+    import fcntl
+
+    from optimizer.daemon.leader import sqlite as sqlite_lock
+
+    url = f"sqlite:///{tmp_path / 'gpuopt.db'}"
+    reads: list[dict[str, Any]] = []
+    read = sqlite_lock._read_holder
+
+    def counted(fd: int) -> dict[str, Any]:
+        reads.append(found := read(fd))
+        return found
+
+    monkeypatch.setattr(sqlite_lock, "_read_holder", counted)
+    monkeypatch.setattr(sqlite_lock, "HOLDER_SETTLE_S", 30.0)  # however slow this host is
+    with Store(url) as db:
+        db.create_all()
+        path = sqlite_lock_path(url)
+        assert path is not None
+        holder = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)  # the other upgrade, mid-claim
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        upgrade = SqliteLock(db, path, purpose="db upgrade")
+        failed: list[BaseException] = []
+
+        def claim() -> None:
+            try:
+                upgrade.claim(wait_for_migration_s=30)
+            except BaseException as exc:  # handed to the test's thread
+                failed.append(exc)
+
+        waiter = threading.Thread(target=claim)
+        waiter.start()
+        try:
+            wait_until(lambda: len(reads) >= 2 or failed, 10, "the empty lock file read twice")
+            assert failed == []
+            os.pwrite(holder, b'{"pid": 1, "purpose": "db upgrade"}\n', 0)
+            wait_until(lambda: any(reads[-1:]), 10, "the holder read once written")
+            fcntl.flock(holder, fcntl.LOCK_UN)
+            waiter.join(10)
+            assert not waiter.is_alive() and failed == []
+        finally:
+            os.close(holder)
+            upgrade.release()
+
+
 def test_a_replica_that_leads_serves_the_instances_the_last_leader_launched(
     tmp_path: Path,
 ) -> None:
@@ -381,7 +431,8 @@ def test_a_takeover_runs_its_reconcile_pass_before_the_polls(tmp_path: Path) -> 
         wait_until(
             lambda: source.order.count("poll") >= 2, timeout=20, what=f"polls: {source.order}"
         )
-        assert source.order == ["pass", "pass ended", "poll", "poll"]
+        # (A pass the polls' prices woke may follow them: only the takeover's order counts.)
+        assert source.order[:4] == ["pass", "pass ended", "poll", "poll"]
 
 
 def test_a_replica_that_leads_starts_no_local_cloud_while_it_has_no_instance(

@@ -17,6 +17,8 @@ from optimizer.daemon.leader.base import HEARTBEAT_S, Election
 from optimizer.daemon.settings import make_private_dir
 from optimizer.store import Store, sqlite_file
 
+HOLDER_SETTLE_S = 1.0  # how long an empty lock file is read again (see `claim`)
+
 log = logging.getLogger(__name__)
 
 
@@ -42,12 +44,18 @@ class SqliteLock(Election):
             make_private_dir(self.path.parent)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
             deadline = time.monotonic() + wait_for_migration_s
+            # The holder writes who it is just after taking the lock: an empty file is one
+            # caught in between, read again for a moment before it counts as a daemon's.
+            settle = time.monotonic() + HOLDER_SETTLE_S
             while True:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
                     holder = _read_holder(fd)
+                    if not holder and time.monotonic() < settle:
+                        self._stop.wait(0.01)
+                        continue
                     waiting = holder.get("purpose", "daemon") != "daemon"
                     if not waiting or time.monotonic() >= deadline:
                         os.close(fd)
