@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from optimizer.clock import parse_utc
 from optimizer.jobs.recovery import Failover, GiveUp, Past, Strategy
 from optimizer.lifecycle import TERMINAL_JOB_STATES as TERMINAL
 from optimizer.lifecycle import AttemptEnd, Failure, JobState
@@ -409,7 +410,7 @@ def power_off_time(notice: Mapping[str, Any], noticed_at: datetime) -> datetime 
     at: datetime | None = None
     if isinstance(raw, str):
         try:
-            at = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+            at = parse_utc(raw)
         except ValueError:
             at = None
         if at is not None and at.tzinfo is None:
