@@ -152,15 +152,10 @@ class _Relaunch:
     stop_job: bool = False  # let the job checkpoint instead of killing the instance
 
 
-def describe_pool(pool: tuple[str, str, str | None, str, str]) -> str:
-    """The pool in a sentence (`Pool.label`)."""
-    return Pool(*pool).label
-
-
 def _relaunch_reason(
     attempt: AttemptView, now: datetime, register_timeout: timedelta
 ) -> _Relaunch | None:
-    where = describe_pool(attempt.pool)
+    where = Pool(*attempt.pool).label
     if attempt.interruption_notice_at is not None or attempt.preempted:
         return _Relaunch(
             Failure.PREEMPTED,
