@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from optimizer import hardware
+from optimizer.clock import parse_utc
 from optimizer.common.errors import LocatedError
 from optimizer.common.times import SPAN, TimeRangeError, in_span
 from optimizer.model import (
@@ -78,7 +79,7 @@ def _optional_int(raw: str) -> int | None:
 
 
 def _time(raw: str) -> datetime:
-    value = datetime.fromisoformat(raw.strip().replace("Z", "+00:00"))
+    value = parse_utc(raw.strip())
     if value.tzinfo is None:
         raise ValueError(f"time {raw!r} has no UTC offset (write e.g. 2026-04-23T00:00:00Z)")
     try:

@@ -35,6 +35,17 @@ def utc_label(when: datetime) -> str:
     return f"{utc_text(when, timespec='seconds', sep=' ').removesuffix('Z')} UTC"
 
 
+def parse_utc(text: str) -> datetime:
+    """ISO 8601 text as a time: `utc_text`'s form (`2026-03-14T12:03:07Z`, a `Z` for UTC), or
+    any other offset, which the time keeps (`astimezone(UTC)` where UTC is wanted).
+
+    The one reader of a time's text. Text without an offset (`2026-03-14T12:03:07`, a date
+    alone) comes back naive: whether that is UTC or an error is the caller's to say. Text
+    that is not an ISO time is a ValueError.
+    """
+    return datetime.fromisoformat(text)
+
+
 CLOCK_OFFSET_ENV = "GPUOPT_CLOCK_OFFSET_S"
 
 

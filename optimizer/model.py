@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, NamedTuple
 
-from optimizer.clock import utc_text
+from optimizer.clock import parse_utc, utc_text
 
 
 class Market(StrEnum):
@@ -240,8 +240,7 @@ class Offer:
         """The offer `to_dict` wrote (an API answer's offer, say); OfferError if it is not one."""
         try:
             fields = {name: values[name] for name in cls.__dataclass_fields__ if name in values}
-            observed = str(fields["observed_at"]).replace("Z", "+00:00")
-            fields["observed_at"] = datetime.fromisoformat(observed)
+            fields["observed_at"] = parse_utc(str(fields["observed_at"]))
             return cls(**fields)
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, OfferError):

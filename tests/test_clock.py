@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from optimizer.clock import CLOCK_OFFSET_ENV, ManualClock, machine_now, utc_label, utc_text
+from optimizer.clock import (
+    CLOCK_OFFSET_ENV,
+    ManualClock,
+    machine_now,
+    parse_utc,
+    utc_label,
+    utc_text,
+)
 
 
 def test_a_machines_time_is_the_wall_clock_moved_by_the_offset_it_was_given(
@@ -69,3 +76,49 @@ def test_the_hand_written_pattern_is_caught() -> None:
     assert HAND_WRITTEN.search('    return at.isoformat().replace("+00:00", "Z")')
     assert HAND_WRITTEN.search('when.strftime("%Y-%m-%d %H:%M:%S UTC")')
     assert not HAND_WRITTEN.search('datetime.fromisoformat(raw.replace("Z", "+00:00"))')
+
+
+def test_parse_utc_reads_back_what_utc_text_wrote_and_keeps_any_other_offset() -> None:
+    at = datetime(2026, 3, 14, 12, 3, 7, 250123, tzinfo=UTC)
+    for form in (
+        utc_text(at),
+        utc_text(at, timespec="seconds"),
+        utc_text(at, timespec="milliseconds"),
+        utc_text(at, timespec="seconds", sep=" "),
+    ):
+        back = parse_utc(form)
+        assert back.utcoffset() == timedelta(0)
+        assert at - back < timedelta(seconds=1)
+    assert parse_utc(utc_text(at)) == at
+    paris = parse_utc("2026-03-14T13:03:07+01:00")
+    assert paris == datetime(2026, 3, 14, 12, 3, 7, tzinfo=UTC)
+    assert paris.utcoffset() == timedelta(hours=1)  # the offset it was written with
+    # No offset: naive, for the caller to read as UTC or refuse.
+    assert parse_utc("2026-03-14T12:03:07").tzinfo is None
+    assert parse_utc("2026-03-14") == datetime(2026, 3, 14)
+    for bad in ("", "soon", "2026-13-01T00:00:00Z", "2026-03-14T12:03:07 UTC"):
+        with pytest.raises(ValueError):
+            parse_utc(bad)
+
+
+# Hand-written UTC parsing: `fromisoformat` called directly, or the `Z` rewritten to `+00:00`.
+HAND_PARSED = re.compile(r"""fromisoformat\(|replace\(\s*["']Z["']\s*,\s*["']\+00:00["']""")
+
+
+def test_utc_text_is_read_in_one_place() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for top in ("optimizer", "providers", "policies")
+        for path in sorted((ROOT / top).rglob("*.py"))
+        if path.relative_to(ROOT).as_posix() != "optimizer/clock.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if HAND_PARSED.search(line)
+    ]
+    assert found == []
+
+
+def test_the_hand_parsed_pattern_is_caught() -> None:
+    assert HAND_PARSED.search('datetime.fromisoformat(raw.replace("Z", "+00:00"))')
+    assert HAND_PARSED.search("when = datetime.fromisoformat(text)")
+    assert HAND_PARSED.search("raw.replace('Z', '+00:00')")
+    assert not HAND_PARSED.search("when = parse_utc(text)")

@@ -20,10 +20,11 @@ from pydantic import ValidationError
 
 from optimizer import protocol
 from optimizer.api.state import ApiState, StateDep
+from optimizer.clock import parse_utc
 from optimizer.jobs.fence import fence_for, gang_gate, gang_nodes
 from optimizer.jobs.gang import head_number, master
-from optimizer.jobs.machine import MIGRATED
 from optimizer.jobs.spec import job_spec
+from optimizer.lifecycle import AttemptEnd
 from optimizer.protocol import (
     EVENT_DATA,
     AgentEvent,
@@ -169,8 +170,8 @@ def _commands(attempt: AttemptRecord) -> list[Command]:
     # An interrupted or migrated attempt's job keeps running until the daemon stops it (a hot
     # handover).
     handing_over = (
-        attempt.end_reason == "preempted" and attempt.notice_at is not None
-    ) or attempt.end_reason == MIGRATED
+        attempt.end_reason == AttemptEnd.PREEMPTED and attempt.notice_at is not None
+    ) or attempt.end_reason == AttemptEnd.MIGRATED
     if attempt.stop_sent_at is not None or (attempt.ended and not handing_over):
         reason = attempt.end_reason or "stop requested"
         return [protocol.stop(reason)]
@@ -274,7 +275,7 @@ def _chunk_time(raw: str | None) -> datetime | None:
     if raw is None:
         return None
     try:
-        parsed = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+        parsed = parse_utc(raw)
     except ValueError:
         return None
     return parsed if parsed.tzinfo is not None else None

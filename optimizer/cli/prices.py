@@ -13,7 +13,7 @@ import typer
 
 from optimizer.cli.client import ApiOption, call
 from optimizer.cli.common import fail
-from optimizer.clock import utc_text
+from optimizer.clock import parse_utc, utc_text
 from optimizer.common.times import TimeRangeError, in_span
 
 app = typer.Typer(help="Price history (through the daemon's API).", no_args_is_help=True)
@@ -34,7 +34,7 @@ def parse_time(value: str | None, option: str) -> datetime | None:
     if value is None:
         return None
     try:
-        parsed = datetime.fromisoformat(value.strip())
+        parsed = parse_utc(value.strip())
     except ValueError:
         fail(f"{option}: {value!r} is not an ISO 8601 time (e.g. 2026-03-01 or 2026-03-01T12:00Z)")
     try:

@@ -23,7 +23,7 @@ from typing import Any
 from optimizer.cli.client import NoDaemon, base_url, check, request
 from optimizer.cli.common import fail
 from optimizer.cli.ranking_view import RankingView
-from optimizer.clock import utc_text
+from optimizer.clock import parse_utc, utc_text
 from optimizer.model import Offer
 from optimizer.offers import OfferQuery
 from policies.engine import Ranking
@@ -132,7 +132,7 @@ def view_here(policy: Policy, offers: Iterable[Offer], *, at: datetime | None) -
 def parse_at(text: str, *, option: str = "--at") -> datetime:
     """`--at`: an ISO 8601 instant with a UTC offset; anything else ends the command."""
     try:
-        when = datetime.fromisoformat(text)
+        when = parse_utc(text)
     except ValueError:
         fail(f"{option} {text!r}: not an ISO 8601 time (2026-12-01T10:00:00+01:00)")
     if when.utcoffset() is None:

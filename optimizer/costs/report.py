@@ -51,7 +51,7 @@ def parse_time(text: str, name: str) -> datetime:
         if _MONTH.fullmatch(value):
             parsed = datetime(int(value[:4]), int(value[5:]), 1, tzinfo=UTC)
         else:
-            parsed = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+            parsed = clock.parse_utc(value.replace("z", "Z"))
     except ValueError:
         parsed = None
     if parsed is None:

@@ -127,12 +127,6 @@ class Acting:
         return "asked"
 
 
-def pool_text(pool: tuple[str, str, str | None, str, str]) -> str:
-    """A pool as events name it: provider/region/zone/type/market (`-` for no zone)."""
-    provider, region, zone, kind, market = pool
-    return "/".join((provider, region, zone or "-", kind, market))
-
-
 def attempt_fields(attempt: AttemptRecord | None) -> dict[str, Any]:
     """An event's `attempt` (its number) and `instance` (once known), for its data."""
     if attempt is None:
@@ -145,4 +139,4 @@ def attempt_fields(attempt: AttemptRecord | None) -> dict[str, Any]:
     return fields
 
 
-__all__ = ["Acting", "Asked", "attempt_fields", "pool_text"]
+__all__ = ["Acting", "Asked", "attempt_fields"]

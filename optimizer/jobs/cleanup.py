@@ -23,6 +23,7 @@ from optimizer.jobs.machine import Terminate
 from optimizer.jobs.placements import release_placements
 from optimizer.jobs.spec import DEFAULT_CHECKPOINT_ALLOWANCE_S, DEFAULT_PROBES, job_spec
 from optimizer.jobs.views import PassView, attempt_view, power_off_at, preempting
+from optimizer.lifecycle import AttemptEnd, AttemptState
 from optimizer.model import EventKind, Market
 from optimizer.store import JobRecord
 from optimizer.store.jobs import AttemptRecord
@@ -80,7 +81,11 @@ class CleanUp:
             # failed call is asked again as a leftover.
             gone = {"instance_gone": True} if asked == "unavailable" else {}
             ctx.store.jobs.update_attempt(
-                attempt.key, state="ended", ended_at=ctx.now, end_reason="user", **gone
+                attempt.key,
+                state=AttemptState.ENDED,
+                ended_at=ctx.now,
+                end_reason=AttemptEnd.USER,
+                **gone,
             )
             return
         if not attempt.ended:

@@ -29,11 +29,12 @@ from optimizer.jobs.launch_errors import (
     after_quota,
     end,
 )
-from optimizer.jobs.machine import Alert, Launch, describe_pool
+from optimizer.jobs.machine import Alert, Launch
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow
 from optimizer.jobs.ranking import launch_ranking, pool_of
 from optimizer.jobs.recovery import Strategy
 from optimizer.jobs.spec import job_spec
+from optimizer.lifecycle import AttemptEnd, AttemptState
 from optimizer.model import EventKind, Market, Offer, Pool
 from optimizer.store import JobRecord
 from optimizer.store.jobs import AttemptRecord, token_sha256
@@ -289,14 +290,14 @@ class Launcher:
                 except ProviderError:
                     pass  # still open with its instance: the clean-up asks again
             if not fresh.ended:
-                end(ctx, fresh, "gang_incomplete")
+                end(ctx, fresh, AttemptEnd.GANG_INCOMPLETE)
         self.emit(
             ctx,
             job,
             Alert(
                 EventKind.JOB_LAUNCH_FAILED,
                 "warning",
-                f"gang of {len(rows)} on {describe_pool(rows[0].pool)} torn down ({why}); "
+                f"gang of {len(rows)} on {rows[0].pool.label} torn down ({why}); "
                 f"{ended} launched node(s) terminated; trying the next offer",
                 data=(("nodes", len(rows)), ("terminated", ended)),
             ),
@@ -321,7 +322,7 @@ class Launcher:
         pending, and records what an error costs."""
         source = self.provider(ctx, attempt.provider)
         if source is None:
-            end(ctx, attempt, "provider unavailable")
+            end(ctx, attempt, AttemptEnd.PROVIDER_UNAVAILABLE)
             return LaunchOutcome.NO_PROVIDER
         if token is None:  # a retry: the old token is unknown, so issue a new one
             token = secrets.token_urlsafe(32)
@@ -329,7 +330,7 @@ class Launcher:
         if offer is None:
             offer = offer_of(ctx, attempt)
             if offer is None:
-                end(ctx, attempt, "offer gone")
+                end(ctx, attempt, AttemptEnd.OFFER_GONE)
                 return LaunchOutcome.OFFER_GONE
         gang = None
         if attempt.nodes > 1:
@@ -364,14 +365,14 @@ class Launcher:
             after_auth(ctx, job, attempt, strategy, exc, self.emit, self.disabled)
             return LaunchOutcome.AUTH
         except ProviderError as exc:
-            end(ctx, attempt, "launch_error")
+            end(ctx, attempt, AttemptEnd.LAUNCH_ERROR)
             self.emit(
                 ctx,
                 job,
                 Alert(
                     EventKind.JOB_LAUNCH_FAILED,
                     "warning",
-                    f"launch on {describe_pool(attempt.pool)} failed: {exc}",
+                    f"launch on {attempt.pool.label} failed: {exc}",
                 ),
                 None,
                 attempt,
@@ -380,7 +381,7 @@ class Launcher:
         ctx.store.jobs.update_attempt(
             attempt.key,
             instance_id=ref.instance_id,
-            state="launched",
+            state=AttemptState.LAUNCHED,
             zone=ref.zone or attempt.zone,
             disk_gib=spec.disk_gib,  # the root volume the launch created (billed as storage)
         )
@@ -421,11 +422,8 @@ def cloud_cap(ctx: ReconcileContext, job: JobRecord, offer: Offer) -> float | No
 def _where(number: int, nodes: int, pool: Pool, offer: Offer) -> str:
     """The attempt a walk launches, as the job's reason names it."""
     if nodes == 1:
-        return f"attempt {number} on {describe_pool(pool)} at ${offer.usd_per_hour:.4f}/h"
-    return (
-        f"attempt {number} ({nodes} nodes) on {describe_pool(pool)} at "
-        f"${offer.usd_per_hour:.4f}/h each"
-    )
+        return f"attempt {number} on {pool.label} at ${offer.usd_per_hour:.4f}/h"
+    return f"attempt {number} ({nodes} nodes) on {pool.label} at ${offer.usd_per_hour:.4f}/h each"
 
 
 def _pending(outcome: LaunchOutcome, nodes: int) -> str:

@@ -11,8 +11,9 @@ from collections.abc import Callable
 from datetime import datetime
 
 from optimizer.jobs.context import ReconcileContext
-from optimizer.jobs.machine import Alert, describe_pool
+from optimizer.jobs.machine import Alert
 from optimizer.jobs.recovery import LaunchError, Strategy
+from optimizer.lifecycle import AttemptEnd, AttemptState
 from optimizer.model import EventKind
 from optimizer.store import JobRecord
 from optimizer.store.jobs import AttemptRecord
@@ -36,14 +37,14 @@ def after_capacity(
     sit = strategy.after_launch_error(LaunchError.CAPACITY, ctx.now)
     if sit.pool_until is not None:
         ctx.store.jobs.add_cooldown(attempt.pool, sit.pool_until, f"no capacity: {exc}")
-    end(ctx, attempt, "capacity")
+    end(ctx, attempt, AttemptEnd.CAPACITY)
     emit(
         ctx,
         job,
         Alert(
             EventKind.JOB_LAUNCH_FAILED,
             "info",
-            f"no capacity on {describe_pool(attempt.pool)}; trying the next offer",
+            f"no capacity on {attempt.pool.label}; trying the next offer",
         ),
         None,
         attempt,
@@ -61,7 +62,7 @@ def after_quota(
     """The quota in the provider/region is used up: an alert, and the pool cools down (if the
     strategy says so); the walk skips the provider/region."""
     sit = strategy.after_launch_error(LaunchError.QUOTA, ctx.now)
-    end(ctx, attempt, "quota")
+    end(ctx, attempt, AttemptEnd.QUOTA)
     emit(
         ctx,
         job,
@@ -94,7 +95,7 @@ def after_auth(
         disabled[attempt.provider] = sit.provider_until
         hours = (sit.provider_until - ctx.now).total_seconds() / 3600
         sits_out = f"; no launches on {attempt.provider} for {hours:g} h"
-    end(ctx, attempt, "auth")
+    end(ctx, attempt, AttemptEnd.AUTH)
     emit(
         ctx,
         job,
@@ -112,7 +113,7 @@ def end(ctx: ReconcileContext, attempt: AttemptRecord, why: str) -> None:
     """End an attempt (its instance counts as gone when it never had one)."""
     ctx.store.jobs.update_attempt(
         attempt.key,
-        state="ended",
+        state=AttemptState.ENDED,
         ended_at=ctx.now,
         end_reason=why,
         instance_gone=attempt.instance_id is None,

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from optimizer.clock import parse_utc
 from optimizer.jobs.recovery import Failover, GiveUp, Past, Strategy
 from optimizer.lifecycle import TERMINAL_JOB_STATES as TERMINAL
 from optimizer.lifecycle import AttemptEnd, Failure, JobState
@@ -151,15 +152,10 @@ class _Relaunch:
     stop_job: bool = False  # let the job checkpoint instead of killing the instance
 
 
-def describe_pool(pool: tuple[str, str, str | None, str, str]) -> str:
-    """The pool in a sentence (`Pool.label`)."""
-    return Pool(*pool).label
-
-
 def _relaunch_reason(
     attempt: AttemptView, now: datetime, register_timeout: timedelta
 ) -> _Relaunch | None:
-    where = describe_pool(attempt.pool)
+    where = Pool(*attempt.pool).label
     if attempt.interruption_notice_at is not None or attempt.preempted:
         return _Relaunch(
             Failure.PREEMPTED,
@@ -409,7 +405,7 @@ def power_off_time(notice: Mapping[str, Any], noticed_at: datetime) -> datetime 
     at: datetime | None = None
     if isinstance(raw, str):
         try:
-            at = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+            at = parse_utc(raw)
         except ValueError:
             at = None
         if at is not None and at.tzinfo is None:

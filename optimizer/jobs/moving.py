@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from optimizer.jobs.acting import Acting, attempt_fields, log, pool_text
+from optimizer.jobs.acting import Acting, attempt_fields, log
 from optimizer.jobs.context import UNREACHABLE, ReconcileContext
-from optimizer.jobs.machine import MIGRATED, Alert, JobState, Launch
+from optimizer.jobs.machine import Alert, Launch
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow
 from optimizer.jobs.migration import Move, Plan, Reason, describe, plan
 from optimizer.jobs.migration_inputs import (
@@ -27,6 +27,7 @@ from optimizer.jobs.migration_inputs import (
 )
 from optimizer.jobs.recovery import Strategy
 from optimizer.jobs.views import PassView
+from optimizer.lifecycle import AttemptEnd, AttemptState, JobState
 from optimizer.model import EventKind
 from optimizer.store import JobRecord
 from optimizer.store.jobs import AttemptRecord
@@ -159,8 +160,8 @@ def migrate(
                 f"job {job.name}: {move.message}",
                 data=(
                     ("reason", move.reason.value),
-                    ("from_pool", pool_text(current.pool)),
-                    ("to_pool", pool_text(subject.pool)),
+                    ("from_pool", str(current.pool)),
+                    ("to_pool", str(subject.pool)),
                     ("from_usd_per_hour", move.from_usd),
                     ("to_usd_per_hour", subject.usd_per_hour),
                     ("expected_saving_usd", round(move.expected_saving_usd, 4)),
@@ -195,7 +196,13 @@ def migrate(
         restarts=job.restarts + 1,
         events=events,
         at=ctx.now,
-        attempts={current.key: {"ended_at": ctx.now, "end_reason": MIGRATED, "state": "ended"}},
+        attempts={
+            current.key: {
+                "ended_at": ctx.now,
+                "end_reason": AttemptEnd.MIGRATED,
+                "state": AttemptState.ENDED,
+            }
+        },
     )
     if moved is None:
         # Nothing was written: the next pass drops the attempt just launched (`abandon`).

@@ -24,12 +24,10 @@ from optimizer.jobs.context import UNREACHABLE, ReconcileContext
 from optimizer.jobs.gang import head_number
 from optimizer.jobs.launch import LaunchOutcome
 from optimizer.jobs.machine import (
-    MIGRATED,
     REGISTER_TIMEOUT,
     Alert,
     Cooldown,
     Decision,
-    JobState,
     JobView,
     Launch,
     PolicyStop,
@@ -41,7 +39,7 @@ from optimizer.jobs.machine import (
 from optimizer.jobs.migration import Move
 from optimizer.jobs.migration_inputs import why as describe_error
 from optimizer.jobs.moving import migrate
-from optimizer.jobs.recovery import Failure, Strategy, strategy_for
+from optimizer.jobs.recovery import Strategy, strategy_for
 from optimizer.jobs.spec import job_spec
 from optimizer.jobs.utilization import rules_for
 from optimizer.jobs.views import (
@@ -53,6 +51,7 @@ from optimizer.jobs.views import (
     gang_view,
 )
 from optimizer.jobs.watch import Watch
+from optimizer.lifecycle import FAILURES, AttemptEnd, AttemptState, Failure, JobState
 from optimizer.model import EventKind
 from optimizer.store import JobRecord, NewEvent
 from optimizer.store.jobs import AttemptRecord
@@ -60,8 +59,7 @@ from policies.schedule import effective
 from policies.schema import Policy
 
 # The end reason of an attempt launched for a move that never committed (`abandon`).
-ABANDONED = "move_abandoned"
-FAILURES = frozenset(f.value for f in Failure)  # end reasons a strategy counts as failures
+ABANDONED = AttemptEnd.MOVE_ABANDONED
 
 
 class PerJob:
@@ -139,7 +137,9 @@ class PerJob:
         # rank_by in place of the top-level ones while it is in force.
         policy = effective(loaded.policy, ctx.now)
         strategy = strategy_for(policy, max_restarts=job_spec(job).max_restarts)
-        unlaunched = [a for a in nodes if a.instance_id is None and a.state == "launching"]
+        unlaunched = [
+            a for a in nodes if a.instance_id is None and a.state == AttemptState.LAUNCHING
+        ]
         if unlaunched:
             # A launch that did not finish (throttled, or the daemon died mid-call): retry it
             # with the same key, so the provider hands back the instance if it exists (every
@@ -175,7 +175,7 @@ class PerJob:
                 for a in attempts
                 if a.end_reason in FAILURES and a.ended_at
             ),
-            migrations=sum(1 for a in attempts if a.end_reason == MIGRATED),
+            migrations=sum(1 for a in attempts if a.end_reason == AttemptEnd.MIGRATED),
             finished_on=finished_earlier(ctx.store, attempts, nodes),
         )
         stop: PolicyStop | None = None
@@ -221,7 +221,7 @@ class PerJob:
             return False
         for node in nodes:
             ctx.store.jobs.update_attempt(
-                node.key, state="ended", ended_at=ctx.now, end_reason=ABANDONED
+                node.key, state=AttemptState.ENDED, ended_at=ctx.now, end_reason=ABANDONED
             )
             if node.instance_id is not None:
                 self.acting.terminate(ctx, node.key)
@@ -283,7 +283,7 @@ class PerJob:
                     node.key,
                     ended_at=ctx.now,
                     end_reason=decision.end_attempt,
-                    state="ended",
+                    state=AttemptState.ENDED,
                     **ended,
                 )
         state, reason = decision.state, decision.reason
@@ -347,4 +347,4 @@ class PerJob:
                 )
 
 
-__all__ = ["ABANDONED", "FAILURES", "PerJob"]
+__all__ = ["ABANDONED", "PerJob"]

@@ -18,15 +18,9 @@ from typing import Any
 
 from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.gang import fold
-from optimizer.jobs.machine import (
-    MIGRATED,
-    AttemptView,
-    JobState,
-    finished_on,
-    power_off_time,
-)
+from optimizer.jobs.machine import AttemptView, finished_on, power_off_time
 from optimizer.jobs.migration import Move
-from optimizer.jobs.recovery import Failure
+from optimizer.lifecycle import HANDED_OVER, AttemptEnd, JobState
 from optimizer.lifecycle import LIVE_JOB_STATES as LIVE
 from optimizer.store import JobRecord, Store
 from optimizer.store.jobs import AttemptRecord
@@ -102,9 +96,6 @@ def preempting(store: Store, a: AttemptRecord) -> bool:
     return any(e["data"].get("action") == "preempted" for e in _notices(store, a))
 
 
-HANDED_OVER = frozenset({Failure.PREEMPTED.value, MIGRATED})  # ends that leave the job running
-
-
 def finished_keys(store: Store, attempts: list[AttemptRecord]) -> frozenset[str]:
     """The attempts among `attempts` ended by a handover (a notice, a move) whose job then
     exited 0 on its own: its agent's `job_exited` says no stop reached it (rank 0's, for a
@@ -157,13 +148,12 @@ def attempt_view(
         stop_sent=a.stop_sent_at is not None,
         power_off_at=power_off_at,
         instance_launched_at=a.launched_at,
-        migrated=a.end_reason == MIGRATED,
+        migrated=a.end_reason == AttemptEnd.MIGRATED,
         finished=finished,
     )
 
 
 __all__ = [
-    "HANDED_OVER",
     "PassView",
     "attempt_view",
     "current_rows",

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
+from optimizer.clock import parse_utc
 from optimizer.jobs.acting import Acting
 from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.machine import Alert, PolicyStop
@@ -107,7 +108,7 @@ class Watch:
                 and (e.data or {}).get("rule") == rule
             ]
             end = str((found[0].data or {})["window_end"]) if found else None
-            self._alerted[key] = None if end is None else datetime.fromisoformat(end)
+            self._alerted[key] = None if end is None else parse_utc(end)
         return self._alerted[key]
 
 

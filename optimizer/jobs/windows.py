@@ -70,7 +70,7 @@ class JobVerdict:
     def to_dict(self) -> dict[str, Any]:
         return {
             "job": self.job,
-            "pool": describe_pool(self.pool),
+            "pool": str(Pool(*self.pool)),
             "usd_per_hour": self.usd_per_hour,
             "allowed": self.allowed,
             "rule": self.rule,
@@ -78,17 +78,12 @@ class JobVerdict:
         }
 
     def __str__(self) -> str:
-        where = f"{self.job} on {describe_pool(self.pool)}"
+        where = f"{self.job} on {Pool(*self.pool)}"
         if self.allowed is None:
             return f"{where}: its pool is not among the latest offers"
         if self.allowed:
             return f"{where}: still allowed"
         return f"{where}: no longer allowed ({self.rule}: {self.reason})"
-
-
-def describe_pool(pool: tuple[str, str, str | None, str, str]) -> str:
-    """The pool's text form (`str(Pool)`)."""
-    return str(Pool(*pool))
 
 
 def _zoneless(pool: Pool) -> Pool:
@@ -231,6 +226,5 @@ __all__ = [
     "WindowChange",
     "WindowWatch",
     "boundary_event",
-    "describe_pool",
     "reassess",
 ]

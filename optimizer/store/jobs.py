@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import Connection, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
+from optimizer.clock import parse_utc
 from optimizer.lifecycle import TERMINAL_JOB_STATES, AttemptState
 from optimizer.model import Offer, Pool
 from optimizer.store.engine import (
@@ -711,7 +712,7 @@ def _event_time(event: Mapping[str, Any], default: datetime) -> datetime:
     raw = event.get("at")
     if isinstance(raw, str):
         try:
-            parsed = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+            parsed = parse_utc(raw)
             # At the calendar's edge a zone's offset can carry a time past year 9999 in UTC.
             return parsed.astimezone(UTC) if parsed.tzinfo else default
         except (ValueError, OverflowError):

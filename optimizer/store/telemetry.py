@@ -22,6 +22,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, delete, func, select
 
+from optimizer.clock import parse_utc
 from optimizer.lifecycle import TERMINAL_JOB_STATES
 from optimizer.store.engine import Database, aware, dialect_insert, table
 from optimizer.store.tables import Attempt, GpuSample, Job
@@ -549,7 +550,7 @@ def parse_span(raw: Mapping[str, Any]) -> GpuMinute:
     if not isinstance(start_raw, str):
         raise ValueError(f"start must be an ISO time, got {start_raw!r}")
     try:
-        start = datetime.fromisoformat(start_raw.replace("Z", "+00:00"))
+        start = parse_utc(start_raw)
     except ValueError:
         raise ValueError(f"start must be an ISO time, got {start_raw!r}") from None
     xids = raw.get("xids") or []

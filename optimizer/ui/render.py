@@ -11,7 +11,7 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from optimizer.clock import utc_label, utc_text
+from optimizer.clock import parse_utc, utc_label, utc_text
 
 # Everything the pages load comes from /ui/static/ (no CDN, no inline script or style), so
 # the policy can forbid the rest; uPlot styles its elements through the CSSOM, which
@@ -50,7 +50,7 @@ def when(value: datetime | str | None) -> str:
     if value is None:
         return NONE
     if isinstance(value, str):
-        value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        value = parse_utc(value)
     return utc_label(value)
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from optimizer.clock import parse_utc
 from optimizer.model import Fabric, Market, Offer
 from providers.base import EndReason, InstanceState, LaunchSpec
 
@@ -258,7 +259,7 @@ def launch_time(instance: Mapping[str, Any]) -> datetime | None:
         return raw.astimezone(UTC) if raw.tzinfo else raw.replace(tzinfo=UTC)
     if isinstance(raw, str):
         try:
-            parsed = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+            parsed = parse_utc(raw)
         except ValueError:
             return None
         return parsed.astimezone(UTC) if parsed.tzinfo else parsed.replace(tzinfo=UTC)

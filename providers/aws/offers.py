@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from optimizer import hardware
+from optimizer.clock import parse_utc
 from optimizer.model import Fabric, Market, Offer
 from providers.aws.specs import GpuType, chunks
 
@@ -57,7 +58,7 @@ def spot_history(ec2: Any, instance_types: Sequence[str], now: datetime) -> list
 def _utc(value: Any) -> datetime:
     if isinstance(value, datetime):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).astimezone(UTC)
+    return parse_utc(str(value)).astimezone(UTC)
 
 
 def latest_spot_prices(rows: Iterable[Mapping[str, Any]]) -> dict[TypeInZone, float]:

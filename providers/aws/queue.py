@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC
 from typing import Any
 
+from optimizer.clock import parse_utc
 from providers.base import InterruptionEvent, InterruptionKind
 
 DETAIL_TYPES: dict[str, InterruptionKind] = {
@@ -50,7 +51,7 @@ def parse_event(body: str | dict[str, Any]) -> InterruptionEvent:
         raise UnreadableEvent(f"{kind} event without detail.instance-id")
     raw_time = str(event.get("time") or "")
     try:
-        at = datetime.fromisoformat(raw_time.replace("Z", "+00:00"))
+        at = parse_utc(raw_time)
     except ValueError:
         raise UnreadableEvent(f"bad time {raw_time!r}") from None
     at = at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from optimizer.clock import parse_utc
 from providers.base import EndReason, InstanceRef, InstanceState, InstanceStatus, LaunchSpec
 from providers.gcp.names import InstanceType, label_key, label_value
 
@@ -169,7 +170,7 @@ def timestamp(text: str | None) -> datetime | None:
     if not text:
         return None
     try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        parsed = parse_utc(text)
     except ValueError:
         return None
     return parsed.astimezone(UTC) if parsed.tzinfo else None
