@@ -169,10 +169,13 @@ class BudgetRule(PriceRule):
             return monthly > rules.monthly_usd * (1 + SLACK)  # type: ignore[no-any-return,operator]
 
 
+BUDGET = BudgetRule()
+"""The budget rule: a launch walk that finds every offer over budget names it by `BUDGET.id`."""
+
 PRICE_RULES: tuple[PriceRule, ...] = (
     MaxUsdPerHour(),
     MaxUsdPerGpuHour(),
     MaxFractionOfOnDemand(),
-    BudgetRule(),
+    BUDGET,
 )
 """The price rules in checking order, after the shape rules."""

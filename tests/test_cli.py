@@ -12,6 +12,12 @@ import pytest
 
 from optimizer import __version__
 from optimizer.catalog import read_catalog
+from optimizer.cli.ranked import render
+from optimizer.cli.ranking_view import RankingView
+from optimizer.model import Market
+from optimizer.offers import OfferQuery
+from policies import rulebook
+from tests.helpers.engine import offer
 
 GOOD_CATALOG = """\
 # a small catalog
@@ -377,3 +383,48 @@ def test_a_bad_database_url_is_bad_input(args: list[str], start: str, tmp_path: 
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith(f"{start} unsupported scheme 'mysql'")
     assert done.stderr.count("\n") == 1 and "hunter2" not in done.stderr
+
+
+def test_a_ranking_answer_with_a_rule_the_cli_does_not_know_keeps_its_count(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A rule another package registered in the daemon is not in the CLI's rulebook: filtering
+    the daemon's ranking here keeps its count, in the answer's order, in the JSON and table."""
+    assert "toy.vcpus_per_gpu" not in {rule.id for rule in rulebook.current()}
+    euc, use = offer(), offer(region="us-east-1", zone="use1-az1")
+    rejected = [
+        ("market", euc, "on_demand not allowed (markets: spot)"),
+        ("toy.vcpus_per_gpu", euc, "16 vCPUs for 8 GPUs < 4 per GPU"),
+        ("toy.vcpus_per_gpu", use, "16 vCPUs for 8 GPUs < 4 per GPU"),
+        ("gpu_count", euc, "2 GPUs < 4 needed"),
+    ]
+    answer = {
+        "policy": "p",
+        "evaluated_at": "2026-04-23T12:00:00Z",
+        "dtype": "bf16",
+        "candidates": [],
+        "candidate_count": 0,
+        "rejected_by_rule": {"market": 1, "toy.vcpus_per_gpu": 2, "gpu_count": 1},
+        "rejections": [
+            {"rule": rule, "reason": reason, "offer": o.to_dict()} for rule, o, reason in rejected
+        ],
+    }
+    view = RankingView.from_api(answer)
+    everything = view.select(OfferQuery(market=Market.ON_DEMAND))
+    assert list(everything.rejection_counts.items()) == [
+        ("market", 1),
+        ("toy.vcpus_per_gpu", 2),
+        ("gpu_count", 1),
+    ]
+    assert everything.total == 4
+    eu = view.select(OfferQuery(region_globs=("eu-*",)))
+    assert eu.rejection_counts == {"market": 1, "toy.vcpus_per_gpu": 1, "gpu_count": 1}
+    assert list(eu.rejection_counts) == ["market", "toy.vcpus_per_gpu", "gpu_count"]
+
+    render(eu, limit=0, explain=True, as_json=True, source="daemon")
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["rejected_by_rule"] == {"market": 1, "toy.vcpus_per_gpu": 1, "gpu_count": 1}
+    render(eu, limit=0, explain=True, as_json=False, source="daemon")
+    table = capsys.readouterr().out
+    assert "3 rejected offers" in table
+    assert "toy.vcpus_per_gpu" in table and "16 vCPUs for 8 GPUs < 4 per GPU" in table

@@ -19,6 +19,7 @@ from policies import regions
 from policies.budget import Committed
 from policies.engine import RULES, Candidate, EvaluationError, Ranking, Rejection, evaluate
 from policies.schema import Policy
+from providers import registry
 from tests.helpers.engine import T0, offer, policy
 from tests.helpers.offers import G6_XLARGE
 
@@ -470,7 +471,7 @@ POLICIES = [
 ]
 
 _offer_fields = dict(
-    provider=st.sampled_from(["aws", "gcp", "local"]),
+    provider=st.sampled_from(sorted(registry.names())),  # every installed provider
     region=st.sampled_from(["eu-central-1", "eu-west-2", "us-east-1", "europe-west4", "mars-1"]),
     zone=st.sampled_from([None, "a", "b"]),
     instance_type=st.sampled_from(["t1", "t2"]),

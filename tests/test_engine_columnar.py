@@ -27,16 +27,19 @@ from policies.rule import Priced, PriceRule, Prices, Shape, ShapeColumns
 from policies.rules import RuleSet
 from policies.schema import Policy
 from policies.table import SHAPE_FIELDS
+from providers import registry
 from tests.helpers import row_engine
 
 NOW = datetime(2026, 4, 23, 12, tzinfo=UTC)
 EXAMPLES = int(os.environ.get("GPUOPT_PROPERTY_EXAMPLES", "60"))
 
-PLACES = {
+REGIONS = {  # a few of each built-in provider's regions, for the region globs and presets
     "aws": ["us-east-1", "eu-west-1", "eu-central-1", "eu-south-1", "ap-northeast-1"],
     "gcp": ["us-central1", "europe-west4", "europe-west1", "asia-east1"],
     "local": ["local"],
 }
+PLACES = {name: REGIONS.get(name, [f"{name}-1"]) for name in registry.names()}
+"""Every installed provider (the registry's), with regions to sample."""
 TYPES = ["p4d.24xlarge", "g5.xlarge", "a3-highgpu-8g", "g2-standard-8", "tiny"]
 MODELS = ["A100-80GB", "H100-80GB", "L4", "T4", "A10G", "MI300X", "unknown:Mystery"]
 PRICES = [0.5, 1.0, 2.5, 4.0, 12.0, 13.926624, 30.0, 41.2]  # few values: ties happen
@@ -132,9 +135,7 @@ def policies(draw: st.DrawFn) -> Policy:
         "rank_by": draw(st.sampled_from(["price", "price_per_tflop", "price_per_tbps"])),
         "bid": {k: v for k, v in bid.items() if v is not None},
         "placement": {
-            "providers": draw(
-                st.lists(st.sampled_from(["aws", "gcp", "local"]), min_size=1, unique=True)
-            ),
+            "providers": draw(st.lists(st.sampled_from(sorted(PLACES)), min_size=1, unique=True)),
             "regions": {
                 "allow": draw(st.sampled_from([["*"], ["eu-*", "europe-*"], ["us-*", "local"]])),
                 "deny": draw(st.sampled_from([[], ["eu-south-*"], ["*-east*"]])),

@@ -2,10 +2,12 @@
 alert channel and a recovery strategy) is built from the doc's own blocks, registered through a
 temporary distribution on the path (its `entry_points.txt` as pip would write it), and each
 plug-in runs through the daemon's parts: the config, the engine, the alert outbox and the
-state machine. gpuopt is not edited."""
+state machine. The toy rule of the doc's rule section is imported from its block, which
+registers it in the rulebook, and ranks offers in the engine. gpuopt is not edited."""
 
 from __future__ import annotations
 
+import importlib
 import re
 import sys
 import tomllib
@@ -30,9 +32,12 @@ from optimizer.jobs import recovery
 from optimizer.jobs.machine import AttemptView, JobState, JobView, decide
 from optimizer.model import EventKind
 from optimizer.store import Store
-from policies.engine import evaluate
+from policies import rulebook
+from policies.engine import RULES, evaluate
 from policies.loader import PolicyError, parse_policy
 from providers import registry
+from tests.helpers import row_engine
+from tests.helpers.engine import T0, offer, policy
 
 pytestmark = pytest.mark.usefixtures("daemon_env")
 
@@ -180,3 +185,49 @@ def test_the_toy_strategy_is_named_by_a_policy_and_gives_up_in_the_state_machine
     decision = decide(job, gone, now=NOW, strategy=strategy)
     assert decision.state is JobState.FAILED and not decision.launches
     assert "toy-stop: preempted ends the job" in decision.reason
+
+
+def test_the_toy_rule_from_the_doc_rejects_with_its_words_and_leaves_the_others_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pol = policy(placement={"regions": {"allow": ["eu-*"]}}, workload={"gpus": 4})
+    offers = [
+        offer(vcpus=16),  # 16 vCPUs for 8 GPUs: fails only the toy rule
+        offer(vcpus=16, region="us-east-1", zone="use1-az1"),  # region is checked first
+        offer(vcpus=4, gpu_count=2),  # fails both: the toy rule is checked before gpu_count
+        offer(vcpus=96, gpu_count=2),  # gpu_count's own, after the toy rule
+        offer(),  # 96 vCPUs for 8 GPUs: a candidate
+    ]
+    before = evaluate(pol, offers, T0)
+    assert [r.rule for r in before.rejections] == ["region", "gpu_count", "gpu_count"]
+
+    (tmp_path / "toy_rule.py").write_text(doc_block("toy_rule.py"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module: Any = importlib.import_module("toy_rule")  # registers the rule, as the doc says
+    try:
+        rule_id = module.VcpusPerGpu.id
+        ids = [r.id for r in rulebook.current()]
+        assert ids.index(rule_id) == ids.index("gpu_count") - 1
+        ranking = evaluate(pol, offers, T0)
+        assert [c.offer for c in ranking.candidates] == [offer()]
+        assert [(r.offer, r.rule, r.reason) for r in ranking.rejections] == [
+            (offers[1], "region", before.rejected("region")[0].reason),
+            (offers[0], rule_id, "16 vCPUs for 8 GPUs < 4 per GPU"),
+            (offers[2], rule_id, "4 vCPUs for 2 GPUs < 4 per GPU"),
+            (offers[3], "gpu_count", "2 GPUs < 4 needed"),
+        ]
+        assert ranking.rejection_counts() == {"region": 1, rule_id: 2, "gpu_count": 1}
+        # The row engine runs the rule's `why` alone: the same verdicts as its `mask`.
+        oracle = row_engine.evaluate(pol, offers, T0)
+        assert list(oracle.candidates) == list(ranking.candidates)
+        assert [(r.offer, r.rule, r.reason) for r in oracle.rejections] == [
+            (r.offer, r.rule, r.reason) for r in ranking.rejections
+        ]
+    finally:
+        rulebook.unregister(module.VcpusPerGpu.id)
+        sys.modules.pop("toy_rule", None)
+    assert tuple(r.id for r in rulebook.current()) == RULES
+    after = evaluate(pol, offers, T0)
+    assert [(r.offer, r.rule, r.reason) for r in after.rejections] == [
+        (r.offer, r.rule, r.reason) for r in before.rejections
+    ]

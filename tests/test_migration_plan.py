@@ -5,7 +5,9 @@ of price changes across 20 jobs."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -19,6 +21,10 @@ from optimizer.jobs.migration import (
     plan,
 )
 from optimizer.model import Pool
+from policies import rulebook
+from policies.context import RuleContext
+from policies.rule import BidCap, Priced
+from policies.schema import Bid
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
 ON = MigrationSettings(enabled=True)  # the defaults: 25%, 30 min, 30 min, 4/day, 10 min, 1
@@ -105,6 +111,44 @@ def test_a_price_above_the_bid_cap_moves_the_job_to_the_best_allowed_offer() -> 
     assert "above the policy's bid cap (bid.max_usd_per_hour)" in move.message
     assert "moving to aws us-east-1c g5.xlarge spot at $0.5500/h" in move.message
     assert got.held == ()
+
+
+class FlatCap(BidCap):
+    """A bid cap registered from outside gpuopt, under an id of its own choosing."""
+
+    id = "toy.flat_cap"
+
+    def sets(self, bid: Bid) -> bool:
+        return True
+
+    def limit(self, bid: Bid, gpu_count: Any, on_demand: Any) -> Any:
+        return 1.0
+
+    def why(self, rules: RuleContext, priced: Priced) -> str | None:
+        return f"${priced.usd_per_hour:g}/h > $1/h" if priced.usd_per_hour > 1.0 else None
+
+
+@pytest.fixture
+def flat_cap() -> Iterator[None]:
+    rulebook.register(FlatCap(), before="budget")
+    try:
+        yield
+    finally:
+        rulebook.unregister(FlatCap.id)
+
+
+def test_a_registered_bid_cap_is_a_bid_cap_whatever_its_id(flat_cap: None) -> None:
+    # The rulebook says which rules are bid caps, not the id's spelling.
+    got = plan([job(A, 1.40)], market([(B, 0.60)], refused={A: FlatCap.id}), NOW)
+    [move] = got.moves
+    assert move.reason is Reason.BID_CAP
+    assert "above the policy's bid cap (toy.flat_cap)" in move.message
+
+
+def test_a_rule_that_is_not_a_bid_cap_is_not_one_whatever_its_id() -> None:
+    got = plan([job(A, 1.40)], market([(B, 0.60)], refused={A: "bid.nothing"}), NOW)
+    [move] = got.moves
+    assert move.reason is Reason.NOT_ALLOWED
 
 
 def test_a_pool_the_policy_in_force_no_longer_allows_moves_and_says_which_window() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from optimizer.model import Offer
 from optimizer.offers import OfferQuery
-from policies.engine import RULES, Candidate, Ranking, Rejection
+from policies.engine import Candidate, Ranking, Rejection
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,11 +74,14 @@ class RankingView:
         candidates = tuple(c for c in self.candidates if query.matches(c.offer))
         rejections = tuple(r for r in self.rejections if query.matches(r.offer))
         counts = Counter(r.rule for r in rejections)
+        # The rules in the ranking's own order (the daemon's checking order, a rule another
+        # package registered there included), then any other rule in the order it appears.
+        order = [*self.rejection_counts, *counts]
         return replace(
             self,
             candidates=candidates,
             candidate_count=len(candidates),
-            rejection_counts={rule: counts[rule] for rule in RULES if counts[rule]},
+            rejection_counts={rule: counts[rule] for rule in dict.fromkeys(order) if counts[rule]},
             rejections=rejections,
         )
 

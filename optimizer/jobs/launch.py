@@ -40,6 +40,7 @@ from optimizer.store import JobRecord
 from optimizer.store.jobs import AttemptRecord, token_sha256
 from policies import budget as budget_model
 from policies import rulebook
+from policies.price_rules import BUDGET
 from policies.schedule import effective
 from policies.schema import Policy
 from providers import registry
@@ -154,7 +155,7 @@ class Launcher:
         )
         ranking, spend, cap = found.ranking, found.spend, policy.budget.monthly_usd
         if not ranking.candidates:
-            over = ranking.rejected("budget")
+            over = ranking.rejected(BUDGET.id)
             if cap is not None and over:
                 cheapest = min(r.offer.usd_per_hour for r in over)
                 need = budget_model.projected(

@@ -41,12 +41,14 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from optimizer.model import Pool
+from policies import rulebook
+from policies.price_rules import BUDGET, STALE
 from policies.schema import Policy
 
 DAY = timedelta(days=1)
 MAX_TARGETS = 25  # pools a move's launch may try, in rank order (launch.MAX_OFFERS_TRIED)
 NOT_A_TRIGGER = frozenset(
-    {"stale", "budget"}
+    {STALE.id, BUDGET.id}
 )  # rules whose rejection of a job's pool moves nothing
 
 
@@ -308,7 +310,7 @@ def _want(job: RunningJob, market: PolicyMarket, now: datetime, memo: _Memo) -> 
         if key not in memo.targets:
             memo.targets[key] = _targets(market, job, now, lambda o: True, rank_above=False)
         targets = memo.targets[key]
-        if rule.startswith("bid."):
+        if any(rule == cap.id for cap in rulebook.bid_caps()):
             reason = Reason.BID_CAP
             why = f"{where} is above the policy's bid cap ({rule})"
         else:
