@@ -66,7 +66,8 @@ def running(config: DaemonConfig, **kwargs: Any) -> Iterator[Daemon]:
 def api(daemon: Daemon, token: str | None = TOKEN) -> httpx.Client:
     """A client of the daemon's API, with the test token unless told otherwise."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx.Client(base_url=daemon.url, headers=headers, timeout=10)
+    # Generous: a loaded CI host can stall a process for seconds; a hung API still fails.
+    return httpx.Client(base_url=daemon.url, headers=headers, timeout=30)
 
 
 # -- as a process ----------------------------------------------------------------------------
