@@ -328,3 +328,34 @@ def test_a_lost_lead_mid_walk_keeps_each_shapes_words(store: Store) -> None:
         (1, 0, 2, True),
         (1, 1, 2, False),
     ]
+
+
+def test_a_pass_reads_offers_and_probe_figures_once_yet_each_launch_sees_new_cooldowns(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Three pending jobs of one policy in one pass: the first launch's capacity error cools
+    # its pool, and the two launches after it keep away from that pool, though the pass read
+    # the latest offers and the probe figures once for all three.
+    for name in ("k", "l"):
+        store.jobs.add_job(name, "p", {"run": "x", "checkpoint_dir": f"/{name}"})
+    reads = {"latest_offers": 0, "figures": 0}
+
+    def counted(target: Any, method: str) -> None:
+        original = getattr(target, method)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            reads[method] += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(target, method, wrapper)
+
+    counted(store.prices, "latest_offers")
+    counted(store.probes, "figures")
+    source = FlakySource(CapacityError("none left"))
+    ctx = replace(context(store, source), jobs=tuple(store.jobs.live_jobs()))
+    JobReconciler(lambda: "http://d")(ctx)
+
+    assert [zone for zone, _ in source.launched] == ["use1-az1", "use1-az2", "use1-az2", "use1-az2"]
+    assert reads == {"latest_offers": 1, "figures": 1}
+    launched = [a for job in ctx.jobs for a in store.jobs.attempts(job.id) if not a.ended]
+    assert len(launched) == 3 and all(a.zone == "use1-az2" for a in launched)

@@ -152,6 +152,7 @@ class Launcher:
             avoid=launch.avoid,
             replacing=job.id,
             window=self.probe_window,
+            memo=ctx.memo,
         )
         ranking, spend, cap = found.ranking, found.spend, policy.budget.monthly_usd
         if not ranking.candidates:
