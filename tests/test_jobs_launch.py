@@ -14,6 +14,7 @@ import pytest
 from optimizer.daemon.config import ProviderConfig
 from optimizer.daemon.providers import ProviderHandle
 from optimizer.jobs import budget as job_budget
+from optimizer.jobs import spec as spec_module
 from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.launch import LaunchOutcome
 from optimizer.jobs.machine import Launch
@@ -330,7 +331,7 @@ def test_a_lost_lead_mid_walk_keeps_each_shapes_words(store: Store) -> None:
     ]
 
 
-def test_a_pass_reads_offers_and_probe_figures_once_yet_each_launch_sees_new_cooldowns(
+def test_a_pass_reads_offers_probe_figures_and_specs_once_yet_each_launch_sees_new_cooldowns(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Three pending jobs of one policy in one pass: the first launch's capacity error cools
@@ -351,11 +352,36 @@ def test_a_pass_reads_offers_and_probe_figures_once_yet_each_launch_sees_new_coo
 
     counted(store.prices, "latest_offers")
     counted(store.probes, "figures")
+    validated: list[str] = []  # each stored spec validated, by job name
+    from_stored = spec_module.from_stored
+
+    def validating(stored: Any, *, name: str, policy: str) -> Any:
+        validated.append(name)
+        return from_stored(stored, name=name, policy=policy)
+
+    monkeypatch.setattr(spec_module, "from_stored", validating)
     source = FlakySource(CapacityError("none left"))
     ctx = replace(context(store, source), jobs=tuple(store.jobs.live_jobs()))
     JobReconciler(lambda: "http://d")(ctx)
 
     assert [zone for zone, _ in source.launched] == ["use1-az1", "use1-az2", "use1-az2", "use1-az2"]
     assert reads == {"latest_offers": 1, "figures": 1}
+    assert sorted(validated) == ["j", "k", "l"]  # once per job, not per use in its launch
     launched = [a for job in ctx.jobs for a in store.jobs.attempts(job.id) if not a.ended]
     assert len(launched) == 3 and all(a.zone == "use1-az2" for a in launched)
+
+
+def test_the_walk_caps_each_node_in_the_cloud_with_the_bid_it_was_handed(store: Store) -> None:
+    # The walk's policy enforces its bid in the cloud; the context's copy of policy p does
+    # not: each node's cap comes from the walk's own policy, not from a lookup of the job's.
+    policy = parse_policy(
+        "apiVersion: gpuopt/v1\nkind: Policy\nname: p\nworkload: {gpus: 1, gpu_memory_gib: 16}\n"
+        "bid: {max_usd_per_hour: 1.25, enforce_in_cloud: true}\n"
+    )
+    source = FlakySource()
+    ctx = context(store, source)
+    launched, why = JobReconciler(lambda: "http://d").launcher.walk(
+        ctx, job_of(store), Launch(), policy, STRATEGY
+    )
+    assert launched, why
+    assert [spec.max_usd_per_hour for spec in source.specs] == [1.25]

@@ -33,7 +33,7 @@ from optimizer.jobs.machine import Alert, Launch
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow
 from optimizer.jobs.ranking import launch_ranking, pool_of
 from optimizer.jobs.recovery import Strategy
-from optimizer.jobs.spec import job_spec
+from optimizer.jobs.spec import pass_spec
 from optimizer.lifecycle import AttemptEnd, AttemptState
 from optimizer.model import EventKind, Market, Offer, Pool
 from optimizer.store import JobRecord
@@ -42,7 +42,7 @@ from policies import budget as budget_model
 from policies import rulebook
 from policies.price_rules import BUDGET
 from policies.schedule import effective
-from policies.schema import Policy
+from policies.schema import Bid, Policy
 from providers import registry
 from providers.base import (
     AuthError,
@@ -140,7 +140,7 @@ class Launcher:
             policy = policy.model_copy(update={"markets": [m.value for m in launch.markets]})
         # The ranking's budget rule projects a launch of every node the job asks for (the
         # spec's `nodes` wins over the policy's).
-        nodes = job_nodes(job, policy)
+        nodes = job_nodes(job, policy, ctx)
         if nodes != policy.workload.nodes:
             work = policy.workload.model_copy(update={"nodes": nodes})
             policy = policy.model_copy(update={"workload": work})
@@ -205,7 +205,10 @@ class Launcher:
                     f"budget:{job.policy}:{ctx.now:%Y-%m}",
                     None,
                 )
-        return self._try(ctx, job, candidates[:MAX_OFFERS_TRIED], strategy, nodes)
+        # The bid in force for each node's in-cloud cap, from the policy this walk holds (a no-op
+        # where the caller resolved the schedule, as the per-job pass does).
+        bid = effective(policy, ctx.now).bid
+        return self._try(ctx, job, candidates[:MAX_OFFERS_TRIED], strategy, nodes, bid=bid)
 
     def _try(
         self,
@@ -214,11 +217,14 @@ class Launcher:
         offers: list[Offer],
         strategy: Strategy,
         nodes: int,
+        *,
+        bid: Bid | None = None,
     ) -> Walk:
         """Launch `nodes` instances of one offer together, all or nothing (a single node is a
         gang of one): every node's row is written first (one key each), then each is
         launched; if one fails, the nodes already launched are terminated and the next offer
-        is tried (the failed node's error costs its pool what a single launch's would)."""
+        is tried (the failed node's error costs its pool what a single launch's would).
+        `bid`: the bid of the policy the walk ranked under, for `cloud_cap`."""
         skip_scopes: set[tuple[str, str]] = set()
         number = next_number(ctx, job)
         for offer in offers:
@@ -233,7 +239,7 @@ class Launcher:
             where = _where(number, nodes, rows[0][0].pool, offer)
             outcome = LaunchOutcome.LAUNCHED
             for row, token in rows:
-                outcome = self.launch(ctx, job, row, strategy, token=token, offer=offer)
+                outcome = self.launch(ctx, job, row, strategy, token=token, offer=offer, bid=bid)
                 if outcome is not LaunchOutcome.LAUNCHED:
                     break
             if outcome is LaunchOutcome.LAUNCHED:
@@ -318,10 +324,12 @@ class Launcher:
         *,
         token: str | None = None,
         offer: Offer | None = None,
+        bid: Bid | None = None,
     ) -> LaunchOutcome:
         """Launch `attempt` (a new one, with its token and offer; or one left 'launching',
         retried with its key and a new token). Ends the attempt unless it launched or stays
-        pending, and records what an error costs."""
+        pending, and records what an error costs. `bid`: the bid in force, where the caller
+        holds it (the walk); a retry has none, and `cloud_cap` looks it up."""
         source = self.provider(ctx, attempt.provider)
         if source is None:
             end(ctx, attempt, AttemptEnd.PROVIDER_UNAVAILABLE)
@@ -346,7 +354,7 @@ class Launcher:
             attempt=attempt.gang or attempt.number,
             bootstrap=self._bootstrap(attempt, token, offer),
             image=self.agent.image(attempt.provider),
-            max_usd_per_hour=cloud_cap(ctx, job, offer),
+            max_usd_per_hour=cloud_cap(ctx, job, offer, bid),
             gang=gang,
         )
         if not ctx.leading():
@@ -405,15 +413,19 @@ class Launcher:
         )
 
 
-def cloud_cap(ctx: ReconcileContext, job: JobRecord, offer: Offer) -> float | None:
+def cloud_cap(
+    ctx: ReconcileContext, job: JobRecord, offer: Offer, bid: Bid | None = None
+) -> float | None:
     """The price cap a spot launch sends to the cloud, where the policy in force enforces its
-    bid there (`bid.enforce_in_cloud`); None otherwise, and for on-demand (no cap to send)."""
+    bid there (`bid.enforce_in_cloud`); None otherwise, and for on-demand (no cap to send).
+    `bid`: the bid in force where the caller holds it; else the job's policy is looked up."""
     if offer.market is not Market.SPOT:
         return None
-    loaded = ctx.policies.get(job.policy)
-    if loaded is None:
-        return None
-    bid = effective(loaded.policy, ctx.now).bid
+    if bid is None:
+        loaded = ctx.policies.get(job.policy)
+        if loaded is None:
+            return None
+        bid = effective(loaded.policy, ctx.now).bid
     if not bid.enforce_in_cloud:
         return None
     # The caps the rulebook defines, without the on-demand price: a fraction of it is checked
@@ -436,10 +448,10 @@ def _pending(outcome: LaunchOutcome, nodes: int) -> str:
     return f"{outcome.value}; retrying"
 
 
-def job_nodes(job: JobRecord, policy: Policy) -> int:
-    """How many instances each attempt of the job spans: the spec's `nodes`, else the
-    policy's `workload.nodes`."""
-    return job_spec(job).nodes or policy.workload.nodes or 1
+def job_nodes(job: JobRecord, policy: Policy, ctx: ReconcileContext) -> int:
+    """How many instances each attempt of the job spans: the spec's `nodes` (validated once
+    per pass, `spec.pass_spec`), else the policy's `workload.nodes`."""
+    return pass_spec(job, ctx.memo).nodes or policy.workload.nodes or 1
 
 
 def next_number(ctx: ReconcileContext, job: JobRecord) -> int:

@@ -40,7 +40,7 @@ from optimizer.jobs.migration import Move
 from optimizer.jobs.migration_inputs import why as describe_error
 from optimizer.jobs.moving import migrate
 from optimizer.jobs.recovery import Strategy, strategy_for
-from optimizer.jobs.spec import job_spec
+from optimizer.jobs.spec import pass_spec
 from optimizer.jobs.utilization import rules_for
 from optimizer.jobs.views import (
     PassView,
@@ -136,7 +136,8 @@ class PerJob:
         # The plain policy in force now: a schedule window's markets, bid, placement and
         # rank_by in place of the top-level ones while it is in force.
         policy = effective(loaded.policy, ctx.now)
-        strategy = strategy_for(policy, max_restarts=job_spec(job).max_restarts)
+        spec = pass_spec(job, ctx.memo)  # validated once this pass; the launch walk reuses it
+        strategy = strategy_for(policy, max_restarts=spec.max_restarts)
         unlaunched = [
             a for a in nodes if a.instance_id is None and a.state == AttemptState.LAUNCHING
         ]
@@ -168,7 +169,7 @@ class PerJob:
             name=job.name,
             state=JobState(job.state),
             restarts=job.restarts,
-            probes=job_spec(job).probes,
+            probes=spec.probes,
             cancel_requested=job.cancel_requested_at is not None,
             failures=tuple(
                 (Failure(a.end_reason), a.ended_at)
