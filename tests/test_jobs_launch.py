@@ -339,7 +339,7 @@ def test_a_pass_reads_offers_probe_figures_and_specs_once_yet_each_launch_sees_n
     # the latest offers and the probe figures once for all three.
     for name in ("k", "l"):
         store.jobs.add_job(name, "p", {"run": "x", "checkpoint_dir": f"/{name}"})
-    reads = {"latest_offers": 0, "figures": 0}
+    reads = {"latest_offers": 0, "figures": 0, "attempts": 0}
 
     def counted(target: Any, method: str) -> None:
         original = getattr(target, method)
@@ -352,6 +352,7 @@ def test_a_pass_reads_offers_probe_figures_and_specs_once_yet_each_launch_sees_n
 
     counted(store.prices, "latest_offers")
     counted(store.probes, "figures")
+    counted(store.jobs, "attempts")
     validated: list[str] = []  # each stored spec validated, by job name
     from_stored = spec_module.from_stored
 
@@ -365,7 +366,9 @@ def test_a_pass_reads_offers_probe_figures_and_specs_once_yet_each_launch_sees_n
     JobReconciler(lambda: "http://d")(ctx)
 
     assert [zone for zone, _ in source.launched] == ["use1-az1", "use1-az2", "use1-az2", "use1-az2"]
-    assert reads == {"latest_offers": 1, "figures": 1}
+    # A job's attempts: once per launch, to name the one just written; the attempt's number
+    # comes from the attempts the pass read.
+    assert reads == {"latest_offers": 1, "figures": 1, "attempts": 3}
     assert sorted(validated) == ["j", "k", "l"]  # once per job, not per use in its launch
     launched = [a for job in ctx.jobs for a in store.jobs.attempts(job.id) if not a.ended]
     assert len(launched) == 3 and all(a.zone == "use1-az2" for a in launched)

@@ -14,7 +14,7 @@ is the recovery strategy's answer (recovery.py, applied by launch_errors.py).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from enum import Enum
 from typing import NamedTuple
@@ -134,8 +134,12 @@ class Launcher:
         launch: Launch,
         policy: Policy,
         strategy: Strategy,
+        *,
+        attempts: Sequence[AttemptRecord] | None = None,
     ) -> Walk:
-        """Launch the next attempt on the best allowed offer."""
+        """Launch the next attempt on the best allowed offer. `attempts`: the job's, as the
+        pass read them (none has been added since), for the next attempt's number; read
+        from the store where not given."""
         if launch.markets is not None:
             policy = policy.model_copy(update={"markets": [m.value for m in launch.markets]})
         # The ranking's budget rule projects a launch of every node the job asks for (the
@@ -208,7 +212,9 @@ class Launcher:
         # The bid in force for each node's in-cloud cap, from the policy this walk holds (a no-op
         # where the caller resolved the schedule, as the per-job pass does).
         bid = effective(policy, ctx.now).bid
-        return self._try(ctx, job, candidates[:MAX_OFFERS_TRIED], strategy, nodes, bid=bid)
+        return self._try(
+            ctx, job, candidates[:MAX_OFFERS_TRIED], strategy, nodes, bid=bid, attempts=attempts
+        )
 
     def _try(
         self,
@@ -219,6 +225,7 @@ class Launcher:
         nodes: int,
         *,
         bid: Bid | None = None,
+        attempts: Sequence[AttemptRecord] | None = None,
     ) -> Walk:
         """Launch `nodes` instances of one offer together, all or nothing (a single node is a
         gang of one): every node's row is written first (one key each), then each is
@@ -226,7 +233,7 @@ class Launcher:
         is tried (the failed node's error costs its pool what a single launch's would).
         `bid`: the bid of the policy the walk ranked under, for `cloud_cap`."""
         skip_scopes: set[tuple[str, str]] = set()
-        number = next_number(ctx, job)
+        number = next_number(ctx, job, attempts)
         for offer in offers:
             if (offer.provider, offer.region) in skip_scopes:
                 continue
@@ -454,9 +461,13 @@ def job_nodes(job: JobRecord, policy: Policy, ctx: ReconcileContext) -> int:
     return pass_spec(job, ctx.memo).nodes or policy.workload.nodes or 1
 
 
-def next_number(ctx: ReconcileContext, job: JobRecord) -> int:
-    """The next attempt number: a gang of N takes N numbers (one per node's row)."""
-    return max((a.number for a in ctx.store.jobs.attempts(job.id)), default=0) + 1
+def next_number(
+    ctx: ReconcileContext, job: JobRecord, attempts: Sequence[AttemptRecord] | None = None
+) -> int:
+    """The next attempt number: a gang of N takes N numbers (one per node's row).
+    `attempts`: the job's every attempt where the caller holds them; else read."""
+    rows = ctx.store.jobs.attempts(job.id) if attempts is None else attempts
+    return max((a.number for a in rows), default=0) + 1
 
 
 def offer_of(ctx: ReconcileContext, attempt: AttemptRecord) -> Offer | None:

@@ -202,7 +202,7 @@ class PerJob:
             # Healthy and running, as the move was decided for: move it instead.
             migrate(self.acting, ctx, job, current, move, policy, strategy)
             return
-        self.apply(ctx, job, current, decision, policy, strategy, nodes=nodes)
+        self.apply(ctx, job, current, decision, policy, strategy, nodes=nodes, attempts=attempts)
 
     def abandon(
         self,
@@ -247,8 +247,10 @@ class PerJob:
         strategy: Strategy | None,
         *,
         nodes: list[AttemptRecord] | None = None,
+        attempts: list[AttemptRecord] | None = None,
     ) -> None:
-        """Apply a decision; `policy` and `strategy` are needed only by one that launches."""
+        """Apply a decision; `policy` and `strategy` are needed only by one that launches, and
+        `attempts` (the job's, as this pass read them) spares a launch reading them again."""
         events: list[NewEvent] = []
         launch: Launch | None = None
         # An action on a gang (named by its rank-0 key) is an action on each of its nodes.
@@ -291,7 +293,9 @@ class PerJob:
         subject = current  # the attempt the transition is about
         if launch is not None:
             assert policy is not None and strategy is not None, "a launch needs its policy"
-            launched, why = self.acting.launcher.walk(ctx, job, launch, policy, strategy)
+            launched, why = self.acting.launcher.walk(
+                ctx, job, launch, policy, strategy, attempts=attempts
+            )
             if launched:
                 state = JobState.PROVISIONING
                 reason = why if decision.state is JobState.PENDING else f"{reason}; {why}"
