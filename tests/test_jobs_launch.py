@@ -14,6 +14,7 @@ import pytest
 from optimizer.daemon.config import ProviderConfig
 from optimizer.daemon.providers import ProviderHandle
 from optimizer.jobs import budget as job_budget
+from optimizer.jobs import spec as spec_module
 from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.launch import LaunchOutcome
 from optimizer.jobs.machine import Launch
@@ -328,3 +329,62 @@ def test_a_lost_lead_mid_walk_keeps_each_shapes_words(store: Store) -> None:
         (1, 0, 2, True),
         (1, 1, 2, False),
     ]
+
+
+def test_a_pass_reads_offers_probe_figures_and_specs_once_yet_each_launch_sees_new_cooldowns(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Three pending jobs of one policy in one pass: the first launch's capacity error cools
+    # its pool, and the two launches after it keep away from that pool, though the pass read
+    # the latest offers and the probe figures once for all three.
+    for name in ("k", "l"):
+        store.jobs.add_job(name, "p", {"run": "x", "checkpoint_dir": f"/{name}"})
+    reads = {"latest_offers": 0, "figures": 0, "attempts": 0}
+
+    def counted(target: Any, method: str) -> None:
+        original = getattr(target, method)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            reads[method] += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(target, method, wrapper)
+
+    counted(store.prices, "latest_offers")
+    counted(store.probes, "figures")
+    counted(store.jobs, "attempts")
+    validated: list[str] = []  # each stored spec validated, by job name
+    from_stored = spec_module.from_stored
+
+    def validating(stored: Any, *, name: str, policy: str) -> Any:
+        validated.append(name)
+        return from_stored(stored, name=name, policy=policy)
+
+    monkeypatch.setattr(spec_module, "from_stored", validating)
+    source = FlakySource(CapacityError("none left"))
+    ctx = replace(context(store, source), jobs=tuple(store.jobs.live_jobs()))
+    JobReconciler(lambda: "http://d")(ctx)
+
+    assert [zone for zone, _ in source.launched] == ["use1-az1", "use1-az2", "use1-az2", "use1-az2"]
+    # A job's attempts: once per launch, to name the one just written; the attempt's number
+    # comes from the attempts the pass read.
+    assert reads == {"latest_offers": 1, "figures": 1, "attempts": 3}
+    assert sorted(validated) == ["j", "k", "l"]  # once per job, not per use in its launch
+    launched = [a for job in ctx.jobs for a in store.jobs.attempts(job.id) if not a.ended]
+    assert len(launched) == 3 and all(a.zone == "use1-az2" for a in launched)
+
+
+def test_the_walk_caps_each_node_in_the_cloud_with_the_bid_it_was_handed(store: Store) -> None:
+    # The walk's policy enforces its bid in the cloud; the context's copy of policy p does
+    # not: each node's cap comes from the walk's own policy, not from a lookup of the job's.
+    policy = parse_policy(
+        "apiVersion: gpuopt/v1\nkind: Policy\nname: p\nworkload: {gpus: 1, gpu_memory_gib: 16}\n"
+        "bid: {max_usd_per_hour: 1.25, enforce_in_cloud: true}\n"
+    )
+    source = FlakySource()
+    ctx = context(store, source)
+    launched, why = JobReconciler(lambda: "http://d").launcher.walk(
+        ctx, job_of(store), Launch(), policy, STRATEGY
+    )
+    assert launched, why
+    assert [spec.max_usd_per_hour for spec in source.specs] == [1.25]

@@ -141,6 +141,7 @@ def test_a_cooled_down_zonal_attempt_also_avoids_its_regional_on_demand_offer(
 ) -> None:
     """On-demand prices are per region (zone None) but an attempt records its instance's
     zone: a cooldown on the attempt's pool must still keep the launch off that offer."""
+    from optimizer.jobs.context import PassMemo
     from optimizer.jobs.machine import Launch
     from optimizer.jobs.recovery import Failover
     from optimizer.model import Market
@@ -170,6 +171,7 @@ def test_a_cooled_down_zonal_attempt_also_avoids_its_regional_on_demand_offer(
         now=NOW,
         providers={"aws": ProviderHandle.given("aws", ProviderConfig(), source)},
         leading=lambda: True,
+        memo=PassMemo(),
     )
     launched, why = JobReconciler(lambda: "http://127.0.0.1:1").launcher.walk(
         ctx,  # type: ignore[arg-type]

@@ -8,10 +8,10 @@ imports the daemon: the daemon's `LoadedPolicy`, `ProviderHandle` and `Emitter` 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, cast
 
 from sqlalchemy.exc import InterfaceError, OperationalError
 
@@ -40,6 +40,27 @@ class ProviderHandle(Protocol):
         """The provider to launch, describe and terminate through; None where the provider
         registry says it does not launch; raises ProviderError while it cannot run here."""
         ...
+
+
+T = TypeVar("T")
+
+
+class PassMemo:
+    """Inputs read once per pass and shared by everything the pass runs: what does not change
+    within a pass (the latest offers, the probe figures; see ranking.pass_offers and
+    ranking.pass_measured). Never what a pass itself changes (cooled pools, a policy's
+    committed spend): those are read fresh where they are needed."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self) -> None:
+        self._values: dict[Hashable, object] = {}
+
+    def get(self, key: Hashable, read: Callable[[], T]) -> T:
+        """The value under `key`, read with `read` the first time it is asked for."""
+        if key not in self._values:
+            self._values[key] = read()
+        return cast(T, self._values[key])
 
 
 class EventDrafter(Protocol):
@@ -72,6 +93,8 @@ class ReconcileContext:
     clock: Clock
     # Whether this replica still leads; checked before acting on a cloud (a launch).
     leading: Callable[[], bool] = lambda: True
+    # What the pass reads once and shares (`PassMemo`): a context is built once per pass.
+    memo: PassMemo = field(default_factory=PassMemo, compare=False, repr=False)
 
 
 class Reconciler(Protocol):
@@ -83,6 +106,7 @@ class Reconciler(Protocol):
 __all__ = [
     "UNREACHABLE",
     "EventDrafter",
+    "PassMemo",
     "PolicyInForce",
     "ProviderHandle",
     "ReconcileContext",

@@ -14,7 +14,7 @@ is the recovery strategy's answer (recovery.py, applied by launch_errors.py).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from enum import Enum
 from typing import NamedTuple
@@ -33,7 +33,7 @@ from optimizer.jobs.machine import Alert, Launch
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow
 from optimizer.jobs.ranking import launch_ranking, pool_of
 from optimizer.jobs.recovery import Strategy
-from optimizer.jobs.spec import job_spec
+from optimizer.jobs.spec import pass_spec
 from optimizer.lifecycle import AttemptEnd, AttemptState
 from optimizer.model import EventKind, Market, Offer, Pool
 from optimizer.store import JobRecord
@@ -42,7 +42,7 @@ from policies import budget as budget_model
 from policies import rulebook
 from policies.price_rules import BUDGET
 from policies.schedule import effective
-from policies.schema import Policy
+from policies.schema import Bid, Policy
 from providers import registry
 from providers.base import (
     AuthError,
@@ -134,13 +134,17 @@ class Launcher:
         launch: Launch,
         policy: Policy,
         strategy: Strategy,
+        *,
+        attempts: Sequence[AttemptRecord] | None = None,
     ) -> Walk:
-        """Launch the next attempt on the best allowed offer."""
+        """Launch the next attempt on the best allowed offer. `attempts`: the job's, as the
+        pass read them (none has been added since), for the next attempt's number; read
+        from the store where not given."""
         if launch.markets is not None:
             policy = policy.model_copy(update={"markets": [m.value for m in launch.markets]})
         # The ranking's budget rule projects a launch of every node the job asks for (the
         # spec's `nodes` wins over the policy's).
-        nodes = job_nodes(job, policy)
+        nodes = job_nodes(job, policy, ctx)
         if nodes != policy.workload.nodes:
             work = policy.workload.model_copy(update={"nodes": nodes})
             policy = policy.model_copy(update={"workload": work})
@@ -152,6 +156,7 @@ class Launcher:
             avoid=launch.avoid,
             replacing=job.id,
             window=self.probe_window,
+            memo=ctx.memo,
         )
         ranking, spend, cap = found.ranking, found.spend, policy.budget.monthly_usd
         if not ranking.candidates:
@@ -204,7 +209,12 @@ class Launcher:
                     f"budget:{job.policy}:{ctx.now:%Y-%m}",
                     None,
                 )
-        return self._try(ctx, job, candidates[:MAX_OFFERS_TRIED], strategy, nodes)
+        # The bid in force for each node's in-cloud cap, from the policy this walk holds (a no-op
+        # where the caller resolved the schedule, as the per-job pass does).
+        bid = effective(policy, ctx.now).bid
+        return self._try(
+            ctx, job, candidates[:MAX_OFFERS_TRIED], strategy, nodes, bid=bid, attempts=attempts
+        )
 
     def _try(
         self,
@@ -213,13 +223,17 @@ class Launcher:
         offers: list[Offer],
         strategy: Strategy,
         nodes: int,
+        *,
+        bid: Bid | None = None,
+        attempts: Sequence[AttemptRecord] | None = None,
     ) -> Walk:
         """Launch `nodes` instances of one offer together, all or nothing (a single node is a
         gang of one): every node's row is written first (one key each), then each is
         launched; if one fails, the nodes already launched are terminated and the next offer
-        is tried (the failed node's error costs its pool what a single launch's would)."""
+        is tried (the failed node's error costs its pool what a single launch's would).
+        `bid`: the bid of the policy the walk ranked under, for `cloud_cap`."""
         skip_scopes: set[tuple[str, str]] = set()
-        number = next_number(ctx, job)
+        number = next_number(ctx, job, attempts)
         for offer in offers:
             if (offer.provider, offer.region) in skip_scopes:
                 continue
@@ -232,7 +246,7 @@ class Launcher:
             where = _where(number, nodes, rows[0][0].pool, offer)
             outcome = LaunchOutcome.LAUNCHED
             for row, token in rows:
-                outcome = self.launch(ctx, job, row, strategy, token=token, offer=offer)
+                outcome = self.launch(ctx, job, row, strategy, token=token, offer=offer, bid=bid)
                 if outcome is not LaunchOutcome.LAUNCHED:
                     break
             if outcome is LaunchOutcome.LAUNCHED:
@@ -317,10 +331,12 @@ class Launcher:
         *,
         token: str | None = None,
         offer: Offer | None = None,
+        bid: Bid | None = None,
     ) -> LaunchOutcome:
         """Launch `attempt` (a new one, with its token and offer; or one left 'launching',
         retried with its key and a new token). Ends the attempt unless it launched or stays
-        pending, and records what an error costs."""
+        pending, and records what an error costs. `bid`: the bid in force, where the caller
+        holds it (the walk); a retry has none, and `cloud_cap` looks it up."""
         source = self.provider(ctx, attempt.provider)
         if source is None:
             end(ctx, attempt, AttemptEnd.PROVIDER_UNAVAILABLE)
@@ -345,7 +361,7 @@ class Launcher:
             attempt=attempt.gang or attempt.number,
             bootstrap=self._bootstrap(attempt, token, offer),
             image=self.agent.image(attempt.provider),
-            max_usd_per_hour=cloud_cap(ctx, job, offer),
+            max_usd_per_hour=cloud_cap(ctx, job, offer, bid),
             gang=gang,
         )
         if not ctx.leading():
@@ -404,15 +420,19 @@ class Launcher:
         )
 
 
-def cloud_cap(ctx: ReconcileContext, job: JobRecord, offer: Offer) -> float | None:
+def cloud_cap(
+    ctx: ReconcileContext, job: JobRecord, offer: Offer, bid: Bid | None = None
+) -> float | None:
     """The price cap a spot launch sends to the cloud, where the policy in force enforces its
-    bid there (`bid.enforce_in_cloud`); None otherwise, and for on-demand (no cap to send)."""
+    bid there (`bid.enforce_in_cloud`); None otherwise, and for on-demand (no cap to send).
+    `bid`: the bid in force where the caller holds it; else the job's policy is looked up."""
     if offer.market is not Market.SPOT:
         return None
-    loaded = ctx.policies.get(job.policy)
-    if loaded is None:
-        return None
-    bid = effective(loaded.policy, ctx.now).bid
+    if bid is None:
+        loaded = ctx.policies.get(job.policy)
+        if loaded is None:
+            return None
+        bid = effective(loaded.policy, ctx.now).bid
     if not bid.enforce_in_cloud:
         return None
     # The caps the rulebook defines, without the on-demand price: a fraction of it is checked
@@ -435,15 +455,19 @@ def _pending(outcome: LaunchOutcome, nodes: int) -> str:
     return f"{outcome.value}; retrying"
 
 
-def job_nodes(job: JobRecord, policy: Policy) -> int:
-    """How many instances each attempt of the job spans: the spec's `nodes`, else the
-    policy's `workload.nodes`."""
-    return job_spec(job).nodes or policy.workload.nodes or 1
+def job_nodes(job: JobRecord, policy: Policy, ctx: ReconcileContext) -> int:
+    """How many instances each attempt of the job spans: the spec's `nodes` (validated once
+    per pass, `spec.pass_spec`), else the policy's `workload.nodes`."""
+    return pass_spec(job, ctx.memo).nodes or policy.workload.nodes or 1
 
 
-def next_number(ctx: ReconcileContext, job: JobRecord) -> int:
-    """The next attempt number: a gang of N takes N numbers (one per node's row)."""
-    return max((a.number for a in ctx.store.jobs.attempts(job.id)), default=0) + 1
+def next_number(
+    ctx: ReconcileContext, job: JobRecord, attempts: Sequence[AttemptRecord] | None = None
+) -> int:
+    """The next attempt number: a gang of N takes N numbers (one per node's row).
+    `attempts`: the job's every attempt where the caller holds them; else read."""
+    rows = ctx.store.jobs.attempts(job.id) if attempts is None else attempts
+    return max((a.number for a in rows), default=0) + 1
 
 
 def offer_of(ctx: ReconcileContext, attempt: AttemptRecord) -> Offer | None:

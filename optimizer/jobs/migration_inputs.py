@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from statistics import median
 
-from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow, measured
+from optimizer.jobs.context import PassMemo
+from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow
 from optimizer.jobs.migration import (
     History,
     MigrationSettings,
@@ -26,7 +27,7 @@ from optimizer.jobs.migration import (
     PolicyMarket,
     RunningJob,
 )
-from optimizer.jobs.ranking import pool_of
+from optimizer.jobs.ranking import pass_measured, pass_offers, pool_of
 from optimizer.jobs.recovery import Failure, strategy_for
 from optimizer.jobs.spec import job_spec
 from optimizer.jobs.utilization import rules_for
@@ -204,6 +205,7 @@ def gather(
     probe_window: ProbeWindow = DEFAULT_WINDOW,
     in_force: InForce = in_force_now,
     window_name: WindowName = window_now,
+    memo: PassMemo | None = None,
 ) -> Inputs | None:
     """The pass's inputs (module docstring); None when no live job's policy in force has
     migration enabled (the pass reads nothing more then)."""
@@ -228,9 +230,10 @@ def gather(
     if not forced:
         return Inputs((), {}, {}, skipped) if skipped else None
     mine = [j for j in jobs if j.policy in forced]
-    offers = store.prices.latest_offers()
+    # The pass's reading (`memo`), which its launches share.
+    offers = list(pass_offers(store, memo))
     listed = {pool_of(o): o for o in offers}
-    found = measured(store, probe_window)
+    found = pass_measured(store, probe_window, memo)
     lookback = max(s.lookback for s in settings.values())
     cooldowns: dict[Pool, datetime] = {}
     for pool, until in store.jobs.cooldown_ends(now - lookback).items():

@@ -72,6 +72,7 @@ class Moves:
                 probe_window=self.probe_window,
                 in_force=self.in_force,
                 window_name=self.window_name,
+                memo=ctx.memo,
             )
             if inputs is not None:
                 self._skip(ctx, inputs.skipped_policies, inputs.skipped_jobs, live)

@@ -40,7 +40,7 @@ from optimizer.jobs.migration import Move
 from optimizer.jobs.migration_inputs import why as describe_error
 from optimizer.jobs.moving import migrate
 from optimizer.jobs.recovery import Strategy, strategy_for
-from optimizer.jobs.spec import job_spec
+from optimizer.jobs.spec import pass_spec
 from optimizer.jobs.utilization import rules_for
 from optimizer.jobs.views import (
     PassView,
@@ -136,7 +136,8 @@ class PerJob:
         # The plain policy in force now: a schedule window's markets, bid, placement and
         # rank_by in place of the top-level ones while it is in force.
         policy = effective(loaded.policy, ctx.now)
-        strategy = strategy_for(policy, max_restarts=job_spec(job).max_restarts)
+        spec = pass_spec(job, ctx.memo)  # validated once this pass; the launch walk reuses it
+        strategy = strategy_for(policy, max_restarts=spec.max_restarts)
         unlaunched = [
             a for a in nodes if a.instance_id is None and a.state == AttemptState.LAUNCHING
         ]
@@ -168,7 +169,7 @@ class PerJob:
             name=job.name,
             state=JobState(job.state),
             restarts=job.restarts,
-            probes=job_spec(job).probes,
+            probes=spec.probes,
             cancel_requested=job.cancel_requested_at is not None,
             failures=tuple(
                 (Failure(a.end_reason), a.ended_at)
@@ -201,7 +202,7 @@ class PerJob:
             # Healthy and running, as the move was decided for: move it instead.
             migrate(self.acting, ctx, job, current, move, policy, strategy)
             return
-        self.apply(ctx, job, current, decision, policy, strategy, nodes=nodes)
+        self.apply(ctx, job, current, decision, policy, strategy, nodes=nodes, attempts=attempts)
 
     def abandon(
         self,
@@ -246,8 +247,10 @@ class PerJob:
         strategy: Strategy | None,
         *,
         nodes: list[AttemptRecord] | None = None,
+        attempts: list[AttemptRecord] | None = None,
     ) -> None:
-        """Apply a decision; `policy` and `strategy` are needed only by one that launches."""
+        """Apply a decision; `policy` and `strategy` are needed only by one that launches, and
+        `attempts` (the job's, as this pass read them) spares a launch reading them again."""
         events: list[NewEvent] = []
         launch: Launch | None = None
         # An action on a gang (named by its rank-0 key) is an action on each of its nodes.
@@ -290,7 +293,9 @@ class PerJob:
         subject = current  # the attempt the transition is about
         if launch is not None:
             assert policy is not None and strategy is not None, "a launch needs its policy"
-            launched, why = self.acting.launcher.walk(ctx, job, launch, policy, strategy)
+            launched, why = self.acting.launcher.walk(
+                ctx, job, launch, policy, strategy, attempts=attempts
+            )
             if launched:
                 state = JobState.PROVISIONING
                 reason = why if decision.state is JobState.PENDING else f"{reason}; {why}"

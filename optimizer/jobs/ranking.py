@@ -19,12 +19,14 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from optimizer.jobs import budget, expected
+from optimizer.jobs.context import PassMemo
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow, measured
 from optimizer.model import Offer, Pool
 from optimizer.store import Store
 from policies import budget as budget_model
 from policies import risk
 from policies.engine import Candidate, Ranking, evaluate
+from policies.measured import Measured
 from policies.schedule import effective
 from policies.schema import Policy
 
@@ -32,6 +34,24 @@ from policies.schema import Policy
 def pool_of(offer: Offer) -> Pool:
     """The capacity pool an offer prices, as the store keys pools."""
     return offer.pool
+
+
+def pass_offers(store: Store, memo: PassMemo | None = None) -> tuple[Offer, ...]:
+    """Every pool's latest offer: read once per pass where the pass's memo is given (no new
+    prices are recorded by a pass), else read now."""
+    if memo is None:
+        return tuple(store.prices.latest_offers())
+    return memo.get("latest_offers", lambda: tuple(store.prices.latest_offers()))
+
+
+def pass_measured(
+    store: Store, window: ProbeWindow = DEFAULT_WINDOW, memo: PassMemo | None = None
+) -> Measured:
+    """What the probes measured (optimizer.jobs.measured): read once per pass and window
+    where the pass's memo is given (no probe result is recorded by a pass), else read now."""
+    if memo is None:
+        return measured(store, window)
+    return memo.get(("measured", window), lambda: measured(store, window))
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +72,7 @@ def launch_ranking(
     avoid: Iterable[Pool] = (),
     replacing: int | None = None,
     window: ProbeWindow = DEFAULT_WINDOW,
+    memo: PassMemo | None = None,
 ) -> LaunchRanking:
     """Rank the latest offers under the policy in force at `now` as a launch does (module
     docstring): `policy` as written, or already in force (a plain policy is its own).
@@ -59,21 +80,27 @@ def launch_ranking(
     `avoid`: pools this launch keeps away from besides those in cooldown; `replacing`: the
     job about to launch its next attempt (its own live attempt is being replaced, see
     optimizer.jobs.budget.committed); `window`: which probe results the measured figures
-    and the demotions come from (optimizer.jobs.measured).
+    and the demotions come from (optimizer.jobs.measured); `memo`: a reconcile pass's, so
+    that every launch of the pass shares one reading of the offers and the probe figures
+    (the other surfaces, /offers, the console and the advice, read their own).
     """
     # Every surface ranks through here (the launcher, /offers, the console, the advice), so
     # each sees the schedule window in force, whatever it was handed.
     policy = effective(policy, now)
+    # Read fresh for each launch, never from the memo: a launch's capacity or quota error in
+    # this pass cools its pool, and the next launch must keep away from it.
     held = set(avoid) | store.jobs.cooled_pools(now)
     # An attempt records the zone its instance landed in, but a regional offer (on-demand
     # prices are per region) has no zone: avoid the offer's own, regional pool too.
     held |= {Pool(p, r, None, t, m) for p, r, _zone, t, m in held}
-    listed = store.prices.latest_offers()
+    listed = pass_offers(store, memo)
     offers = [o for o in listed if pool_of(o) not in held]
     spend = budget_model.NOTHING
     if policy.budget.monthly_usd is not None:
+        # Read fresh for each launch too: each launch of the pass adds a live attempt, which
+        # the next launch's budget check must count.
         spend = budget.committed(store, policy_name, now, listed, replacing=replacing)
-    found = measured(store, window)
+    found = pass_measured(store, window, memo)
     ranking = evaluate(policy, offers, now, measured=found, committed=spend)
     if policy.rank_by == "expected_cost" and ranking.candidates:
         annotated = with_expected(store, policy_name, ranking.candidates, now, job_id=replacing)

@@ -42,6 +42,7 @@ from optimizer.common.errors import LocatedError
 from policies.schema import MIN_WINDOW_S, NAME_PATTERN, Duration, Utilization
 
 if TYPE_CHECKING:  # the store is not loaded for reading a spec file (the CLI)
+    from optimizer.jobs.context import PassMemo
     from optimizer.store import JobRecord
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -204,3 +205,11 @@ def from_stored(stored: Mapping[str, Any], *, name: str, policy: str) -> JobSpec
 def job_spec(job: JobRecord) -> JobSpec:
     """A stored job's spec, as a `JobSpec`."""
     return from_stored(job.spec, name=job.given_name, policy=job.policy)
+
+
+def pass_spec(job: JobRecord, memo: PassMemo | None) -> JobSpec:
+    """`job_spec(job)`, validated once per reconcile pass where the pass's memo is given: a
+    pass holds one record of each job, and a stored spec never changes."""
+    if memo is None:
+        return job_spec(job)
+    return memo.get(("job_spec", job.id), lambda: job_spec(job))
