@@ -162,3 +162,62 @@ def test_json_prints_what_the_daemon_sent_and_fields_it_does_not_know_pass(
         f"{'b':<24} {'running':<13} restarts 2   waiting",
         f"{'a':<24} {'running':<13} restarts 1   ",
     ]
+
+
+def test_jobs_show_and_events_print_what_they_printed_from_dicts(
+    httpserver: HTTPServer, token: str
+) -> None:
+    gpu = {
+        "current_utilization": 0.03,
+        "current_at": "2026-03-01T12:04:00Z",
+        "average_utilization": 0.05,
+        "current_memory_used_gib": 12.0,
+        "peak_memory_used_gib": 16,  # an int, as the daemon writes a whole number
+        "memory_total_gib": 80.0,
+        "peak_memory_used_ratio": 0.2,
+        "since": "2026-03-01T11:58:00Z",
+        "samples": 7,
+        "attempt_id": 3,
+        "throttle_reasons": None,
+        "xids": [],
+        "simulated": True,
+    }
+    job = {
+        **_job("a", reason="relaunching", cancel_requested_at="2026-03-01T12:05:00Z"),
+        "attempts": [],
+        "gpu": gpu,
+    }
+    events = [
+        {
+            "id": i,
+            "at": f"2026-03-01T12:0{i}:00Z",
+            "kind": kind,
+            "severity": "info",
+            "job_id": 7,
+            "policy": "train",
+            "message": f"{kind} happened",
+            "data": None,
+        }
+        for i, kind in ((3, "job.running"), (1, "job.submitted"), (2, "job.launching"))
+    ]
+    httpserver.expect_request("/jobs/a").respond_with_json(job)
+    httpserver.expect_request("/events").respond_with_json({"events": events})
+    done = _gpuopt(httpserver, "jobs", "show", "a")
+    assert done.exit_code == 0, done.output
+    assert done.stdout.splitlines() == [
+        "a: running (policy train, restarts 1)",
+        "  relaunching",
+        "  cancel requested at 2026-03-01T12:05:00Z; the daemon is stopping it",
+        "  GPU: utilization 3% now (12:04 UTC), 5% average since 11:58 UTC; peak memory 16.0"
+        " of 80.0 GiB (20%) [simulated]",
+    ]
+    done = _gpuopt(httpserver, "jobs", "events", "a")
+    assert done.exit_code == 0, done.output
+    assert [line.split()[2] for line in done.stdout.splitlines()] == [
+        "job.submitted",
+        "job.launching",
+        "job.running",
+    ]
+    done = _gpuopt(httpserver, "jobs", "events", "a", "--json")
+    oldest_first = sorted(events, key=lambda e: e["id"])
+    assert done.stdout == json.dumps(oldest_first, indent=2) + "\n"
