@@ -27,7 +27,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TOP_LEVEL = ("optimizer", "providers", "policies")
 # The vocabulary: top-level modules of optimizer/ that every layer may use.
-VOCABULARY = frozenset({"model", "hardware", "catalog", "clock", "offers", "lifecycle", "protocol"})
+VOCABULARY = frozenset(
+    {"model", "hardware", "catalog", "clock", "offers", "lifecycle", "protocol", "answers"}
+)
 
 VOCAB, COMMON, VERSION = "vocabulary", "optimizer.common", "optimizer"
 BASE = frozenset({VOCAB, COMMON, VERSION})  # what any layer but common and the vocabulary uses

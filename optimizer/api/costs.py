@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import Response
 
-from optimizer.api import answers
+from optimizer import answers
 from optimizer.api.state import ApiState, StateDep, utc_text
 from optimizer.costs import GroupBy, Line
 from optimizer.costs.focus import write_csv

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query
 
-from optimizer.api import answers
+from optimizer import answers
 from optimizer.api.params import Id, Page
 from optimizer.api.state import StateDep, utc_text
 from optimizer.model import event_kind

@@ -7,8 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from optimizer import __version__
-from optimizer.api import answers
+from optimizer import __version__, answers
 from optimizer.api.state import StateDep, utc_text
 
 router = APIRouter(tags=["health"])

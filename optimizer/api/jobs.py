@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, status
 
-from optimizer.api import answers
+from optimizer import answers
 from optimizer.api.costs import job_attempts
 from optimizer.api.params import Id, Page
 from optimizer.api.state import ApiState, StateDep, utc_text

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
 
-from optimizer.api import answers
+from optimizer import answers
 from optimizer.api.params import Offset, Page, Time
 from optimizer.api.state import StateDep, utc_text
 from optimizer.jobs.ranking import launch_ranking, with_expected

@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException
 
-from optimizer.api import answers
+from optimizer import answers
 from optimizer.api.state import StateDep, utc_text
 
 router = APIRouter(prefix="/policies", tags=["policies"])

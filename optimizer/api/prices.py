@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from optimizer.api import answers
+from optimizer import answers
 from optimizer.api.params import Time, bad_query
 from optimizer.api.state import StateDep, utc_text
 from optimizer.model import Market

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from optimizer.api import answers
+from optimizer import answers
 from optimizer.api.params import Id, Page
 from optimizer.api.state import StateDep
 

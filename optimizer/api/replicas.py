@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from optimizer.api import answers
+from optimizer import answers
 from optimizer.api.state import StateDep, utc_text
 from optimizer.daemon.leader import HEARTBEAT_S, STALE_AFTER
 

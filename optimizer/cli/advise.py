@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from optimizer.cli.client import ApiOption, call
+from optimizer.cli.client import ApiOption, call, read
 from optimizer.cli.common import fail
+
+if TYPE_CHECKING:
+    from optimizer.answers import AdviceView
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the API's JSON.")]
 _STATUS = {
@@ -27,45 +30,46 @@ def advise(
 ) -> None:
     """Rightsizing advice: the cheapest offer the job's policy allows that fits its measured
     peak GPU memory (x the policy's buffer), and the saving per month at its duty cycle."""
-    from policies.schema import NAME_PATTERN  # pydantic's import: only when a command runs
+    from optimizer.answers import AdviceView  # pydantic's import: only when a command runs
+    from policies.schema import NAME_PATTERN
 
     if not re.fullmatch(NAME_PATTERN, job):
         fail(
             f"job {job!r}: a job name is 1-63 lowercase letters, digits and dashes, "
             "starting and ending with a letter or digit"
         )
-    found = call("GET", f"/jobs/{job}/advice", api)
+    answer = call("GET", f"/jobs/{job}/advice", api)
+    found = read(AdviceView, answer)
     if as_json:
-        print(json.dumps(found, indent=2))
+        print(json.dumps(answer, indent=2))
         return
     for line in lines(found):
         print(line)
 
 
-def lines(found: dict[str, Any]) -> list[str]:
+def lines(found: AdviceView) -> list[str]:
     """The advice as the terminal shows it."""
     out = [
-        f"{found['job']} (policy {found['policy']}): "
-        f"{_STATUS.get(found['status'], found['status'])}",
-        f"  {found['reason']}",
+        f"{found.job} (policy {found.policy}): {_STATUS.get(found.status, found.status)}",
+        f"  {found.reason}",
     ]
-    now, advised = found.get("current"), found.get("advised")
-    if now is not None and found["status"] != "no_telemetry":
+    now, advised = found.current, found.advised
+    if now is not None and found.status != "no_telemetry":
         out.append(
             f"  now:     {now['provider']} {now['instance_type']} {now['market']} in "
             f"{now['region']} at ${now['usd_per_hour']:.4g}/h"
         )
-    if advised is not None and found["status"] == "cheaper_fit":
+    if advised is not None and found.status == "cheaper_fit":
         o = advised["offer"]
         out.append(
             f"  advised: {o['provider']} {o['instance_type']} {o['market']} in {o['region']} "
             f"({o['gpu_count']}x {o['gpu_model']}, {o['gpu_memory_gib']:g} GiB each) "
             f"at ${o['usd_per_hour']:.4g}/h"
         )
-        duty = found["duty_cycle"]
+        duty = found.duty_cycle
         out.append(
-            f"  saving:  ${found['usd_per_hour_saving']:.4g}/h, "
-            f"${found['monthly_saving_usd']:,.2f}/month at {duty['hours_per_month']:.0f} h/month"
+            f"  saving:  ${found.usd_per_hour_saving:.4g}/h, "
+            f"${found.monthly_saving_usd:,.2f}/month at {duty['hours_per_month']:.0f} h/month"
         )
-    out.extend(f"  note: {note}" for note in found.get("notes", []))
+    out.extend(f"  note: {note}" for note in found.notes)
     return out

@@ -6,6 +6,11 @@ ends the command with the daemon's reason (exit 2); a failure inside the daemon 
 `call` is for commands that need the daemon; `request` lets one that can do without it
 (`gpuopt offers --policy`) tell "no daemon answered" (`NoDaemon`) from a daemon that refused.
 
+A command that renders an answer reads it through the answer's model (`read`,
+optimizer/answers.py, the models the API declares): an answer that does not fit ends the
+command with one line naming the field, not a traceback. The models cost pydantic's import,
+so a command imports them inside itself when it runs, never at the CLI's start.
+
 A command makes one or two requests and exits, so they go through the standard library's
 `http.client`, which costs a command nothing to import, instead of an HTTP client library
 (tens to hundreds of milliseconds of imports on each run). An https:// address is checked
@@ -20,7 +25,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 
@@ -28,6 +33,10 @@ from optimizer.cli.common import error, fail
 
 if TYPE_CHECKING:
     import http.client
+
+    from optimizer.answers import Answer
+
+A = TypeVar("A", bound="Answer")
 
 DEFAULT_URL = "http://127.0.0.1:8470"
 
@@ -251,7 +260,29 @@ def check(response: Response) -> Any:
             error(f"{response.status_code}: {detail(response)}")
             raise typer.Exit(1)
         fail(f"{response.status_code}: {detail(response)}")
-    return response.json()
+    try:
+        return response.json()
+    except ValueError:
+        unreadable("not JSON")
+
+
+def unreadable(what: str) -> NoReturn:
+    """End the command (exit 1): the daemon's answer does not fit what this CLI reads."""
+    error(f"the daemon answered something this gpuopt cannot read: {what} (versions differ?)")
+    raise typer.Exit(1)
+
+
+def read(model: type[A], answer: Any) -> A:
+    """`answer` (decoded JSON) as `model`; one that does not fit ends the command (exit 1),
+    naming the first field that does not and why."""
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate(answer)
+    except ValidationError as exc:
+        problem = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in problem["loc"])
+        unreadable(f"{model.__name__}{'.' + where if where else ''}: {problem['msg']}")
 
 
 def call(method: str, path: str, api: str | None, **kwargs: Any) -> Any:

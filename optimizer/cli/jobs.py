@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -20,6 +20,9 @@ from optimizer.cli.client import ApiOption
 from optimizer.cli.client import call as _call
 from optimizer.cli.common import error, fail
 
+if TYPE_CHECKING:
+    from optimizer.answers import GpuView, JobView
+
 app = typer.Typer(
     help="Submit and follow managed jobs (through the daemon's API).", no_args_is_help=True
 )
@@ -27,18 +30,25 @@ app = typer.Typer(
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the API's JSON.")]
 
 
-def _print_job(job: dict[str, Any]) -> None:
-    print(f"{job['name']}: {job['state']} (policy {job['policy']}, restarts {job['restarts']})")
-    if job.get("reason"):
-        print(f"  {job['reason']}")
-    if job.get("cancel_requested_at") and job["state"] != "cancelled":
-        print(f"  cancel requested at {job['cancel_requested_at']}; the daemon is stopping it")
-    gpu = job.get("gpu")
-    if gpu:
-        print("  " + gpu_line(gpu))
+def _job(answer: Any) -> JobView:
+    from optimizer.answers import JobView
+
+    return client.read(JobView, answer)
 
 
-def gpu_line(gpu: dict[str, Any]) -> str:
+def _print_job(job: JobView) -> None:
+    from optimizer.answers import JobDetail
+
+    print(f"{job.name}: {job.state} (policy {job.policy}, restarts {job.restarts})")
+    if job.reason:
+        print(f"  {job.reason}")
+    if job.cancel_requested_at and job.state != "cancelled":
+        print(f"  cancel requested at {job.cancel_requested_at}; the daemon is stopping it")
+    if isinstance(job, JobDetail) and job.gpu:
+        print("  " + gpu_line(job.gpu))
+
+
+def gpu_line(gpu: GpuView) -> str:
     """`GPU: utilization 3% now (12:04 UTC), 5% average since 11:58 UTC; peak memory 16.0 of
     80.0 GiB (20%) [simulated]`."""
 
@@ -48,18 +58,18 @@ def gpu_line(gpu: dict[str, Any]) -> str:
     def hhmm(text: Any) -> str:
         return str(text)[11:16] + " UTC" if text else "-"
 
-    peak, total = gpu.get("peak_memory_used_gib"), gpu.get("memory_total_gib")
+    peak, total = gpu.peak_memory_used_gib, gpu.memory_total_gib
     memory = "-" if peak is None else f"{peak:.1f}"
     if peak is not None and total:
         memory += f" of {total:.1f} GiB ({peak / total:.0%})"
     elif peak is not None:
         memory += " GiB"
     line = (
-        f"GPU: utilization {pct(gpu.get('current_utilization'))} now "
-        f"({hhmm(gpu.get('current_at'))}), {pct(gpu.get('average_utilization'))} average "
-        f"since {hhmm(gpu.get('since'))}; peak memory {memory}"
+        f"GPU: utilization {pct(gpu.current_utilization)} now "
+        f"({hhmm(gpu.current_at)}), {pct(gpu.average_utilization)} average "
+        f"since {hhmm(gpu.since)}; peak memory {memory}"
     )
-    return line + (" [simulated]" if gpu.get("simulated") else "")
+    return line + (" [simulated]" if gpu.simulated else "")
 
 
 @app.command("submit")
@@ -89,9 +99,10 @@ def submit(
         fail(*exc.problems, prefixed=False)
     if name is not None:
         spec = spec.model_copy(update={"name": name})
-    job = _call("POST", "/jobs", api, json=spec.model_dump(mode="json", by_alias=True))
+    answer = _call("POST", "/jobs", api, json=spec.model_dump(mode="json", by_alias=True))
+    job = _job(answer)
     if as_json:
-        print(json.dumps(job, indent=2))
+        print(json.dumps(answer, indent=2))
     else:
         _print_job(job)
 
@@ -99,23 +110,26 @@ def submit(
 @app.command("list")
 def list_jobs(api: ApiOption = None, as_json: JsonOption = False) -> None:
     """Jobs, newest first."""
-    jobs = _call("GET", "/jobs", api)["jobs"]
+    from optimizer.answers import JobList
+
+    answer = _call("GET", "/jobs", api)
+    jobs = client.read(JobList, answer).jobs
     if as_json:
-        print(json.dumps(jobs, indent=2))
+        print(json.dumps(answer["jobs"], indent=2))
         return
     for job in jobs:
-        print(
-            f"{job['name']:<24} {job['state']:<13} restarts {job['restarts']:<3} "
-            f"{job.get('reason') or ''}"
-        )
+        print(f"{job.name:<24} {job.state:<13} restarts {job.restarts:<3} {job.reason or ''}")
 
 
 @app.command("show")
 def show(name: str, api: ApiOption = None, as_json: JsonOption = False) -> None:
     """One job: its state and why."""
-    job = _call("GET", f"/jobs/{name}", api)
+    from optimizer.answers import JobDetail
+
+    answer = _call("GET", f"/jobs/{name}", api)
+    job = client.read(JobDetail, answer)
     if as_json:
-        print(json.dumps(job, indent=2))
+        print(json.dumps(answer, indent=2))
     else:
         _print_job(job)
 
@@ -123,15 +137,15 @@ def show(name: str, api: ApiOption = None, as_json: JsonOption = False) -> None:
 @app.command("cancel")
 def cancel(name: str, api: ApiOption = None) -> None:
     """Cancel a job: the daemon terminates its instance and moves it to `cancelled`."""
-    _print_job(_call("POST", f"/jobs/{name}/cancel", api))
+    _print_job(_job(_call("POST", f"/jobs/{name}/cancel", api)))
 
 
 @app.command("rm")
 def remove(name: str, api: ApiOption = None) -> None:
     """Remove an ended job: it leaves the lists and its name is free for a new submit; its
     events and costs stay under its id."""
-    job = _call("DELETE", f"/jobs/{name}", api)
-    print(f"removed {job['name']} ({job['state']}; its events stay under job id {job['id']})")
+    job = _job(_call("DELETE", f"/jobs/{name}", api))
+    print(f"removed {job.name} ({job.state}; its events stay under job id {job.id})")
 
 
 @app.command("events")
@@ -142,14 +156,17 @@ def events(
     as_json: JsonOption = False,
 ) -> None:
     """A job's events, oldest first."""
-    found = _call("GET", "/events", api, params={"job": name, "limit": limit})
-    rows = found.get("events", found) if isinstance(found, dict) else found
-    rows = sorted(rows, key=lambda e: e["id"])
+    from optimizer.answers import EventList
+
+    answer = _call("GET", "/events", api, params={"job": name, "limit": limit})
+    found = client.read(EventList, answer).events
+    # oldest first; --json prints the daemon's own rows in that order
+    order = sorted(range(len(found)), key=lambda i: found[i].id)
     if as_json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps([answer["events"][i] for i in order], indent=2))
         return
-    for event in rows:
-        print(f"{event['at']}  {event['severity']:<8} {event['kind']:<18} {event['message']}")
+    for event in (found[i] for i in order):
+        print(f"{event.at}  {event.severity:<8} {event.kind:<18} {event.message}")
 
 
 @app.command("logs")

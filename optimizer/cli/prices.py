@@ -7,14 +7,17 @@ import json
 import sys
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from optimizer.cli.client import ApiOption, call
+from optimizer.cli.client import ApiOption, call, read
 from optimizer.cli.common import fail
 from optimizer.clock import parse_utc, utc_text
 from optimizer.common.times import TimeRangeError, in_span
+
+if TYPE_CHECKING:
+    from optimizer.answers import PricePointView
 
 app = typer.Typer(help="Price history (through the daemon's API).", no_args_is_help=True)
 
@@ -93,7 +96,7 @@ def history(
         query["zone"] = zone
     if end is not None:
         query["until"] = iso(end)
-    points = _all_pages(query, start, api)
+    points, read_points = _all_pages(query, start, api)
 
     if as_json:
         json.dump(points, sys.stdout, indent=2)
@@ -104,24 +107,32 @@ def history(
         writer.writerows({name: p[name] for name in COLUMNS} for p in points)
     else:
         pool = " ".join([provider, region, zone or "(regional)", instance_type, query["market"]])
-        _table(points, pool, zone_given=bool(zone))
+        _table(read_points, pool, zone_given=bool(zone))
 
 
-def _all_pages(query: dict[str, Any], start: datetime | None, api: str | None) -> list[Any]:
+def _all_pages(
+    query: dict[str, Any], start: datetime | None, api: str | None
+) -> tuple[list[Any], list[PricePointView]]:
+    """Every page's points: as the daemon sent them (for --json and --csv) and as read."""
+    from optimizer.answers import PriceHistory
+
     points: list[Any] = []
+    read_points: list[PricePointView] = []
     since, prior = start, True
     while True:
         page = dict(query, prior=str(prior).lower())
         if since is not None:
             page["since"] = iso(since)
         answer = call("GET", "/prices/history", api, params=page)
+        history = read(PriceHistory, answer)
         points.extend(answer["points"])
-        if not answer.get("next_since"):
-            return points
-        since, prior = parse_time(answer["next_since"], "next_since"), False
+        read_points.extend(history.points)
+        if not history.next_since:
+            return points, read_points
+        since, prior = parse_time(history.next_since, "next_since"), False
 
 
-def _table(points: list[dict[str, Any]], pool: str, *, zone_given: bool) -> None:
+def _table(points: list[PricePointView], pool: str, *, zone_given: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -138,12 +149,12 @@ def _table(points: list[dict[str, Any]], pool: str, *, zone_given: bool) -> None
         table.add_column(header, justify="left" if header in ("from", "tier") else "right")
     for p in points:
         table.add_row(
-            p["at"],
-            p["tier"],
-            f"{p['usd_per_hour']:.4f}",
-            f"{p['min_usd']:.4f}",
-            f"{p['max_usd']:.4f}",
-            str(p["points"]),
+            p.at,
+            p.tier,
+            f"{p.usd_per_hour:.4f}",
+            f"{p.min_usd:.4f}",
+            f"{p.max_usd:.4f}",
+            str(p.points),
         )
     console.print(table)
 

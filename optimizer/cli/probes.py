@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from optimizer.cli.client import ApiOption, call
+from optimizer.cli.client import ApiOption, call, read
 from optimizer.cli.common import fail
 
 app = typer.Typer(
@@ -33,6 +33,8 @@ def list_probes(
     """Probe results, newest first: verdict, measured TFLOPS and bandwidth per GPU."""
     if limit < 1:
         fail(f"--limit: expected a positive number of results, got {limit}")
+    from optimizer.answers import ProbeList
+
     found: list[dict[str, Any]] = []
     before: int | None = None
     while len(found) < limit:
@@ -43,7 +45,7 @@ def list_probes(
             params["provider"] = provider
         if before is not None:
             params["before"] = before
-        page = call("GET", "/probes", api, params=params)["probes"]
+        page = read(ProbeList, call("GET", "/probes", api, params=params)).probes
         found.extend(page)
         if len(page) < params["limit"]:
             break

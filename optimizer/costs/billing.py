@@ -9,12 +9,15 @@ another cloud's rule.
 
 from __future__ import annotations
 
-from providers import registry
 from providers.facts import BillingRule
 
 __all__ = ["BillingRule", "rule_for"]
 
 
 def rule_for(provider: str) -> BillingRule:
-    """The provider's rule, from its registry entry."""
+    """The provider's rule, from its registry entry (imported here, when a cost is priced:
+    the registry loads every provider's settings model, and `gpuopt costs`, which only
+    shows the daemon's figures, imports this package at the CLI's start)."""
+    from providers import registry
+
     return registry.get(provider).billing_rule()

@@ -9,7 +9,7 @@ from typing import Any
 
 from markupsafe import Markup
 
-from optimizer.api.answers import AttemptView, GpuView
+from optimizer.answers import AttemptView, GpuView
 from optimizer.api.costs import job_attempts
 from optimizer.api.jobs import gpu_view
 from optimizer.api.logs import LogStream

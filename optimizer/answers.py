@@ -1,5 +1,9 @@
 """The API's answers as models: each route declares one, so `/openapi.json` documents it,
-and the CLI and the console read the same shapes (docs/api.md).
+and the CLI and the console read the same shapes (docs/daemon.md, the HTTP API).
+
+In the vocabulary, beside the agent's protocol: importing it costs pydantic and nothing of
+FastAPI or the store, so the CLI can parse an answer through its model (it imports this
+module inside the commands that render one, never at start).
 
 The routes still build plain dicts; FastAPI checks each against its model and writes the
 model's fields in the order given here, which is the order the dicts have always had. Rules,
