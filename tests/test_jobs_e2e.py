@@ -138,6 +138,11 @@ def test_projected_monthly_spend_stops_a_launch_past_the_budget(
     # ending before the daemon's first poll (no observed price of its pool inside its hours)
     now = clock() - timedelta(hours=1)
     earlier = daemon.store.jobs.add_job("earlier", "local-eu", {"run": "x", "checkpoint_dir": "/x"})
+    # Ended at once: the running daemon must not launch it (a pending job is its to launch,
+    # and a run of it would add to the month's spend).
+    assert daemon.store.jobs.transition_job(
+        earlier, expected="pending", state="cancelled", reason="cancelled by request", at=now
+    )
     offer = make_offer(
         provider="local",
         region="eu-west-1",
@@ -148,9 +153,6 @@ def test_projected_monthly_spend_stops_a_launch_past_the_budget(
     daemon.store.jobs.create_attempt(earlier, 1, "earlier-1", offer, "x", now - timedelta(hours=10))
     daemon.store.jobs.update_attempt(
         "earlier-1", instance_id="i-gone", ended_at=now, instance_gone=True, state="ended"
-    )
-    daemon.store.jobs.transition_job(
-        earlier, expected="pending", state="cancelled", reason="cancelled by request", at=now
     )
     # a cap every offer passes on its own (price x 730 h), but not on top of what was spent
     write_policy(tmp_path / "policies", "local-eu.yaml", POLICY + "budget: {monthly_usd: 501}\n")
