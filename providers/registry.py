@@ -143,11 +143,6 @@ class ProviderEntry:
         return cast(PlacementOwner, source) if self.capabilities.gang_placement else None
 
 
-_ENTRIES: dict[str, ProviderEntry] = {}  # the installed ones, then those registered here
-_LOCAL: dict[str, ProviderEntry] = {}  # registered in this process (tests)
-_loaded = False
-
-
 def _check(entry: ProviderEntry, name: str) -> None:
     if entry.name != name:
         raise plugins.PluginError(
@@ -155,62 +150,37 @@ def _check(entry: ProviderEntry, name: str) -> None:
         )
 
 
-def _load() -> dict[str, ProviderEntry]:
-    """The providers, the installed ones read from their entry points once (and after
-    `reload`)."""
-    global _loaded
-    if not _loaded:
-        found = plugins.load(plugins.PROVIDERS, ProviderEntry, _check)
-        if not found:
-            raise RegistryError(
-                f"no provider is installed: the {plugins.PROVIDERS} entry points are missing "
-                "(install gpuopt, or reinstall a checkout: pip install -e .)"
-            )
-        taken = sorted(set(found) & set(_LOCAL))
-        if taken:
-            raise RegistryError(f"provider {taken[0]!r} is already registered")
-        _ENTRIES.clear()
-        _ENTRIES.update(found)
-        _ENTRIES.update(_LOCAL)
-        _loaded = True
-    return _ENTRIES
-
-
-def reload() -> None:
-    """Read the installed providers again (after a package was installed into, or removed
-    from, this process's path), keeping those registered here."""
-    global _loaded
-    plugins.refresh()
-    _loaded = False
-    _load()
+_TABLE = plugins.Table(
+    plugins.PROVIDERS,
+    ProviderEntry,
+    _check,
+    what="provider",
+    error=RegistryError,
+    required=(
+        f"no provider is installed: the {plugins.PROVIDERS} entry points are missing "
+        "(install gpuopt, or reinstall a checkout: pip install -e .)"
+    ),
+)
+_load = _TABLE.all
+reload = _TABLE.reload
 
 
 def register(entry: ProviderEntry) -> ProviderEntry:
     """Add a provider in this process (tests; an installed package declares an entry point
     instead); its name must be free."""
-    entries = _load()
-    if entry.name in entries:
-        raise RegistryError(f"provider {entry.name!r} is already registered")
-    entries[entry.name] = _LOCAL[entry.name] = entry
-    plugins.declare(plugins.PROVIDERS, entry.name)
-    return entry
+    return _TABLE.register(entry.name, entry)
 
 
 def unregister(name: str) -> None:
     """Remove a provider registered in this process."""
-    if _LOCAL.pop(name, None) is not None:
-        _load().pop(name, None)
-        plugins.withdraw(plugins.PROVIDERS, name)
+    _TABLE.unregister(name)
 
 
 @contextmanager
 def registered(entry: ProviderEntry) -> Iterator[ProviderEntry]:
     """`entry` registered for the length of a `with` block."""
-    register(entry)
-    try:
+    with _TABLE.registered(entry.name, entry):
         yield entry
-    finally:
-        unregister(entry.name)
 
 
 def names() -> tuple[str, ...]:
@@ -230,7 +200,7 @@ def get(name: str) -> ProviderEntry:
     """The provider's entry; RegistryError naming the installed ones otherwise."""
     entry = _load().get(name)
     if entry is None:
-        raise RegistryError(f"unknown provider {name!r}; installed: {', '.join(_ENTRIES)}")
+        raise RegistryError(f"unknown provider {name!r}; installed: {', '.join(_load())}")
     return entry
 
 

@@ -100,11 +100,6 @@ class ChannelType:
     build: Builder
 
 
-_TYPES: dict[str, ChannelType] = {}  # the installed ones, then those registered here
-_LOCAL: dict[str, ChannelType] = {}  # registered in this process (tests)
-_loaded = False
-
-
 def _check(kind: ChannelType, name: str) -> None:
     if kind.name != name:
         raise plugins.PluginError(
@@ -112,39 +107,23 @@ def _check(kind: ChannelType, name: str) -> None:
         )
 
 
+_TABLE = plugins.Table(
+    plugins.ALERT_CHANNELS, ChannelType, _check, what="channel type", error=ValueError
+)
+reload = _TABLE.reload
+
+
 def channel_types() -> Mapping[str, ChannelType]:
     """The channel types by name, the installed ones read from their entry points once."""
-    global _loaded
-    if not _loaded:
-        found = plugins.load(plugins.ALERT_CHANNELS, ChannelType, _check)
-        _TYPES.clear()
-        _TYPES.update(found)
-        _TYPES.update(_LOCAL)
-        _loaded = True
-    return _TYPES
-
-
-def reload() -> None:
-    """Read the installed channel types again, keeping those registered in this process."""
-    global _loaded
-    plugins.refresh()
-    _loaded = False
-    channel_types()
+    return _TABLE.all()
 
 
 @contextmanager
 def registered(kind: ChannelType) -> Iterator[ChannelType]:
     """A channel type registered in this process for the length of a `with` block (tests;
     an installed package declares an entry point instead)."""
-    channel_types()
-    if kind.name in _TYPES:
-        raise ValueError(f"channel type {kind.name!r} is already registered")
-    _TYPES[kind.name] = _LOCAL[kind.name] = kind
-    try:
+    with _TABLE.registered(kind.name, kind):
         yield kind
-    finally:
-        _TYPES.pop(kind.name, None)
-        _LOCAL.pop(kind.name, None)
 
 
 def channel_model(raw: Any) -> type[ChannelConfig]:

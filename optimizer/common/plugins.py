@@ -8,10 +8,11 @@ pyproject.toml under these groups, and another installed package adds its own th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 PROVIDERS = "gpuopt.providers"
 ALERT_CHANNELS = "gpuopt.alert_channels"
@@ -89,3 +90,69 @@ def load(group: str, kind: type[T], check: Callable[[T, str], None] | None = Non
             check(obj, ep.name)
         found[ep.name] = obj
     return found
+
+
+class Table(Generic[T]):
+    """The plug-ins of one group by name, as a registry holds them: the installed ones, read
+    from their entry points once (and again after `reload`), then those registered in this
+    process (tests; an installed package declares an entry point instead). `error` is the
+    registry's own error class, for a name registered twice or (`required`) none installed."""
+
+    def __init__(
+        self,
+        group: str,
+        kind: type[T],
+        check: Callable[[T, str], None],
+        *,
+        what: str,
+        error: type[ValueError] = PluginError,
+        required: str | None = None,
+    ) -> None:
+        self.group, self.kind, self.check, self.what = group, kind, check, what
+        self.error, self.required = error, required
+        self._all: dict[str, T] = {}
+        self._local: dict[str, T] = {}
+        self._loaded = False
+
+    def all(self) -> dict[str, T]:
+        """Every plug-in by name, in the order found (the registered ones last)."""
+        if not self._loaded:
+            found = load(self.group, self.kind, self.check)
+            if not found and self.required is not None:
+                raise self.error(self.required)
+            taken = sorted(set(found) & set(self._local))
+            if taken:
+                raise self.error(f"{self.what} {taken[0]!r} is already registered")
+            self._all = {**found, **self._local}
+            self._loaded = True
+        return self._all
+
+    def reload(self) -> None:
+        """Read the installed plug-ins again (after a package was installed into, or removed
+        from, this process's path), keeping those registered here."""
+        refresh()
+        self._loaded = False
+        self.all()
+
+    def register(self, name: str, item: T) -> T:
+        """Add a plug-in in this process; its name must be free."""
+        if name in self.all():
+            raise self.error(f"{self.what} {name!r} is already registered")
+        self._all[name] = self._local[name] = item
+        declare(self.group, name)
+        return item
+
+    def unregister(self, name: str) -> None:
+        """Remove a plug-in registered in this process."""
+        if self._local.pop(name, None) is not None:
+            self._all.pop(name, None)
+            withdraw(self.group, name)
+
+    @contextmanager
+    def registered(self, name: str, item: T) -> Iterator[T]:
+        """`item` registered under `name` for the length of a `with` block."""
+        self.register(name, item)
+        try:
+            yield item
+        finally:
+            self.unregister(name)

@@ -234,9 +234,6 @@ class EagerOnDemand(Failover):
 
 
 DEFAULT = Failover.name
-_STRATEGIES: dict[str, type[Strategy]] = {}  # the installed ones, then those registered here
-_LOCAL: dict[str, type[Strategy]] = {}  # registered in this process (tests)
-_loaded = False
 
 
 def _check(kind: type, name: str) -> None:
@@ -246,41 +243,23 @@ def _check(kind: type, name: str) -> None:
         )
 
 
+_TABLE: plugins.Table[type] = plugins.Table(
+    plugins.RECOVERY_STRATEGIES, type, _check, what="recovery strategy", error=ValueError
+)
+reload = _TABLE.reload
+
+
 def strategies() -> Mapping[str, type[Strategy]]:
     """The strategies by name, the installed ones read from their entry points once."""
-    global _loaded
-    if not _loaded:
-        found = plugins.load(plugins.RECOVERY_STRATEGIES, type, _check)
-        _STRATEGIES.clear()
-        _STRATEGIES.update(found)
-        _STRATEGIES.update(_LOCAL)
-        _loaded = True
-    return _STRATEGIES
-
-
-def reload() -> None:
-    """Read the installed strategies again, keeping those registered in this process."""
-    global _loaded
-    plugins.refresh()
-    _loaded = False
-    strategies()
+    return _TABLE.all()
 
 
 @contextmanager
 def registered(kind: type[Strategy]) -> Iterator[type[Strategy]]:
     """A strategy registered in this process for the length of a `with` block (tests; an
     installed package declares an entry point instead); policies may name it meanwhile."""
-    strategies()
-    if kind.name in _STRATEGIES:
-        raise ValueError(f"recovery strategy {kind.name!r} is already registered")
-    _STRATEGIES[kind.name] = _LOCAL[kind.name] = kind
-    plugins.declare(plugins.RECOVERY_STRATEGIES, kind.name)
-    try:
+    with _TABLE.registered(kind.name, kind):
         yield kind
-    finally:
-        _STRATEGIES.pop(kind.name, None)
-        _LOCAL.pop(kind.name, None)
-        plugins.withdraw(plugins.RECOVERY_STRATEGIES, kind.name)
 
 
 def strategy_for(policy: Policy, *, max_restarts: int | None = None) -> Strategy:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from optimizer.clock import utc_text
+from optimizer.clock import utc_now, utc_text
 
 _BASE = "https://www.googleapis.com/compute/v1"
 COMPUTE_SERVICE_ID = "6F81-5844-456A"  # Compute Engine in the billing catalog
@@ -83,6 +83,9 @@ class _Failure:
     body: dict[str, Any]
 
 
+FAKE_NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
+
+
 @dataclass
 class FakeGcp:
     """State plus a threaded HTTP server on 127.0.0.1 (start it, or use it as a context)."""
@@ -94,7 +97,9 @@ class FakeGcp:
     sku_page_size: int = 5000
     latency_s: float = 0.0  # added to every response (benches)
     hold_operations: bool = False  # inserts answer RUNNING; `…/wait` or a get finishes them
-    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    # The time the fake stamps on operations: a fixed instant unless a test or `main` (a
+    # server for people, on the wall clock) hands it a clock.
+    clock: Callable[[], datetime] = field(default=lambda: FAKE_NOW)
     instances: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     operations: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # by zone
     requests: list[Recorded] = field(default_factory=list)
@@ -493,7 +498,7 @@ def main() -> None:
     parser.add_argument("directory", nargs="?", default="tests/data/gcp")
     parser.add_argument("--port", type=int, default=8089)
     args = parser.parse_args()
-    fake = FakeGcp.from_recorded(args.directory).start(args.port)
+    fake = FakeGcp.from_recorded(args.directory, clock=utc_now).start(args.port)
     print(f"fake Compute + Billing APIs on {fake.url} (Ctrl-C stops)", flush=True)
     try:
         threading.Event().wait()
