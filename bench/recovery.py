@@ -70,7 +70,8 @@ def _running(cloud: LocalCloud, number: int) -> Any:
 
 
 def _latest_step(ckpt: Path) -> int:
-    return max((int(p.stem.split("-")[1]) for p in ckpt.glob("ckpt-*.pt")), default=0)
+    steps = (int(p.parent.name.split("-")[1]) for p in ckpt.glob("step-*/.gpuopt-committed"))
+    return max(steps, default=0)
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -59,9 +60,13 @@ class Stop:
         self.signum = signum
 
 
+MARKER = ".gpuopt-committed"  # gpuopt's commit marker, written last (docs/checkpoints.md)
+
+
 def newest(folder: Path) -> Path | None:
-    found = sorted(folder.glob("ckpt-*.pt"))
-    return found[-1] if found else None
+    """The newest committed checkpoint's state file."""
+    found = sorted(p for p in folder.glob("step-*") if (p / MARKER).is_file())
+    return found[-1] / "state.pt" if found else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,18 +98,25 @@ def main(argv: list[str] | None = None) -> int:
     run = {"attempt": os.environ.get("GPUOPT_ATTEMPT"), "from_step": step, "to_step": step}
     runs.append(run)
 
-    def checkpoint() -> None:
+    def checkpoint(done: dict[str, Any] | None = None) -> None:
         if rank != 0:
             return
         run["to_step"] = step
-        path = folder / f"ckpt-{step:08d}.pt"
-        tmp = folder / f".{path.name}.tmp"
+        path = folder / f"step-{step:08d}"
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
         state = {"step": step, "model": model.state_dict(), "runs": runs}
         state["optimizer"] = optimizer.state_dict()
-        torch.save(state, tmp)
-        os.replace(tmp, path)  # atomic: a reader sees the old checkpoint or the new one
-        for old in sorted(folder.glob("ckpt-*.pt"))[:-2]:
-            old.unlink(missing_ok=True)
+        torch.save(state, path / "state.pt")
+        if done is not None:  # the run's summary travels with its last checkpoint
+            (path / "done.json").write_text(json.dumps(done) + "\n")
+        marker = path / f".{MARKER}.tmp"
+        marker.write_text(json.dumps({"step": step}))
+        os.replace(marker, path / MARKER)  # committed: a reader sees all of it or none
+        if not os.environ.get("GPUOPT_CHECKPOINT_URI"):  # else gpuopt's agent prunes
+            done = sorted(p for p in folder.glob("step-*") if (p / MARKER).is_file())
+            for old in done[:-2]:
+                shutil.rmtree(old, ignore_errors=True)
         print(f"checkpoint {path.name}", flush=True)
 
     while step < args.steps:
@@ -130,9 +142,10 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint()
         if args.step_sleep:
             time.sleep(args.step_sleep)
-    checkpoint()
+    run["to_step"] = step
+    done = {"steps": step, "nodes": world, "runs": runs}
+    checkpoint(done)
     if rank == 0:
-        done = {"steps": step, "nodes": world, "runs": runs}
         (folder / "done.json").write_text(json.dumps(done) + "\n")
     print(f"node {rank}: finished {step}/{args.steps} steps", flush=True)
     dist.barrier()

@@ -9,8 +9,10 @@ number of interruptions it stops at exactly `--steps` steps.
 
     GPUOPT_CHECKPOINT_DIR=/tmp/ckpt python examples/train_with_checkpoints.py --steps 300
 
-Each checkpoint is written to a temporary file and renamed into place, so an interruption
-in the middle of a save leaves the previous checkpoint intact. The data batches are drawn
+Each checkpoint is a folder `step-NNNNNNNN/` committed by gpuopt's convention (its marker
+file `.gpuopt-committed` written last, docs/checkpoints.md), so an interruption in the middle
+of a save leaves the previous checkpoint the newest complete one, and the gpuopt agent can
+ship each committed folder to object storage as soon as it appears. The data batches are drawn
 from a generator seeded by the step number, so a resumed run sees the same batches an
 uninterrupted one would.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -70,26 +73,43 @@ class Stop:
         self.signum = signum
 
 
+MARKER = ".gpuopt-committed"  # written last: the folder is a complete checkpoint
+
+
 def checkpoints(folder: Path) -> list[Path]:
-    """Checkpoint files, newest (highest step) first."""
+    """Committed checkpoint folders (`step-NNNNNNNN/` holding the marker), newest first."""
     found = []
-    for path in folder.glob("ckpt-*.pt"):
+    for path in folder.glob("step-*"):
         try:
-            found.append((int(path.stem.split("-", 1)[1]), path))
+            step = int(path.name.split("-", 1)[1])
         except ValueError:
             continue
+        if (path / MARKER).is_file():
+            found.append((step, path))
     return [p for _, p in sorted(found, reverse=True)]
 
 
-def save(folder: Path, state: dict[str, Any]) -> Path:
+def save(folder: Path, state: dict[str, Any], extra: dict[str, Any] | None = None) -> Path:
+    """One checkpoint, committed by gpuopt's convention (docs/checkpoints.md): a folder of
+    its own, and the marker file written last, so a reader (the job after a restart, or the
+    gpuopt agent uploading it) sees either a complete checkpoint or none."""
     import torch
 
-    path = folder / f"ckpt-{state['step']:08d}.pt"
-    tmp = folder / f".{path.name}.{os.getpid()}.tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, path)  # atomic: a reader sees the old set or the new one, never half
-    for old in checkpoints(folder)[KEEP:]:
-        old.unlink(missing_ok=True)
+    path = folder / f"step-{state['step']:08d}"
+    if path.exists():  # the same step saved again (a stop right after a periodic save)
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    torch.save(state, path / "state.pt")
+    for name, value in (extra or {}).items():
+        (path / name).write_text(json.dumps(value) + "\n")
+    marker = path / f".{MARKER}.tmp"
+    marker.write_text(json.dumps({"step": state["step"]}))
+    os.replace(marker, path / MARKER)
+    # Where gpuopt ships checkpoints to object storage (GPUOPT_CHECKPOINT_URI is set), its
+    # agent prunes uploaded folders itself; elsewhere the job keeps the newest KEEP.
+    if not os.environ.get("GPUOPT_CHECKPOINT_URI"):
+        for old in checkpoints(folder)[KEEP:]:
+            shutil.rmtree(old, ignore_errors=True)
     return path
 
 
@@ -98,7 +118,7 @@ def load_latest(folder: Path) -> dict[str, Any] | None:
 
     for path in checkpoints(folder):
         try:
-            return torch.load(path, map_location="cpu", weights_only=False)
+            return torch.load(path / "state.pt", map_location="cpu", weights_only=False)
         except Exception as exc:  # a damaged file: fall back to the one before it
             print(f"skipping unreadable checkpoint {path.name}: {exc}", flush=True)
     return None
@@ -138,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     runs.append(run)
 
-    def checkpoint(loss: float) -> None:
+    def checkpoint(loss: float, extra: dict[str, Any] | None = None) -> None:
         run["to_step"] = step
         state = {
             "step": step,
@@ -148,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             "runs": runs,
             "total_steps": args.steps,
         }
-        path = save(folder, state)
+        path = save(folder, state, extra)
         print(f"checkpoint {path.name} (step {step})", flush=True)
 
     loss_value = float("nan")
@@ -173,9 +193,11 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint(loss_value)
         if args.step_sleep:
             time.sleep(args.step_sleep)
-    checkpoint(loss_value)
     seconds = time.monotonic() - started
+    run["to_step"] = step
     summary = {"steps": step, "loss": loss_value, "seconds": round(seconds, 2), "runs": runs}
+    # The last checkpoint carries the run's summary, so it travels wherever checkpoints go.
+    checkpoint(loss_value, {"done.json": summary})
     (folder / "done.json").write_text(json.dumps(summary) + "\n")
     print(f"finished: {step}/{args.steps} steps over {len(runs)} run(s), loss {loss_value:.5f}")
     return 0

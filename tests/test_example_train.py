@@ -95,10 +95,15 @@ def test_two_interruptions_resume_from_checkpoints_and_end_at_the_planned_total(
     # Every step ran exactly once: a SIGTERM checkpoint loses no work.
     assert printed == list(range(1, TOTAL + 1))
 
-    files = sorted(ckpt.glob("ckpt-*.pt"))
-    assert len(files) <= 2 and not list(ckpt.glob(".*.tmp"))  # old ones pruned, no debris
-    assert files[-1].name == f"ckpt-{TOTAL:08d}.pt"
+    folders = sorted(ckpt.glob("step-*"))
+    assert len(folders) <= 2  # old ones pruned
+    assert all((f / ".gpuopt-committed").is_file() for f in folders)  # each one committed
+    assert not list(ckpt.glob("step-*/.*.tmp"))  # no debris
+    assert folders[-1].name == f"step-{TOTAL:08d}"
+    marker = json.loads((folders[-1] / ".gpuopt-committed").read_text())
+    assert marker == {"step": TOTAL}
     done = json.loads((ckpt / "done.json").read_text())
+    assert json.loads((folders[-1] / "done.json").read_text()) == done  # it travels with it
     assert done["steps"] == TOTAL
     runs = done["runs"]
     assert [r["attempt"] for r in runs] == ["1", "2", "3"]

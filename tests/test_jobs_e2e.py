@@ -8,7 +8,6 @@ training script. Interruptions go through the local metadata endpoint, as on AWS
 from __future__ import annotations
 
 import itertools
-import json
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -26,6 +25,7 @@ from tests.helpers import api, make_offer, wait_until, write_policy
 from tests.helpers.jobs import (
     E2E_FIXTURES,
     POLICY,
+    done_summary,
     hook_alerts,
     job_body,
     latest_step,
@@ -59,7 +59,7 @@ def test_interrupted_twice_the_job_finishes_with_exactly_the_planned_steps(
         reached = latest_step(ckpt)  # what the interrupted attempt saved on its way out
     wait_until(lambda: state_of(daemon, "train")["state"] == "succeeded", 60, "the job to finish")
 
-    done = json.loads((ckpt / "done.json").read_text())
+    done = done_summary(ckpt)
     assert done["steps"] == 300
     runs = done["runs"]
     assert len(runs) == 3

@@ -6,7 +6,6 @@ tests/helpers/jobs.py, shared with test_jobs_e2e.py).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from tests.helpers import api, wait_until, write_policy
 from tests.helpers.jobs import (
     E2E_FIXTURES,
     POLICY,
+    done_summary,
     hook_alerts,
     job_body,
     latest_step,
@@ -84,7 +84,7 @@ def test_a_job_interrupted_twice_on_spot_finishes_on_demand_from_its_checkpoint(
     assert launched[attempts[-1].key] == "on_demand"  # what the cloud was asked for
 
     # the job carried on from its checkpoints: nothing lost beyond one checkpoint interval
-    done = json.loads((ckpt / "done.json").read_text())
+    done = done_summary(ckpt)
     assert done["steps"] == 120
     runs = done["runs"]
     assert [r["attempt"] for r in runs] == ["1", "2", "3"]

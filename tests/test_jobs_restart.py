@@ -4,7 +4,6 @@ the local cloud's instances and their agents."""
 
 from __future__ import annotations
 
-import json
 import signal
 import socket
 import sys
@@ -17,6 +16,7 @@ import pytest
 
 from providers.local import LocalCloud
 from tests.helpers import DaemonProcess, wait_until, write_policy
+from tests.helpers.jobs import done_summary
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,7 +92,7 @@ def test_sigkill_mid_recovery_resumes_without_duplicates(data: Path) -> None:
         records = [r for r in cloud.instances() if r.job == "survivor" or r.key.startswith("1-")]
         keys = [r.key for r in records]
         assert len(keys) == len(set(keys)), f"an attempt was launched twice: {keys}"
-        done = json.loads((ckpt / "done.json").read_text())
+        done = done_summary(ckpt)
         assert done["steps"] == 250
     finally:
         second.kill(signal.SIGTERM)

@@ -5,7 +5,6 @@ the inter-node probe gating the start, and the gang replaced whole."""
 from __future__ import annotations
 
 import itertools
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from optimizer.daemon.service import Daemon
 from optimizer.model import EventKind
 from providers.local import LocalCloud
 from tests.helpers import api, wait_until
-from tests.helpers.jobs import E2E_FIXTURES, ROOT, latest_step, state_of
+from tests.helpers.jobs import E2E_FIXTURES, ROOT, done_summary, latest_step, state_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("daemon_env")]
 
@@ -66,7 +65,7 @@ def test_an_interrupted_node_stops_the_gang_which_is_replaced_and_resumes(
     wait_until(lambda: running_nodes(cloud, job_id, 3), 90, "both nodes of the replacement")
     wait_until(lambda: state_of(daemon, "pair")["state"] == "succeeded", 120, "the job to end")
 
-    done = json.loads((ckpt / "done.json").read_text())
+    done = done_summary(ckpt)
     assert (done["steps"], done["nodes"]) == (40, 2)
     runs = done["runs"]
     assert [r["attempt"] for r in runs] == ["1", "3"]

@@ -157,9 +157,33 @@ def running_instance_id(cloud: LocalCloud, instance_id: str) -> bool:
     return any(r.id == instance_id and r.state == "running" for r in cloud.instances())
 
 
+def _committed(ckpt: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of each committed checkpoint the example wrote to `ckpt`: a shared
+    folder (`step-N/` holding its marker) or a file:// bucket (a manifest under
+    `manifests/`, the files under `data/<name>/`), highest step first."""
+    found = [
+        (int(m.parent.name.split("-")[1]), m.parent) for m in ckpt.glob("step-*/.gpuopt-committed")
+    ]
+    for manifest in ckpt.glob("manifests/*.json"):
+        try:
+            step = json.loads(manifest.read_text())["step"]
+        except (OSError, ValueError, KeyError):  # being written: not there yet
+            continue
+        found.append((int(step), ckpt / "data" / manifest.stem))
+    return sorted(found, reverse=True)
+
+
 def latest_step(ckpt: Path) -> int:
-    steps = [int(p.stem.split("-")[1]) for p in ckpt.glob("ckpt-*.pt")]
-    return max(steps, default=0)
+    """The step of the newest committed checkpoint in `ckpt` (0: none yet)."""
+    return max((step for step, _ in _committed(ckpt)), default=0)
+
+
+def done_summary(ckpt: Path) -> dict[str, Any]:
+    """The example's run summary (`done.json`), from its last checkpoint in `ckpt`."""
+    for _, folder in _committed(ckpt):
+        if (folder / "done.json").is_file():
+            return dict(json.loads((folder / "done.json").read_text()))
+    raise AssertionError(f"no checkpoint in {ckpt} holds done.json")
 
 
 def hook_alerts(httpserver: HTTPServer) -> list[dict[str, Any]]:
