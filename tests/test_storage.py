@@ -344,6 +344,44 @@ class _Body:
         return self.data
 
 
+# -- GCS error mapping (the emulator grants everything and never throttles) ------------------
+
+
+def test_gcs_errors_are_mapped_by_status() -> None:
+    from google.api_core import exceptions as gx
+    from google.resumable_media import InvalidResponse
+
+    import optimizer.storage.gcs as gcs_module
+
+    denied = gcs_module.translate(gx.Forbidden("no"), "gs://b/k")
+    assert isinstance(denied, AccessDenied)
+    assert str(denied) == "gs://b/k: access denied (Forbidden)"
+    assert isinstance(gcs_module.translate(gx.NotFound("no"), "gs://b/k"), NotFound)
+    throttled = gcs_module.translate(gx.TooManyRequests("slow"), "gs://b/k")
+    assert type(throttled) is StorageError and throttled.retryable
+
+    class Response:
+        status_code = 503
+
+    # an upload's failure arrives from google-resumable-media, wrapped
+    try:
+        try:
+            raise InvalidResponse(Response(), "unavailable")
+        except InvalidResponse as inner:
+            raise RuntimeError("upload failed") from inner
+    except RuntimeError as outer:
+        unavailable = gcs_module.translate(outer, "gs://b/k")
+    assert unavailable is not None and unavailable.retryable
+    assert "HTTP 503" in str(unavailable)
+    assert gcs_module.translate(ValueError("a bug"), "gs://b/k") is None
+
+
+def test_large_bytes_round_trip(store: ObjectStore) -> None:
+    data = os.urandom(11 * MIB)
+    store.put_bytes("big", data)
+    assert store.get_bytes("big") == data
+
+
 # -- unreachable endpoints -------------------------------------------------------------------
 
 

@@ -74,6 +74,8 @@ class GcsStore:
 
     def put_bytes(self, key: str, data: bytes) -> None:
         blob, uri = self._blob(key)
+        if len(data) > self.part_bytes:
+            blob.chunk_size = self.part_bytes
         self._run(uri, lambda: blob.upload_from_string(data, retry=None))
 
     def get_file(self, key: str, path: Path) -> None:
