@@ -128,3 +128,22 @@ def moto_server() -> Iterator[str]:
         yield f"http://{host}:{port}"
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def object_s3() -> Iterator[Any]:
+    """A moto_server subprocess for the session (one per xdist worker); see
+    tests/helpers/objstore.py. Put its `.env` into the environment of the test."""
+    from tests.helpers.objstore import s3_server
+
+    with s3_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def object_gcs() -> Iterator[Any]:
+    """A GCS emulator subprocess for the session (one per xdist worker)."""
+    from tests.helpers.objstore import gcs_server
+
+    with gcs_server() as server:
+        yield server

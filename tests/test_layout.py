@@ -42,6 +42,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "optimizer.probes": BASE,
     "optimizer.agent": BASE | {"optimizer.probes"},
     "optimizer.store": BASE,
+    "optimizer.storage": BASE,  # object storage: S3, GCS, local folders
     # the ledger's pure model; each provider's billing rule and FOCUS names from its registry
     # entry
     "optimizer.costs": BASE | {"providers"},
@@ -320,6 +321,7 @@ FORBIDDEN_SAMPLES = {
     "optimizer.probes": "from optimizer.agent import Agent",
     "optimizer.agent": "from providers.local.procs import power_off",
     "optimizer.store": "from optimizer.jobs.machine import JobState",
+    "optimizer.storage": "from optimizer.store import Store",
     "optimizer.costs": "from optimizer.store import Store",
     "optimizer.alerts": "from optimizer.daemon.metrics import Metrics",
     "optimizer.jobs": "from optimizer.daemon.errors import DaemonError",
