@@ -42,13 +42,15 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "optimizer.probes": BASE,
     "optimizer.agent": BASE | {"optimizer.probes"},
     "optimizer.store": BASE,
+    "optimizer.storage": BASE,  # object storage (buckets), behind its face
     # the ledger's pure model; each provider's billing rule and FOCUS names from its registry
     # entry
     "optimizer.costs": BASE | {"providers"},
     # alerts word the cost summary with the ledger's pure figures
     "optimizer.alerts": BASE | {"optimizer.store", "optimizer.costs"},
     # jobs record their events through the store, not through alerts
-    "optimizer.jobs": BASE | {"optimizer.store", "optimizer.costs", "policies", "providers"},
+    "optimizer.jobs": BASE
+    | {"optimizer.store", "optimizer.storage", "optimizer.costs", "policies", "providers"},
     "optimizer.daemon": BASE
     | {
         "optimizer.jobs",
@@ -320,6 +322,7 @@ FORBIDDEN_SAMPLES = {
     "optimizer.probes": "from optimizer.agent import Agent",
     "optimizer.agent": "from providers.local.procs import power_off",
     "optimizer.store": "from optimizer.jobs.machine import JobState",
+    "optimizer.storage": "from optimizer.store import Store",
     "optimizer.costs": "from optimizer.store import Store",
     "optimizer.alerts": "from optimizer.daemon.metrics import Metrics",
     "optimizer.jobs": "from optimizer.daemon.errors import DaemonError",
