@@ -127,6 +127,7 @@ _MAX_BYTES = 2**50
 _MAX_FILES = 1_000_000
 _MAX_SECONDS = 7 * 24 * 3600.0
 _MAX_MIB_S = 1_000_000.0
+MAX_ERROR_CHARS = 2000  # of a `checkpoint_failed` error, kept in its event
 
 
 class _CheckpointData(BaseModel):
@@ -137,6 +138,13 @@ class _CheckpointData(BaseModel):
     size_bytes: StrictInt = Field(ge=0, le=_MAX_BYTES)
     seconds: float = Field(ge=0, le=_MAX_SECONDS)
     mib_s: float = Field(ge=0, le=_MAX_MIB_S)
+
+    @field_validator("name")
+    @classmethod
+    def _not_dots(cls, value: str) -> str:
+        if value in (".", ".."):
+            raise ValueError("must not be '.' or '..'")
+        return value
 
 
 class CheckpointCommittedData(_CheckpointData):
@@ -158,7 +166,7 @@ class CheckpointPrunedData(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    names: list[Annotated[str, Field(pattern=_NAME)]] = Field(max_length=1000)
+    names: list[Annotated[str, Field(pattern=_NAME, max_length=200)]] = Field(max_length=1000)
 
 
 class CheckpointFailedData(BaseModel):
@@ -167,7 +175,7 @@ class CheckpointFailedData(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     name: str = Field(max_length=200)
-    error: str = Field(max_length=4000)
+    error: str  # the daemon keeps its first MAX_ERROR_CHARS
 
 
 # The data of the events whose fields the daemon folds into numbers or rows, checked at the

@@ -210,7 +210,8 @@ def test_reports_become_rows_and_events_once_and_the_listing_shows_them(
     for _ in range(2):  # a batch sent again adds nothing
         assert post(daemon, old, "events", events=first).json()["ack"] == ["c1", "c2"]
     clock.advance(60)
-    failed = {"id": "f1", "kind": "checkpoint_failed", "data": {"name": "step-30", "error": "x"}}
+    error = "s3://team-ckpt/resnet: unreachable " + "x" * 5000
+    failed = {"id": "f1", "kind": "checkpoint_failed", "data": {"name": "step-30", "error": error}}
     final = committed("c3", "step-25", 25, final=True)
     assert post(daemon, old, "events", events=[failed, final]).status_code == 200
     clock.advance(60)
@@ -253,7 +254,7 @@ def test_reports_become_rows_and_events_once_and_the_listing_shows_them(
     assert (restore_event["attempt"], restore_event["to_region"]) == (2, "europe-west4")
     [failure] = daemon.store.events.list_events(kind=EventKind.CHECKPOINT_FAILED)
     assert failure.severity == "warning" and failure.data is not None
-    assert (failure.data["name"], failure.data["error"]) == ("step-30", "x")
+    assert (failure.data["name"], failure.data["error"]) == ("step-30", error[:2000])
 
     with api(daemon) as client:
         listed = client.get("/jobs/train/checkpoints").json()
@@ -301,6 +302,7 @@ def test_reports_become_rows_and_events_once_and_the_listing_shows_them(
         (committed("b1", "step-1", 1, size_bytes=-1), "size_bytes", "greater than or equal to 0"),
         (committed("b2", "step-1", 1, size_bytes=2**60), "size_bytes", "less than or equal"),
         (committed("b3", "../etc", 1), "name", "should match pattern"),
+        (committed("b8", "..", 1), "name", "must not be '.' or '..'"),
         (committed("b4", "step-1", 1, final="yes"), "final", "valid boolean"),
         (committed("b5", "step-1", 1, seconds=float("inf")), "seconds", ""),
         (restored("b6", "step-1") | {"data": {"name": "step-1"}}, "size_bytes", "required"),

@@ -27,6 +27,7 @@ from optimizer.jobs.context import EventDrafter
 from optimizer.jobs.gang import head_number
 from optimizer.jobs.spec import CheckpointSpec, bucket_provider, job_spec
 from optimizer.model import EventKind
+from optimizer.protocol import MAX_ERROR_CHARS
 from optimizer.store import JobRecord, Store
 from optimizer.store.jobs import AttemptRecord
 
@@ -199,7 +200,7 @@ def _failed(
     data: dict[str, Any],
     at: datetime,
 ) -> None:
-    name, error = str(data["name"]), str(data["error"])
+    name, error = str(data["name"]), str(data["error"])[:MAX_ERROR_CHARS]
     event = emitter.draft(
         EventKind.CHECKPOINT_FAILED,
         f"job {job.given_name}: attempt {_number(attempt)} could not upload checkpoint "
