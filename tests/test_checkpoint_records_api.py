@@ -290,6 +290,8 @@ def test_reports_become_rows_and_events_once_and_the_listing_shows_them(
         "2",
     ]
     assert lines[3].split()[-5:] == ["[pruned]", "2026-01-15", "12:00:00", "UTC", "-"]
+    job_line = CliRunner().invoke(app, ["jobs", "show", "train", "--api", daemon.url], env=env)
+    assert f"  checkpoints: {BUCKET} (us-east-1, keeps 3)" in job_line.stdout.splitlines()
     as_json = CliRunner().invoke(
         app, ["jobs", "checkpoints", "train", "--json", "--api", daemon.url], env=env
     )

@@ -44,6 +44,10 @@ def _print_job(job: JobView) -> None:
         print(f"  {job.reason}")
     if job.cancel_requested_at and job.state != "cancelled":
         print(f"  cancel requested at {job.cancel_requested_at}; the daemon is stopping it")
+    bucket = job.spec.get("checkpoint")
+    if isinstance(bucket, dict) and bucket.get("uri"):
+        region = bucket.get("region") or "region unknown"
+        print(f"  checkpoints: {bucket['uri']} ({region}, keeps {bucket.get('keep', 3)})")
     if isinstance(job, JobDetail) and job.gpu:
         print("  " + gpu_line(job.gpu))
 
