@@ -206,7 +206,10 @@ def test_reports_become_rows_and_events_once_and_the_listing_shows_them(
     job = add(daemon)
     old = attempt(daemon, job, 1)
     new = attempt(daemon, job, 2, provider="gcp", region="europe-west4")
-    first = [committed("c1", "step-10", 10), committed("c2", "step-20", 20)]
+    first = [
+        committed("c1", "step-10", 10) | {"at": "2026-01-15T11:59:30Z"},  # the agent's time
+        committed("c2", "step-20", 20) | {"at": "1999-01-01T00:00:00Z"},  # before the attempt
+    ]
     for _ in range(2):  # a batch sent again adds nothing
         assert post(daemon, old, "events", events=first).json()["ack"] == ["c1", "c2"]
     clock.advance(60)
@@ -267,7 +270,11 @@ def test_reports_become_rows_and_events_once_and_the_listing_shows_them(
         ("step-20", 20, 1, False, False, []),
         ("step-10", 10, 1, False, True, []),
     ]
-    assert listed["checkpoints"][0]["committed_at"] == "2026-01-15T12:01:00Z"
+    assert [c["committed_at"] for c in listed["checkpoints"]] == [
+        "2026-01-15T12:01:00Z",
+        "2026-01-15T12:00:00Z",  # its time was before its attempt began: the daemon's
+        "2026-01-15T11:59:30Z",
+    ]
     assert listed["checkpoints"][0]["uri"] == f"{BUCKET}/data/step-25"
 
     env = {"GPUOPT_API_TOKEN": TOKEN}
@@ -289,7 +296,7 @@ def test_reports_become_rows_and_events_once_and_the_listing_shows_them(
         "attempt",
         "2",
     ]
-    assert lines[3].split()[-5:] == ["[pruned]", "2026-01-15", "12:00:00", "UTC", "-"]
+    assert lines[3].split()[-5:] == ["[pruned]", "2026-01-15", "11:59:30", "UTC", "-"]
     job_line = CliRunner().invoke(app, ["jobs", "show", "train", "--api", daemon.url], env=env)
     assert f"  checkpoints: {BUCKET} (us-east-1, keeps 3)" in job_line.stdout.splitlines()
     as_json = CliRunner().invoke(

@@ -34,8 +34,9 @@ from optimizer.store.jobs import AttemptRecord
 KINDS = frozenset(
     {"checkpoint_committed", "checkpoint_restored", "checkpoint_pruned", "checkpoint_failed"}
 )
-# An agent's clock may run ahead of the daemon's; a report timed further ahead than this takes
-# the daemon's time instead (a gpuopt choice: NTP keeps clouds' clocks within a second).
+# An agent's clock may disagree with the daemon's; a report timed further ahead than this, or
+# this long before its attempt began, takes the daemon's time instead (a gpuopt choice: NTP
+# keeps clouds' clocks within a second).
 MAX_CLOCK_AHEAD = timedelta(minutes=5)
 
 
@@ -62,7 +63,7 @@ def record_reports(
     if bucket is None:
         return
     for event in mine:
-        at = _when(event.get("at"), now)
+        at = _when(event.get("at"), now, earliest=attempt.started_at - MAX_CLOCK_AHEAD)
         data = dict(event.get("data") or {})
         kind = event["kind"]
         if kind == "checkpoint_committed":
@@ -75,13 +76,15 @@ def record_reports(
             _failed(store, emitter, attempt, job, data, at)
 
 
-def _when(raw: Any, now: datetime) -> datetime:
+def _when(raw: Any, now: datetime, *, earliest: datetime) -> datetime:
+    """The agent's time for a report, where it is a zoned ISO time between the attempt's
+    start and now (both give or take MAX_CLOCK_AHEAD); else now."""
     if isinstance(raw, str):
         try:
             parsed = parse_utc(raw)
         except (ValueError, OverflowError):
             return now
-        if parsed.tzinfo is not None and parsed <= now + MAX_CLOCK_AHEAD:
+        if parsed.tzinfo is not None and earliest <= parsed <= now + MAX_CLOCK_AHEAD:
             return parsed
     return now
 
