@@ -354,3 +354,16 @@ def test_the_old_attempts_final_checkpoint_lifts_the_replacements_fence(
     assert post(daemon, new, "events", events=[]).json()["fence"] is not None
     post(daemon, old, "events", events=[committed("c2", "step-6", 6, final=True)])
     assert post(daemon, new, "events", events=[]).json()["fence"] is None
+
+
+def test_a_job_without_checkpoints_lists_none_and_an_unknown_job_is_a_404(daemon: Daemon) -> None:
+    add(daemon, "shared", checkpoint=None, checkpoint_dir="/mnt/c")
+    with api(daemon) as client:
+        assert client.get("/jobs/shared/checkpoints").json() == {"job": "shared", "checkpoints": []}
+        missing = client.get("/jobs/nope/checkpoints")
+    assert missing.status_code == 404 and missing.json()["detail"] == "no job named 'nope'"
+    env = {"GPUOPT_API_TOKEN": TOKEN}
+    shown = CliRunner().invoke(app, ["jobs", "checkpoints", "shared", "--api", daemon.url], env=env)
+    assert (shown.exit_code, shown.stdout) == (0, "shared: no checkpoints uploaded yet\n")
+    gone = CliRunner().invoke(app, ["jobs", "checkpoints", "nope", "--api", daemon.url], env=env)
+    assert gone.exit_code == 2 and "404: no job named 'nope'" in gone.stderr
