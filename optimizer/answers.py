@@ -132,6 +132,29 @@ class JobDetail(JobView):
     gpu: GpuView | None
 
 
+class CheckpointView(Answer):
+    """One checkpoint a job's attempt uploaded to its bucket (`uri`: its folder there,
+    `region`: the bucket's, null when unknown); `deleted`: pruned from the bucket since;
+    `restored_by`: the attempts that restored it, by number."""
+
+    name: str
+    step: int | None
+    size_bytes: int
+    uri: str
+    region: str | None
+    committed_at: str | None
+    attempt: int
+    final: bool
+    deleted: bool
+    deleted_at: str | None
+    restored_by: list[int]
+
+
+class CheckpointList(Answer):
+    job: str
+    checkpoints: list[CheckpointView]
+
+
 class AdviceView(Answer):
     job: str
     policy: str

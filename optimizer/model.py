@@ -296,6 +296,11 @@ class EventKind(StrEnum):
     JOB_STOPPED = "job.stopped"
     JOB_MIGRATED = "job.migrated"
     BUDGET_THRESHOLD_CROSSED = "budget.threshold_crossed"
+    JOB_WARNING = "job.warning"
+    # Checkpoints in object storage (the agents' reports)
+    CHECKPOINT_COMMITTED = "checkpoint.committed"
+    CHECKPOINT_RESTORED = "checkpoint.restored"
+    CHECKPOINT_FAILED = "checkpoint.failed"
     # Probe results
     INSTANCE_TYPE_DEMOTED = "instance_type.demoted"
     # The cost ledger

@@ -16,7 +16,7 @@ when a field is missing.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -120,8 +120,73 @@ class JobExitedData(BaseModel):
     log_chunks: StrictInt | None = Field(None, ge=0, le=2**31 - 1)
 
 
-# The data of the events whose fields the daemon folds into numbers, checked at the edge.
-EVENT_DATA: dict[str, type[BaseModel]] = {"job_exited": JobExitedData}
+# Checkpoint reports (docs/checkpoints.md): bounds a real checkpoint stays far inside (a
+# petabyte, a million files, a week's upload), so a report past them is a broken agent's.
+_NAME = r"^[A-Za-z0-9._-]{1,200}$"
+_MAX_BYTES = 2**50
+_MAX_FILES = 1_000_000
+_MAX_SECONDS = 7 * 24 * 3600.0
+_MAX_MIB_S = 1_000_000.0
+MAX_ERROR_CHARS = 2000  # of a `checkpoint_failed` error, kept in its event
+
+
+class _CheckpointData(BaseModel):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    name: str = Field(pattern=_NAME)
+    step: StrictInt | None = Field(None, ge=0, le=2**62)
+    size_bytes: StrictInt = Field(ge=0, le=_MAX_BYTES)
+    seconds: float = Field(ge=0, le=_MAX_SECONDS)
+    mib_s: float = Field(ge=0, le=_MAX_MIB_S)
+
+    @field_validator("name")
+    @classmethod
+    def _not_dots(cls, value: str) -> str:
+        if value in (".", ".."):
+            raise ValueError("must not be '.' or '..'")
+        return value
+
+
+class CheckpointCommittedData(_CheckpointData):
+    """A `checkpoint_committed` event's `data`: a checkpoint uploaded, manifest last."""
+
+    files: StrictInt = Field(ge=0, le=_MAX_FILES)
+    final: StrictBool = False
+
+
+class CheckpointRestoredData(_CheckpointData):
+    """A `checkpoint_restored` event's `data`: the newest checkpoint fetched before the job."""
+
+    fetched_bytes: StrictInt = Field(ge=0, le=_MAX_BYTES)
+    reused_bytes: StrictInt = Field(ge=0, le=_MAX_BYTES)
+
+
+class CheckpointPrunedData(BaseModel):
+    """A `checkpoint_pruned` event's `data`: the checkpoints deleted from the bucket."""
+
+    model_config = ConfigDict(extra="allow")
+
+    names: list[Annotated[str, Field(pattern=_NAME, max_length=200)]] = Field(max_length=1000)
+
+
+class CheckpointFailedData(BaseModel):
+    """A `checkpoint_failed` event's `data`: an upload that failed (it is tried again)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(max_length=200)
+    error: str  # the daemon keeps its first MAX_ERROR_CHARS
+
+
+# The data of the events whose fields the daemon folds into numbers or rows, checked at the
+# edge: a bad one is refused (422) with the whole call.
+EVENT_DATA: dict[str, type[BaseModel]] = {
+    "job_exited": JobExitedData,
+    "checkpoint_committed": CheckpointCommittedData,
+    "checkpoint_restored": CheckpointRestoredData,
+    "checkpoint_pruned": CheckpointPrunedData,
+    "checkpoint_failed": CheckpointFailedData,
+}
 
 
 class Events(_Message):
@@ -211,8 +276,18 @@ class Internode(_Message):
     timeout_s: int | float = INTERNODE_TIMEOUT_S
 
 
-class Job(_Message):
-    """What to run (the job spec's part the agent needs)."""
+class CheckpointRef(_Message):
+    """Where the job's checkpoints are synced (the spec's `checkpoint`), and how many to keep."""
+
+    uri: str
+    keep: int = 3
+
+
+class Job(_Optional):
+    """What to run (the job spec's part the agent needs); `checkpoint` is left out of the
+    JSON while None (agents that predate it never see it)."""
+
+    OMITTED = frozenset({"checkpoint"})
 
     name: str | None = None
     run: str
@@ -222,6 +297,7 @@ class Job(_Message):
     checkpoint_dir: str | None = None
     probes: str = "none"
     expected_gpus: int | None = None
+    checkpoint: CheckpointRef | None = None
 
     @field_validator("env", mode="before")
     @classmethod

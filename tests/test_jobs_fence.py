@@ -6,6 +6,9 @@ gang's node waits for its gang."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
+
+import pytest
 
 from optimizer.jobs.fence import fence_for
 from optimizer.jobs.handover import FENCE_CLOCK_MARGIN
@@ -20,10 +23,10 @@ NOTICE = T0 + timedelta(minutes=10)
 POWER_OFF = NOTICE + timedelta(seconds=120)
 
 
-def handed_over(store: Store) -> int:
+def handed_over(store: Store, spec: dict[str, Any] | None = None) -> int:
     """A job whose attempt 1 was interrupted (power-off announced, then silence) and whose
     attempt 2 registered and waits at the fence."""
-    job = store.jobs.add_job("train", "p", {"run": "x", "checkpoint_dir": "/c"}, at=T0)
+    job = store.jobs.add_job("train", "p", spec or {"run": "x", "checkpoint_dir": "/c"}, at=T0)
     offer = make_offer(provider="aws")
     store.jobs.create_attempt(job, 1, f"{job}-1", offer, token_sha256("old"), T0)
     store.jobs.update_attempt(
@@ -61,6 +64,54 @@ def test_the_fence_lifts_once_the_old_job_exits(store: Store) -> None:
     assert new is not None
     assert fence_for(store, Drafter(), new, now=NOTICE) is None
     assert store.events.list_events(kind=EventKind.JOB_FENCE_LIFTED) == []
+
+
+BUCKET = {"run": "x", "checkpoint": {"uri": "s3://team-ckpt/r", "keep": 3, "region": "us-east-1"}}
+
+
+def committed(store: Store, job: int, name: str, *, final: bool) -> None:
+    """Attempt 1's agent reported a checkpoint committed to the job's bucket."""
+    old = store.jobs.attempt(f"{job}-1")
+    assert old is not None
+    store.checkpoints.add_checkpoint(
+        job_id=job,
+        attempt_id=old.id,
+        name=name,
+        step=None,
+        size_bytes=100,
+        files=1,
+        uri=f"s3://team-ckpt/r/data/{name}",
+        provider="aws",
+        region="us-east-1",
+        committed_at=NOTICE,
+        upload_s=1.0,
+        final=final,
+    )
+
+
+def test_the_old_attempts_final_checkpoint_lifts_the_fence_before_it_exits(store: Store) -> None:
+    job = handed_over(store, BUCKET)
+    new = store.jobs.attempt(f"{job}-2")
+    assert new is not None
+    committed(store, job, "step-000500", final=False)  # a periodic one: the job still runs
+    assert fence_for(store, Drafter(), new, now=NOTICE) == "attempt 1's job has not exited yet"
+    committed(store, job, "step-000510", final=True)
+    assert fence_for(store, Drafter(), new, now=NOTICE) is None
+    assert store.events.list_events(kind=EventKind.JOB_FENCE_LIFTED) == []
+
+
+@pytest.mark.parametrize("spec", [None, {"run": "x", "checkpoint_dir": "s3://team-ckpt/r"}])
+def test_without_a_bucket_only_the_exit_lifts_the_fence(
+    store: Store, spec: dict[str, Any] | None
+) -> None:
+    # A job whose attempts share a folder: a final report changes nothing (today's rule).
+    job = handed_over(store, spec)
+    committed(store, job, "step-000510", final=True)
+    new = store.jobs.attempt(f"{job}-2")
+    assert new is not None
+    assert fence_for(store, Drafter(), new, now=NOTICE) == "attempt 1's job has not exited yet"
+    store.jobs.update_attempt(f"{job}-1", exit_code=143)
+    assert fence_for(store, Drafter(), new, now=NOTICE) is None
 
 
 def test_an_ended_attempt_never_starts_the_job(store: Store) -> None:

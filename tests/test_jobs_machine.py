@@ -315,6 +315,20 @@ def test_the_fence_holds_past_the_power_off_until_the_old_job_exits_or_its_insta
     assert fence([moved], now=NOW + timedelta(days=1)) is not None
 
 
+def test_a_final_checkpoint_in_the_bucket_lifts_the_fence_and_the_clock_lets_nothing_go() -> None:
+    """A job syncing to a bucket: once the old attempt's final checkpoint is committed
+    there, the replacement may restore it and start; the old job may still be exiting."""
+    off = NOW + timedelta(seconds=90)
+    old = attempt(interruption_notice_at=NOW, power_off_at=off)
+    assert fence([replace(old, final_checkpoint=True)], now=NOW) is None
+    assert (
+        lifted_on_clock([replace(old, final_checkpoint=True)], now=off + FENCE_CLOCK_MARGIN) == []
+    )
+    assert fence([old, replace(old, number=2, key="7-2")], now=NOW) is not None
+    moved = attempt(migrated=True, final_checkpoint=True)
+    assert fence([moved], now=NOW) is None
+
+
 def test_a_job_that_finishes_during_its_handover_succeeds_and_its_replacement_never_runs() -> None:
     moved = attempt(migrated=True, exit_code=0, finished=True)
     noticed = attempt(interruption_notice_at=NOW, exit_code=0, finished=True)

@@ -49,7 +49,8 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     # alerts word the cost summary with the ledger's pure figures
     "optimizer.alerts": BASE | {"optimizer.store", "optimizer.costs"},
     # jobs record their events through the store, not through alerts
-    "optimizer.jobs": BASE | {"optimizer.store", "optimizer.costs", "policies", "providers"},
+    "optimizer.jobs": BASE
+    | {"optimizer.store", "optimizer.storage", "optimizer.costs", "policies", "providers"},
     "optimizer.daemon": BASE
     | {
         "optimizer.jobs",

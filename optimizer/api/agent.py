@@ -21,6 +21,8 @@ from pydantic import ValidationError
 from optimizer import protocol
 from optimizer.api.state import ApiState, StateDep
 from optimizer.clock import parse_utc
+from optimizer.jobs.checkpoint_reports import KINDS as CHECKPOINT_REPORTS
+from optimizer.jobs.checkpoint_reports import record_reports
 from optimizer.jobs.fence import fence_for, gang_gate, gang_nodes
 from optimizer.jobs.gang import head_number, master
 from optimizer.jobs.spec import job_spec
@@ -28,6 +30,7 @@ from optimizer.lifecycle import AttemptEnd
 from optimizer.protocol import (
     EVENT_DATA,
     AgentEvent,
+    CheckpointRef,
     Command,
     EventsAnswer,
     Gang,
@@ -209,6 +212,11 @@ def register(
             checkpoint_dir=spec.checkpoint_dir,
             probes=spec.probes,
             expected_gpus=spec.expected_gpus,
+            checkpoint=(
+                None
+                if spec.checkpoint is None
+                else CheckpointRef(uri=spec.checkpoint.uri, keep=spec.checkpoint.keep)
+            ),
         ),
         attempt=head_number(attempt.number, attempt.gang),  # a gang's: rank 0's number
         restarts=job.restarts,
@@ -234,9 +242,17 @@ def events(
     attempt = _authorized(state, body.attempt_key, authorization)
     _check_data(body.events)
     payload = [e.model_dump() for e in body.events]
+    reports = list({e["id"]: e for e in payload if e["kind"] in CHECKPOINT_REPORTS}.values())
+    if reports:  # the checkpoint reports not seen before become rows (after the events)
+        seen = state.store.jobs.seen_agent_events(e["id"] for e in reports)
+        reports = [e for e in reports if e["id"] not in seen]
+    now = state.clock()
     acked = state.store.jobs.record_agent_events(
-        attempt.key, payload, state.clock(), on_host=_on_host(attempt.provider)
+        attempt.key, payload, now, on_host=_on_host(attempt.provider)
     )
+    job = state.store.jobs.get_job_by_id(attempt.job_id) if reports else None
+    if job is not None:
+        record_reports(state.store, state.emitter, attempt, job, reports, now=now)
     if any(e.kind != "heartbeat" for e in body.events):
         state.wakeup.set()
     after = state.store.jobs.attempt(attempt.key) or attempt

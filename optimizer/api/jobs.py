@@ -16,10 +16,18 @@ from optimizer.api.costs import job_attempts
 from optimizer.api.params import Id, Page
 from optimizer.api.state import ApiState, StateDep, utc_text
 from optimizer.jobs.advice import job_advice
+from optimizer.jobs.gang import head_number
 from optimizer.jobs.spec import JobSpec, stored_form
+from optimizer.jobs.state import BucketRefused, BucketUnreachable
 from optimizer.lifecycle import TERMINAL_JOB_STATES, JobState
 from optimizer.model import EventKind
-from optimizer.store import DuplicateJobError, JobNotEndedError, JobRecord
+from optimizer.store import (
+    CheckpointRecord,
+    DuplicateJobError,
+    JobNotEndedError,
+    JobRecord,
+    RestoreRecord,
+)
 from optimizer.store.telemetry import GpuSummary
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -79,6 +87,7 @@ def submit_job(spec: JobSpec, state: StateDep) -> dict[str, Any]:
                 }
             ],
         )
+    spec, unknown = _with_region(state, spec)
     body = stored_form(spec)
     event = state.emitter.draft(
         EventKind.JOB_SUBMITTED,
@@ -87,11 +96,53 @@ def submit_job(spec: JobSpec, state: StateDep) -> dict[str, Any]:
         data={"job": spec.name},
     )
     try:
-        state.store.jobs.add_job(spec.name, spec.policy, body, event=event)
+        job_id = state.store.jobs.add_job(spec.name, spec.policy, body, event=event)
     except DuplicateJobError as exc:
         raise HTTPException(409, detail=_taken(exc)) from None
+    if unknown is not None:
+        state.store.events.record_event(
+            state.emitter.draft(
+                EventKind.JOB_WARNING,
+                f"job {spec.name}: the region of its checkpoint bucket is unknown: {unknown}",
+                severity="warning",
+                policy=spec.policy,
+                job_id=job_id,
+                data={"job": spec.name, "field": "checkpoint.uri", "reason": unknown},
+            )
+        )
     state.wakeup.set()
     return job_view(_job(state, spec.name))
+
+
+def _with_region(state: ApiState, spec: JobSpec) -> tuple[JobSpec, str | None]:
+    """The spec with its checkpoint bucket's region filled in from the storage API where it
+    names none, and why the region stays unknown (None: it does not). A bucket that is
+    missing or refuses access is a 422 naming `checkpoint.uri`; one the daemon cannot reach
+    leaves the region unknown (optimizer/jobs/state.py)."""
+    bucket = spec.checkpoint
+    if bucket is None or bucket.region is not None:
+        return spec, None
+    try:
+        region = state.bucket_region(bucket.uri)
+        region = region.lower() if region else None
+    except BucketRefused as exc:
+        raise HTTPException(
+            422,
+            detail=[
+                {
+                    "loc": ["body", "checkpoint", "uri"],
+                    "msg": f"the checkpoint bucket cannot be used: {exc}",
+                    "type": "value_error",
+                }
+            ],
+        ) from None
+    except BucketUnreachable as exc:
+        return spec, str(exc)
+    if region is None:
+        return spec, None
+    return spec.model_copy(
+        update={"checkpoint": bucket.model_copy(update={"region": region})}
+    ), None
 
 
 def _taken(exc: DuplicateJobError) -> str:
@@ -136,6 +187,52 @@ def gpu_view(summary: GpuSummary | None) -> dict[str, Any] | None:
         "xids": list(summary.xids),
         "simulated": summary.simulated,
     }
+
+
+@router.get("/{name}/checkpoints", response_model=answers.CheckpointList)
+def job_checkpoints(name: str, state: StateDep) -> dict[str, Any]:
+    """The checkpoints the job's attempts uploaded to its bucket, newest first, pruned ones
+    too (`deleted`), each with the attempts that restored it (`restored_by`, by number)."""
+    job = _job(state, name)
+    numbers = {a.id: head_number(a.number, a.gang) for a in state.store.jobs.attempts(job.id)}
+    found = state.store.checkpoints.checkpoints(job.id)
+    by = restorers(found, state.store.checkpoints.restores(job.id))
+    return {
+        "job": job.given_name,
+        "checkpoints": [
+            {
+                "name": c.name,
+                "step": c.step,
+                "size_bytes": c.size_bytes,
+                "uri": c.uri,
+                "region": c.region,
+                "committed_at": utc_text(c.committed_at),
+                "attempt": numbers.get(c.attempt_id, 0),
+                "final": c.final,
+                "deleted": c.deleted_at is not None,
+                "deleted_at": utc_text(c.deleted_at),
+                "restored_by": sorted({numbers.get(a, 0) for a in by.get(c.id, [])}),
+            }
+            for c in found
+        ],
+    }
+
+
+def restorers(
+    checkpoints: list[CheckpointRecord], restores: list[RestoreRecord]
+) -> dict[int, list[int]]:
+    """Which attempts (ids) restored each checkpoint (by id): a restore names a checkpoint,
+    and takes the newest of that name committed by its time (the newest of that name where
+    the agents' clocks disagree)."""
+    out: dict[int, list[int]] = {}
+    for r in restores:
+        named = [c for c in checkpoints if c.name == r.checkpoint_name]
+        if not named:
+            continue
+        before = [c for c in named if c.committed_at <= r.at] or named
+        chosen = max(before, key=lambda c: (c.committed_at, c.id))
+        out.setdefault(chosen.id, []).append(r.attempt_id)
+    return out
 
 
 @router.get("/{name}/advice", response_model=answers.AdviceView)

@@ -20,6 +20,7 @@ from optimizer.clock import Clock
 from optimizer.daemon.metrics import Metrics
 from optimizer.daemon.policies import PolicyRegistry
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow
+from optimizer.jobs.state import RegionLookup, bucket_region
 from optimizer.store import Store
 from optimizer.store.logs import DEFAULT_MAX_BYTES_PER_JOB
 
@@ -58,6 +59,7 @@ class ApiState:
     logs.max_bytes_per_job; `followers` counts the answers following job logs against
     logs.max_followers_per_job and logs.max_followers;
     `auth_throttle` counts wrong tokens per client address (optimizer/api/throttle.py);
+    `bucket_region` reads a checkpoint bucket's region at submit (optimizer/jobs/state.py);
     `extras` is room for later areas (the agent's token table)."""
 
     store: Store
@@ -75,6 +77,7 @@ class ApiState:
     followers: FollowerSlots = field(default_factory=FollowerSlots)  # of job logs, capped
     probe_window: ProbeWindow = DEFAULT_WINDOW  # the daemon config's `probes:`
     auth_throttle: AuthThrottle = field(default_factory=AuthThrottle)
+    bucket_region: RegionLookup = bucket_region
     extras: dict[str, Any] = field(default_factory=dict)
 
 

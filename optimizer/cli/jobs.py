@@ -44,6 +44,10 @@ def _print_job(job: JobView) -> None:
         print(f"  {job.reason}")
     if job.cancel_requested_at and job.state != "cancelled":
         print(f"  cancel requested at {job.cancel_requested_at}; the daemon is stopping it")
+    bucket = job.spec.get("checkpoint")
+    if isinstance(bucket, dict) and bucket.get("uri"):
+        region = bucket.get("region") or "region unknown"
+        print(f"  checkpoints: {bucket['uri']} ({region}, keeps {bucket.get('keep', 3)})")
     if isinstance(job, JobDetail) and job.gpu:
         print("  " + gpu_line(job.gpu))
 
@@ -132,6 +136,42 @@ def show(name: str, api: ApiOption = None, as_json: JsonOption = False) -> None:
         print(json.dumps(answer, indent=2))
     else:
         _print_job(job)
+
+
+@app.command("checkpoints")
+def checkpoints(name: str, api: ApiOption = None, as_json: JsonOption = False) -> None:
+    """A job's checkpoints in its bucket, newest first: where, when, and which attempts
+    restored each."""
+    from optimizer.answers import CheckpointList
+    from optimizer.common.units import size_text
+
+    answer = _call("GET", f"/jobs/{name}/checkpoints", api)
+    found = client.read(CheckpointList, answer).checkpoints
+    if as_json:
+        print(json.dumps(answer, indent=2))
+        return
+    if not found:
+        print(f"{name}: no checkpoints uploaded yet")
+        return
+    rows = [("NAME", "STEP", "SIZE", "WHERE", "WHEN", "RESTORED BY")]
+    for c in found:
+        where = c.uri + (f" ({c.region})" if c.region else "")
+        if c.deleted:
+            where += " [pruned]"
+        rows.append(
+            (
+                c.name + (" (final)" if c.final else ""),
+                "-" if c.step is None else str(c.step),
+                size_text(c.size_bytes),
+                where,
+                (c.committed_at or "-").replace("T", " ").removesuffix("Z") + " UTC",
+                ", ".join(f"attempt {n}" for n in c.restored_by) or "-",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        print("  ".join([*cells, row[-1]]).rstrip())
 
 
 @app.command("cancel")

@@ -42,10 +42,12 @@ def fence_for(
     # started after an attempt whose job finished takes the job over (`machine.finished_on`).
     # A gang's nodes go by their rank 0's number.
     earlier = [a for a in before if a.key in done or a.job_started_at is not None]
+    finals = _final_checkpoints(store, attempt, earlier)
     views = [
         replace(
             attempt_view(a, power_off_at=power_off_at(store, a), finished=a.key in done),
             number=head_number(a.number, a.gang),
+            final_checkpoint=a.id in finals,
         )
         for a in earlier
     ]
@@ -56,6 +58,19 @@ def fence_for(
     if why is None and attempt.nodes > 1:
         why = gang_gate(store, attempt, every).why
     return why
+
+
+def _final_checkpoints(
+    store: Store, attempt: AttemptRecord, earlier: list[AttemptRecord]
+) -> set[int]:
+    """The earlier attempts (ids) whose final checkpoint is committed to the job's bucket;
+    none for a job without `checkpoint` (its attempts share a folder: only the exit counts)."""
+    if not earlier:
+        return set()
+    job = store.jobs.get_job_by_id(attempt.job_id)
+    if job is None or job_spec(job).checkpoint is None:
+        return set()
+    return store.checkpoints.final_committed(a.id for a in earlier)
 
 
 def _record_clock_lift(

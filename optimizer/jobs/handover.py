@@ -27,9 +27,10 @@ FENCE_CLOCK_MARGIN = timedelta(minutes=5)
 
 
 def _holds(a: AttemptView) -> bool:
-    """Whether an earlier attempt's job may still run: it started, has not reported its
-    exit, and its instance has not been seen gone."""
-    return a.job_started and a.exit_code is None and not a.instance_gone
+    """Whether an earlier attempt's job may still run and write its checkpoint: it started,
+    has not reported its exit nor committed its final checkpoint to the job's bucket, and its
+    instance has not been seen gone."""
+    return a.job_started and a.exit_code is None and not a.instance_gone and not a.final_checkpoint
 
 
 def fence(
@@ -39,9 +40,12 @@ def fence(
 
     The job may run once at a time: an earlier attempt whose job started holds the fence until
     its agent reports the job exited (`job_exited`) or the cloud reports its instance
-    terminated (`instance_gone`). The announced power-off alone never lifts it, as a job may
-    still be writing its checkpoint then (to the same `checkpoint_dir`); only once `margin`
-    has passed since it (`lifted_on_clock`, an event says so) does the clock let go. A job
+    terminated (`instance_gone`), or, for a job whose checkpoints live in a bucket
+    (`checkpoint`), its agent reports the job's final checkpoint committed there
+    (`final_checkpoint`): the replacement restores that one, and what the old job does
+    while it exits can no longer reach it. The announced power-off alone never lifts it, as
+    a job may still be writing its checkpoint then (to the same `checkpoint_dir`); only once
+    `margin` has passed since it (`lifted_on_clock`, an event says so) does the clock let go. A job
     that finished on an earlier attempt (`finished_on`) holds it for good: the replacement is
     ended without starting it."""
     done = finished_on(earlier)

@@ -80,6 +80,9 @@ class AttemptView:
     probe_reason: str = ""  # what failed, where a gang's probe names a node or a link
     migrated: bool = False  # gpuopt ended it to move the job (a hot handover, as a notice)
     finished: bool = False  # its job exited 0 on its own: no stop had reached it (job_exited)
+    # Its agent reported the job's final checkpoint committed to the job's bucket (a job with
+    # `checkpoint`): the job's last state is safe there, so it no longer holds the fence.
+    final_checkpoint: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,12 @@ policy: resnet50-training      # a loaded policy's name
 run: python train.py --epochs 90   # at most 64 KiB
 setup: pip install -r requirements.txt     # optional, runs before `run` on every attempt
 workdir: /srv/train            # optional: where `setup` and `run` start
-checkpoint_dir: s3://team-ckpt/resnet      # handed to the job as GPUOPT_CHECKPOINT_DIR
+checkpoint:                    # where checkpoints live between attempts (docs/checkpoints.md)
+  uri: s3://team-ckpt/resnet   # s3://bucket[/prefix], gs://bucket[/prefix] or file:///abs/path
+  keep: 3                      # optional: the newest checkpoints kept (1..100)
+  region: us-east-1            # optional: the bucket's region (the daemon asks the bucket)
+# or `checkpoint: s3://team-ckpt/resnet`, or instead of `checkpoint`, a folder the job's
+# attempts share: `checkpoint_dir: /mnt/shared/resnet` (handed as GPUOPT_CHECKPOINT_DIR).
 env: {WANDB_PROJECT: resnet}   # at most 256 variables; no NUL bytes (nor in run/setup/workdir)
 probes: quick                  # quick | deep | none
 max_restarts: 20               # optional; the policy's recovery.max_restarts otherwise
@@ -18,6 +23,9 @@ utilization:                   # optional: rules given here replace the policy's
 max_duration: 72h              # optional: replaces the policy's max_duration (at most 87600h)
 nodes: 2                       # optional: instances launched together (the policy's otherwise)
 ```
+
+Exactly one of `checkpoint` and `checkpoint_dir` is given. A `checkpoint` URI is checked here
+(`check_uri`): its scheme, a bucket for s3:// and gs://, an absolute path for file://.
 
 Durations are at most ten years (87600h) and no number may be NaN or infinite, as in policies
 (optimizer/common/bounds.py): a spec that says otherwise is refused, by the CLI and with a 422
@@ -35,7 +43,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from optimizer.common.documents import load_document, parse_document
 from optimizer.common.errors import LocatedError
@@ -81,6 +98,87 @@ class JobSpecError(LocatedError):
     """A job spec that cannot be used."""
 
 
+# A bucket name as S3 and GCS accept them (3 to 63 of [a-z0-9._-], starting and ending with a
+# letter or digit; GCS allows longer dotted names, which this leaves out): the S3 user guide,
+# "General purpose bucket naming rules", and the GCS docs, "Bucket names".
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]")
+CHECKPOINT_SCHEMES = ("s3", "gs", "file")
+DEFAULT_CHECKPOINT_KEEP = 3
+# Which provider holds a bucket of each scheme (a `file://` folder is this host's).
+SCHEME_PROVIDER = {"s3": "aws", "gs": "gcp", "file": "local"}
+
+
+def check_uri(text: str) -> str:
+    """A checkpoint URI in its canonical form (`s3://bucket/prefix`, `gs://bucket/prefix`,
+    `file:///abs/path`, no trailing "/"); ValueError naming what is wrong otherwise. The same
+    rules as `optimizer.storage.parse_uri`, without loading a storage client."""
+    scheme, sep, rest = text.partition("://")
+    if not sep or scheme not in CHECKPOINT_SCHEMES:
+        raise ValueError(
+            f"{text!r} is not a bucket URI: use s3://bucket[/prefix], gs://bucket[/prefix] "
+            "or file:///absolute/path"
+        )
+    if any(c.isspace() for c in text) or "\0" in text:
+        raise ValueError(f"{text!r} must not contain spaces or NUL bytes")
+    if scheme == "file":
+        if not rest.startswith("/"):
+            raise ValueError(f"{text!r}: a file:// URI needs an absolute path (file:///path)")
+        path = "/" + rest.strip("/")
+        if any(part in (".", "..") for part in path.split("/")):
+            raise ValueError(f"{text!r}: the path must not contain '.' or '..'")
+        return f"file://{path}"
+    bucket, _, prefix = rest.partition("/")
+    if not bucket:
+        raise ValueError(f"{text!r} names no bucket ({scheme}://bucket[/prefix])")
+    if not _BUCKET.fullmatch(bucket) or ".." in bucket:
+        raise ValueError(
+            f"{text!r}: {bucket!r} is not a bucket name (3 to 63 of a-z, 0-9, '.', '-', '_')"
+        )
+    prefix = prefix.strip("/")
+    if "//" in prefix or any(part in (".", "..") for part in prefix.split("/")):
+        raise ValueError(f"{text!r}: the prefix must not contain empty, '.' or '..' parts")
+    return f"{scheme}://{bucket}/{prefix}" if prefix else f"{scheme}://{bucket}"
+
+
+def bucket_provider(uri: str) -> str:
+    """The provider that holds a checkpoint URI's bucket: aws, gcp or local."""
+    return SCHEME_PROVIDER.get(uri.partition("://")[0], "unknown")
+
+
+class CheckpointSpec(BaseModel):
+    """Where a job's checkpoints live between attempts: a bucket URI, how many to keep, and
+    the bucket's region (filled in by the daemon at submit when not given)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    uri: str = Field(
+        min_length=1,
+        max_length=1024,
+        description="s3://bucket[/prefix], gs://bucket[/prefix] or file:///absolute/path.",
+        examples=["s3://team-ckpt/resnet"],
+    )
+    keep: int = Field(
+        DEFAULT_CHECKPOINT_KEEP, ge=1, le=100, description="The newest checkpoints kept."
+    )
+    region: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        pattern=r"^[a-z0-9-]+$",
+        description="The bucket's region (the daemon asks the storage API when not given).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        return {"uri": value} if isinstance(value, str) else value
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, value: str) -> str:
+        return check_uri(value)
+
+
 class JobSpec(BaseModel):
     model_config = ConfigDict(
         extra="forbid", frozen=True, strict=True, allow_inf_nan=False, populate_by_name=True
@@ -93,7 +191,14 @@ class JobSpec(BaseModel):
     run: str = Field(min_length=1, description="The command, run with /bin/sh -c.")
     setup: str | None = Field(None, description="Runs before `run` on every attempt.")
     workdir: str | None = Field(None, description="Where the commands run on the instance.")
-    checkpoint_dir: str = Field(min_length=1, description="A path or bucket URI for the job.")
+    checkpoint: CheckpointSpec | None = Field(
+        None,
+        description="The bucket the job's checkpoints are synced to (a URI, or uri/keep/region).",
+        examples=["s3://team-ckpt/resnet", {"uri": "gs://team-ckpt/resnet", "keep": 5}],
+    )
+    checkpoint_dir: str | None = Field(
+        None, min_length=1, description="A path or URI the job's attempts share themselves."
+    )
     env: dict[str, _EnvValue] = Field(
         default_factory=dict,
         description=f"At most {MAX_ENV_KEYS} variables.",
@@ -132,10 +237,29 @@ class JobSpec(BaseModel):
 
     @field_validator("run", "checkpoint_dir")
     @classmethod
-    def _not_blank(cls, value: str) -> str:
-        if not value.strip():
+    def _not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
             raise ValueError("must not be blank")
         return value
+
+    @field_validator("checkpoint_dir")
+    @classmethod
+    def _not_both(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # `checkpoint` is validated first (field order), so a spec with both is refused here,
+        # located at `checkpoint_dir`.
+        if value is not None and info.data.get("checkpoint") is not None:
+            raise ValueError("give either `checkpoint` or `checkpoint_dir`, not both")
+        return value
+
+    @model_validator(mode="after")
+    def _one_checkpoint_place(self) -> JobSpec:
+        # Neither given: located at the spec itself, the message names both fields.
+        if self.checkpoint is None and self.checkpoint_dir is None:
+            raise ValueError(
+                "give `checkpoint` (a bucket URI the daemon syncs checkpoints to) or "
+                "`checkpoint_dir` (a folder the attempts share)"
+            )
+        return self
 
     @field_validator("run", "setup", "workdir")
     @classmethod

@@ -11,6 +11,7 @@
     store.logs       the job output agents ship, per attempt, under a cap per job
     store.telemetry  each attempt's GPU readings per minute, then per hour; summaries
     store.probes     the probe results agents report, and the ranking's per-type figures
+    store.checkpoints  the checkpoints attempts uploaded to their job's bucket, restored, pruned
 
 The repositories share one engine and clock (`engine.Database`). Every public write is one
 transaction; a write that causes events (a job transition, a policy change) records them and
@@ -28,6 +29,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from optimizer.store.buckets import Grid, InEffect
+from optimizer.store.checkpoints import Checkpoints
 from optimizer.store.costs import BilledAttempt, CostLineRecord, Costs, CostTotals, LineFilter
 from optimizer.store.engine import (
     Database,
@@ -49,12 +51,14 @@ from optimizer.store.policies import Policies
 from optimizer.store.prices import Prices
 from optimizer.store.probes import FailureStreak, ProbeRecord, Probes, TypeFigures
 from optimizer.store.records import (
+    CheckpointRecord,
     EventRecord,
     JobRecord,
     NewEvent,
     OutboxItem,
     PolicyVersionRecord,
     PollStatusRecord,
+    RestoreRecord,
 )
 from optimizer.store.replicas import ReplicaRecord, Replicas
 from optimizer.store.telemetry import GpuMinute, GpuSampleRecord, GpuSummary, Telemetry
@@ -63,6 +67,8 @@ __all__ = [
     "Appended",
     "AttemptRecord",
     "BilledAttempt",
+    "CheckpointRecord",
+    "Checkpoints",
     "CostLineRecord",
     "CostTotals",
     "DatabaseUrlError",
@@ -87,6 +93,7 @@ __all__ = [
     "ProbeRecord",
     "PruneBatch",
     "ReplicaRecord",
+    "RestoreRecord",
     "Retention",
     "Store",
     "StoreError",
@@ -128,6 +135,7 @@ class Store:
         self.logs = Logs(db)
         self.telemetry = Telemetry(db)
         self.probes = Probes(db)
+        self.checkpoints = Checkpoints(db)
 
     def create_all(self) -> None:
         """Create an empty database's schema at the newest revision, stamped so (a database

@@ -591,6 +591,15 @@ class Jobs:
             )
         return acked
 
+    def seen_agent_events(self, ids: Iterable[str]) -> set[str]:
+        """Which of these agent event ids are recorded already."""
+        found: set[str] = set()
+        with self._db.connect() as conn:
+            for part in chunks(dict.fromkeys(ids), ATTEMPT_IDS_PER_QUERY):
+                query = select(_AGENT_EVENT.c.id).where(_AGENT_EVENT.c.id.in_(part))
+                found.update(conn.execute(query).scalars())
+        return found
+
     def prune_agent_events(self, *, ended_before: datetime, limit: int = PRUNE_AGENT_EVENTS) -> int:
         """Delete up to `limit` agent events of attempts that ended before `ended_before` with
         their instance gone; returns how many went (fewer than `limit`: nothing more to prune).

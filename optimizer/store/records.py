@@ -113,3 +113,46 @@ class PollStatusRecord:
     offers: int
     failures: int
     last_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRecord:
+    """A checkpoint an attempt uploaded to its job's bucket: `uri` is its folder there,
+    `provider`/`region` the bucket's (region None: unknown), `upload_s` the upload's time,
+    `final` whether it was the one written at the attempt's stop, `deleted_at` when it was
+    pruned from the bucket (None: still there)."""
+
+    id: int
+    job_id: int
+    attempt_id: int
+    name: str
+    step: int | None
+    size_bytes: int
+    files: int
+    uri: str
+    provider: str
+    region: str | None
+    committed_at: datetime
+    upload_s: float
+    final: bool
+    deleted_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreRecord:
+    """A checkpoint an attempt fetched before starting its job: `size_bytes` in all, of which
+    `fetched_bytes` came over the network (the rest was already on the disk), from the bucket's
+    provider and region to the attempt's."""
+
+    id: int
+    job_id: int
+    attempt_id: int
+    checkpoint_name: str
+    size_bytes: int
+    fetched_bytes: int
+    seconds: float
+    from_provider: str
+    from_region: str | None
+    to_provider: str
+    to_region: str
+    at: datetime

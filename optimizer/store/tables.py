@@ -297,6 +297,64 @@ class ProbeResult(SQLModel, table=True):
     result: str | None = Field(default=None, sa_type=Text)
 
 
+class Checkpoint(SQLModel, table=True):
+    """A checkpoint an attempt's agent uploaded to the job's bucket (manifest written last).
+
+    `uri` is the checkpoint's folder in the bucket, `provider`/`region` the bucket's (what
+    storage and moving it cost); `deleted_at` is set once it was pruned from the bucket.
+    One row per attempt and name: a report sent twice is kept once.
+    """
+
+    __tablename__ = "checkpoint"
+    __table_args__ = (
+        UniqueConstraint("attempt_id", "name", name="uq_checkpoint_attempt_name"),
+        Index("ix_checkpoint_job", "job_id", "committed_at"),
+    )
+
+    id: int | None = Field(
+        default=None, primary_key=True, sa_type=BigInteger().with_variant(Integer, "sqlite")
+    )
+    job_id: int = Field(foreign_key="job.id")
+    attempt_id: int = Field(foreign_key="attempt.id")
+    name: str
+    step: int | None = Field(default=None, sa_type=BigInteger)
+    size_bytes: int = Field(sa_type=BigInteger)
+    files: int
+    uri: str = Field(sa_type=Text)
+    provider: str
+    region: str | None = None
+    committed_at: datetime = Field(sa_type=UTCDateTime)
+    upload_s: float
+    final: bool = False
+    deleted_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
+class CheckpointRestore(SQLModel, table=True):
+    """A checkpoint an attempt's agent fetched before starting the job: from the bucket's
+    provider and region to the attempt's (what moving it cost)."""
+
+    __tablename__ = "checkpoint_restore"
+    __table_args__ = (
+        UniqueConstraint("attempt_id", "checkpoint_name", name="uq_checkpoint_restore_attempt"),
+        Index("ix_checkpoint_restore_job", "job_id"),
+    )
+
+    id: int | None = Field(
+        default=None, primary_key=True, sa_type=BigInteger().with_variant(Integer, "sqlite")
+    )
+    job_id: int = Field(foreign_key="job.id")
+    attempt_id: int = Field(foreign_key="attempt.id")
+    checkpoint_name: str
+    size_bytes: int = Field(sa_type=BigInteger)
+    fetched_bytes: int = Field(sa_type=BigInteger)
+    seconds: float
+    from_provider: str
+    from_region: str | None = None
+    to_provider: str
+    to_region: str
+    at: datetime = Field(sa_type=UTCDateTime)
+
+
 class GpuSample(SQLModel, table=True):
     """An attempt's GPU readings over one span, aggregated across its GPUs.
 
