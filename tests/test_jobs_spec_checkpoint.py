@@ -59,13 +59,13 @@ def test_neither_is_refused_naming_both() -> None:
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
-        ("ftp://host/x", "j.yaml:4:1: checkpoint.uri: 'ftp://host/x' is not a bucket URI"),
-        ("gs://", "j.yaml:4:1: checkpoint.uri: 'gs://' names no bucket"),
-        ("team-ckpt/x", "is not a bucket URI"),
-        ("file://relative/x", "a file:// URI needs an absolute path"),
-        ("s3://Team_Bucket", "'Team_Bucket' is not a bucket name"),
-        ("s3://bkt/a/../x", "the prefix must not contain empty, '.' or '..' parts"),
-        ("s3://bkt/a//x", "the prefix must not contain empty"),
+        ("ftp://host/x", "j.yaml:4:1: checkpoint.uri: 'ftp://host/x': unsupported scheme 'ftp'"),
+        ("gs://", "j.yaml:4:1: checkpoint.uri: 'gs://': no bucket name after gs://"),
+        ("team-ckpt/x", "not a storage URI"),
+        ("file://relative/x", "file:///absolute/path (found host 'relative'"),
+        ("s3://Team_Bucket", "'Team_Bucket' is not a valid bucket name"),
+        ("s3://bkt/a/../x", "key 'a/../x' has an empty, '.' or '..' segment"),
+        ("s3://bkt/a//x", "key 'a//x' has an empty, '.' or '..' segment"),
     ],
 )
 def test_bad_uris_are_located_at_checkpoint_uri(value: str, expected: str) -> None:

@@ -98,11 +98,6 @@ class JobSpecError(LocatedError):
     """A job spec that cannot be used."""
 
 
-# A bucket name as S3 and GCS accept them (3 to 63 of [a-z0-9._-], starting and ending with a
-# letter or digit; GCS allows longer dotted names, which this leaves out): the S3 user guide,
-# "General purpose bucket naming rules", and the GCS docs, "Bucket names".
-_BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]")
-CHECKPOINT_SCHEMES = ("s3", "gs", "file")
 DEFAULT_CHECKPOINT_KEEP = 3
 # Which provider holds a bucket of each scheme (a `file://` folder is this host's).
 SCHEME_PROVIDER = {"s3": "aws", "gs": "gcp", "file": "local"}
@@ -110,34 +105,16 @@ SCHEME_PROVIDER = {"s3": "aws", "gs": "gcp", "file": "local"}
 
 def check_uri(text: str) -> str:
     """A checkpoint URI in its canonical form (`s3://bucket/prefix`, `gs://bucket/prefix`,
-    `file:///abs/path`, no trailing "/"); ValueError naming what is wrong otherwise. The same
-    rules as `optimizer.storage.parse_uri`, without loading a storage client."""
-    scheme, sep, rest = text.partition("://")
-    if not sep or scheme not in CHECKPOINT_SCHEMES:
-        raise ValueError(
-            f"{text!r} is not a bucket URI: use s3://bucket[/prefix], gs://bucket[/prefix] "
-            "or file:///absolute/path"
-        )
-    if any(c.isspace() for c in text) or "\0" in text:
-        raise ValueError(f"{text!r} must not contain spaces or NUL bytes")
-    if scheme == "file":
-        if not rest.startswith("/"):
-            raise ValueError(f"{text!r}: a file:// URI needs an absolute path (file:///path)")
-        path = "/" + rest.strip("/")
-        if any(part in (".", "..") for part in path.split("/")):
-            raise ValueError(f"{text!r}: the path must not contain '.' or '..'")
-        return f"file://{path}"
-    bucket, _, prefix = rest.partition("/")
-    if not bucket:
-        raise ValueError(f"{text!r} names no bucket ({scheme}://bucket[/prefix])")
-    if not _BUCKET.fullmatch(bucket) or ".." in bucket:
-        raise ValueError(
-            f"{text!r}: {bucket!r} is not a bucket name (3 to 63 of a-z, 0-9, '.', '-', '_')"
-        )
-    prefix = prefix.strip("/")
-    if "//" in prefix or any(part in (".", "..") for part in prefix.split("/")):
-        raise ValueError(f"{text!r}: the prefix must not contain empty, '.' or '..' parts")
-    return f"{scheme}://{bucket}/{prefix}" if prefix else f"{scheme}://{bucket}"
+    `file:///abs/path`, no trailing "/"); ValueError naming what is wrong otherwise: the
+    storage layer's one parser (`optimizer.storage.parse_uri`, which loads no client)."""
+    from optimizer.storage import BadUri, parse_uri
+
+    if any(c.isspace() for c in text):
+        raise ValueError(f"{text!r} must not contain spaces")
+    try:
+        return str(parse_uri(text))
+    except BadUri as exc:
+        raise ValueError(str(exc)) from None
 
 
 def bucket_provider(uri: str) -> str:
