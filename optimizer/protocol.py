@@ -211,8 +211,19 @@ class Internode(_Message):
     timeout_s: int | float = INTERNODE_TIMEOUT_S
 
 
-class Job(_Message):
-    """What to run (the job spec's part the agent needs)."""
+class CheckpointRef(_Message):
+    """Where the job's checkpoints go (docs/checkpoints.md): the object store location, and
+    how many of the newest to keep there."""
+
+    uri: str = Field(min_length=1, max_length=2000)
+    keep: int = Field(3, ge=1, le=100)
+
+
+class Job(_Optional):
+    """What to run (the job spec's part the agent needs). `checkpoint` is absent from the
+    wire when the job has none."""
+
+    OMITTED = frozenset({"checkpoint"})
 
     name: str | None = None
     run: str
@@ -222,6 +233,7 @@ class Job(_Message):
     checkpoint_dir: str | None = None
     probes: str = "none"
     expected_gpus: int | None = None
+    checkpoint: CheckpointRef | None = None
 
     @field_validator("env", mode="before")
     @classmethod
