@@ -150,6 +150,21 @@ def test_committed_checkpoints_reach_the_store_and_the_next_attempt_starts_from_
     assert data_of(second, "checkpoint_committed") == []
 
 
+def test_a_corrupt_newest_checkpoint_is_reported_and_the_one_before_restored(
+    tmp_path: Path,
+) -> None:
+    store = FakeStore(tmp_path / "bucket")
+    assert agent_on(tmp_path / "i-1", ScriptedDaemon(answer(tmp_path, STEPS="2")), store).run() == 0
+    store.corrupt("data/step-2/model.txt")
+    second = ScriptedDaemon(answer(tmp_path, STEPS="0"))
+    assert agent_on(tmp_path / "i-2", second, store).run() == 0
+    [failed] = data_of(second, "checkpoint_failed")
+    assert failed["name"] == "step-2" and "sha256" in failed["error"]
+    [restored] = data_of(second, "checkpoint_restored")
+    assert restored["name"] == "step-1"
+    assert "found step-1 weights 1" in (tmp_path / "i-2" / "agent" / "job.log").read_text()
+
+
 def test_a_stop_uploads_the_final_checkpoint_before_the_exit_is_reported(tmp_path: Path) -> None:
     store = FakeStore(tmp_path / "bucket")
     daemon = ScriptedDaemon(answer(tmp_path, STEPS="1", FOREVER="1"))
