@@ -343,7 +343,7 @@ class Agent:
                 log.warning("adopting the job an earlier agent left running (pid %s)", self.job.pid)
                 self.state = "running"
                 sync = self._checkpoint_sync(assignment)
-                if sync is not None:
+                if sync is not None and (assignment.gang is None or assignment.gang.rank == 0):
                     sync.start_uploads()
                 return self._supervise()
         probes = assignment.job.probes or "none"
@@ -488,8 +488,9 @@ class Agent:
         sync = self._checkpoint_sync(assignment)
         if sync is not None:
             self.state = "restoring"
-            sync.restore()
-            sync.start_uploads()
+            sync.restore()  # on every node of a gang...
+            if assignment.gang is None or assignment.gang.rank == 0:
+                sync.start_uploads()  # ...and uploaded from rank 0's alone
         local = sync.local_dir if sync is not None else None
         env = job_env(os.environ, assignment.protocol_env(local))
         checkpoint = env["GPUOPT_CHECKPOINT_DIR"]
