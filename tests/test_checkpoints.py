@@ -213,6 +213,22 @@ def test_a_restarted_uploader_does_not_upload_again(store: FakeStore, tmp_path: 
     assert store.files_put == sent
 
 
+def test_a_folder_committed_again_under_its_name_is_sent_again(
+    store: FakeStore, tmp_path: Path
+) -> None:
+    local = tmp_path / "local"
+    write(local, "latest", {"w": b"one"}, step=1)
+    up = uploader(store, local)
+    assert [c.step for c in up.flush(10)] == [1]
+    (local / "latest" / "w").write_bytes(b"two")
+    marker = commit(local / "latest", 2)
+    stamp = marker.stat().st_mtime_ns + 1_000_000  # a later commit, whatever the clock's grain
+    os.utime(marker, ns=(stamp, stamp))
+    assert [c.step for c in up.flush(10)] == [2]
+    done = restore(store, tmp_path / "fresh")
+    assert done is not None and (tmp_path / "fresh" / "latest" / "w").read_bytes() == b"two"
+
+
 def test_only_the_newest_keep_of_a_backlog_are_sent(store: FakeStore, tmp_path: Path) -> None:
     local = tmp_path / "local"
     for step in (1, 2, 3, 4, 5):

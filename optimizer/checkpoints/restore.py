@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optimizer.checkpoints.convention import MARKER, CheckpointError, commit
+from optimizer.checkpoints.convention import MARKER, CheckpointError, commit, read_marker
 from optimizer.checkpoints.manifest import (
     FileEntry,
     Manifest,
@@ -237,7 +237,9 @@ def restore(
             except Exception:
                 log.exception("on_skipped failed")
             continue
-        record_uploaded(local_dir, str(store.location), [manifest.name])
+        marker = read_marker(local_dir / manifest.name)
+        if marker is not None:  # what was restored is never sent back
+            record_uploaded(local_dir, str(store.location), {marker.name: marker.committed_at})
         seconds = time.monotonic() - started
         log.info(
             "restored checkpoint %s: %d bytes fetched, %d reused, in %.1f s",

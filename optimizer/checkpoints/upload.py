@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,26 +81,35 @@ def rate(size_bytes: int, seconds: float) -> float:
 # -- the state file: names uploaded to which location -------------------------------------------
 
 
-def read_state(local_dir: Path, location: str) -> set[str]:
+def read_state(local_dir: Path, location: str) -> dict[str, float]:
+    """The checkpoints uploaded to `location`: name -> the commit's marker time (a folder
+    committed again under the same name has a newer one, and is sent again)."""
     try:
         data = json.loads((local_dir / STATE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return set()
+        return {}
     if not isinstance(data, dict) or data.get("location") != location:
-        return set()
-    return {str(n) for n in data.get("uploaded", [])}
+        return {}
+    uploaded = data.get("uploaded")
+    if not isinstance(uploaded, dict):
+        return {}
+    return {str(k): float(v) for k, v in uploaded.items() if isinstance(v, (int, float))}
 
 
-def record_uploaded(local_dir: Path, location: str, names: Iterable[str]) -> None:
-    """Add `names` to the names uploaded to `location` (tmp file + rename)."""
-    done = read_state(local_dir, location) | set(names)
+def record_uploaded(local_dir: Path, location: str, done: Mapping[str, float]) -> None:
+    """Add `done` (name -> marker time) to what was uploaded to `location` (tmp + rename)."""
+    state = {**read_state(local_dir, location), **done}
     path = local_dir / STATE_FILE
     tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(json.dumps({"location": location, "uploaded": sorted(done)}))
+        tmp.write_text(json.dumps({"location": location, "uploaded": state}, sort_keys=True))
         os.replace(tmp, path)
     except OSError as exc:
         log.warning("could not record the uploaded checkpoints in %s: %s", path, exc)
+
+
+def _sent(uploaded: Mapping[str, float], one: Committed) -> bool:
+    return uploaded.get(one.name) == one.committed_at
 
 
 # -- one checkpoint up ---------------------------------------------------------------------------
@@ -276,7 +285,7 @@ class Uploader:
 
     def pending(self) -> list[str]:
         """Committed folders not uploaded yet, oldest first."""
-        return [c.name for c in committed(self.local_dir) if c.name not in self._uploaded]
+        return [c.name for c in committed(self.local_dir) if not _sent(self._uploaded, c)]
 
     # --- the thread ------------------------------------------------------------------------------
 
@@ -312,14 +321,14 @@ class Uploader:
 
     def _pass(self) -> None:
         try:
-            todo = [c for c in committed(self.local_dir) if c.name not in self._uploaded]
+            todo = [c for c in committed(self.local_dir) if not _sent(self._uploaded, c)]
         except Exception as exc:
             raise _Failed("", exc) from exc
         # Only the `keep` newest are worth sending: older ones would be pruned at once.
         skipped, todo = todo[: -self.keep], todo[-self.keep :]
         if skipped:
             log.info("not uploading superseded checkpoints %s", [c.name for c in skipped])
-            self._mark([c.name for c in skipped])
+            self._mark(skipped)
         for one in todo:
             with self._cond:  # asked for by a flush, or after the stop: the last ones
                 final = self._final or self._requested > self._served
@@ -329,7 +338,7 @@ class Uploader:
                 )
             except Exception as exc:
                 raise _Failed(one.name, exc) from exc
-            self._mark([one.name])
+            self._mark([one])
             with self._cond:  # each flush waiting gets it
                 for ticket in range(self._served + 1, self._requested + 1):
                     if ticket not in self._abandoned:
@@ -361,9 +370,9 @@ class Uploader:
             log.info("pruned checkpoints %s", gone)
             self._call(self.on_pruned, gone)
 
-    def _mark(self, names: list[str]) -> None:
-        self._uploaded.update(names)
-        record_uploaded(self.local_dir, self.location, names)
+    def _mark(self, done: list[Committed]) -> None:
+        self._uploaded.update({c.name: c.committed_at for c in done})
+        record_uploaded(self.local_dir, self.location, {c.name: c.committed_at for c in done})
 
     def _fail(self, name: str, exc: BaseException) -> None:
         error = f"{type(exc).__name__}: {exc}"
