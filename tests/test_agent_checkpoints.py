@@ -87,6 +87,7 @@ class FencedDaemon(ScriptedDaemon):
 def agent_on(instance: Path, daemon: ScriptedDaemon, store: FakeStore, **settings: Any) -> Agent:
     """An agent on a fresh instance disk: its folder is <instance>/agent, so the job's local
     checkpoint folder is <instance>/checkpoints."""
+    settings = {"checkpoint_scan_s": 0.05, "fence_poll_s": 0.02, "flush_s": 10, **settings}
     config = AgentConfig(
         daemon_url="http://d",
         token="t",
@@ -94,9 +95,6 @@ def agent_on(instance: Path, daemon: ScriptedDaemon, store: FakeStore, **setting
         metadata_kind="aws-imds",
         cloud="local",
         agent_dir=instance / "agent",
-        checkpoint_scan_s=0.05,
-        fence_poll_s=0.02,
-        flush_s=10,
         **settings,
     )
     seen: list[str] = []
@@ -215,6 +213,24 @@ def test_a_fenced_agent_prefetches_so_the_restore_fetches_only_what_changed(
     assert (restored["fetched_bytes"], restored["reused_bytes"]) == (len("weights 2"), len(big))
     assert "found step-2 weights 2" in (instance / "agent" / "job.log").read_text()
     assert not (instance / "checkpoint-staging").exists()
+
+
+def test_an_unreachable_store_is_retried_reported_and_the_job_runs_anyway(
+    tmp_path: Path,
+) -> None:
+    store = FakeStore(tmp_path / "bucket")
+    store.unreachable = True
+    daemon = ScriptedDaemon(answer(tmp_path, STEPS="1"))
+    agent = agent_on(tmp_path / "i-1", daemon, store, checkpoint_min_flush_s=0.2, flush_s=0.2)
+    assert agent.run() == 0
+    assert "done" in (tmp_path / "i-1" / "agent" / "job.log").read_text()
+    failed = data_of(daemon, "checkpoint_failed")
+    assert failed[0]["name"] == "" and failed[0]["error"].startswith("restore: FakeUnreachable")
+    assert failed[1]["name"] == "step-1" and "could not connect" in failed[1]["error"]
+    assert len(failed) == 2  # the retries go on quietly
+    assert data_of(daemon, "checkpoint_committed") == []
+    # The checkpoint is still on the disk for an agent that comes back to it.
+    assert (tmp_path / "i-1" / "checkpoints" / "step-1" / ".gpuopt-committed").exists()
 
 
 def test_an_unopenable_store_is_reported_and_the_job_runs(tmp_path: Path) -> None:

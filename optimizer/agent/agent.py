@@ -182,6 +182,7 @@ class Agent:
         self._notice_event: str | None = None
         self._signalled = 0  # the exit status a signal while fenced gives
         self.store_factory = store_factory or open_checkpoint_store
+        self._send_backoff = send_backoff
         self.checkpoints: CheckpointSync | None = None  # a job with a checkpoint location
         self._stop_deadline: float | None = None  # when a stop's grace runs out
 
@@ -380,8 +381,13 @@ class Agent:
         if ref is None:
             return None
         if self.checkpoints is None:
+            pace = self._send_backoff
             self.checkpoints = CheckpointSync(
-                ref, self.config, self.queue, store_factory=self.store_factory
+                ref,
+                self.config,
+                self.queue,
+                store_factory=self.store_factory,
+                restore_backoff=Backoff(pace.base, pace.cap) if pace else None,
             )
         return self.checkpoints
 
