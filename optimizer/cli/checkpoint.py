@@ -20,8 +20,10 @@ def commit(
     folder: Path = typer.Argument(..., help="The checkpoint folder, written in full."),
     step: int | None = typer.Option(None, "--step", min=0, help="The training step it holds."),
 ) -> None:
-    """Mark FOLDER as a complete checkpoint: its files are synced to disk and the marker
-    `.gpuopt-committed` is written last, so the agent uploads it."""
+    """Mark FOLDER as a complete checkpoint, so the agent uploads it.
+
+    Its files are synced to disk, then the marker `.gpuopt-committed` is written (last,
+    atomically), with the step when given."""
     from optimizer.checkpoints import CheckpointError
     from optimizer.checkpoints import commit as commit_folder
 
