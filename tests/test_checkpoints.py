@@ -152,23 +152,28 @@ def test_the_background_thread_uploads_what_the_job_commits(
     assert seen[0].name == "step-1" and seen[0].final is False
 
 
+@pytest.mark.parametrize("cut", ["after one file", "inside the second file"])
 def test_a_kill_mid_upload_leaves_the_previous_checkpoint_the_one_restored(
-    store: FakeStore, tmp_path: Path
+    store: FakeStore, tmp_path: Path, cut: str
 ) -> None:
     local = tmp_path / "local"
     write(local, "step-1", {"a.bin": b"1" * 100, "b.bin": b"1" * 100}, step=1)
-    first = uploader(store, local)
+    first = uploader(store, local, workers=1)
     assert [c.name for c in first.flush(10)] == ["step-1"]
-    store.fail_after_files = store.files_put + 1  # one data file goes up, then the agent dies
+    if cut == "after one file":  # one data file goes up, then the agent dies
+        store.fail_after_files = store.files_put + 1
+    else:
+        store.fail_after_bytes = store.bytes_put + 150
     write(local, "step-2", {"a.bin": b"2" * 100, "b.bin": b"2" * 100}, step=2)
     assert first.flush(0.3) == []
     first.stop()
-    assert len(store.names("data/step-2/")) == 1 and "manifests/step-2.json" not in store.names()
+    assert store.names("data/step-2/") == ["data/step-2/a.bin"]
+    assert "manifests/step-2.json" not in store.names()
     done = restore(store, tmp_path / "elsewhere")
     assert done is not None and done.name == "step-1"
     assert (tmp_path / "elsewhere" / "step-1" / "a.bin").read_bytes() == b"1" * 100
     # The next agent on this disk sends step-2 in full; now it is the one restored.
-    store.fail_after_files = None
+    store.fail_after_files = store.fail_after_bytes = None
     second = uploader(store, local)
     assert [c.name for c in second.flush(10)] == ["step-2"]
     again = restore(store, tmp_path / "later")
