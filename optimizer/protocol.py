@@ -277,15 +277,16 @@ class Internode(_Message):
 
 
 class CheckpointRef(_Message):
-    """Where the job's checkpoints are synced (the spec's `checkpoint`), and how many to keep."""
+    """Where the job's checkpoints go (docs/checkpoints.md): the object store location, and
+    how many of the newest to keep there."""
 
-    uri: str
-    keep: int = 3
+    uri: str = Field(min_length=1, max_length=2000)
+    keep: int = Field(3, ge=1, le=100)
 
 
 class Job(_Optional):
-    """What to run (the job spec's part the agent needs); `checkpoint` is left out of the
-    JSON while None (agents that predate it never see it)."""
+    """What to run (the job spec's part the agent needs). `checkpoint` is absent from the
+    wire when the job has none."""
 
     OMITTED = frozenset({"checkpoint"})
 

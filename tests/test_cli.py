@@ -286,6 +286,10 @@ def bad_input_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
             ["advise-bid", str(EXAMPLE_POLICY), "--target-availability", "0.95"],
             "gpuopt: error: give one of --history FILE or --from-store",
         ),
+        "checkpoint": (
+            ["checkpoint", "commit", str(tmp / "no-such-step")],
+            f"gpuopt: error: {tmp / 'no-such-step'}: not a folder",
+        ),
         "agent": (
             ["agent", "run"],
             "gpuopt: error: missing environment variable(s): "
@@ -311,6 +315,7 @@ GROUPS = [
     "tco",
     "backtest",
     "advise-bid",
+    "checkpoint",
 ]
 
 

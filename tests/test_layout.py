@@ -40,7 +40,11 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "providers": BASE,
     "policies": BASE,
     "optimizer.probes": BASE,
-    "optimizer.agent": BASE | {"optimizer.probes"},
+    # object storage (s3://, gs://, file://) behind one small interface
+    "optimizer.storage": BASE,
+    # the checkpoint convention, its upload and restore, through an object store
+    "optimizer.checkpoints": BASE | {"optimizer.storage"},
+    "optimizer.agent": BASE | {"optimizer.probes", "optimizer.checkpoints", "optimizer.storage"},
     "optimizer.store": BASE,
     "optimizer.storage": BASE,  # object storage: S3, GCS, local folders
     # the ledger's pure model; each provider's billing rule and FOCUS names from its registry
@@ -93,6 +97,8 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
         "optimizer.costs",
         "optimizer.agent",
         "optimizer.probes",
+        "optimizer.checkpoints",
+        "optimizer.storage",
         "policies",
         "providers",
     },
@@ -320,6 +326,8 @@ FORBIDDEN_SAMPLES = {
     "providers": "from optimizer.store import Store",
     "policies": "from optimizer.daemon.config import DaemonConfig",
     "optimizer.probes": "from optimizer.agent import Agent",
+    "optimizer.storage": "from optimizer.checkpoints import restore",
+    "optimizer.checkpoints": "from optimizer.agent import Agent",
     "optimizer.agent": "from providers.local.procs import power_off",
     "optimizer.store": "from optimizer.jobs.machine import JobState",
     "optimizer.storage": "from optimizer.store import Store",

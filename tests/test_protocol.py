@@ -93,8 +93,19 @@ LOGS = {
     ],
 }
 
+# A job whose checkpoints follow it: `checkpoint` after the fields above (absent without one).
+CHECKPOINT_REGISTER_ANSWER = {
+    **REGISTER_ANSWER,
+    "job": {
+        **REGISTER_ANSWER["job"],  # type: ignore[dict-item]
+        "checkpoint_dir": None,
+        "checkpoint": {"uri": "gs://bucket/jobs/train", "keep": 3},
+    },
+}
+
 TODAY: list[tuple[type[BaseModel], dict[str, Any]]] = [
     (RegisterAnswer, REGISTER_ANSWER),
+    (RegisterAnswer, CHECKPOINT_REGISTER_ANSWER),
     (RegisterAnswer, GANG_REGISTER_ANSWER),
     (EventsAnswer, GANG_EVENTS_ANSWER),
     (EventsAnswer, STOP_ANSWER),
@@ -113,6 +124,15 @@ def test_todays_json_round_trips_through_the_models_byte_for_byte(
 ) -> None:
     parsed = model.model_validate_json(json.dumps(literal))
     assert json.dumps(parsed.model_dump(mode="json")) == json.dumps(literal)
+
+
+def test_a_job_without_a_checkpoint_location_sends_none() -> None:
+    job = RegisterAnswer.model_validate(REGISTER_ANSWER).job
+    assert job.checkpoint is None and "checkpoint" not in job.wire()
+    ref = RegisterAnswer.model_validate(CHECKPOINT_REGISTER_ANSWER).job.checkpoint
+    assert ref is not None and (ref.uri, ref.keep) == ("gs://bucket/jobs/train", 3)
+    with pytest.raises(ValueError, match="keep"):
+        protocol.Job.model_validate({"run": "x", "checkpoint": {"uri": "s3://b", "keep": 0}})
 
 
 def test_the_documented_examples_parse_and_dump_to_the_same_json() -> None:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer import __version__, protocol
+from optimizer.agent.checkpointing import CheckpointSync, StoreFactory, open_checkpoint_store
 from optimizer.agent.config import AgentConfig, Assignment
 from optimizer.agent.imds import Notice, Watcher, make_watcher, watch
 from optimizer.agent.logship import LogShipper
@@ -147,6 +148,7 @@ class Agent:
         register_backoff: Backoff | None = None,
         send_backoff: Backoff | None = None,
         telemetry_source: Callable[[], ReadingSource | None] | None = None,
+        store_factory: StoreFactory | None = None,
     ) -> None:
         self.config = config
         private_dir(config.agent_dir)
@@ -179,6 +181,10 @@ class Agent:
         self._notice_at: float | None = None
         self._notice_event: str | None = None
         self._signalled = 0  # the exit status a signal while fenced gives
+        self.store_factory = store_factory or open_checkpoint_store
+        self._send_backoff = send_backoff
+        self.checkpoints: CheckpointSync | None = None  # a job with a checkpoint location
+        self._stop_deadline: float | None = None  # when a stop's grace runs out
 
     # --- inputs ----------------------------------------------------------------------
 
@@ -337,6 +343,9 @@ class Agent:
             if self.job.alive():
                 log.warning("adopting the job an earlier agent left running (pid %s)", self.job.pid)
                 self.state = "running"
+                sync = self._checkpoint_sync(assignment)
+                if sync is not None and (assignment.gang is None or assignment.gang.rank == 0):
+                    sync.start_uploads()
                 return self._supervise()
         probes = assignment.job.probes or "none"
         if probes != "none":
@@ -355,9 +364,32 @@ class Agent:
         self._gang = assignment.gang
         if assignment.internode is not None:
             self._run_internode(assignment.internode)
-        if assignment.fence is not None and not self._await_fence(assignment.fence):
-            return self._stopped() if self.stop_reason is not None else self._signalled
+        if assignment.fence is not None:
+            sync = self._checkpoint_sync(assignment)
+            if sync is not None:
+                sync.start_prefetch()  # the restore after the fence fetches only what changed
+            lifted = self._await_fence(assignment.fence)
+            if sync is not None:
+                sync.end_prefetch(self.config.flush_s)
+            if not lifted:
+                return self._stopped() if self.stop_reason is not None else self._signalled
         return self._start_job(assignment)
+
+    def _checkpoint_sync(self, assignment: Assignment) -> CheckpointSync | None:
+        """The checkpoint sync of a job with a checkpoint location (made once), else None."""
+        ref = assignment.job.checkpoint
+        if ref is None:
+            return None
+        if self.checkpoints is None:
+            pace = self._send_backoff
+            self.checkpoints = CheckpointSync(
+                ref,
+                self.config,
+                self.queue,
+                store_factory=self.store_factory,
+                restore_backoff=Backoff(pace.base, pace.cap) if pace else None,
+            )
+        return self.checkpoints
 
     def _await_fence(self, why: Wait) -> bool:
         """Wait until the daemon lifts the fence (an earlier attempt's job still runs); False
@@ -459,7 +491,14 @@ class Agent:
         job = assignment.job
         if self._gang is not None:
             assignment = dataclasses.replace(assignment, gang=self._gang)
-        env = job_env(os.environ, assignment.protocol_env())
+        sync = self._checkpoint_sync(assignment)
+        if sync is not None:
+            self.state = "restoring"
+            sync.restore()  # on every node of a gang...
+            if assignment.gang is None or assignment.gang.rank == 0:
+                sync.start_uploads()  # ...and uploaded from rank 0's alone
+        local = sync.local_dir if sync is not None else None
+        env = job_env(os.environ, assignment.protocol_env(local))
         checkpoint = env["GPUOPT_CHECKPOINT_DIR"]
         if checkpoint and "://" not in checkpoint:
             Path(checkpoint).mkdir(parents=True, exist_ok=True)
@@ -500,6 +539,7 @@ class Agent:
             self._maybe_self_stop()
         end = job.wait()
         assert end is not None
+        self._final_checkpoint()
         self.state = "exited"
         data = end.to_data()
         if isinstance(job, AdoptedJob):
@@ -511,6 +551,20 @@ class Agent:
         if self.stop_reason is not None:
             return self._stopped()
         return self._code(end)
+
+    def _final_checkpoint(self) -> None:
+        """Upload what the job committed last, before its exit is reported: the daemon lifts
+        a replacement's fence on `job_exited`, and its restore must find this checkpoint.
+        After a stop it gets what is left of the stop's grace (at least a few seconds)."""
+        if self.checkpoints is None or self.checkpoints.uploader is None:
+            return
+        self.state = "uploading"
+        timeout = self.config.flush_s
+        if self._stop_deadline is not None:
+            timeout = self._stop_deadline - time.monotonic()
+        commits = self.checkpoints.finish(timeout)
+        if commits:
+            log.info("final checkpoint(s) uploaded: %s", ", ".join(c.name for c in commits))
 
     def _code(self, end: JobExit) -> int:
         if self.stop_reason is not None:
@@ -524,6 +578,9 @@ class Agent:
             return
         self.stop_reason = reason
         grace_s = float(grace) if grace is not None else self.config.stop_grace_s
+        self._stop_deadline = time.monotonic() + grace_s
+        if self.checkpoints is not None and self.checkpoints.uploader is not None:
+            self.checkpoints.uploader.finalize()  # what the job commits now is its last
         log.warning("stopping the job (%s): SIGTERM, SIGKILL after %.0f s", reason, grace_s)
         self.state = "stopping"
         self.job.stop(grace_s)

@@ -68,6 +68,24 @@ class AgentConfig:
     probe_cpu_n: int | None = None
     probe_timeout_s: float | None = None
     expected_gpus: int | None = None  # the offer's GPU count: the probe's default
+    # Checkpoints that follow the job (docs/checkpoints.md): how often the local folder is
+    # looked at for new commits, the least time the final upload gets after a stop, how often
+    # a fenced agent looks for a newer checkpoint to prefetch, and how many times a restore
+    # that fails on the store's errors is tried before the job starts without it.
+    checkpoint_scan_s: float = 2.0
+    checkpoint_min_flush_s: float = 5.0
+    checkpoint_prefetch_s: float = 30.0
+    checkpoint_restore_tries: int = 3
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        """The job's local checkpoint folder: beside the agent's, private to the instance."""
+        return self.agent_dir.parent / "checkpoints"
+
+    @property
+    def staging_dir(self) -> Path:
+        """Where a fenced agent prefetches the newest checkpoint."""
+        return self.agent_dir.parent / "checkpoint-staging"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> AgentConfig:
@@ -156,10 +174,12 @@ class Assignment:
             internode=answer.internode,
         )
 
-    def protocol_env(self) -> dict[str, str]:
+    def protocol_env(self, checkpoints: Path | None = None) -> dict[str, str]:
+        """The job's environment; `checkpoints` is the local folder the agent syncs (a job
+        with a `checkpoint` location), else the job's own `checkpoint_dir` is handed on."""
         env = {str(k): str(v) for k, v in self.job.env.items()}
         env.update(
-            GPUOPT_CHECKPOINT_DIR=str(self.job.checkpoint_dir or ""),
+            GPUOPT_CHECKPOINT_DIR=str(checkpoints or self.job.checkpoint_dir or ""),
             GPUOPT_ATTEMPT=str(self.attempt),
             GPUOPT_RESTARTS=str(self.restarts),
             GPUOPT_JOB=str(self.job.name or ""),

@@ -12,6 +12,7 @@ from optimizer.cli import (
     advise,
     agent,
     backtest,
+    checkpoint,
     config,
     costs,
     daemon,
@@ -45,6 +46,7 @@ app.add_typer(db.app, name="db")
 app.add_typer(jobs.app, name="jobs")
 app.add_typer(config.app, name="config")
 app.add_typer(agent.app, name="agent")
+app.add_typer(checkpoint.app, name="checkpoint")
 app.add_typer(local.app, name="local")
 app.command("version")(version.version)
 app.command("offers")(offers.offers)
