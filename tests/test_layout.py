@@ -46,7 +46,6 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "optimizer.checkpoints": BASE | {"optimizer.storage"},
     "optimizer.agent": BASE | {"optimizer.probes", "optimizer.checkpoints", "optimizer.storage"},
     "optimizer.store": BASE,
-    "optimizer.storage": BASE,  # object storage: S3, GCS, local folders
     # the ledger's pure model; each provider's billing rule and FOCUS names from its registry
     # entry
     "optimizer.costs": BASE | {"providers"},
@@ -330,7 +329,6 @@ FORBIDDEN_SAMPLES = {
     "optimizer.checkpoints": "from optimizer.agent import Agent",
     "optimizer.agent": "from providers.local.procs import power_off",
     "optimizer.store": "from optimizer.jobs.machine import JobState",
-    "optimizer.storage": "from optimizer.store import Store",
     "optimizer.costs": "from optimizer.store import Store",
     "optimizer.alerts": "from optimizer.daemon.metrics import Metrics",
     "optimizer.jobs": "from optimizer.daemon.errors import DaemonError",
