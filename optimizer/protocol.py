@@ -211,8 +211,20 @@ class Internode(_Message):
     timeout_s: int | float = INTERNODE_TIMEOUT_S
 
 
-class Job(_Message):
-    """What to run (the job spec's part the agent needs)."""
+class CodeArchive(_Message):
+    """The code archive the job runs in: the agent fetches `url` (a path is relative to the
+    daemon's address) with its token, checks the SHA-256, unpacks it and runs `setup` and
+    `run` there (`workdir` then relative inside it)."""
+
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+    url: str = Field(min_length=1, max_length=2000)
+
+
+class Job(_Optional):
+    """What to run (the job spec's part the agent needs); `code` only when it has some."""
+
+    OMITTED = frozenset({"code"})
 
     name: str | None = None
     run: str
@@ -222,6 +234,7 @@ class Job(_Message):
     checkpoint_dir: str | None = None
     probes: str = "none"
     expected_gpus: int | None = None
+    code: CodeArchive | None = None
 
     @field_validator("env", mode="before")
     @classmethod

@@ -40,7 +40,10 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "providers": BASE,
     "policies": BASE,
     "optimizer.probes": BASE,
-    "optimizer.agent": BASE | {"optimizer.probes"},
+    # code archives: packing, unpacking, and the daemon's keeping of them (in a bucket
+    # through the object storage layer, imported only then)
+    "optimizer.code": BASE | {"optimizer.storage"},
+    "optimizer.agent": BASE | {"optimizer.probes", "optimizer.code"},
     "optimizer.store": BASE,
     # the ledger's pure model; each provider's billing rule and FOCUS names from its registry
     # entry
@@ -60,6 +63,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     },
     "optimizer.api": BASE
     | {
+        "optimizer.code",
         "optimizer.daemon",
         "optimizer.jobs",
         "optimizer.alerts",
@@ -91,6 +95,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
         "optimizer.costs",
         "optimizer.agent",
         "optimizer.probes",
+        "optimizer.code",
         "policies",
         "providers",
     },
@@ -318,6 +323,7 @@ FORBIDDEN_SAMPLES = {
     "providers": "from optimizer.store import Store",
     "policies": "from optimizer.daemon.config import DaemonConfig",
     "optimizer.probes": "from optimizer.agent import Agent",
+    "optimizer.code": "from optimizer.store import Store",
     "optimizer.agent": "from providers.local.procs import power_off",
     "optimizer.store": "from optimizer.jobs.machine import JobState",
     "optimizer.costs": "from optimizer.store import Store",

@@ -79,6 +79,18 @@ def submit_job(spec: JobSpec, state: StateDep) -> dict[str, Any]:
                 }
             ],
         )
+    if spec.code is not None and state.code is not None and not state.code.has(spec.code.sha256):
+        raise HTTPException(
+            422,
+            detail=[
+                {
+                    "loc": ["body", "code", "sha256"],
+                    "msg": f"the daemon holds no code archive sha256:{spec.code.sha256}: "
+                    "upload it first (PUT /code/{sha256}; `gpuopt jobs submit` does)",
+                    "type": "value_error",
+                }
+            ],
+        )
     body = stored_form(spec)
     event = state.emitter.draft(
         EventKind.JOB_SUBMITTED,

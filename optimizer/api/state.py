@@ -17,6 +17,7 @@ from optimizer.alerts.outbox import Emitter
 from optimizer.api.followers import FollowerSlots
 from optimizer.api.throttle import AuthThrottle
 from optimizer.clock import Clock
+from optimizer.code import CodeStore
 from optimizer.daemon.metrics import Metrics
 from optimizer.daemon.policies import PolicyRegistry
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow
@@ -58,6 +59,7 @@ class ApiState:
     logs.max_bytes_per_job; `followers` counts the answers following job logs against
     logs.max_followers_per_job and logs.max_followers;
     `auth_throttle` counts wrong tokens per client address (optimizer/api/throttle.py);
+    `code` keeps the code archives (None: this API takes none);
     `extras` is room for later areas (the agent's token table)."""
 
     store: Store
@@ -75,6 +77,7 @@ class ApiState:
     followers: FollowerSlots = field(default_factory=FollowerSlots)  # of job logs, capped
     probe_window: ProbeWindow = DEFAULT_WINDOW  # the daemon config's `probes:`
     auth_throttle: AuthThrottle = field(default_factory=AuthThrottle)
+    code: CodeStore | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
 

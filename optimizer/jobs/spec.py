@@ -8,6 +8,7 @@ policy: resnet50-training      # a loaded policy's name
 run: python train.py --epochs 90   # at most 64 KiB
 setup: pip install -r requirements.txt     # optional, runs before `run` on every attempt
 workdir: /srv/train            # optional: where `setup` and `run` start
+code: {sha256: 3f2a…, size: 48213}   # set by `gpuopt jobs submit` after uploading the folder
 checkpoint_dir: s3://team-ckpt/resnet      # handed to the job as GPUOPT_CHECKPOINT_DIR
 env: {WANDB_PROJECT: resnet}   # at most 256 variables; no NUL bytes (nor in run/setup/workdir)
 probes: quick                  # quick | deep | none
@@ -32,10 +33,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from optimizer.common.documents import load_document, parse_document
 from optimizer.common.errors import LocatedError
@@ -81,6 +90,17 @@ class JobSpecError(LocatedError):
     """A job spec that cannot be used."""
 
 
+class CodeRef(BaseModel):
+    """The code archive a job runs from (docs/code.md): its SHA-256 and size in bytes. The
+    CLI packs and uploads the folder and fills this in; `workdir` is then relative to the
+    archive's root."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="64 lowercase hex digits.")
+    size: int = Field(ge=0, le=1 << 40, description="The archive's size in bytes.")
+
+
 class JobSpec(BaseModel):
     model_config = ConfigDict(
         extra="forbid", frozen=True, strict=True, allow_inf_nan=False, populate_by_name=True
@@ -92,7 +112,15 @@ class JobSpec(BaseModel):
     policy: str = Field(pattern=NAME_PATTERN, description="The policy the job runs under.")
     run: str = Field(min_length=1, description="The command, run with /bin/sh -c.")
     setup: str | None = Field(None, description="Runs before `run` on every attempt.")
-    workdir: str | None = Field(None, description="Where the commands run on the instance.")
+    workdir: str | None = Field(
+        None,
+        description="Where the commands run on the instance; with `code`, a folder inside "
+        "the archive (relative).",
+    )
+    code: CodeRef | None = Field(
+        None,
+        description="The uploaded code archive the commands run in (set by the CLI).",
+    )
     checkpoint_dir: str = Field(min_length=1, description="A path or bucket URI for the job.")
     env: dict[str, _EnvValue] = Field(
         default_factory=dict,
@@ -149,6 +177,17 @@ class JobSpec(BaseModel):
         if size > MAX_RUN_BYTES:
             raise ValueError(f"is {size} bytes; at most {MAX_RUN_BYTES} (64 KiB) are allowed")
         return value
+
+    @model_validator(mode="after")
+    def _workdir_in_code(self) -> JobSpec:
+        if self.code is not None and self.workdir is not None:
+            path = PurePosixPath(self.workdir)
+            if path.is_absolute() or ".." in path.parts:
+                raise ValueError(
+                    f"workdir {self.workdir!r}: with code, it is a folder inside the archive "
+                    "(a relative path without '..')"
+                )
+        return self
 
     @field_validator("env")
     @classmethod
