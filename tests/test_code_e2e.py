@@ -28,7 +28,8 @@ out = pathlib.Path(os.environ["GPUOPT_CHECKPOINT_DIR"]) / "ran.json"
 out.parent.mkdir(parents=True, exist_ok=True)
 out.write_text(json.dumps({
     "cwd": os.getcwd(),
-    "data": pathlib.Path("data.txt").read_text(),
+    "data": (pathlib.Path(__file__).parent / "data.txt").read_text(),
+    "scratch_shipped": (pathlib.Path(__file__).parent / "scratch.log").exists(),
     "setup_ran": pathlib.Path("setup.done").exists(),
 }))
 print("ran in", os.getcwd(), flush=True)
@@ -45,15 +46,15 @@ def project(where: Path) -> Path:
     return where
 
 
-def spec_file(where: Path, name: str, workdir: str, ckpt: Path) -> Path:
+def spec_file(where: Path, name: str, workdir: str, script: str, ckpt: Path) -> Path:
     where.mkdir(parents=True, exist_ok=True)
     path = where / f"{name}.yaml"
     path.write_text(
         f"name: {name}\n"
         "policy: local-eu\n"
         f"workdir: {workdir}\n"
-        "setup: test -f train.py && touch setup.done\n"
-        f"run: {sys.executable} train.py\n"
+        f"setup: test -f {script} && touch setup.done\n"
+        f"run: {sys.executable} {script}\n"
         f"checkpoint_dir: {ckpt}\n"
         "probes: none\n"
     )
@@ -73,7 +74,7 @@ def test_the_job_runs_from_the_uploaded_folder_after_it_is_gone(
     # The spec names its workdir relative to its own folder; the CLI ships that folder.
     proj = project(tmp_path / "elsewhere" / "proj")
     ckpt = tmp_path / "ckpt-a"
-    spec = spec_file(tmp_path / "specs", "shipped", "../elsewhere/proj/sub", ckpt)
+    spec = spec_file(tmp_path / "specs", "shipped", "../elsewhere/proj", "sub/train.py", ckpt)
     out = gpuopt(tmp_path, daemon, "jobs", "submit", str(spec))
     line = next(x for x in out.splitlines() if x.startswith("code: "))
     found = re.fullmatch(r"code: sha256:([0-9a-f]{12}) \(\d+\.\d\d MiB, (\d+) files\)", line)
@@ -84,7 +85,7 @@ def test_the_job_runs_from_the_uploaded_folder_after_it_is_gone(
     # The same folder again, with --code naming an ancestor of the workdir.
     proj = project(tmp_path / "elsewhere" / "proj")
     ckpt_b = tmp_path / "ckpt-b"
-    spec_b = spec_file(tmp_path / "specs", "again", str(proj / "sub"), ckpt_b)
+    spec_b = spec_file(tmp_path / "specs", "again", str(proj / "sub"), "train.py", ckpt_b)
     out_b = gpuopt(tmp_path, daemon, "jobs", "submit", str(spec_b), "--code", str(proj))
     assert f"code: sha256:{found.group(1)}" in out_b  # the same bytes: the same hash
     shutil.rmtree(proj)
@@ -94,16 +95,20 @@ def test_the_job_runs_from_the_uploaded_folder_after_it_is_gone(
 
     job = state_of(daemon, "shipped")
     code = job["spec"]["code"]
-    assert code["sha256"].startswith(found.group(1)) and job["spec"]["workdir"] == "sub"
+    assert code["sha256"].startswith(found.group(1)) and job["spec"]["workdir"] is None
     assert state_of(daemon, "again")["spec"]["workdir"] == "sub"
-    for folder in (ckpt, ckpt_b):
+    kept = daemon.config.effective_data_dir / "code"
+    assert [p.name for p in kept.glob("*.tar.gz")] == [f"{code['sha256']}.tar.gz"]  # once
+    for folder, sub in ((ckpt, False), (ckpt_b, True)):
         ran = json.loads((folder / "ran.json").read_text())
         assert ran["data"] == "shipped with the code\n" and ran["setup_ran"] is True
+        assert ran["scratch_shipped"] is False  # left out by the .gpuoptignore
         # unpacked on the instance's disk, beside its agent folder, under the hash
         cwd = Path(ran["cwd"])
-        assert cwd.name == "sub" and cwd.parent.name == code["sha256"]
-        assert cwd.parent.parent.name == "code" and not (cwd / "scratch.log").exists()
-        assert str(cwd).startswith(str(tmp_path / "local-cloud"))
+        unpacked = cwd.parent if sub else cwd
+        assert cwd.name == ("sub" if sub else code["sha256"])
+        assert unpacked.name == code["sha256"] and unpacked.parent.name == "code"
+        assert str(unpacked).startswith(str(tmp_path / "local-cloud"))
 
     shown = gpuopt(tmp_path, daemon, "jobs", "show", "shipped")
     assert f"  code: sha256:{found.group(1)} (" in shown
