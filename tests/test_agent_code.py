@@ -10,11 +10,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from optimizer.agent import Agent, AgentConfig
 from optimizer.agent.code import CodeUnavailable, Interrupted, prepare
-from optimizer.agent.reporter import DaemonClient
+from optimizer.agent.reporter import DaemonClient, DaemonError
 from optimizer.code import pack, sha256_file
 from optimizer.common.retry import Backoff
 from optimizer.protocol import CodeArchive
+from tests.helpers.agent_loop import ScriptedDaemon, ScriptedWatcher, job
 
 BASE = "http://daemon.test:8470"
 
@@ -123,3 +125,45 @@ def test_an_unsafe_archive_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CodeUnavailable, match=r"'\.\.' component leaves the folder"):
         prepare(client([httpx.Response(200, content=evil.read_bytes())], []), code, tmp_path / "c")
     assert not (tmp_path / "escape.txt").exists()
+
+
+class RefusingDaemon(ScriptedDaemon):
+    """A scripted daemon whose code route refuses the agent."""
+
+    def download(self, url: str, dest: Path, *, timeout_s: float = 300.0) -> None:
+        raise DaemonError(f"{url} answered 403: not this job's code", retryable=False, status=403)
+
+
+def test_an_agent_that_cannot_get_the_code_fails_the_job_clearly(tmp_path: Path) -> None:
+    code, _ = archive(tmp_path)
+    answer = job(tmp_path, 3, code=code.wire())
+    daemon = RefusingDaemon(answer)
+    config = AgentConfig(
+        daemon_url="http://d",
+        token="t",
+        attempt_key="train/1",
+        metadata_kind="aws-imds",
+        cloud="local",
+        agent_dir=tmp_path / "disk" / "agent",
+        flush_s=2.0,
+    )
+    agent = Agent(
+        config,
+        client=daemon,  # type: ignore[arg-type]
+        watcher=ScriptedWatcher(),
+        register_backoff=Backoff(base=0.01, cap=0.02),
+        send_backoff=Backoff(base=0.01, cap=0.05),
+    )
+    assert agent.run() == 1
+    assert daemon.kinds() == ["code_failed", "job_exited"]  # the job never started
+    why = (
+        f"cannot fetch code sha256:{code.sha256[:12]} from the daemon: "
+        f"/agent/code/{code.sha256} answered 403: not this job's code"
+    )
+    failed, exited = (e for e in daemon.events if e.kind != "heartbeat")
+    assert failed.data == {"sha256": code.sha256, "error": why}
+    assert exited.data["exit_code"] == 1 and exited.data["phase"] == "code"
+    assert exited.data["error"] == why
+    assert why in daemon.output("stderr")  # in the job's output too
+    assert not (tmp_path / "disk" / "code" / code.sha256).exists()
+    assert not (tmp_path / "ckpt" / "state.json").exists()

@@ -15,6 +15,7 @@ from optimizer import answers
 from optimizer.api.costs import job_attempts
 from optimizer.api.params import Id, Page
 from optimizer.api.state import ApiState, StateDep, utc_text
+from optimizer.code import CodeError
 from optimizer.jobs.advice import job_advice
 from optimizer.jobs.spec import JobSpec, stored_form
 from optimizer.lifecycle import TERMINAL_JOB_STATES, JobState
@@ -79,7 +80,7 @@ def submit_job(spec: JobSpec, state: StateDep) -> dict[str, Any]:
                 }
             ],
         )
-    if spec.code is not None and state.code is not None and not state.code.has(spec.code.sha256):
+    if spec.code is not None and state.code is not None and not _holds(state, spec.code.sha256):
         raise HTTPException(
             422,
             detail=[
@@ -104,6 +105,15 @@ def submit_job(spec: JobSpec, state: StateDep) -> dict[str, Any]:
         raise HTTPException(409, detail=_taken(exc)) from None
     state.wakeup.set()
     return job_view(_job(state, spec.name))
+
+
+def _holds(state: ApiState, sha256: str) -> bool:
+    """Whether the daemon holds the code archive (503 while its bucket cannot say)."""
+    assert state.code is not None
+    try:
+        return state.code.has(sha256)
+    except CodeError as exc:
+        raise HTTPException(503, detail=f"the code store cannot be used: {exc}") from None
 
 
 def _taken(exc: DuplicateJobError) -> str:

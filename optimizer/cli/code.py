@@ -7,7 +7,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from optimizer.cli import client
 from optimizer.cli.common import fail
@@ -65,9 +65,12 @@ def shipping(workdir: str | None, spec_dir: Path, code: Path | None) -> Shipping
     )
 
 
-def ship(spec: JobSpec, spec_file: Path, code: Path | None, api: str | None) -> JobSpec:
+def ship(
+    spec: JobSpec, spec_file: Path, code: Path | None, api: str | None, *, out: TextIO
+) -> JobSpec:
     """The spec to submit: when it ships code, the folder packed and uploaded (unless the
-    daemon holds it already), `code` set and `workdir` made relative to the archive."""
+    daemon holds it already), `code` set and `workdir` made relative to the archive; the
+    `code: …` line goes to `out`."""
     from optimizer.code import MIB, CodeError, pack
     from optimizer.jobs.spec import CodeRef
 
@@ -77,14 +80,15 @@ def ship(spec: JobSpec, spec_file: Path, code: Path | None, api: str | None) -> 
         fail(str(exc))
     if found is None:
         return spec
-    with tempfile.TemporaryDirectory(prefix="gpuopt-code-") as out:
+    with tempfile.TemporaryDirectory(prefix="gpuopt-code-") as scratch:
         try:
-            archive = pack(found.root, Path(out))
+            archive = pack(found.root, Path(scratch))
         except CodeError as exc:
             fail(str(exc))
         print(
             f"code: sha256:{archive.sha256[:12]} ({archive.size / MIB:.2f} MiB, "
-            f"{archive.files} files)"
+            f"{archive.files} files)",
+            file=out,
         )
         _upload(archive.path, archive.sha256, api)
     ref = CodeRef(sha256=archive.sha256, size=archive.size)
@@ -108,5 +112,9 @@ def _upload(path: Path, sha256: str, api: str | None) -> None:
             "PUT", f"/code/{sha256}", api, upload=path, timeout=60 + size / (1 << 20)
         )
     except client.NoDaemon as exc:
-        fail(f"uploading the code archive: {exc}")
+        # A daemon refuses an archive over its code.max_mib at once and closes the connection.
+        fail(
+            f"uploading the code archive ({size / (1 << 20):.2f} MiB): {exc}; a daemon "
+            "cuts off an archive over its code.max_mib"
+        )
     client.check(answer)

@@ -120,7 +120,7 @@ def submit(
         fail(*exc.problems, prefixed=False)
     if name is not None:
         spec = spec.model_copy(update={"name": name})
-    spec = ship(spec, file, code, api)
+    spec = ship(spec, file, code, api, out=sys.stderr if as_json else sys.stdout)
     answer = _call("POST", "/jobs", api, json=spec.model_dump(mode="json", by_alias=True))
     job = _job(answer)
     if as_json:
