@@ -21,6 +21,14 @@ from tests.helpers.policies import write_policy
 pytestmark = pytest.mark.usefixtures("daemon_env")
 
 CAP_MIB = 1
+POLICY = """\
+apiVersion: gpuopt/v1
+kind: Policy
+name: p
+workload: {gpus: 1}
+placement: {providers: [local]}
+"""
+SPEC = {"name": "train", "run": "python main.py", "checkpoint_dir": "/ckpt"}
 
 
 @pytest.fixture
@@ -42,7 +50,7 @@ def archive_of(tmp_path: Path, text: str) -> tuple[str, bytes]:
 
 
 def agent_get(daemon: Daemon, token: str, sha256: str) -> httpx.Response:
-    with httpx.Client(base_url=daemon.url, timeout=10) as client:
+    with httpx.Client(base_url=daemon.url, timeout=30) as client:
         return client.get(f"/agent/code/{sha256}", headers={"Authorization": f"Bearer {token}"})
 
 
@@ -124,16 +132,6 @@ def test_a_job_whose_code_was_not_uploaded_is_refused(daemon: Daemon) -> None:
     assert "holds no code archive sha256:" + "1" * 64 in problem["msg"]
 
 
-POLICY = """\
-apiVersion: gpuopt/v1
-kind: Policy
-name: p
-workload: {gpus: 1}
-placement: {providers: [local]}
-"""
-SPEC = {"name": "train", "run": "python main.py", "checkpoint_dir": "/ckpt"}
-
-
 def attempt(daemon: Daemon, job: int, number: int) -> str:
     """An attempt of the job with its own agent token (returned)."""
     key, token = f"{job}-{number}", f"token-{job}-{number}"
@@ -182,7 +180,7 @@ def test_the_register_answer_says_where_the_code_is(daemon: Daemon, tmp_path: Pa
     spec = {**SPEC, "workdir": "sub", "code": {"sha256": sha, "size": len(body)}}
     job = daemon.store.jobs.add_job("a", "p", spec, at=T0)
     token = attempt(daemon, job, 1)
-    with httpx.Client(base_url=daemon.url, timeout=10) as client:
+    with httpx.Client(base_url=daemon.url, timeout=30) as client:
         answer = client.post(
             "/agent/v1/register",
             json={"attempt_key": f"{job}-1", "instance_id": "i-1"},
@@ -195,10 +193,28 @@ def test_the_register_answer_says_where_the_code_is(daemon: Daemon, tmp_path: Pa
     # a job without code has no `code` key at all
     plain = daemon.store.jobs.add_job("b", "p", SPEC, at=T0)
     plain_token = attempt(daemon, plain, 1)
-    with httpx.Client(base_url=daemon.url, timeout=10) as client:
+    with httpx.Client(base_url=daemon.url, timeout=30) as client:
         answer = client.post(
             "/agent/v1/register",
             json={"attempt_key": f"{plain}-1"},
             headers={"Authorization": f"Bearer {plain_token}"},
         )
     assert "code" not in answer.json()["job"]
+
+
+def test_the_code_section_of_the_daemon_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic import ValidationError
+
+    from optimizer.daemon.config import DaemonConfig
+
+    assert DaemonConfig().code.max_mib == 512 and DaemonConfig().code.store is None
+    monkeypatch.setenv("GPUOPT_CODE__MAX_MIB", "64")
+    monkeypatch.setenv("GPUOPT_CODE__STORE", "s3://team-code/archives")
+    config = DaemonConfig()
+    assert (config.code.max_mib, config.code.store) == (64, "s3://team-code/archives")
+    monkeypatch.delenv("GPUOPT_CODE__STORE")
+    monkeypatch.delenv("GPUOPT_CODE__MAX_MIB")  # the environment outranks the values below
+    with pytest.raises(ValidationError, match="must be a bucket URI"):
+        DaemonConfig(code={"store": "team-code"})
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        DaemonConfig(code={"max_mib": 0})
