@@ -60,7 +60,7 @@ def prepare(
                         f"the archive fetched has sha256 {found}, not {code.sha256}",
                         retryable=True,
                     )
-                unpack(archive, folder, sha256=code.sha256)
+                unpack(archive, folder)  # its hash checked just above
                 log.info("code sha256:%s unpacked into %s", code.sha256[:12], folder)
                 return folder
             except CodeError as exc:
