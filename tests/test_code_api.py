@@ -74,6 +74,7 @@ def test_upload_needs_the_daemon_token(daemon: Daemon, tmp_path: Path) -> None:
     sha, body = archive_of(tmp_path, "x = 1\n")
     with api(daemon, token="wrong-token") as client:
         assert client.put(f"/code/{sha}", content=body).status_code == 401
+        assert client.head(f"/code/{sha}").status_code == 401
     with api(daemon) as client:
         assert client.head(f"/code/{sha}").status_code == 404
 

@@ -50,3 +50,17 @@ def test_code_dir_with_a_workdir_elsewhere_is_refused(tree: Path) -> None:
         shipping(str(tree / "specs"), tree / "specs", tree / "proj")
     with pytest.raises(ShipError, match="not a folder"):
         shipping(None, tree / "specs", tree / "missing")
+
+
+def test_submit_refuses_a_code_folder_that_is_not_there_in_one_line(tree: Path) -> None:
+    from tests.helpers.daemon import run_gpuopt
+
+    spec = tree / "specs" / "job.yaml"
+    spec.write_text("name: a\npolicy: p\nrun: python train.py\ncheckpoint_dir: /ckpt\n")
+    done = run_gpuopt(
+        tree / "data",
+        *("jobs", "submit", str(spec), "--code", str(tree / "missing")),
+        env={"GPUOPT_API_URL": "http://127.0.0.1:9", "GPUOPT_API_TOKEN": "t"},
+    )
+    assert done.returncode == 2
+    assert done.stderr == f"gpuopt: error: --code {tree / 'missing'}: not a folder\n"
