@@ -67,6 +67,15 @@ class JobList(Answer):
     jobs: list[JobView]
 
 
+class CodeUpload(Answer):
+    """`PUT /code/{sha256}`: the archive the daemon holds now (`stored`: this upload stored
+    it; false when it was held already)."""
+
+    sha256: str
+    size: int
+    stored: bool
+
+
 class CostLineView(Answer):
     """One cost line: an attempt's cost in one calendar month (UTC), with its figures
     (`optimizer.costs.report.figures`, docs/costs.md)."""

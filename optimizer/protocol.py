@@ -284,11 +284,21 @@ class CheckpointRef(_Message):
     keep: int = Field(3, ge=1, le=100)
 
 
-class Job(_Optional):
-    """What to run (the job spec's part the agent needs). `checkpoint` is absent from the
-    wire when the job has none."""
+class CodeArchive(_Message):
+    """The code archive the job runs in: the agent fetches `url` (a path is relative to the
+    daemon's address) with its token, checks the SHA-256, unpacks it and runs `setup` and
+    `run` there (`workdir` then relative inside it)."""
 
-    OMITTED = frozenset({"checkpoint"})
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+    url: str = Field(min_length=1, max_length=2000)
+
+
+class Job(_Optional):
+    """What to run (the job spec's part the agent needs); `checkpoint` and `code` are absent
+    from the wire when the job has none."""
+
+    OMITTED = frozenset({"checkpoint", "code"})
 
     name: str | None = None
     run: str
@@ -299,6 +309,7 @@ class Job(_Optional):
     probes: str = "none"
     expected_gpus: int | None = None
     checkpoint: CheckpointRef | None = None
+    code: CodeArchive | None = None
 
     @field_validator("env", mode="before")
     @classmethod

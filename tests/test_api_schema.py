@@ -15,6 +15,7 @@ from optimizer.api.state import ApiState
 NOT_JSON = {
     ("GET", "/metrics"): "Prometheus text exposition format",
     ("GET", "/jobs/{name}/logs"): "the job's output as plain text, streamed while it follows",
+    ("HEAD", "/code/{sha256}"): "no body: the status and Content-Length say it",
 }
 
 

@@ -125,4 +125,6 @@ def test_the_example_job_spec_and_its_policy_are_well_formed() -> None:
     assert job["policy"] == policy.name and policy.placement.providers == ["local"]
     fields = {"name", "policy", "run", "setup", "checkpoint_dir", "env", "probes", "max_restarts"}
     assert fields <= set(job) and job["probes"] in ("quick", "deep", "none")
-    assert "examples/train_with_checkpoints.py" in job["run"]
+    # The spec ships its own folder as code (docs/code.md), and runs the script from it.
+    assert job["workdir"] == "." and "python train_with_checkpoints.py" in job["run"]
+    assert (examples / job["workdir"] / "train_with_checkpoints.py").is_file()

@@ -44,7 +44,11 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "optimizer.storage": BASE,
     # the checkpoint convention, its upload and restore, through an object store
     "optimizer.checkpoints": BASE | {"optimizer.storage"},
-    "optimizer.agent": BASE | {"optimizer.probes", "optimizer.checkpoints", "optimizer.storage"},
+    # code archives: packing, unpacking, and the daemon's keeping of them (in a bucket
+    # through the object storage layer, imported only then)
+    "optimizer.code": BASE | {"optimizer.storage"},
+    "optimizer.agent": BASE
+    | {"optimizer.probes", "optimizer.checkpoints", "optimizer.storage", "optimizer.code"},
     "optimizer.store": BASE,
     # the ledger's pure model; each provider's billing rule and FOCUS names from its registry
     # entry
@@ -65,6 +69,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     },
     "optimizer.api": BASE
     | {
+        "optimizer.code",
         "optimizer.daemon",
         "optimizer.jobs",
         "optimizer.alerts",
@@ -98,6 +103,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
         "optimizer.probes",
         "optimizer.checkpoints",
         "optimizer.storage",
+        "optimizer.code",
         "policies",
         "providers",
     },
@@ -327,6 +333,7 @@ FORBIDDEN_SAMPLES = {
     "optimizer.probes": "from optimizer.agent import Agent",
     "optimizer.storage": "from optimizer.checkpoints import restore",
     "optimizer.checkpoints": "from optimizer.agent import Agent",
+    "optimizer.code": "from optimizer.store import Store",
     "optimizer.agent": "from providers.local.procs import power_off",
     "optimizer.store": "from optimizer.jobs.machine import JobState",
     "optimizer.costs": "from optimizer.store import Store",

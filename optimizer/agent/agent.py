@@ -14,6 +14,7 @@ decision (commands, signals, the job's exit) reaches the main thread through one
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -33,6 +34,7 @@ from typing import Any
 
 from optimizer import __version__, protocol
 from optimizer.agent.checkpointing import CheckpointSync, StoreFactory, open_checkpoint_store
+from optimizer.agent.code import CodeUnavailable, Interrupted, prepare
 from optimizer.agent.config import AgentConfig, Assignment
 from optimizer.agent.imds import Notice, Watcher, make_watcher, watch
 from optimizer.agent.logship import LogShipper
@@ -46,10 +48,10 @@ from optimizer.agent.telemetry import (
     local_injection,
     open_nvml,
 )
-from optimizer.common.files import private_dir
+from optimizer.common.files import append_private, private_dir
 from optimizer.common.procs import proc_start_ticks
 from optimizer.common.retry import Backoff
-from optimizer.protocol import Command, Gang, Internode, Register, Wait
+from optimizer.protocol import CodeArchive, Command, Gang, Internode, Register, Wait
 
 log = logging.getLogger(__name__)
 
@@ -504,6 +506,17 @@ class Agent:
             Path(checkpoint).mkdir(parents=True, exist_ok=True)
         workdir = Path(job.workdir) if job.workdir else self.config.agent_dir
         log_path = self.config.agent_dir / JOB_LOG
+        if job.code is not None:
+            self.state = "fetching_code"
+            try:
+                folder = prepare(
+                    self.client, job.code, self.config.agent_dir.parent / "code", wait=self._wait
+                )
+            except Interrupted:
+                return self._stopped() if self.stop_reason is not None else self._signalled
+            except CodeUnavailable as exc:
+                return self._code_failed(job.code, str(exc))
+            workdir = folder / job.workdir if job.workdir else folder
 
         def started(pid: int, phase: str) -> None:
             self._save_run({"phase": "started", "pid": pid, "start_ticks": proc_start_ticks(pid)})
@@ -522,6 +535,35 @@ class Agent:
             on_started=started,
         ).start()
         return self._supervise()
+
+    def _wait(self, delay: float) -> bool:
+        """Wait `delay` s before a retry; False when a stop or a signal came meanwhile."""
+        item = self._next(delay)
+        if item is None:
+            return True
+        kind, value = item
+        if kind == "command" and value.kind == "stop":
+            self.stop_reason = value.reason or "stop"
+            return False
+        if kind == "signal":
+            self._signalled = 128 + int(value)
+            return False
+        return True
+
+    def _code_failed(self, code: CodeArchive, why: str) -> int:
+        """The job cannot start without its code: said in its log and as its exit (phase
+        `code`, exit 1), so the daemon ends the job failed with the reason."""
+        log.error("%s", why)
+        self.logs.begin()
+        with contextlib.suppress(OSError), append_private(self.config.agent_dir / JOB_ERR_LOG) as f:
+            f.write(f"[gpuopt agent] {why}\n".encode())
+        self.queue.put("code_failed", {"sha256": code.sha256, "error": why})
+        data: dict[str, Any] = {"exit_code": 1, "signal": None, "phase": "code", "error": why}
+        data["log_chunks"] = self.logs.finish(self.config.flush_s)
+        self.queue.put("job_exited", data)
+        self._save_run({"phase": "exited", "exit": data, "code": 1})
+        self.state = "exited"
+        return 1
 
     def _supervise(self) -> int:
         """Until the job ends: obey stop, forward signals, stop it alone if the daemon is gone."""

@@ -191,6 +191,29 @@ class DaemonClient:
             raise DaemonError(f"{path}: answer is not a JSON object", retryable=True)
         return value
 
+    def download(self, url: str, dest: Path, *, timeout_s: float = 300.0) -> None:
+        """GET `url` (a path is relative to the daemon's address) into the file `dest`,
+        streamed; DaemonError as for the other calls (a 403 is not retried)."""
+        full = url if "://" in url else f"{self.base}{url}"
+        try:
+            with (
+                self.client.stream("GET", full, headers=self._headers, timeout=timeout_s) as got,
+            ):
+                status = got.status_code
+                if status != 200:
+                    got.read()
+                    retryable = status >= 500 or status in RETRYABLE_STATUS
+                    raise DaemonError(
+                        f"{url} answered {status}: {_detail(got)}",
+                        retryable=retryable,
+                        status=status,
+                    )
+                with dest.open("wb") as out:
+                    for chunk in got.iter_bytes(1 << 20):
+                        out.write(chunk)
+        except httpx.HTTPError as exc:
+            raise DaemonError(f"{url}: {type(exc).__name__}: {exc}", retryable=True) from exc
+
     def register(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Register (`body`: a `protocol.Register` but the attempt key); the raw answer, which
         `Assignment.parse` reads."""
@@ -217,6 +240,15 @@ class DaemonClient:
             return model.model_validate(self._post(path, body.model_dump(mode="json")))
         except ValidationError as exc:
             raise DaemonError(f"{path}: unexpected answer: {exc}", retryable=True) from exc
+
+
+def _detail(response: httpx.Response) -> str:
+    """A refusal's reason: the `detail` of its JSON, else its text, on one short line."""
+    try:
+        found = response.json().get("detail", response.text)
+    except (ValueError, AttributeError):
+        found = response.text
+    return " ".join(str(found).split())[:300]
 
 
 class Reporter:

@@ -25,12 +25,13 @@ from optimizer.jobs.checkpoint_reports import KINDS as CHECKPOINT_REPORTS
 from optimizer.jobs.checkpoint_reports import record_reports
 from optimizer.jobs.fence import fence_for, gang_gate, gang_nodes
 from optimizer.jobs.gang import head_number, master
-from optimizer.jobs.spec import job_spec
+from optimizer.jobs.spec import CodeRef, job_spec
 from optimizer.lifecycle import AttemptEnd
 from optimizer.protocol import (
     EVENT_DATA,
     AgentEvent,
     CheckpointRef,
+    CodeArchive,
     Command,
     EventsAnswer,
     Gang,
@@ -74,6 +75,20 @@ def _authorized(
             detail += f" (its last output was taken for {_span(TOKEN_GRACE)} after)"
         raise HTTPException(403, detail=detail)
     return attempt
+
+
+def token_attempt(state: ApiState, authorization: str | None) -> AttemptRecord:
+    """The attempt whose agent token the header carries, for a request that names no
+    attempt (a GET): 401 for none, 403 once the token has expired."""
+    scheme, _, token = (authorization or "").partition(" ")
+    found = None
+    if scheme.lower() == "bearer" and token.strip():
+        found = state.store.jobs.attempt_by_token(token_sha256(token.strip()))
+    if found is None:
+        raise HTTPException(
+            401, detail="invalid agent token", headers={"WWW-Authenticate": "Bearer"}
+        )
+    return _authorized(state, found.key, authorization)
 
 
 def expires_at(attempt: AttemptRecord) -> datetime | None:
@@ -217,6 +232,7 @@ def register(
                 if spec.checkpoint is None
                 else CheckpointRef(uri=spec.checkpoint.uri, keep=spec.checkpoint.keep)
             ),
+            code=_code(spec.code),
         ),
         attempt=head_number(attempt.number, attempt.gang),  # a gang's: rank 0's number
         restarts=job.restarts,
@@ -225,6 +241,14 @@ def register(
         fence=Wait.of(_fence(state, attempt)),
         **_rendezvous(state, state.store.jobs.attempt(attempt.key) or attempt),
     )
+
+
+def _code(ref: CodeRef | None) -> CodeArchive | None:
+    """The code block of the answer: where the agent fetches the job's archive (a path
+    relative to the daemon's address, the one the agent reaches it at)."""
+    if ref is None:
+        return None
+    return CodeArchive(sha256=ref.sha256, size=ref.size, url=f"/agent/code/{ref.sha256}")
 
 
 def _on_host(provider: str) -> bool:

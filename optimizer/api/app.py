@@ -25,6 +25,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 
 from optimizer import __version__
 from optimizer.api import (
+    code,
     costs,
     events,
     health,
@@ -54,6 +55,7 @@ PROTECTED: tuple[APIRouter, ...] = (
     replicas.router,
     costs.router,
     probes.router,
+    code.router,
 )
 MAX_BODY_BYTES = 1 << 20  # api.max_body_bytes's default
 _MSG_CHARS = 300
@@ -64,13 +66,14 @@ def create_app(
     *,
     routers: Sequence[tuple[APIRouter, Sequence[Any]]] = (),
     max_body_bytes: int = MAX_BODY_BYTES,
+    max_code_bytes: int = code.MAX_BYTES,
     own_auth: Sequence[str] = (),
 ) -> FastAPI:
     """The API over `state`; `routers` adds (router, dependencies) pairs after the built-in
     areas (behind the daemon's token unless under /agent/, which takes agent tokens, or
     under a prefix of `own_auth`, whose router checks its callers itself: the web console's
     session cookie). Request bodies over `max_body_bytes` are refused with 413 before they
-    are read."""
+    are read; code archives (`PUT /code/…`) over `max_code_bytes`."""
     app = FastAPI(
         title="gpuopt",
         version=__version__,
@@ -89,7 +92,9 @@ def create_app(
     _add_docs(app)
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     open_paths = {getattr(route, "path", "") for router in OPEN for route in router.routes}
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(
+        BodyLimit, max_bytes=max_body_bytes, larger=[code.body_limit(max_code_bytes)]
+    )
     app.add_middleware(AuthGate, state=state, open_paths=open_paths, own_auth=tuple(own_auth))
     app.add_middleware(StoreUnavailable)  # outermost: the gate reads the store too
     return app

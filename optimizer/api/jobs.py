@@ -15,6 +15,7 @@ from optimizer import answers
 from optimizer.api.costs import job_attempts
 from optimizer.api.params import Id, Page
 from optimizer.api.state import ApiState, StateDep, utc_text
+from optimizer.code import CodeError
 from optimizer.jobs.advice import job_advice
 from optimizer.jobs.gang import head_number
 from optimizer.jobs.spec import JobSpec, stored_form
@@ -88,6 +89,18 @@ def submit_job(spec: JobSpec, state: StateDep) -> dict[str, Any]:
             ],
         )
     spec, unknown = _with_region(state, spec)
+    if spec.code is not None and state.code is not None and not _holds(state, spec.code.sha256):
+        raise HTTPException(
+            422,
+            detail=[
+                {
+                    "loc": ["body", "code", "sha256"],
+                    "msg": f"the daemon holds no code archive sha256:{spec.code.sha256}: "
+                    "upload it first (PUT /code/{sha256}; `gpuopt jobs submit` does)",
+                    "type": "value_error",
+                }
+            ],
+        )
     body = stored_form(spec)
     event = state.emitter.draft(
         EventKind.JOB_SUBMITTED,
@@ -143,6 +156,15 @@ def _with_region(state: ApiState, spec: JobSpec) -> tuple[JobSpec, str | None]:
     return spec.model_copy(
         update={"checkpoint": bucket.model_copy(update={"region": region})}
     ), None
+
+
+def _holds(state: ApiState, sha256: str) -> bool:
+    """Whether the daemon holds the code archive (503 while its bucket cannot say)."""
+    assert state.code is not None
+    try:
+        return state.code.has(sha256)
+    except CodeError as exc:
+        raise HTTPException(503, detail=f"the code store cannot be used: {exc}") from None
 
 
 def _taken(exc: DuplicateJobError) -> str:

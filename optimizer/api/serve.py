@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, FastAPI
 
-from optimizer.api import agent
+from optimizer.api import agent, code
 from optimizer.api.app import create_app
 from optimizer.api.followers import FollowerSlots
 from optimizer.api.state import ApiState
+from optimizer.code import MIB, CodeStore
 
 if TYPE_CHECKING:
     from optimizer.daemon.service import Daemon
@@ -40,6 +41,7 @@ def daemon_state(daemon: Daemon) -> ApiState:
             total=daemon.config.logs.max_followers,
         ),
         probe_window=daemon.config.probes.window(),
+        code=CodeStore(daemon.config.effective_data_dir / "code", uri=daemon.config.code.store),
     )
     state.extras["replica"] = daemon.leadership.replica
     return state
@@ -55,7 +57,8 @@ def daemon_app(
     `routers` after them (`own_auth`: their prefixes that check callers themselves)."""
     return create_app(
         daemon_state(daemon),
-        routers=[(agent.router, []), *routers],
+        routers=[(agent.router, []), (code.agent_router, []), *routers],
         max_body_bytes=daemon.config.api.max_body_bytes,
+        max_code_bytes=daemon.config.code.max_mib * MIB,
         own_auth=own_auth,
     )

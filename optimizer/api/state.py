@@ -17,6 +17,7 @@ from optimizer.alerts.outbox import Emitter
 from optimizer.api.followers import FollowerSlots
 from optimizer.api.throttle import AuthThrottle
 from optimizer.clock import Clock
+from optimizer.code import CodeStore
 from optimizer.daemon.metrics import Metrics
 from optimizer.daemon.policies import PolicyRegistry
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow
@@ -60,6 +61,7 @@ class ApiState:
     logs.max_followers_per_job and logs.max_followers;
     `auth_throttle` counts wrong tokens per client address (optimizer/api/throttle.py);
     `bucket_region` reads a checkpoint bucket's region at submit (optimizer/jobs/state.py);
+    `code` keeps the code archives (None: this API takes none);
     `extras` is room for later areas (the agent's token table)."""
 
     store: Store
@@ -78,6 +80,7 @@ class ApiState:
     probe_window: ProbeWindow = DEFAULT_WINDOW  # the daemon config's `probes:`
     auth_throttle: AuthThrottle = field(default_factory=AuthThrottle)
     bucket_region: RegionLookup = bucket_region
+    code: CodeStore | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
 

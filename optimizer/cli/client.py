@@ -101,15 +101,25 @@ def request(
     *,
     params: Mapping[str, Any] | None = None,
     json: Any = None,
+    upload: Path | None = None,
     timeout: float = 30,
 ) -> Response:
-    """One request to the daemon with its token; NoDaemon when none answers."""
+    """One request to the daemon with its token; NoDaemon when none answers. `upload`: a
+    file sent as the body (application/octet-stream) instead of `json`."""
     base, found = base_url(api), _find_token()
     if found is None:
         raise NoDaemon(_no_token())
     headers = {"Authorization": f"Bearer {found}", "Accept": "application/json"}
     try:
-        return send(method, base + path, headers, params=params, body=json, timeout=timeout)
+        return send(
+            method,
+            base + path,
+            headers,
+            params=params,
+            body=json,
+            upload=upload,
+            timeout=timeout,
+        )
     except OSError as exc:  # refused, reset, timed out, TLS, name resolution
         raise NoDaemon(f"cannot reach the daemon at {base}: {why(exc)} (is it running?)") from None
 
@@ -139,12 +149,21 @@ def send(
     *,
     params: Mapping[str, Any] | None = None,
     body: Any = None,
+    upload: Path | None = None,
     timeout: float = 30,
 ) -> Response:
-    """`method url?params` with `body` as JSON (when not None); raises OSError (and its
-    kinds: ConnectionError, TimeoutError, ssl.SSLError) when no answer comes."""
+    """`method url?params` with `body` as JSON (when not None), or the file `upload` as the
+    body; raises OSError (and its kinds: ConnectionError, TimeoutError, ssl.SSLError) when no
+    answer comes."""
     with stream(
-        method, url, headers, params=params, body=body, timeout=timeout, read_timeout=timeout
+        method,
+        url,
+        headers,
+        params=params,
+        body=body,
+        upload=upload,
+        timeout=timeout,
+        read_timeout=timeout,
     ) as answer:
         return Response(answer.status, answer.text())
 
@@ -189,6 +208,7 @@ def stream(
     *,
     params: Mapping[str, Any] | None = None,
     body: Any = None,
+    upload: Path | None = None,
     timeout: float = 30,
     read_timeout: float | None = 30,
 ) -> Iterator[Streamed]:
@@ -206,10 +226,14 @@ def stream(
     if query:
         target += "?" + query
     sent = dict(headers)
-    data = None
+    data: Any = None
     if body is not None:
         data = json.dumps(body).encode()
         sent["Content-Type"] = "application/json"
+    elif upload is not None:
+        data = open(upload, "rb")  # noqa: SIM115 (closed below, after the request)
+        sent["Content-Type"] = "application/octet-stream"
+        sent["Content-Length"] = str(os.fstat(data.fileno()).st_size)
     connection: http.client.HTTPConnection
     if parts.scheme == "https":
         import ssl
@@ -230,6 +254,8 @@ def stream(
         yield Streamed(answer)
     finally:
         connection.close()
+        if upload is not None and data is not None:
+            data.close()
 
 
 def _charset(content_type: str | None) -> str:

@@ -18,6 +18,7 @@ import typer
 from optimizer.cli import client
 from optimizer.cli.client import ApiOption
 from optimizer.cli.client import call as _call
+from optimizer.cli.code import ship
 from optimizer.cli.common import error, fail
 
 if TYPE_CHECKING:
@@ -48,8 +49,19 @@ def _print_job(job: JobView) -> None:
     if isinstance(bucket, dict) and bucket.get("uri"):
         region = bucket.get("region") or "region unknown"
         print(f"  checkpoints: {bucket['uri']} ({region}, keeps {bucket.get('keep', 3)})")
+    _print_code(job.spec)
     if isinstance(job, JobDetail) and job.gpu:
         print("  " + gpu_line(job.gpu))
+
+
+def _print_code(spec: Any) -> None:
+    """`  code: sha256:3f2a9c01b7de (0.05 MiB)` for a job that runs an uploaded archive."""
+    code = spec.get("code") if isinstance(spec, dict) else None
+    if not isinstance(code, dict) or not isinstance(code.get("sha256"), str):
+        return
+    size = code.get("size")
+    mib = f"{size / (1 << 20):.2f} MiB" if isinstance(size, int) else "size unknown"
+    print(f"  code: sha256:{code['sha256'][:12]} ({mib})")
 
 
 def gpu_line(gpu: GpuView) -> str:
@@ -83,10 +95,19 @@ def submit(
         str | None,
         typer.Option("--name", help="Submit under this name instead of the spec's (a re-run)."),
     ] = None,
+    code: Annotated[
+        Path | None,
+        typer.Option(
+            "--code",
+            help="Pack this folder and run the job in it (default: the spec's workdir, when "
+            "it is a folder here).",
+            show_default=False,
+        ),
+    ] = None,
     api: ApiOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Check a job spec and hand it to the daemon."""
+    """Check a job spec and hand it to the daemon, with its code (docs/code.md)."""
     import re
 
     from optimizer.jobs.spec import JobSpecError, load_job_spec
@@ -103,6 +124,7 @@ def submit(
         fail(*exc.problems, prefixed=False)
     if name is not None:
         spec = spec.model_copy(update={"name": name})
+    spec = ship(spec, file, code, api, out=sys.stderr if as_json else sys.stdout)
     answer = _call("POST", "/jobs", api, json=spec.model_dump(mode="json", by_alias=True))
     job = _job(answer)
     if as_json:

@@ -59,6 +59,7 @@ CONFIG_ENV = "GPUOPT_CONFIG"
 ENV_PREFIX = "GPUOPT_"
 DEFAULT_PORT = 8470
 MAX_BODY_BYTES = 1 << 20  # 1 MiB
+DEFAULT_CODE_MAX_MIB = 512  # optimizer.code.DEFAULT_MAX_MIB: the CLI's default cap
 MIN_REMOTE_TOKEN = 32  # characters an API token needs to listen beyond loopback
 
 
@@ -251,6 +252,29 @@ class ProbesConfig(_Section):
 
     def window(self) -> ProbeWindow:
         return ProbeWindow(last=self.last, demote_failed=min(self.demote_failed, self.last))
+
+
+class CodeConfig(_Section):
+    """Code archives that `gpuopt jobs submit` uploads (docs/code.md)."""
+
+    max_mib: int = Field(
+        DEFAULT_CODE_MAX_MIB,
+        ge=1,
+        le=1 << 16,
+        description="Larger archives are refused with 413 (and larger folders by the CLI).",
+    )
+    store: str | None = Field(
+        None,
+        description="A bucket URI (s3://…, gs://…) to keep archives in; <data_dir>/code without.",
+    )
+
+    @field_validator("store")
+    @classmethod
+    def _store(cls, value: str | None) -> str | None:
+        value = _one_line(value)
+        if value is not None and "://" not in value:
+            raise ValueError("must be a bucket URI (s3://bucket/prefix, gs://…, file:///…)")
+        return value
 
 
 class LogConfig(_Section):
@@ -482,6 +506,7 @@ class ConfigSchema(BaseModel):
     agent_events: AgentEventsConfig = Field(
         default_factory=AgentEventsConfig, examples=[{"retention_days": 30}]
     )
+    code: CodeConfig = Field(default_factory=CodeConfig, examples=[{"max_mib": 512}])
 
     @field_validator("providers", mode="before")
     @classmethod

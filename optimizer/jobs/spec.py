@@ -14,6 +14,7 @@ checkpoint:                    # where checkpoints live between attempts (docs/c
   region: us-east-1            # optional: the bucket's region (the daemon asks the bucket)
 # or `checkpoint: s3://team-ckpt/resnet`, or instead of `checkpoint`, a folder the job's
 # attempts share: `checkpoint_dir: /mnt/shared/resnet` (handed as GPUOPT_CHECKPOINT_DIR).
+code: {sha256: 3f2a…, size: 48213}   # set by `gpuopt jobs submit` after uploading the folder
 env: {WANDB_PROJECT: resnet}   # at most 256 variables; no NUL bytes (nor in run/setup/workdir)
 probes: quick                  # quick | deep | none
 max_restarts: 20               # optional; the policy's recovery.max_restarts otherwise
@@ -40,7 +41,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
@@ -156,6 +157,17 @@ class CheckpointSpec(BaseModel):
         return check_uri(value)
 
 
+class CodeRef(BaseModel):
+    """The code archive a job runs from (docs/code.md): its SHA-256 and size in bytes. The
+    CLI packs and uploads the folder and fills this in; `workdir` is then relative to the
+    archive's root."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="64 lowercase hex digits.")
+    size: int = Field(ge=0, le=1 << 40, description="The archive's size in bytes.")
+
+
 class JobSpec(BaseModel):
     model_config = ConfigDict(
         extra="forbid", frozen=True, strict=True, allow_inf_nan=False, populate_by_name=True
@@ -176,6 +188,16 @@ class JobSpec(BaseModel):
     checkpoint_dir: str | None = Field(
         None, min_length=1, description="A path or URI the job's attempts share themselves."
     )
+    workdir: str | None = Field(
+        None,
+        description="Where the commands run on the instance; with `code`, a folder inside "
+        "the archive (relative).",
+    )
+    code: CodeRef | None = Field(
+        None,
+        description="The uploaded code archive the commands run in (set by the CLI).",
+    )
+    checkpoint_dir: str = Field(min_length=1, description="A path or bucket URI for the job.")
     env: dict[str, _EnvValue] = Field(
         default_factory=dict,
         description=f"At most {MAX_ENV_KEYS} variables.",
@@ -250,6 +272,17 @@ class JobSpec(BaseModel):
         if size > MAX_RUN_BYTES:
             raise ValueError(f"is {size} bytes; at most {MAX_RUN_BYTES} (64 KiB) are allowed")
         return value
+
+    @model_validator(mode="after")
+    def _workdir_in_code(self) -> JobSpec:
+        if self.code is not None and self.workdir is not None:
+            path = PurePosixPath(self.workdir)
+            if path.is_absolute() or ".." in path.parts:
+                raise ValueError(
+                    f"workdir {self.workdir!r}: with code, it is a folder inside the archive "
+                    "(a relative path without '..')"
+                )
+        return self
 
     @field_validator("env")
     @classmethod
