@@ -86,6 +86,7 @@ class Verdicts:
                 None if np.isnan(reference) else reference,
                 offer.instance_type,
                 offer.region,
+                offer.provider,
             )
             why = price_rule.why(rules, priced)
         elif index == rules.stale_index:
@@ -170,6 +171,15 @@ def _on_demand(rules: RuleSet, table: OfferTable, fresh: np.ndarray) -> np.ndarr
     return cheapest[ids]  # type: ignore[no-any-return]
 
 
+def places(table: OfferTable, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(provider, region) of each of `rows`, as object arrays."""
+    out = []
+    for name in ("provider", "region"):
+        column = table.column(name)
+        out.append(np.asarray(column.values, dtype=object)[column.codes[rows]])
+    return out[0], out[1]
+
+
 def judge(rules: RuleSet, table: OfferTable) -> Verdicts:
     """The first failing rule of every row (module docstring)."""
     stale = STALE.mask(rules, table)
@@ -185,6 +195,7 @@ def judge(rules: RuleSet, table: OfferTable) -> Verdicts:
             spot=market.codes[pending] == market.code_of(Market.SPOT),
             on_demand=on_demand[pending],
             hours_left=lambda: rules.budget_hours,
+            places=lambda: places(table, pending),
         )
         masks = [check.mask(rules, prices) for _, check in rules.price_checks]
         indexes = [i for i, _ in rules.price_checks]
