@@ -145,12 +145,14 @@ def _candidates(verdicts: Verdicts) -> Sequence[Candidate]:
     demoted = shapes.demoted[shapes.ids[rows]]
     order = _order(verdicts, rows, scores, demoted)
     ranked, scores = rows[order], scores[order]
+    if moves is not None:
+        moves = moves[order]
 
     def build(positions: np.ndarray) -> list[Candidate]:
         records = _records(verdicts, ranked[positions], positions, scores[positions])
         if moves is None:
             return records
-        return _with_moves(verdicts, records, moves[order][positions])
+        return _with_moves(verdicts, records, moves[positions])
 
     def one(position: int) -> Candidate:
         return build(np.array([position]))[0]

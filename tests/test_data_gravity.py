@@ -163,3 +163,20 @@ def test_a_state_place_comes_from_the_newest_checkpoint_when_its_place_is_known(
     assert state_place(Checkpoint(None, "x", 1)) is None
     kept: Any = state_place(Checkpoint("aws", "us-east-1", 1), max_duration_s=7200, ran_s=3600)
     assert kept.horizon_hours == 1.0
+
+
+def test_the_offers_table_shows_the_move_beside_each_candidate(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from optimizer.cli.ranking_view import RankingView
+    from optimizer.cli.render import ranking_table
+
+    ranked = evaluate(policy(), [ACROSS, BESIDE], T0, state=BIG)
+    ranking_table(RankingView.of(ranked), limit=0, explain=False, source="test")
+    out = capsys.readouterr().out
+    assert "move $/h" in out and "2.0602" in out and "0.0972" in out
+    assert "moving 465.7 GiB" in out and "$45.00 egress" in out  # (the cell may wrap)
+    ranking_table(
+        RankingView.of(evaluate(policy(), [ACROSS], T0)), limit=0, explain=False, source="t"
+    )
+    assert "move" not in capsys.readouterr().out
