@@ -14,11 +14,11 @@ import pytest
 import yaml
 
 from optimizer.costs.focus import write_csv
-from optimizer.costs.lines import CHECKPOINT_STORAGE, EGRESS, GroupBy, totals_by
+from optimizer.costs.lines import CHECKPOINT_STORAGE, EGRESS, GroupBy, Line, totals_by
 from optimizer.costs.report import attempts, report
 from optimizer.costs.state_lines import egress_lines, state_lines, storage_lines
 from optimizer.jobs.ledger import state_filter
-from optimizer.store import LineFilter
+from optimizer.store import LineFilter, Store
 
 SPEC = yaml.safe_load((Path(__file__).parent / "data" / "focus-1.1-columns.yaml").read_text())
 MONTH_S = 730 * 3600
@@ -170,3 +170,27 @@ def test_naive_times_are_refused_by_name() -> None:
     naive = Checkpoint(1, 1, "x", 1, "", "aws", "us-east-1", datetime(2026, 3, 1), None)
     with pytest.raises(ValueError, match="naive time"):
         storage_lines([naive], until=at(2026, 4, 1))
+
+
+def test_the_ledger_adds_the_hooks_state_lines_to_every_surface(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Ledger.lines`, `total` (budgets) and `groups` read the state lines the hook gives,
+    filtered like any line; the hook gives none by default."""
+    from optimizer.jobs import ledger as jobs_ledger
+
+    ledger = jobs_ledger.Ledger(store)
+    now = at(2026, 4, 15)
+    assert ledger.lines(now=now) == [] and ledger.total(now=now).total_usd == 0
+
+    def given(_store: Store, where: LineFilter, until: datetime) -> list[Line]:
+        lines = state_lines([KEPT_TEN_DAYS], [ACROSS], until=until, jobs=JOBS)
+        return [line for line in lines if state_filter(where)(line)]
+
+    monkeypatch.setattr(jobs_ledger, "state_lines_for", given)
+    assert [line.kind for line in ledger.lines(now=now)] == [CHECKPOINT_STORAGE, EGRESS]
+    assert ledger.total(now=now).total_usd == pytest.approx(3.287671 * 0.023 + 0.36, abs=1e-6)
+    assert ledger.total(now=now, since=at(2026, 4, 1)).total_usd == 0
+    (group,) = ledger.groups(GroupBy.POLICY, now=now)
+    assert (group.key, group.attempts) == ("eu-training", 0)
+    assert group.cost.network_usd == pytest.approx(0.36)
