@@ -171,13 +171,14 @@ def _on_demand(rules: RuleSet, table: OfferTable, fresh: np.ndarray) -> np.ndarr
     return cheapest[ids]  # type: ignore[no-any-return]
 
 
-def places(table: OfferTable, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(provider, region) of each of `rows`, as object arrays."""
-    out = []
-    for name in ("provider", "region"):
-        column = table.column(name)
-        out.append(np.asarray(column.values, dtype=object)[column.codes[rows]])
-    return out[0], out[1]
+def places(table: OfferTable, rows: np.ndarray) -> tuple[list[tuple[str, str]], np.ndarray]:
+    """The distinct (provider, region) pairs of `rows`, and each row's index into them."""
+    provider, region = table.column("provider"), table.column("region")
+    key = provider.codes[rows].astype(np.int64) * max(len(region.values), 1) + region.codes[rows]
+    unique, index = np.unique(key, return_inverse=True)
+    width = max(len(region.values), 1)
+    pairs = [(provider.values[k // width], region.values[k % width]) for k in unique.tolist()]
+    return pairs, index.reshape(-1)
 
 
 def judge(rules: RuleSet, table: OfferTable) -> Verdicts:

@@ -88,23 +88,21 @@ class MaxMoveRule(PriceRule):
 
 
 def move_parts(
-    rules: RuleContext, providers: np.ndarray, regions: np.ndarray
+    rules: RuleContext, pairs: list[tuple[str, str]], index: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(egress USD, restore seconds) per (provider, region) pair, each pair priced once per
+    """(egress USD, restore seconds) per row, from the distinct (provider, region) `pairs`
+    and each row's `index` into them (`policies.columnar.places`), each pair priced once per
     evaluation: the move's cost at a price p is egress + seconds * p / 3600, as
     `optimizer.costs.egress.move_cost` works it out."""
     state = rules.state
     assert state is not None
     memo = rules.memo("data.move")
-    egress = np.empty(len(providers), dtype=np.float64)
-    seconds = np.empty(len(providers), dtype=np.float64)
-    for i, pair in enumerate(zip(providers.tolist(), regions.tolist(), strict=True)):
-        found = memo.get(pair)
-        if found is None:
+    for pair in pairs:
+        if pair not in memo:
             cost = state.move(pair[0], pair[1], 0.0)
-            found = memo[pair] = (cost.egress_usd, cost.restore_s)
-        egress[i], seconds[i] = found
-    return egress, seconds
+            memo[pair] = (cost.egress_usd, cost.restore_s)
+    parts = np.array([memo[pair] for pair in pairs], dtype=np.float64).reshape(-1, 2)
+    return parts[index, 0], parts[index, 1]
 
 
 DATA_REGIONS = DataRegionsRule()

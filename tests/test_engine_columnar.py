@@ -145,7 +145,7 @@ def policies(draw: st.DrawFn) -> Policy:
         },
         "budget": {"monthly_usd": _maybe(draw, st.sampled_from([500, 14000]))},
         "data": {
-            "max_move_usd": _maybe(draw, st.sampled_from([0.0, 1.0, 25.0])),
+            "max_move_usd": _maybe(draw, st.sampled_from([0.0, 0.5, 1.0, 2.0, 5.0, 25.0])),
             "regions": {"allow": draw(st.sampled_from([["*"], ["eu-*", "europe-*"], ["us-*"]]))},
         },
     }
