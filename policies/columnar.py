@@ -86,6 +86,7 @@ class Verdicts:
                 None if np.isnan(reference) else reference,
                 offer.instance_type,
                 offer.region,
+                offer.provider,
             )
             why = price_rule.why(rules, priced)
         elif index == rules.stale_index:
@@ -170,6 +171,16 @@ def _on_demand(rules: RuleSet, table: OfferTable, fresh: np.ndarray) -> np.ndarr
     return cheapest[ids]  # type: ignore[no-any-return]
 
 
+def places(table: OfferTable, rows: np.ndarray) -> tuple[list[tuple[str, str]], np.ndarray]:
+    """The distinct (provider, region) pairs of `rows`, and each row's index into them."""
+    provider, region = table.column("provider"), table.column("region")
+    key = provider.codes[rows].astype(np.int64) * max(len(region.values), 1) + region.codes[rows]
+    unique, index = np.unique(key, return_inverse=True)
+    width = max(len(region.values), 1)
+    pairs = [(provider.values[k // width], region.values[k % width]) for k in unique.tolist()]
+    return pairs, index.reshape(-1)
+
+
 def judge(rules: RuleSet, table: OfferTable) -> Verdicts:
     """The first failing rule of every row (module docstring)."""
     stale = STALE.mask(rules, table)
@@ -185,6 +196,7 @@ def judge(rules: RuleSet, table: OfferTable) -> Verdicts:
             spot=market.codes[pending] == market.code_of(Market.SPOT),
             on_demand=on_demand[pending],
             hours_left=lambda: rules.budget_hours,
+            places=lambda: places(table, pending),
         )
         masks = [check.mask(rules, prices) for _, check in rules.price_checks]
         indexes = [i for i, _ in rules.price_checks]

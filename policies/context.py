@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from optimizer import hardware
+from optimizer.costs.egress import StatePlace
 from optimizer.model import Fabric
 from policies import budget, schedule
 from policies.measured import DATASHEET, MEASURED, Measured, TypeMeasurement, as_measured
@@ -127,6 +128,7 @@ class RuleContext:
         now: datetime,
         measured: Measured | Mapping[str, Mapping[str, float]] | None = None,
         committed: budget.Committed | None = None,
+        state: StatePlace | None = None,
     ) -> None:
         if now.tzinfo is None:
             raise EvaluationError("now must be timezone-aware (UTC)")
@@ -172,6 +174,10 @@ class RuleContext:
         # budget projects each of them (policies/budget.py).
         self.nodes = work.nodes
         self.budget_hours = budget.hours_left(self.now, self.hours_per_month)
+        # Data gravity (policies/data_rules.py): where the job's state is, if it has one.
+        self.state = state
+        self.data_allow = tuple(policy.data.regions.allow)
+        self.max_move_usd = policy.data.max_move_usd
         # The whole policy in force, for a rule whose figures are not copied out above.
         self.policy = policy
 

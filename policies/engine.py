@@ -25,9 +25,11 @@ from typing import Any
 
 import numpy as np
 
+from optimizer.costs.egress import StatePlace
 from optimizer.model import Offer
 from policies.budget import Committed
-from policies.columnar import PASSED, Verdicts, judge
+from policies.columnar import PASSED, Verdicts, judge, places
+from policies.data_rules import move_parts
 from policies.measured import MEASURED, Measured
 from policies.ranking import Candidate, LazyRows, Ranking, Rejection
 from policies.rules import RULES, EvaluationError, RuleSet
@@ -52,6 +54,7 @@ def evaluate(
     *,
     measured: Measured | Mapping[str, Mapping[str, float]] | None = None,
     committed: Committed | None = None,
+    state: StatePlace | None = None,
 ) -> Ranking:
     """Rank the offers `policy` allows at `now`, and say why each other offer was rejected.
 
@@ -69,8 +72,13 @@ def evaluate(
     `committed` is what the policy has spent this month and the current prices of its live
     attempts (`policies.budget`); the budget rule projects a launch on top of it. None:
     nothing spent, nothing running.
+
+    `state` is where the job being launched keeps its state (its checkpoint) and how big it
+    is: each candidate's price for ranking then grows by the cost of moving the state to it,
+    spread over `state.horizon_hours`, and the `data.*` rules apply (policies/data_rules.py).
+    None (no job, or a job without state): the ranking is as if `data` were not there.
     """
-    rules = RuleSet(policy, now, measured, committed)
+    rules = RuleSet(policy, now, measured, committed, state)
     table = offers if isinstance(offers, OfferTable) else OfferTable.from_offers(offers)
     if len(table) == 0:
         return Ranking(policy.name, rules.now, rules.dtype, (), ())
@@ -119,26 +127,56 @@ def _candidates(verdicts: Verdicts) -> Sequence[Candidate]:
     rows = np.flatnonzero(verdicts.rule == PASSED)
     if len(rows) == 0:
         return ()
-    price = table.number("usd_per_hour")
+    price = table.number("usd_per_hour")[rows]
     node = shapes.node_tflops
     tbps = shapes.node_tbps
+    moves = None
+    if rules.state is not None:
+        # Data gravity: the move of the job's state, spread over its horizon, on the price.
+        egress, seconds = move_parts(rules, *places(table, rows))
+        moves = egress + seconds * price / 3600
+        price = price + moves / rules.state.horizon_hours
     if rules.per_tflop:
-        scores = price[rows] / node[shapes.ids[rows]]
+        scores = price / node[shapes.ids[rows]]
     elif rules.per_tbps:
-        scores = price[rows] / tbps[shapes.ids[rows]]
+        scores = price / tbps[shapes.ids[rows]]
     else:
-        scores = price[rows]
+        scores = price
     demoted = shapes.demoted[shapes.ids[rows]]
     order = _order(verdicts, rows, scores, demoted)
     ranked, scores = rows[order], scores[order]
+    if moves is not None:
+        moves = moves[order]
 
     def build(positions: np.ndarray) -> list[Candidate]:
-        return _records(verdicts, ranked[positions], positions, scores[positions])
+        records = _records(verdicts, ranked[positions], positions, scores[positions])
+        if moves is None:
+            return records
+        return _with_moves(verdicts, records, moves[positions])
 
     def one(position: int) -> Candidate:
         return build(np.array([position]))[0]
 
     return LazyRows(one, np.arange(len(ranked)), build)
+
+
+def _with_moves(verdicts: Verdicts, records: list[Candidate], moves: np.ndarray) -> list[Candidate]:
+    """The records with the move of the job's state to each, in USD, per hour of the
+    horizon, and in words."""
+    state = verdicts.rules.state
+    assert state is not None
+    out = []
+    for record, move in zip(records, moves.tolist(), strict=True):
+        offer = record.offer
+        cost = state.move(offer.provider, offer.region, offer.usd_per_hour)
+        out.append(
+            record._replace(
+                move_usd=move,
+                move_usd_per_hour=move / state.horizon_hours,
+                move=state.explain(cost),
+            )
+        )
+    return out
 
 
 def _records(

@@ -107,9 +107,22 @@ class Candidate(NamedTuple):
     expected_usd_per_hour: float | None = None  # price x (1 + p x overhead_hours)
     overhead_hours: float | None = None  # the job's restart overhead it was worked out with
     risk: str | None = None  # a recent interruption in the pool, in words
+    # Data gravity (policies/data_rules.py), where the ranking was given the job's state:
+    move_usd: float | None = None  # egress + the restore's time at this offer's price
+    move_usd_per_hour: float | None = None  # move_usd spread over the horizon, in the score
+    move: str | None = None  # the move in words: "moving 12.3 GiB from aws eu-central-1: ..."
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        moved = (
+            {}
+            if self.move_usd is None
+            else {
+                "move_usd": self.move_usd,
+                "move_usd_per_hour": self.move_usd_per_hour,
+                "move": self.move,
+            }
+        )
+        return moved | {
             "rank": self.rank,
             "score": self.score,
             "usd_per_gpu_hour": self.usd_per_gpu_hour,

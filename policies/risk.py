@@ -172,7 +172,9 @@ def by_expected_cost(candidates: Iterable[Candidate]) -> list[Candidate]:
     breaking ties; types demoted for failing probes stay after the rest."""
 
     def cost(c: Candidate) -> float:
-        return c.offer.usd_per_hour if c.expected_usd_per_hour is None else c.expected_usd_per_hour
+        found = c.offer.usd_per_hour if c.expected_usd_per_hour is None else c.expected_usd_per_hour
+        # A job with state pays its move on top, spread over the run (policies/data_rules.py).
+        return found if c.move_usd_per_hour is None else found + c.move_usd_per_hour
 
     ordered = sorted(candidates, key=lambda c: (c.probe_failures is not None, cost(c), c.rank))
     return [c._replace(rank=i, score=cost(c)) for i, c in enumerate(ordered, start=1)]

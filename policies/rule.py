@@ -55,6 +55,7 @@ class Priced(NamedTuple):
     on_demand: float | None  # cheapest fresh on-demand of its (provider, region, type)
     instance_type: str
     region: str
+    provider: str = ""
 
 
 def _nan(values: Sequence[float | None]) -> np.ndarray:
@@ -161,6 +162,9 @@ class Prices:
     spot: np.ndarray  # bool: a spot offer
     on_demand: np.ndarray  # the on-demand reference, NaN where there is none
     hours_left: Callable[[], float | np.ndarray]  # of the budget month, at each price's time
+    # The distinct (provider, region) pairs and each price's index into them, where the
+    # caller knows the offers (the engine; not the backtest, which ranks no job's state)
+    places: Callable[[], tuple[list[tuple[str, str]], np.ndarray]] | None = None
 
 
 class Rule(ABC):

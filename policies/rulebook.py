@@ -4,7 +4,7 @@ The engine (`policies.rules.RuleSet`, `policies.columnar`), the backtest
 (`policies.backtest`), the console's bid-cap line and the daemon's cap signals all read this
 list. Its order is the checking order: an offer is rejected by the first rule it fails, and
 the levels come in turn, `stale`, the shape rules (`policies.shape_rules`), the price rules
-(`policies.price_rules`).
+(`policies.price_rules`), with the data-gravity rules (`policies.data_rules`) among them.
 
 A rule in the tree is one entry in its level's tuple. `register` adds one from outside (a
 plugin, a test) at its place; a `RuleSet` built after it applies it.
@@ -14,12 +14,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from policies.data_rules import DATA_REGIONS, MAX_MOVE
 from policies.price_rules import PRICE_RULES, STALE
 from policies.rule import BidCap, ObservationRule, PriceRule, Rule, ShapeRule
 from policies.schema import Bid
 from policies.shape_rules import SHAPE_RULES
 
 _BOOK: list[Rule] = [STALE, *SHAPE_RULES, *PRICE_RULES]
+# Data gravity (policies/data_rules.py): where the job's state may go after the placement
+# rules, and what moving it may cost after the bid caps (the budget stays last).
+_BOOK.insert(next(i for i, r in enumerate(_BOOK) if r.id == "compliance") + 1, DATA_REGIONS)
+_BOOK.insert(next(i for i, r in enumerate(_BOOK) if r.id == "budget"), MAX_MOVE)
 BUILT_IN: tuple[str, ...] = tuple(rule.id for rule in _BOOK)
 """The ids of the rules gpuopt ships, in checking order."""
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 
+from optimizer.costs.egress import StatePlace
 from optimizer.model import Fabric
 from policies import budget, rulebook
 from policies.context import (
@@ -55,8 +56,9 @@ class RuleSet(RuleContext):
         now: datetime,
         measured: Measured | Mapping[str, Mapping[str, float]] | None = None,
         committed: budget.Committed | None = None,
+        state: StatePlace | None = None,
     ) -> None:
-        super().__init__(policy, now, measured, committed)
+        super().__init__(policy, now, measured, committed, state)
         self.checks: tuple[Rule, ...] = rulebook.current()
         """Every registered rule, in order: a verdict is an index into it."""
         self.ids = tuple(rule.id for rule in self.checks)
@@ -129,10 +131,11 @@ class RuleSet(RuleContext):
         on_demand: float | None,
         instance_type: str,
         region: str,
+        provider: str = "",
     ) -> Verdict | None:
-        """The price rules (the bid caps, the budget), in order; None when the price passes
-        them all."""
-        priced = Priced(usd_per_hour, gpu_count, market, on_demand, instance_type, region)  # type: ignore[arg-type]
+        """The price rules (the bid caps, the budget, the move of the job's state), in
+        order; None when the price passes them all."""
+        priced = Priced(usd_per_hour, gpu_count, market, on_demand, instance_type, region, provider)  # type: ignore[arg-type]
         for _, rule in self.price_checks:
             why = rule.why(self, priced)
             if why is not None:

@@ -250,6 +250,16 @@ class Bid(_Strict):
     )
 
 
+def region_globs(value: list[str]) -> list[str]:
+    """The globs unchanged; raises naming one that is empty or not a region glob."""
+    for glob in value:
+        if not glob.strip():
+            raise ValueError("a region glob must not be empty")
+        if not re.fullmatch(r"[A-Za-z0-9*?\[\]!-]+", glob):
+            raise ValueError(f"{glob!r} is not a region glob (letters, digits, -, *, ?, [])")
+    return value
+
+
 class RegionRules(_Strict):
     allow: list[str] = Field(default_factory=lambda: ["*"], min_length=1, examples=[["eu-*"]])
     deny: list[str] = Field(default_factory=list, examples=[["eu-south-*"]])
@@ -257,12 +267,7 @@ class RegionRules(_Strict):
     @field_validator("allow", "deny")
     @classmethod
     def _globs(cls, value: list[str]) -> list[str]:
-        for glob in value:
-            if not glob.strip():
-                raise ValueError("a region glob must not be empty")
-            if not re.fullmatch(r"[A-Za-z0-9*?\[\]!-]+", glob):
-                raise ValueError(f"{glob!r} is not a region glob (letters, digits, -, *, ?, [])")
-        return value
+        return region_globs(value)
 
 
 class Placement(_Strict):
@@ -292,6 +297,37 @@ class Placement(_Strict):
     @classmethod
     def _countries(cls, value: list[str]) -> list[str]:
         return regions.validate_countries(value)
+
+
+class DataRegions(_Strict):
+    allow: list[str] = Field(
+        default_factory=lambda: ["*"],
+        min_length=1,
+        description="Region globs the job's state may be moved to (default every region).",
+        examples=[["eu-*", "europe-*"]],
+    )
+
+    @field_validator("allow")
+    @classmethod
+    def _globs(cls, value: list[str]) -> list[str]:
+        return region_globs(value)
+
+
+class Data(_Strict):
+    """Where a job's state (its checkpoint in object storage) may go, and at what cost. Only
+    a job with state in a known place is held to it (docs/policies.md, "data")."""
+
+    max_move_usd: Usd | None = Field(
+        None,
+        ge=0,
+        description="Reject an offer whose move of the job's state (egress plus the "
+        "restore's time at the offer's price) costs more than this, USD.",
+    )
+    regions: DataRegions = Field(
+        default_factory=DataRegions,
+        description="Region globs the job's state may be moved to.",
+        examples=[{"allow": ["eu-*", "europe-*"]}],
+    )
 
 
 class Budget(_Strict):
@@ -658,6 +694,12 @@ class Policy(_Strict):
         None,
         ge=MIN_WINDOW_S,
         description="Stop a job (with a checkpoint) this long after it first started: 72h.",
+    )
+    data: Data = Field(
+        default_factory=Data,
+        description="Data gravity: what moving a job's checkpoint to an offer may cost, and "
+        "which regions it may go to (applies only to jobs with state).",
+        examples=[{"max_move_usd": 1.0, "regions": {"allow": ["eu-*", "europe-*"]}}],
     )
     migration: Migration = Field(
         default_factory=Migration,

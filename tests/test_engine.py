@@ -343,7 +343,7 @@ def test_the_first_failing_rule_wins() -> None:
 def test_rules_are_listed_in_checking_order() -> None:
     assert RULES[:3] == ("stale", "market", "provider")
     assert RULES[-1] == "budget"
-    assert len(set(RULES)) == len(RULES) == 18
+    assert len(set(RULES)) == len(RULES) == 20
 
 
 def test_price_per_tflop_prefers_a_faster_node_when_its_tflops_are_cheaper() -> None:

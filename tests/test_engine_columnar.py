@@ -17,9 +17,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from optimizer.costs.egress import StatePlace
 from optimizer.model import Fabric, Interconnect, Market, Offer, PaymentOption
 from policies.budget import Committed
-from policies.columnar import PASSED, judge
+from policies.columnar import PASSED, judge, places
 from policies.engine import OfferTable, Ranking, evaluate
 from policies.measured import Measured, TypeMeasurement
 from policies.price_rules import STALE
@@ -143,6 +144,10 @@ def policies(draw: st.DrawFn) -> Policy:
             "compliance": draw(st.sampled_from([None, "eu", "us"])),
         },
         "budget": {"monthly_usd": _maybe(draw, st.sampled_from([500, 14000]))},
+        "data": {
+            "max_move_usd": _maybe(draw, st.sampled_from([0.0, 0.5, 1.0, 2.0, 5.0, 25.0])),
+            "regions": {"allow": draw(st.sampled_from([["*"], ["eu-*", "europe-*"], ["us-*"]]))},
+        },
     }
     age = _maybe(draw, st.sampled_from([1, 6]))
     if age is not None:
@@ -177,6 +182,21 @@ def measurements(draw: st.DrawFn) -> Measured | None:
     return Measured(types=types, models=models, demoted=demoted)
 
 
+@st.composite
+def states(draw: st.DrawFn) -> StatePlace | None:
+    """Where a job's state is, or None (most rankings have none)."""
+    if draw(st.booleans()):
+        return None
+    provider = draw(st.sampled_from(sorted(PLACES)))
+    return StatePlace(
+        provider,
+        draw(st.sampled_from(PLACES[provider])),
+        draw(st.sampled_from([0, 10**9, 13_200_000_000, 5 * 10**11])),
+        draw(st.sampled_from([None, 100.0, 1200.0])),
+        draw(st.sampled_from([1.0, 24.0, 200.0])),
+    )
+
+
 def _same(ours: Ranking, oracle: Ranking) -> None:
     assert len(ours.candidates) == len(oracle.candidates)
     assert list(ours.candidates) == list(oracle.candidates)
@@ -198,6 +218,7 @@ def _same(ours: Ranking, oracle: Ranking) -> None:
     copies=st.integers(1, 3),
     measured=measurements(),
     spent=st.sampled_from([None, Committed(300.0, 0.5, 1)]),
+    state=states(),
 )
 def test_columnar_engine_matches_the_row_engine(
     policy: Policy,
@@ -205,12 +226,14 @@ def test_columnar_engine_matches_the_row_engine(
     copies: int,
     measured: Measured | None,
     spent: Committed | None,
+    state: StatePlace | None,
 ) -> None:
     listed = rows * copies  # repeated rows: equal scores and shapes across the list
-    oracle = row_engine.evaluate(policy, listed, NOW, measured=measured, committed=spent)
-    ours = evaluate(policy, OfferTable.from_offers(listed), NOW, measured=measured, committed=spent)
+    given = {"measured": measured, "committed": spent, "state": state}
+    oracle = row_engine.evaluate(policy, listed, NOW, **given)  # type: ignore[arg-type]
+    ours = evaluate(policy, OfferTable.from_offers(listed), NOW, **given)  # type: ignore[arg-type]
     _same(ours, oracle)
-    again = evaluate(policy, listed, NOW, measured=measured, committed=spent)  # plain offers
+    again = evaluate(policy, listed, NOW, **given)  # type: ignore[arg-type]  # plain offers
     assert list(again.candidates) == list(oracle.candidates)
 
 
@@ -224,14 +247,19 @@ def test_columnar_engine_matches_the_row_engine(
     rows=st.lists(offers(), min_size=1, max_size=40),
     measured=measurements(),
     spent=st.sampled_from([None, Committed(300.0, 0.5, 1)]),
+    state=states(),
 )
 def test_each_rules_mask_agrees_with_its_words_on_every_offer(
-    policy: Policy, rows: list[Offer], measured: Measured | None, spent: Committed | None
+    policy: Policy,
+    rows: list[Offer],
+    measured: Measured | None,
+    spent: Committed | None,
+    state: StatePlace | None,
 ) -> None:
     """Rule by rule, not only the first failing one: where a rule's mask is True its `why`
     gives a reason, and nowhere else (policies/rule.py), so a rule checked later than another
     that rejects an offer is held to its words too."""
-    rules = RuleSet(policy, NOW, measured, committed=spent)
+    rules = RuleSet(policy, NOW, measured, committed=spent, state=state)
     table = OfferTable.from_offers(rows)
     offers_ = table.offers
     assert STALE.mask(rules, table).tolist() == [
@@ -253,6 +281,7 @@ def test_each_rules_mask_agrees_with_its_words_on_every_offer(
         np.array([offers_[i].market is Market.SPOT for i in pending.tolist()], dtype=bool),
         on_demand,
         lambda: rules.budget_hours,
+        lambda: places(table, pending),
     )
     for _, rule in rules.price_checks:
         words = [
@@ -265,6 +294,7 @@ def test_each_rules_mask_agrees_with_its_words_on_every_offer(
                     None if np.isnan(od) else float(od),
                     o.instance_type,
                     o.region,
+                    o.provider,
                 ),
             )
             for o, od in zip(

@@ -101,6 +101,9 @@ def ranking_table(ranking: RankingView, *, limit: int, explain: bool, source: st
         risky = any(c.expected_usd_per_hour is not None for c in shown)
         if risky:
             headers += ["p/h", "p from", "exp $/h"]
+        moving = any(c.move is not None for c in shown)
+        if moving:
+            headers += ["move $/h", "moving the job's state"]
         if sources:
             headers += ["figures"]
         for header in headers:
@@ -127,6 +130,8 @@ def ranking_table(ranking: RankingView, *, limit: int, explain: bool, source: st
                 ]
             if risky:
                 row += expected_cells(c)
+            if moving:
+                row += move_cells(c)
             if sources:
                 row.append(figures(c))
             table.add_row(*row)
@@ -143,6 +148,13 @@ def expected_cells(c: Candidate) -> list[str]:
     if c.risk:
         source += f"; {c.risk}"
     return [f"{c.interruption_p:.3g}", source, f"{c.expected_usd_per_hour:.4f}"]
+
+
+def move_cells(c: Candidate) -> list[str]:
+    """The move of the job's state to the offer, spread per hour, and in words."""
+    if c.move_usd_per_hour is None:
+        return ["-", "-"]
+    return [f"{c.move_usd_per_hour:.4f}", c.move or "-"]
 
 
 def _measured(c: Candidate) -> bool:

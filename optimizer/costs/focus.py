@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from optimizer.clock import utc_text
-from optimizer.costs.lines import Line
+from optimizer.costs.lines import CHECKPOINT_STORAGE, INSTANCE, Line
 from providers import registry
 
 FOCUS_VERSION = "1.1"
@@ -94,9 +94,23 @@ def _charge_period(line: Line) -> tuple[datetime, datetime]:
     return start, min(start + timedelta(seconds=seconds), line.period_end)
 
 
+# The services that bill a job's state, by provider (the names on their own bills): object
+# storage for checkpoints at rest, data transfer for what a restore moved. A provider not
+# listed uses its registry entry's storage and compute names.
+STATE_SERVICES: dict[str, tuple[str, str]] = {
+    "aws": ("Amazon Simple Storage Service", "AWS Data Transfer"),
+    "gcp": ("Cloud Storage", "Networking"),
+}
+
+
 def rows(lines: Iterable[Line], *, account: str | None = None) -> Iterator[dict[str, Any]]:
-    """FOCUS rows (None = null) for `lines`, instance first then volume, in line order."""
+    """FOCUS rows (None = null) for `lines`, instance first then volume, in line order; a
+    line of a job's state (optimizer/costs/state_lines.py) gives one Storage or Networking
+    row."""
     for line in lines:
+        if line.kind != INSTANCE:
+            yield state_row(line, account=account)
+            continue
         # Who bills, and the services' own names: the provider's registry entry declares them.
         names = registry.get(line.provider).focus_names()
         issuer, compute, storage = names.issuer, names.compute, names.storage
@@ -182,6 +196,65 @@ def rows(lines: Iterable[Line], *, account: str | None = None) -> Iterator[dict[
                 "x_OverheadCost": None,
                 "x_OverheadSeconds": None,
             }
+
+
+def state_row(line: Line, *, account: str | None = None) -> dict[str, Any]:
+    """The FOCUS row of a state line: a checkpoint at rest (Storage, GB-Months) or the data
+    a restore moved (Networking, GB)."""
+    names = registry.get(line.provider).focus_names()
+    storage, network = STATE_SERVICES.get(line.provider, (names.storage, names.compute))
+    stored = line.kind == CHECKPOINT_STORAGE
+    usd = line.cost.total_usd
+    unit = "GB-Months" if stored else "GB"
+    start = max(line.launched, line.period_start)
+    end = min(line.ended or line.period_end, line.period_end) if stored else start
+    if stored and line.ended is None:
+        end = min(start + timedelta(seconds=line.cost.billed_seconds), line.period_end)
+    tags = {"gpuopt/job": line.job, "gpuopt/policy": line.policy, "gpuopt/kind": line.kind}
+    return {
+        "BilledCost": focus_number(usd),
+        "BillingAccountId": account or f"gpuopt:{line.provider}",
+        "BillingAccountName": None,
+        "BillingCurrency": "USD",
+        "BillingPeriodEnd": focus_datetime(line.period_end),
+        "BillingPeriodStart": focus_datetime(line.period_start),
+        "ChargeCategory": "Usage",
+        "ChargeClass": None,
+        "ChargeDescription": (
+            f"checkpoint {line.resource} at rest" if stored else f"restore of {line.resource}"
+        ),
+        "ChargePeriodEnd": focus_datetime(end),
+        "ChargePeriodStart": focus_datetime(start),
+        "ContractedCost": focus_number(usd),
+        "EffectiveCost": focus_number(usd),
+        "InvoiceIssuerName": names.issuer,
+        "ListCost": focus_number(usd),
+        "PricingQuantity": focus_number(line.quantity),
+        "PricingUnit": unit,
+        "ProviderName": names.issuer,
+        "PublisherName": names.issuer,
+        "ServiceCategory": "Storage" if stored else "Networking",
+        "ServiceName": storage if stored else network,
+        "AvailabilityZone": None,
+        "ChargeFrequency": "Usage-Based",
+        "ConsumedQuantity": focus_number(line.quantity),
+        "ConsumedUnit": unit,
+        "ListUnitPrice": focus_number(usd / line.quantity) if line.quantity > 0 else None,
+        "PricingCategory": "Standard",
+        "RegionId": line.region or None,
+        "ResourceId": line.resource,
+        "ResourceName": line.resource,
+        "ResourceType": "Object Storage" if stored else "Data Transfer",
+        "ServiceSubcategory": "Object Storage" if stored else "Other (Networking)",
+        "SkuId": None,
+        "Tags": json.dumps(tags, sort_keys=True),
+        "x_Job": line.job,
+        "x_Policy": line.policy,
+        "x_Attempt": None,
+        "x_OnDemandCost": None,
+        "x_OverheadCost": None,
+        "x_OverheadSeconds": None,
+    }
 
 
 def write_csv(lines: Iterable[Line], *, account: str | None = None) -> str:

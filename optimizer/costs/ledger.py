@@ -12,6 +12,9 @@ The model (docs/costs.md):
 - A spot instance the cloud interrupts inside its free window costs nothing (its storage
   still does); its baseline still counts, so the credit shows as savings.
 - Storage: the root volume, per GiB-month prorated by the second over each month's days.
+- The job's state (optimizer/costs/state_lines.py): its checkpoints at rest in object storage
+  (`storage_usd`, per GB-month of 730 h) and the data a restore moved out of a cloud
+  (`network_usd`); lines of their own, never an attempt's.
 
 Every figure can be taken over a window [since, until), so months split exactly.
 """
@@ -56,10 +59,11 @@ class Cost:
     overhead_usd: float = 0.0
     refunded: bool = False
     baseline_known: bool = True
+    network_usd: float = 0.0  # data moved out of a cloud (a restore's egress)
 
     @property
     def total_usd(self) -> float:
-        return self.spend_usd + self.storage_usd
+        return self.spend_usd + self.storage_usd + self.network_usd
 
     @property
     def savings_usd(self) -> float:
@@ -86,6 +90,7 @@ class Cost:
             self.overhead_usd + other.overhead_usd,
             self.refunded or other.refunded,
             self.baseline_known and other.baseline_known,
+            self.network_usd + other.network_usd,
         )
 
 

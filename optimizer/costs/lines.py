@@ -16,6 +16,10 @@ from enum import StrEnum
 
 from optimizer.costs.ledger import NONE, Cost, total
 
+INSTANCE = "instance"
+CHECKPOINT_STORAGE = "checkpoint-storage"
+EGRESS = "egress"
+
 
 class GroupBy(StrEnum):
     JOB = "job"
@@ -45,6 +49,11 @@ class Line:
     period_end: datetime
     cost: Cost
     frozen: bool = False  # an ended attempt's line, stored when it ended
+    # What the line prices: the attempt's instance (and its root volume), or the job's state
+    # (optimizer/costs/state_lines.py): a checkpoint at rest, or the data a restore moved.
+    kind: str = "instance"  # INSTANCE | CHECKPOINT_STORAGE | EGRESS
+    quantity: float = 0.0  # GB-months (checkpoint storage) or GB (egress); 0 for instances
+    resource: str | None = None  # the checkpoint's name or URI (state lines)
 
     @property
     def month(self) -> str:
@@ -112,7 +121,7 @@ def totals_by(lines: Iterable[Line], by: GroupBy, *, markets: bool = False) -> l
             group.key,
             group.cost,
             total(line.cost for line in group.lines if line.cost.baseline_known),
-            len({(line.job_id, line.attempt) for line in group.lines}),
+            len({(line.job_id, line.attempt) for line in group.lines if line.kind == INSTANCE}),
             tuple(totals_by(group.lines, GroupBy.MARKET)) if markets else (),
         )
         for group in group_lines(lines, by)

@@ -17,12 +17,13 @@ from typing import Any
 from optimizer import clock
 from optimizer.common.times import TimeRangeError, in_span
 from optimizer.costs.ledger import Cost, total
-from optimizer.costs.lines import Line, Totals
+from optimizer.costs.lines import INSTANCE, Line, Totals
 
 # The figures of every group (and of the totals row), in the order the table and CSV show them.
 FIGURES: tuple[str, ...] = (
     "spend_usd",
     "storage_usd",
+    "network_usd",
     "total_usd",
     "on_demand_usd",
     "savings_usd",
@@ -78,6 +79,7 @@ def figures(every: Cost, priced: Cost) -> dict[str, Any]:
     return {
         "spend_usd": every.spend_usd,
         "storage_usd": every.storage_usd,
+        "network_usd": every.network_usd,
         "total_usd": every.total_usd,
         "on_demand_usd": priced.on_demand_usd,
         "savings_usd": priced.savings_usd,
@@ -100,7 +102,8 @@ def attempts(lines: Iterable[Line]) -> list[dict[str, Any]]:
     """One object per attempt (its lines in the window summed), in job and attempt order."""
     by_attempt: dict[tuple[int, int], list[Line]] = {}
     for line in lines:
-        by_attempt.setdefault((line.job_id, line.attempt), []).append(line)
+        if line.kind == INSTANCE:  # the job's state lines are no attempt's
+            by_attempt.setdefault((line.job_id, line.attempt), []).append(line)
     out = []
     for key in sorted(by_attempt):
         items = by_attempt[key]

@@ -277,6 +277,32 @@ class CodeConfig(_Section):
         return value
 
 
+class DataTransferConfig(_Section):
+    """Data transfer rates that replace the bundled table's (docs/costs.md, "The job's
+    state"): `{provider: {path: usd_per_gb}}`, paths same-region, other-zone,
+    same-continent, other-continent, other-cloud."""
+
+    egress_usd_per_gb: dict[str, dict[str, float]] = Field(
+        default_factory=dict,
+        examples=[{"aws": {"other-continent": 0.05}}],
+        description="USD per GB by provider and path, over the bundled list prices.",
+    )
+
+    @field_validator("egress_usd_per_gb")
+    @classmethod
+    def _known(cls, value: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        from optimizer.costs import egress
+
+        egress.check_overrides(value)
+        return value
+
+    def apply(self) -> None:
+        """Put these rates in force in this process (the bundled ones where none is given)."""
+        from optimizer.costs import egress
+
+        egress.override(self.egress_usd_per_gb)
+
+
 class LogConfig(_Section):
     format: Literal["text", "json"] = "text"
     level: Literal["debug", "info", "warning", "error"] = "info"
@@ -507,6 +533,10 @@ class ConfigSchema(BaseModel):
         default_factory=AgentEventsConfig, examples=[{"retention_days": 30}]
     )
     code: CodeConfig = Field(default_factory=CodeConfig, examples=[{"max_mib": 512}])
+    data_transfer: DataTransferConfig = Field(
+        default_factory=DataTransferConfig,
+        examples=[{"egress_usd_per_gb": {"aws": {"other-continent": 0.05}}}],
+    )
 
     @field_validator("providers", mode="before")
     @classmethod

@@ -173,6 +173,7 @@ class Daemon:
                 config.enabled_providers(), config.effective_data_dir, self.store, clock
             )
         secrets = [*config.secrets(), *provider_secrets()]
+        config.data_transfer.apply()  # the egress rates a move of a job's state is priced at
         self.prices = PriceWatch(
             self.store,
             self.registry,

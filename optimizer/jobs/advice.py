@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from optimizer import hardware
-from optimizer.jobs.ranking import launch_ranking
+from optimizer.jobs.ranking import job_state, launch_ranking
 from optimizer.lifecycle import TERMINAL_JOB_STATES
 from optimizer.store import AttemptRecord, JobRecord, Store
 from policies import advice
@@ -37,7 +37,10 @@ def job_advice(store: Store, job: JobRecord, policy: Policy, now: datetime) -> a
     ranking: Ranking | None = None
     if used.peak_gib is not None:
         sized = advice.sized_policy(policy, used.peak_gib, used.gpus)
-        ranking = launch_ranking(store, job.policy, sized, now, replacing=job.id).ranking
+        state = job_state(store, job.id, now)
+        ranking = launch_ranking(
+            store, job.policy, sized, now, replacing=job.id, state=state
+        ).ranking
     latest = max(attempts, key=lambda a: a.number, default=None)
     current = None if latest is None else _current(store, latest, ranking)
     return advice.advise(job.given_name, policy, used, duty, current, ranking)

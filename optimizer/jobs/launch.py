@@ -31,7 +31,7 @@ from optimizer.jobs.launch_errors import (
 )
 from optimizer.jobs.machine import Alert, Launch
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow
-from optimizer.jobs.ranking import launch_ranking, pool_of
+from optimizer.jobs.ranking import job_state, launch_ranking, pool_of
 from optimizer.jobs.recovery import Strategy
 from optimizer.jobs.spec import pass_spec
 from optimizer.lifecycle import AttemptEnd, AttemptState
@@ -157,6 +157,7 @@ class Launcher:
             replacing=job.id,
             window=self.probe_window,
             memo=ctx.memo,
+            state=None if job.id is None else job_state(ctx.store, job.id, ctx.now),
         )
         ranking, spend, cap = found.ranking, found.spend, policy.budget.monthly_usd
         if not ranking.candidates:

@@ -27,7 +27,7 @@ database.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TypedDict, Unpack
@@ -293,6 +293,32 @@ class Ledger:
             for line in lines:
                 if overlaps(line, where.since, where.until):
                     yield line
+        yield from state_lines_for(self.store, where, now)
+
+
+def state_lines_for(store: Store, where: LineFilter, now: datetime) -> list[Line]:
+    """The lines of the jobs' state (checkpoints at rest, restores' egress) that `where`
+    selects, priced as of `now`: every surface that reads the ledger (`gpuopt costs`, GET
+    /costs, the FOCUS export, budgets) gets them through `Ledger._priced`. The store keeps
+    no checkpoint or restore rows yet, so there are none; once it does, this reads them and
+    hands them to `optimizer.costs.state_lines.state_lines` with `keep=state_filter(where)`."""
+    return []
+
+
+def state_filter(where: LineFilter) -> Callable[[Line], bool]:
+    """Whether a state line is one `where` selects (window, job, policy, provider; a market
+    filter selects them by their kind: checkpoint-storage, egress)."""
+
+    def keep(line: Line) -> bool:
+        return (
+            overlaps(line, where.since, where.until)
+            and (where.job_id is None or line.job_id == where.job_id)
+            and (where.policy is None or line.policy == where.policy)
+            and (where.provider is None or line.provider == where.provider)
+            and (where.market is None or line.market == where.market)
+        )
+
+    return keep
 
 
 class _Series:

@@ -17,7 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import Protocol
 
+from optimizer.costs.egress import DEFAULT_HORIZON_HOURS, StatePlace
 from optimizer.jobs import budget, expected
 from optimizer.jobs.context import PassMemo
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow, measured
@@ -73,6 +75,7 @@ def launch_ranking(
     replacing: int | None = None,
     window: ProbeWindow = DEFAULT_WINDOW,
     memo: PassMemo | None = None,
+    state: StatePlace | None = None,
 ) -> LaunchRanking:
     """Rank the latest offers under the policy in force at `now` as a launch does (module
     docstring): `policy` as written, or already in force (a plain policy is its own).
@@ -82,7 +85,9 @@ def launch_ranking(
     optimizer.jobs.budget.committed); `window`: which probe results the measured figures
     and the demotions come from (optimizer.jobs.measured); `memo`: a reconcile pass's, so
     that every launch of the pass shares one reading of the offers and the probe figures
-    (the other surfaces, /offers, the console and the advice, read their own).
+    (the other surfaces, /offers, the console and the advice, read their own); `state`:
+    where the job's checkpoint is (`state_place`), so each offer's rank counts moving it
+    there and the policy's `data` rules apply (policies/data_rules.py).
     """
     # Every surface ranks through here (the launcher, /offers, the console, the advice), so
     # each sees the schedule window in force, whatever it was handed.
@@ -101,7 +106,7 @@ def launch_ranking(
         # the next launch's budget check must count.
         spend = budget.committed(store, policy_name, now, listed, replacing=replacing)
     found = pass_measured(store, window, memo)
-    ranking = evaluate(policy, offers, now, measured=found, committed=spend)
+    ranking = evaluate(policy, offers, now, measured=found, committed=spend, state=state)
     if policy.rank_by == "expected_cost" and ranking.candidates:
         annotated = with_expected(store, policy_name, ranking.candidates, now, job_id=replacing)
         ranking = replace(ranking, candidates=tuple(risk.by_expected_cost(annotated)))
@@ -124,3 +129,54 @@ def with_expected(
     histories = expected.pool_histories(store, now)
     overhead = expected.overhead_of(store, policy_name, now, job_id=job_id)
     return risk.annotate_all(candidates, histories, overhead, now)
+
+
+MIN_HORIZON_HOURS = 1.0
+"""The shortest run a move is spread over: a job about to reach its max_duration would
+otherwise make any move look unaffordable, or divide by nothing."""
+
+
+class CheckpointLike(Protocol):
+    """What `state_place` reads of a stored checkpoint (CheckpointRecord)."""
+
+    provider: str | None
+    region: str | None
+    size_bytes: int
+
+
+def horizon_hours(max_duration_s: float | None, ran_s: float) -> float:
+    """How long the next attempt is expected to run, over which a move is spread: what is
+    left of the job's max_duration (the spec's over the policy's) after the time it has run,
+    at least `MIN_HORIZON_HOURS`; without a max_duration, `DEFAULT_HORIZON_HOURS` (a day)."""
+    if max_duration_s is None:
+        return DEFAULT_HORIZON_HOURS
+    return max((max_duration_s - max(ran_s, 0.0)) / 3600, MIN_HORIZON_HOURS)
+
+
+def state_place(
+    checkpoint: CheckpointLike | None,
+    *,
+    restore_mib_s: float | None = None,
+    max_duration_s: float | None = None,
+    ran_s: float = 0.0,
+) -> StatePlace | None:
+    """The job's state as a launch's ranking reads it: its newest checkpoint's place and
+    size, the restore throughput the job measured (None: assumed), and the horizon
+    (`horizon_hours`). None where there is no checkpoint or its place is unknown."""
+    if checkpoint is None or not checkpoint.provider or not checkpoint.region:
+        return None
+    return StatePlace(
+        checkpoint.provider,
+        checkpoint.region,
+        int(checkpoint.size_bytes),
+        restore_mib_s or None,
+        horizon_hours(max_duration_s, ran_s),
+    )
+
+
+def job_state(store: Store, job_id: int, now: datetime) -> StatePlace | None:
+    """Where the job's state is, for the ranking of its next launch: the hook the launcher
+    and the advice call. The store keeps no checkpoints yet, so no job has a place: every
+    launch ranks as it did. Once it does, this reads the job's newest live checkpoint, its
+    last measured restore throughput and its max_duration, into `state_place`."""
+    return None

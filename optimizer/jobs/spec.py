@@ -179,15 +179,6 @@ class JobSpec(BaseModel):
     policy: str = Field(pattern=NAME_PATTERN, description="The policy the job runs under.")
     run: str = Field(min_length=1, description="The command, run with /bin/sh -c.")
     setup: str | None = Field(None, description="Runs before `run` on every attempt.")
-    workdir: str | None = Field(None, description="Where the commands run on the instance.")
-    checkpoint: CheckpointSpec | None = Field(
-        None,
-        description="The bucket the job's checkpoints are synced to (a URI, or uri/keep/region).",
-        examples=["s3://team-ckpt/resnet", {"uri": "gs://team-ckpt/resnet", "keep": 5}],
-    )
-    checkpoint_dir: str | None = Field(
-        None, min_length=1, description="A path or URI the job's attempts share themselves."
-    )
     workdir: str | None = Field(
         None,
         description="Where the commands run on the instance; with `code`, a folder inside "
@@ -197,7 +188,14 @@ class JobSpec(BaseModel):
         None,
         description="The uploaded code archive the commands run in (set by the CLI).",
     )
-    checkpoint_dir: str = Field(min_length=1, description="A path or bucket URI for the job.")
+    checkpoint: CheckpointSpec | None = Field(
+        None,
+        description="The bucket the job's checkpoints are synced to (a URI, or uri/keep/region).",
+        examples=["s3://team-ckpt/resnet", {"uri": "gs://team-ckpt/resnet", "keep": 5}],
+    )
+    checkpoint_dir: str | None = Field(
+        None, min_length=1, description="A path or URI the job's attempts share themselves."
+    )
     env: dict[str, _EnvValue] = Field(
         default_factory=dict,
         description=f"At most {MAX_ENV_KEYS} variables.",

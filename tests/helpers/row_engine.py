@@ -15,6 +15,7 @@ from itertools import compress, groupby, islice
 from operator import eq
 from typing import Any
 
+from optimizer.costs.egress import StatePlace
 from optimizer.model import Market, Offer
 from policies.budget import Committed
 from policies.measured import MEASURED, Measured
@@ -188,9 +189,10 @@ def evaluate(
     *,
     measured: Measured | Mapping[str, Mapping[str, float]] | None = None,
     committed: Committed | None = None,
+    state: StatePlace | None = None,
 ) -> Ranking:
     """`policies.engine.evaluate`, one offer at a time (same arguments, same answer)."""
-    rules = RuleSet(policy, now, measured, committed)
+    rules = RuleSet(policy, now, measured, committed, state)
     return _rank(rules, policy.name, offers)
 
 
@@ -240,12 +242,19 @@ def _rank(rules: RuleSet, policy_name: str, offers: Iterable[Offer]) -> Ranking:
     references: list[float | None] = []
     per_tflops: list[float | None] = []
     fits: list[Fit] = []
+    moves: list[float] = []
     for offer, shape in zip(kept, kept_shapes, strict=True):
         price = offer.usd_per_hour
         reference = on_demand.get(shape.od_key)
         if check_price:
             verdict = rules.price(
-                price, offer.gpu_count, offer.market, reference, offer.instance_type, offer.region
+                price,
+                offer.gpu_count,
+                offer.market,
+                reference,
+                offer.instance_type,
+                offer.region,
+                offer.provider,
             )
             if verdict is not None:
                 rule, reason = verdict
@@ -256,12 +265,17 @@ def _rank(rules: RuleSet, policy_name: str, offers: Iterable[Offer]) -> Ranking:
         fit = shape.fit
         node = fit.node_tflops  # type: ignore[union-attr]  # a shape without a rule has a Fit
         usd_per_tflop = price / node if node else None
+        ranked = price
+        if rules.state is not None:  # data gravity: the move, spread over the horizon
+            move = rules.state.move(offer.provider, offer.region, price)
+            moves.append(move.total_usd)
+            ranked = price + move.total_usd / rules.state.horizon_hours
         if per_tflop:
-            scores.append(usd_per_tflop)  # type: ignore[arg-type]  # the rule ensured a figure
+            scores.append(ranked / node)  # type: ignore[operator]  # the rule ensured a figure
         elif per_tbps:
-            scores.append(price / fit.node_tbps)  # type: ignore[union-attr,operator]
+            scores.append(ranked / fit.node_tbps)  # type: ignore[union-attr,operator]
         else:
-            scores.append(price)
+            scores.append(ranked)
         passed.append(offer)
         references.append(reference)
         per_tflops.append(usd_per_tflop)
@@ -275,6 +289,18 @@ def _rank(rules: RuleSet, policy_name: str, offers: Iterable[Offer]) -> Ranking:
         )
         for rank, i in enumerate(_order(scores, passed, markets, demoted), 1)
     )
+    if rules.state is not None:
+        state, by_offer = rules.state, dict(zip(map(id, passed), moves, strict=True))
+        candidates = tuple(
+            c._replace(
+                move_usd=by_offer[id(c.offer)],
+                move_usd_per_hour=by_offer[id(c.offer)] / state.horizon_hours,
+                move=state.explain(
+                    state.move(c.offer.provider, c.offer.region, c.offer.usd_per_hour)
+                ),
+            )
+            for c in candidates
+        )
     return Ranking(
         policy_name=policy_name,
         evaluated_at=rules.now,
