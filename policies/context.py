@@ -16,9 +16,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from optimizer import hardware
-from optimizer.costs.egress import StatePlace
 from optimizer.model import Fabric
 from policies import budget, schedule
+from policies.egress import StatePlace
 from policies.measured import DATASHEET, MEASURED, Measured, TypeMeasurement, as_measured
 from policies.schema import Policy
 

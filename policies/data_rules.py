@@ -1,7 +1,7 @@
 """Data gravity: the rules on moving a job's state (its checkpoint) to an offer.
 
 A launch for a job whose checkpoint sits in object storage is ranked with where that state
-is (`optimizer.costs.egress.StatePlace`, handed to `policies.engine.evaluate`). Two rules
+is (`policies.egress.StatePlace`, handed to `policies.engine.evaluate`). Two rules
 read it, and both pass every offer when the ranking has no state (a new job, the console,
 the backtest):
 - `data.regions` (a shape rule, after `compliance`): the offer's region must match one of
@@ -9,7 +9,7 @@ the backtest):
   it always passes.
 - `data.max_move_usd` (a price rule, after the bid caps, before the budget): the move's
   cost, the transfer out of the state's cloud plus the restore's seconds at the offer's
-  price (`optimizer.costs.egress.move_cost`), must not be over the limit.
+  price (`policies.egress.move_cost`), must not be over the limit.
 
 The ranking adds the same move cost to each candidate's price, spread over the state's
 horizon (`StatePlace.horizon_hours`), so a cheap offer across an ocean from a big
@@ -22,8 +22,8 @@ from fnmatch import fnmatchcase
 
 import numpy as np
 
-from optimizer.costs.egress import size_text
 from policies.context import SLACK, RuleContext
+from policies.egress import size_text
 from policies.rule import Priced, PriceRule, Prices, Shape, ShapeColumns, ShapeRule
 
 
@@ -93,7 +93,7 @@ def move_parts(
     """(egress USD, restore seconds) per row, from the distinct (provider, region) `pairs`
     and each row's `index` into them (`policies.columnar.places`), each pair priced once per
     evaluation: the move's cost at a price p is egress + seconds * p / 3600, as
-    `optimizer.costs.egress.move_cost` works it out."""
+    `policies.egress.move_cost` works it out."""
     state = rules.state
     assert state is not None
     memo = rules.memo("data.move")

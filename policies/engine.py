@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.costs.egress import StatePlace
 from optimizer.model import Offer
 from policies.budget import Committed
 from policies.columnar import PASSED, Verdicts, judge, places
 from policies.data_rules import move_parts
+from policies.egress import StatePlace
 from policies.measured import MEASURED, Measured
 from policies.ranking import Candidate, LazyRows, Ranking, Rejection
 from policies.rules import RULES, EvaluationError, RuleSet

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 
-from optimizer.costs.egress import StatePlace
 from optimizer.model import Fabric
 from policies import budget, rulebook
 from policies.context import (
@@ -24,6 +23,7 @@ from policies.context import (
     fabric_meets,
     usd,
 )
+from policies.egress import StatePlace
 from policies.measured import Measured
 from policies.price_rules import STALE
 from policies.rule import Priced, PriceRule, Rule, Shape, ShapeRule

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from optimizer.costs.egress import StatePlace
 from optimizer.jobs.ranking import horizon_hours, state_place
 from optimizer.model import Market
 from policies import risk, rulebook
+from policies.egress import StatePlace
 from policies.engine import RULES, Ranking, evaluate
 from policies.schema import Policy
 from tests.helpers import row_engine

@@ -1,4 +1,4 @@
-"""What moving a job's state costs (optimizer/costs/egress.py): the rates per path from the
+"""What moving a job's state costs (policies/egress.py): the rates per path from the
 bundled tables, where a region is, the restore's time, storage at rest, and residency."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from optimizer.costs import egress
-from optimizer.costs.egress import (
+from policies import egress
+from policies.egress import (
     OTHER_CLOUD,
     OTHER_CONTINENT,
     SAME_CONTINENT,

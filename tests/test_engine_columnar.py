@@ -17,10 +17,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from optimizer.costs.egress import StatePlace
 from optimizer.model import Fabric, Interconnect, Market, Offer, PaymentOption
 from policies.budget import Committed
 from policies.columnar import PASSED, judge, places
+from policies.egress import StatePlace
 from policies.engine import OfferTable, Ranking, evaluate
 from policies.measured import Measured, TypeMeasurement
 from policies.price_rules import STALE

@@ -51,8 +51,8 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     | {"optimizer.probes", "optimizer.checkpoints", "optimizer.storage", "optimizer.code"},
     "optimizer.store": BASE,
     # the ledger's pure model; each provider's billing rule and FOCUS names from its registry
-    # entry
-    "optimizer.costs": BASE | {"providers"},
+    # entry; the data-transfer and storage rates beside the ranking that prices a move with them
+    "optimizer.costs": BASE | {"providers", "policies"},
     # alerts word the cost summary with the ledger's pure figures
     "optimizer.alerts": BASE | {"optimizer.store", "optimizer.costs"},
     # jobs record their events through the store, not through alerts

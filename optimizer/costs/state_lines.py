@@ -1,7 +1,7 @@
 """Cost lines of a job's state: its checkpoints at rest, and the data its restores moved (pure).
 
 - Storage: each checkpoint is kept from `committed_at` to `deleted_at` (or `until`, while it
-  is kept), at its store's Standard-class rate (`optimizer.costs.egress.storage_rate`):
+  is kept), at its store's Standard-class rate (`policies.egress.storage_rate`):
   GB-months = size_bytes / 1e9 x seconds kept / (730 h x 3600 s), split by calendar month
   (UTC) like every other line. FOCUS ServiceCategory "Storage".
 - Egress: each restore moved `fetched_bytes` (what it downloaded: files whose sha256 already
@@ -21,15 +21,15 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Protocol
 
-from optimizer.costs.egress import (
+from optimizer.costs.ledger import Cost, clip, month_windows
+from optimizer.costs.lines import CHECKPOINT_STORAGE, EGRESS, Line
+from policies.egress import (
     GB,
     HOURS_PER_MONTH,
     SAME_REGION,
     storage_rate,
     transfer_usd_per_gb,
 )
-from optimizer.costs.ledger import Cost, clip, month_windows
-from optimizer.costs.lines import CHECKPOINT_STORAGE, EGRESS, Line
 
 Time = datetime | float  # a datetime, or epoch seconds
 JobNames = Mapping[int, tuple[str, str]]  # job id -> (job name, policy name)

@@ -291,14 +291,14 @@ class DataTransferConfig(_Section):
     @field_validator("egress_usd_per_gb")
     @classmethod
     def _known(cls, value: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
-        from optimizer.costs import egress
+        from policies import egress
 
         egress.check_overrides(value)
         return value
 
     def apply(self) -> None:
         """Put these rates in force in this process (the bundled ones where none is given)."""
-        from optimizer.costs import egress
+        from policies import egress
 
         egress.override(self.egress_usd_per_gb)
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Protocol
 
-from optimizer.costs.egress import DEFAULT_HORIZON_HOURS, StatePlace
 from optimizer.jobs import budget, expected
 from optimizer.jobs.context import PassMemo
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow, measured
@@ -27,6 +26,7 @@ from optimizer.model import Offer, Pool
 from optimizer.store import Store
 from policies import budget as budget_model
 from policies import risk
+from policies.egress import DEFAULT_HORIZON_HOURS, StatePlace
 from policies.engine import Candidate, Ranking, evaluate
 from policies.measured import Measured
 from policies.schedule import effective

@@ -15,9 +15,9 @@ from itertools import compress, groupby, islice
 from operator import eq
 from typing import Any
 
-from optimizer.costs.egress import StatePlace
 from optimizer.model import Market, Offer
 from policies.budget import Committed
+from policies.egress import StatePlace
 from policies.measured import MEASURED, Measured
 from policies.ranking import Candidate, Ranking
 from policies.rules import Fit, RuleSet

@@ -1,7 +1,7 @@
 """What moving a job's state costs: data transfer out, restore time, and storage at rest (pure).
 
 The rates are list prices in two tables bundled with the package, each row with its source
-and date (`optimizer/data/egress_rates.csv`, `optimizer/data/storage_rates.csv`), read once.
+and date (`policies/egress_rates.csv`, `policies/storage_rates.csv`), read once.
 They are never live figures; `override` replaces rates (the daemon's
 `data_transfer.egress_usd_per_gb` setting, where given).
 
@@ -174,7 +174,7 @@ def parse_storage(
 
 
 def _text(name: str) -> str:
-    return (resources.files("optimizer") / "data" / name).read_text(encoding="utf-8")
+    return (resources.files("policies") / name).read_text(encoding="utf-8")
 
 
 _OVERRIDES: dict[tuple[str, str], float] = {}
