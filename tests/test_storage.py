@@ -336,6 +336,25 @@ def test_s3_transient_errors_are_retried_and_final_errors_are_not(s3_env: Any) -
         assert waits == [0.25, 0.5, 1.0]
 
 
+def test_s3_transfer_giving_up_is_mapped_through_its_last_exception() -> None:
+    """s3transfer raises RetriesExceededError(last_exception) when a ranged GET keeps timing
+    out (seen against a loaded moto_server with 32 parts at a time)."""
+    import boto3.exceptions
+    import botocore.exceptions
+    from s3transfer.exceptions import RetriesExceededError
+
+    timeout = botocore.exceptions.ReadTimeoutError(endpoint_url="http://127.0.0.1:1/b/k")
+    try:
+        try:
+            raise RetriesExceededError(timeout)
+        except RetriesExceededError as inner:
+            raise boto3.exceptions.RetriesExceededError(inner.last_exception) from None
+    except boto3.exceptions.RetriesExceededError as outer:
+        mapped = s3_module.translate(outer, "s3://b/k")
+    assert isinstance(mapped, Unreachable)
+    assert str(mapped).startswith("s3://b/k: cannot reach the storage endpoint (Read timeout")
+
+
 class _Body:
     def __init__(self, data: bytes) -> None:
         self.data = data

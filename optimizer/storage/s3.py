@@ -205,5 +205,9 @@ def translate(exc: BaseException, uri: str) -> StorageError | None:
             return AccessDenied(f"{uri}: access denied (no AWS credentials found)")
         if isinstance(current, bx.ConnectionError | bx.HTTPClientError):
             return Unreachable(f"{uri}: cannot reach the storage endpoint ({current})")
-        current = current.__cause__ or current.__context__
+        # s3transfer's RetriesExceededError keeps the failure it gave up on aside
+        last = getattr(current, "last_exception", None)
+        current = (last if isinstance(last, BaseException) else None) or (
+            current.__cause__ or current.__context__
+        )
     return None
