@@ -68,6 +68,9 @@ BOOTSTRAP_ENV = (
     ENV_AGENT_TOKEN,
     ENV_EXPECTED_GPUS,
 )
+# The job's environment: where the agent ships the job's checkpoints (set only then; the
+# job then leaves pruning its checkpoint folders to the agent, docs/checkpoints.md).
+ENV_CHECKPOINT_URI = "GPUOPT_CHECKPOINT_URI"
 # What the agent cannot run without.
 REQUIRED_ENV = (ENV_DAEMON_URL, ENV_AGENT_TOKEN, ENV_ATTEMPT_KEY, ENV_METADATA_KIND)
 

@@ -191,6 +191,23 @@ def test_keep_prunes_the_oldest_manifest_first_then_data(store: FakeStore, tmp_p
     assert [m.name for m in list_checkpoints(store)] == ["step-4", "step-3"]
     assert pruned == [["step-1"], ["step-2"]]
     assert sorted({k.split("/")[1] for k in store.names("data/")}) == ["step-3", "step-4"]
+    # The instance's disk keeps no more: uploaded folders past the `keep` newest are deleted.
+    assert sorted(p.name for p in local.iterdir() if p.is_dir()) == ["step-3", "step-4"]
+
+
+def test_a_folder_not_uploaded_yet_is_never_deleted_from_the_disk(
+    store: FakeStore, tmp_path: Path
+) -> None:
+    local = tmp_path / "local"
+    up = uploader(store, local, keep=1)
+    write(local, "step-1", {"w": b"1"}, step=1)
+    up.flush(10)
+    store.fail_after_files = store.files_put  # the bucket fails from here on
+    write(local, "step-2", {"w": b"2"}, step=2)
+    assert up.flush(0.3) == []
+    up.stop()
+    # step-2 never reached the bucket: both stay on the disk (step-1 is the bucket's newest).
+    assert sorted(p.name for p in local.iterdir() if p.is_dir()) == ["step-1", "step-2"]
 
 
 def test_data_left_by_a_killed_upload_is_pruned_after_being_seen_twice(

@@ -20,6 +20,7 @@ from optimizer.protocol import (
     DEFAULT_HEARTBEAT_S,
     ENV_AGENT_TOKEN,
     ENV_ATTEMPT_KEY,
+    ENV_CHECKPOINT_URI,
     ENV_CLOUD,
     ENV_DAEMON_URL,
     ENV_EXPECTED_GPUS,
@@ -178,6 +179,9 @@ class Assignment:
         """The job's environment; `checkpoints` is the local folder the agent syncs (a job
         with a `checkpoint` location), else the job's own `checkpoint_dir` is handed on."""
         env = {str(k): str(v) for k, v in self.job.env.items()}
+        if checkpoints is not None and self.job.checkpoint is not None:
+            # The job's checkpoints are shipped (and pruned) by the agent: it only commits them.
+            env[ENV_CHECKPOINT_URI] = self.job.checkpoint.uri
         env.update(
             GPUOPT_CHECKPOINT_DIR=str(checkpoints or self.job.checkpoint_dir or ""),
             GPUOPT_ATTEMPT=str(self.attempt),

@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -351,6 +352,20 @@ class Uploader:
             )
             self._call(self.on_commit, commit)
             self._prune()
+        self._prune_local()
+
+    def _prune_local(self) -> None:
+        """Delete local folders that are uploaded and older than the `keep` newest: where
+        gpuopt ships checkpoints (GPUOPT_CHECKPOINT_URI set) the job leaves pruning to it, so
+        the instance's disk holds no more than `keep` of them plus what is being written."""
+        try:
+            done = [c for c in committed(self.local_dir) if _sent(self._uploaded, c)]
+        except OSError:
+            return
+        newest = {c.name for c in committed(self.local_dir)[-self.keep :]}
+        for one in done:
+            if one.name not in newest:
+                shutil.rmtree(self.local_dir / one.name, ignore_errors=True)
 
     def _prune(self) -> None:
         try:

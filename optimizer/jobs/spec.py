@@ -66,6 +66,7 @@ if TYPE_CHECKING:  # the store is not loaded for reading a spec file (the CLI)
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV = (
     "GPUOPT_CHECKPOINT_DIR",
+    "GPUOPT_CHECKPOINT_URI",
     "GPUOPT_ATTEMPT",
     "GPUOPT_RESTARTS",
     "GPUOPT_JOB",
