@@ -18,13 +18,12 @@ checkpoint can rank below a dearer one next to it (policies/engine.py).
 
 from __future__ import annotations
 
-from fnmatch import fnmatchcase
-
 import numpy as np
 
 from policies.context import SLACK, RuleContext
 from policies.egress import size_text
 from policies.rule import Priced, PriceRule, Prices, Shape, ShapeColumns, ShapeRule
+from policies.schema import allowed_region
 
 
 class DataRegionsRule(ShapeRule):
@@ -42,7 +41,7 @@ class DataRegionsRule(ShapeRule):
         state = rules.state
         if state is None or (provider, region) == (state.provider, state.region):
             return None
-        if any(fnmatchcase(region, glob) for glob in rules.data_allow):
+        if allowed_region(rules.data_allow, region):
             return None
         return (
             f"region {region} is not in data.regions.allow ({', '.join(rules.data_allow)}): "

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from enum import StrEnum
+from fnmatch import fnmatchcase
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -311,6 +313,15 @@ class DataRegions(_Strict):
     @classmethod
     def _globs(cls, value: list[str]) -> list[str]:
         return region_globs(value)
+
+    def allows(self, region: str) -> bool:
+        """Whether `region` matches one of the globs (the rule data.regions reads the same)."""
+        return allowed_region(self.allow, region)
+
+
+def allowed_region(globs: Iterable[str], region: str) -> bool:
+    """Whether `region` matches one of the region globs."""
+    return any(fnmatchcase(region, glob) for glob in globs)
 
 
 class Data(_Strict):

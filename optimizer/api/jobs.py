@@ -18,7 +18,7 @@ from optimizer.api.state import ApiState, StateDep, utc_text
 from optimizer.code import CodeError
 from optimizer.jobs.advice import job_advice
 from optimizer.jobs.gang import head_number
-from optimizer.jobs.spec import JobSpec, stored_form
+from optimizer.jobs.spec import JobSpec, bucket_provider, stored_form
 from optimizer.jobs.state import BucketRefused, BucketUnreachable
 from optimizer.lifecycle import TERMINAL_JOB_STATES, JobState
 from optimizer.model import EventKind
@@ -30,6 +30,8 @@ from optimizer.store import (
     RestoreRecord,
 )
 from optimizer.store.telemetry import GpuSummary
+from policies.egress import residency_problem
+from policies.schema import Policy
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -89,6 +91,8 @@ def submit_job(spec: JobSpec, state: StateDep) -> dict[str, Any]:
             ],
         )
     spec, unknown = _with_region(state, spec)
+    loaded = state.policies.get(spec.policy)
+    _check_residency(spec, None if loaded is None else loaded.policy)
     if spec.code is not None and state.code is not None and not _holds(state, spec.code.sha256):
         raise HTTPException(
             422,
@@ -125,6 +129,33 @@ def submit_job(spec: JobSpec, state: StateDep) -> dict[str, Any]:
         )
     state.wakeup.set()
     return job_view(_job(state, spec.name))
+
+
+def _check_residency(spec: JobSpec, policy: Policy | None) -> None:
+    """Data residency is compliance: a job whose policy keeps it to a region preset (`eu`,
+    alias `gdpr`, ...) may not keep its checkpoints in a bucket outside it, nor outside the
+    policy's `data.regions.allow`; a 422 naming `checkpoint.uri` otherwise. A bucket whose
+    region is unknown is not judged (its job got a warning)."""
+    bucket = spec.checkpoint
+    if policy is None or bucket is None or not bucket.region:
+        return
+    provider = bucket_provider(bucket.uri)
+    problem = residency_problem(policy.placement.compliance, provider, bucket.region)
+    if problem is None and not policy.data.regions.allows(bucket.region):
+        problem = f"region {bucket.region} is not in the policy's data.regions.allow"
+    if problem is None:
+        return
+    raise HTTPException(
+        422,
+        detail=[
+            {
+                "loc": ["body", "checkpoint", "uri"],
+                "msg": f"the checkpoint bucket {bucket.uri} ({provider} {bucket.region}) "
+                f"breaks policy {spec.policy}'s data residency: {problem}",
+                "type": "value_error",
+            }
+        ],
+    )
 
 
 def _with_region(state: ApiState, spec: JobSpec) -> tuple[JobSpec, str | None]:

@@ -36,6 +36,7 @@ from optimizer.clock import Clock, utc_now
 from optimizer.costs import Cost, GroupBy, Line, Usage, billed_span, monthly, total
 from optimizer.costs.ledger import Interval, PricePoints
 from optimizer.costs.lines import Totals, merge_totals, totals_by
+from optimizer.costs.state_lines import state_lines
 from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.gang import head_number
 from optimizer.model import Market, Pool
@@ -299,10 +300,20 @@ class Ledger:
 def state_lines_for(store: Store, where: LineFilter, now: datetime) -> list[Line]:
     """The lines of the jobs' state (checkpoints at rest, restores' egress) that `where`
     selects, priced as of `now`: every surface that reads the ledger (`gpuopt costs`, GET
-    /costs, the FOCUS export, budgets) gets them through `Ledger._priced`. The store keeps
-    no checkpoint or restore rows yet, so there are none; once it does, this reads them and
-    hands them to `optimizer.costs.state_lines.state_lines` with `keep=state_filter(where)`."""
-    return []
+    /costs, the FOCUS export, budgets) gets them through `Ledger._priced`. Read from the
+    store's checkpoint and restore rows (of one job where `where` names one)."""
+    checkpoints = store.checkpoints.checkpoints(where.job_id)
+    restores = store.checkpoints.restores(where.job_id)
+    if not checkpoints and not restores:
+        return []
+    wanted = {c.job_id for c in checkpoints} | {r.job_id for r in restores}
+    if where.job_id is not None:
+        one = store.jobs.get_job_by_id(where.job_id)
+        records = [] if one is None else [one]
+    else:
+        records = store.jobs.list_jobs()
+    jobs = {j.id: (j.given_name, j.policy) for j in records if j.id in wanted}
+    return state_lines(checkpoints, restores, until=now, jobs=jobs, keep=state_filter(where))
 
 
 def state_filter(where: LineFilter) -> Callable[[Line], bool]:

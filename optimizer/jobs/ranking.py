@@ -22,6 +22,7 @@ from typing import Protocol
 from optimizer.jobs import budget, expected
 from optimizer.jobs.context import PassMemo
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow, measured
+from optimizer.jobs.spec import bucket_provider, job_spec
 from optimizer.model import Offer, Pool
 from optimizer.store import Store
 from policies import budget as budget_model
@@ -131,6 +132,7 @@ def with_expected(
     return risk.annotate_all(candidates, histories, overhead, now)
 
 
+MIB = 1024 * 1024
 MIN_HORIZON_HOURS = 1.0
 """The shortest run a move is spread over: a job about to reach its max_duration would
 otherwise make any move look unaffordable, or divide by nothing."""
@@ -139,9 +141,12 @@ otherwise make any move look unaffordable, or divide by nothing."""
 class CheckpointLike(Protocol):
     """What `state_place` reads of a stored checkpoint (CheckpointRecord)."""
 
-    provider: str | None
-    region: str | None
-    size_bytes: int
+    @property
+    def provider(self) -> str | None: ...
+    @property
+    def region(self) -> str | None: ...
+    @property
+    def size_bytes(self) -> int: ...
 
 
 def horizon_hours(max_duration_s: float | None, ran_s: float) -> float:
@@ -175,8 +180,46 @@ def state_place(
 
 
 def job_state(store: Store, job_id: int, now: datetime) -> StatePlace | None:
-    """Where the job's state is, for the ranking of its next launch: the hook the launcher
-    and the advice call. The store keeps no checkpoints yet, so no job has a place: every
-    launch ranks as it did. Once it does, this reads the job's newest live checkpoint, its
-    last measured restore throughput and its max_duration, into `state_place`."""
-    return None
+    """Where the job's state is, for the ranking of its next launch (the launcher and the
+    advice call this): its newest checkpoint still in the bucket, else (nothing committed
+    yet) an empty state at its bucket's region, so `data.regions` applies from the first
+    launch; the restore throughput its earlier restores measured (the newest with bytes
+    fetched; None: the sourced default); the horizon from its max_duration less the time its
+    attempts have run. None for a job without a bucket, or whose bucket's region is unknown."""
+    job = store.jobs.get_job_by_id(job_id)
+    if job is None:
+        return None
+    spec = job_spec(job)
+    if spec.checkpoint is None:
+        return None
+    live = [c for c in store.checkpoints.checkpoints(job_id) if c.deleted_at is None]
+    newest: CheckpointLike | None = live[0] if live else None
+    if newest is None:
+        region = spec.checkpoint.region
+        if not region:
+            return None
+        newest = EmptyState(bucket_provider(spec.checkpoint.uri), region)
+    measured = [
+        r for r in store.checkpoints.restores(job_id) if r.fetched_bytes > 0 and r.seconds > 0
+    ]
+    throughput = None
+    if measured:
+        last = max(measured, key=lambda r: (r.at, r.id))
+        throughput = last.fetched_bytes / MIB / last.seconds
+    ran_s = sum(
+        ((a.ended_at or now) - a.started_at).total_seconds()
+        for a in store.jobs.attempts(job_id)
+        if a.started_at is not None
+    )
+    return state_place(
+        newest, restore_mib_s=throughput, max_duration_s=spec.max_duration, ran_s=ran_s
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class EmptyState:
+    """A bucket with nothing in it yet, in `state_place`'s terms."""
+
+    provider: str
+    region: str
+    size_bytes: int = 0
