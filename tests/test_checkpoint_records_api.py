@@ -33,6 +33,13 @@ BUCKET = "s3://team-ckpt/resnet"
 SPEC = {"name": "train", "policy": "small", "run": "python train.py", "checkpoint": BUCKET}
 
 
+GDPR = (
+    policy_text("gdpr")
+    + "placement: {compliance: gdpr}\n"
+    + "data: {regions: {allow: [eu-central-*, europe-west4]}}\n"
+)
+
+
 class Regions:
     """The storage API as the daemon's submit sees it: each bucket's answer."""
 
@@ -60,10 +67,14 @@ def regions() -> Regions:
 @pytest.fixture
 def daemon(tmp_path: Path, clock: ManualClock, regions: Regions) -> Iterator[Daemon]:
     write_policy(tmp_path / "policies", "small.yaml", policy_text("small"))
+    write_policy(tmp_path / "policies", "gdpr.yaml", GDPR)
     with running(make_config(tmp_path), clock=clock) as d:
         d.app.state.gpuopt.bucket_region = regions
         with api(d) as client:
-            wait_until(lambda: client.get("/policies/small").status_code == 200, what="policy")
+            for name in ("small", "gdpr"):
+                wait_until(
+                    lambda n=name: client.get(f"/policies/{n}").status_code == 200, what=name
+                )
         yield d
 
 
@@ -175,6 +186,28 @@ def test_an_unreachable_storage_api_accepts_the_job_and_warns(
         "field": "checkpoint.uri",
         "reason": f"{BUCKET}: unreachable (EndpointConnectionError)",
     }
+
+
+@pytest.mark.parametrize(
+    ("region", "why"),
+    [
+        ("us-east-1", "us-east-1"),  # outside the EU: the compliance preset refuses it
+        ("eu-west-1", "region eu-west-1 is not in the policy's data.regions.allow"),
+    ],
+)
+def test_a_bucket_outside_the_policys_residency_is_refused_at_submit(
+    daemon: Daemon, regions: Regions, region: str, why: str
+) -> None:
+    regions.answer = region
+    refused = submit(daemon, policy="gdpr")
+    assert refused.status_code == 422, refused.text
+    [problem] = refused.json()["detail"]
+    assert problem["loc"] == ["body", "checkpoint", "uri"]
+    assert f"{BUCKET} (aws {region}) breaks policy gdpr's data residency" in problem["msg"]
+    assert why in problem["msg"]
+    assert daemon.store.jobs.get_job("train") is None  # nothing stored
+    regions.answer = "eu-central-1"  # a bucket inside both is accepted
+    assert submit(daemon, policy="gdpr").status_code == 201
 
 
 def test_a_bad_uri_is_refused_before_any_lookup(daemon: Daemon, regions: Regions) -> None:

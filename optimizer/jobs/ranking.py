@@ -206,11 +206,17 @@ def job_state(store: Store, job_id: int, now: datetime) -> StatePlace | None:
     if measured:
         last = max(measured, key=lambda r: (r.at, r.id))
         throughput = last.fetched_bytes / MIB / last.seconds
-    ran_s = sum(
-        ((a.ended_at or now) - a.started_at).total_seconds()
+    spans = sorted(
+        (a.started_at, a.ended_at or now)
         for a in store.jobs.attempts(job_id)
         if a.started_at is not None
     )
+    ran_s, reach = 0.0, None  # the union of the attempts' spans (a handover overlaps two)
+    for start, end in spans:
+        begin = start if reach is None else max(start, reach)
+        if end > begin:
+            ran_s += (end - begin).total_seconds()
+        reach = end if reach is None else max(reach, end)
     return state_place(
         newest, restore_mib_s=throughput, max_duration_s=spec.max_duration, ran_s=ran_s
     )
