@@ -288,6 +288,8 @@ def advise(
         f"{current.market}, ${monthly:,.2f}/month at {hours:.0f} h/month "
         f"({duty.fraction * 100:.0f}% duty cycle)"
     )
+    if best.move:  # the job's checkpoint would have to follow it there (data gravity)
+        why += f"; {best.move}, ${best.move_usd_per_hour or 0:.4g}/h over the run"
     return Advice(
         status="cheaper_fit",
         reason=why,

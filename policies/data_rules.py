@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from optimizer.common.units import size_text
 from policies.context import SLACK, RuleContext
-from policies.egress import size_text
 from policies.rule import Priced, PriceRule, Prices, Shape, ShapeColumns, ShapeRule
 from policies.schema import allowed_region
 
@@ -70,7 +70,7 @@ class MaxMoveRule(PriceRule):
         if cost.total_usd <= limit * (1 + SLACK):
             return None
         return (
-            f"moving the checkpoint ({size_text(state.size_bytes)}, {state.provider} "
+            f"moving the checkpoint ({size_text(int(state.size_bytes))}, {state.provider} "
             f"{state.region} → {priced.provider} {priced.region}) costs ${cost.total_usd:.2f} "
             f"(${cost.egress_usd:.2f} egress + {cost.restore_s:.0f} s restore), over "
             f"data.max_move_usd ${limit:.2f}"

@@ -34,6 +34,7 @@ from functools import cache
 from importlib import resources
 from typing import Final
 
+from optimizer.common.units import size_text
 from policies import regions
 
 EGRESS_RESOURCE: Final = "egress_rates.csv"
@@ -340,6 +341,19 @@ def transfer_usd_per_gb(
     return found
 
 
+def egress_by_path(provider: str, region: str, size_bytes: int) -> dict[str, float]:
+    """What moving `size_bytes` out of (provider, region) costs in egress along each path
+    that leaves the region (same continent, other continent, other cloud), USD, from the
+    same table the ranking reads."""
+    group = _table_provider(provider.strip().lower(), region)
+    out = {}
+    for path in (SAME_CONTINENT, OTHER_CONTINENT, OTHER_CLOUD):
+        found = egress_table().get((group, path))
+        if found is not None:
+            out[path] = size_bytes / GB * found.usd_per_gb
+    return out
+
+
 def move_cost(
     size_bytes: int,
     src: Place | tuple[str, str],
@@ -449,14 +463,7 @@ class StatePlace:
     def explain(self, cost: MoveCost) -> str:
         """`moving 12.3 GiB from aws eu-central-1: $0.25 egress + 41 s restore ($0.03)`."""
         return (
-            f"moving {size_text(self.size_bytes)} from {self.place}: "
+            f"moving {size_text(int(self.size_bytes))} from {self.place}: "
             f"${cost.egress_usd:.2f} egress + {cost.restore_s:.0f} s restore "
             f"(${cost.restore_usd:.2f})"
         )
-
-
-def size_text(size_bytes: float) -> str:
-    """A size in GiB to one decimal (MiB below 1 GiB)."""
-    if size_bytes < GIB:
-        return f"{size_bytes / MIB:.1f} MiB"
-    return f"{size_bytes / GIB:.1f} GiB"

@@ -258,3 +258,20 @@ def test_a_zero_peak_sizes_no_memory_need() -> None:
 
 def _fields(offer: Any) -> dict[str, Any]:
     return {f: getattr(offer, f) for f in offer.__slots__}
+
+
+def test_a_cheaper_fit_across_regions_from_the_checkpoint_says_what_the_move_costs() -> None:
+    from policies.egress import StatePlace
+
+    # 50 GB of checkpoint in eu-central-1; the L40S offer is in us-east-1 (make_offer's
+    # region): another continent, $0.08/GB egress = $4.00, plus the restore at the default
+    # throughput, spread over a 24 h horizon.
+    state = StatePlace("aws", "eu-central-1", 50 * 10**9)
+    got = run(policy(), state=state)
+    assert got.status == "cheaper_fit"
+    assert "moving 46.6 GiB from aws eu-central-1: $4.00 egress" in got.reason
+    assert got.advised is not None and got.advised.move_usd_per_hour is not None
+    assert f"${got.advised.move_usd_per_hour:.4g}/h over the run" in got.reason
+    assert got.advised.move_usd_per_hour == pytest.approx(got.advised.move_usd / 24)  # type: ignore[operator]
+    # Without state nothing is said of a move.
+    assert "moving" not in run(policy()).reason

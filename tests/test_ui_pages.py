@@ -265,3 +265,39 @@ def test_the_timeline_draws_phases_and_marks_the_interruption() -> None:
     assert "interrupted 12:01:00" in drawn and ">live<" in drawn
     assert 'data-attempt="2"' in drawn and "<title" in drawn
     assert str(svg([], t)) == ""
+
+
+def test_a_job_page_lists_its_checkpoints_their_restores_and_the_states_cost(
+    client: httpx.Client, daemon: Daemon
+) -> None:
+    store = daemon.store
+    spec = {"run": "x", "checkpoint": {"uri": "s3://team/r", "keep": 3, "region": "eu-central-1"}}
+    job = store.jobs.add_job("ck", "small", spec)
+    first, second = (
+        store.jobs.create_attempt(
+            job, n, f"ck-{n}", make_offer(provider="aws"), f"{n:064d}", NOW - timedelta(days=2)
+        ).id
+        for n in (1, 2)
+    )
+    for name, size, at in (("step-10", 4 * 10**9, 2), ("step-20", 6 * 10**9, 1)):
+        store.checkpoints.add_checkpoint(
+            job_id=job, attempt_id=first, name=name, step=int(name[5:]), size_bytes=size,
+            files=1, uri=f"s3://team/r/data/{name}", provider="aws", region="eu-central-1",
+            committed_at=NOW - timedelta(days=at), upload_s=3.0, final=name == "step-20",
+        )  # fmt: skip
+    store.checkpoints.mark_deleted(job, ["step-10"], NOW - timedelta(days=1))
+    store.checkpoints.add_restore(
+        job_id=job, attempt_id=second, checkpoint_name="step-20", size_bytes=6 * 10**9,
+        fetched_bytes=6 * 10**9, seconds=12.0, from_provider="aws", from_region="eu-central-1",
+        to_provider="gcp", to_region="us-central1", at=NOW - timedelta(hours=20),
+    )  # fmt: skip
+    page = client.get("/ui/jobs/ck").text
+    assert "<code>s3://team/r</code> (eu-central-1), the 3 newest kept" in page
+    rows = page.split('id="checkpoints"')[1].split("</table>")[0]
+    assert rows.index("step-20") < rows.index("step-10")  # newest first
+    assert "5.6 GiB" in rows and "#2" in rows and "final" in rows and "pruned" in rows
+    # one day of 4 GB and one of 6 GB at $0.023/GB-month, plus 6 GB to another cloud at $0.09
+    storage = (4 + 6) * 24 / 730 * 0.023
+    assert f"storage and egress so far ${storage + 6 * 0.09:.4f}" in page
+    # the newest live checkpoint's move, along each path out of its region
+    assert "5.6 GiB in aws eu-central-1; moving it costs $0.12 (same-continent)" in page

@@ -14,14 +14,18 @@ from optimizer.api.costs import job_attempts
 from optimizer.api.jobs import gpu_view
 from optimizer.api.logs import LogStream
 from optimizer.api.state import ApiState
-from optimizer.costs import GroupBy
-from optimizer.jobs.ledger import Ledger
+from optimizer.common.units import size_text
+from optimizer.costs import GroupBy, Line
+from optimizer.jobs.ledger import Ledger, state_lines_for
+from optimizer.jobs.ranking import job_state
 from optimizer.jobs.spec import JobSpec, job_spec
 from optimizer.lifecycle import TERMINAL_JOB_STATES
-from optimizer.store import EventRecord, JobRecord
+from optimizer.store import CheckpointRecord, EventRecord, JobRecord
+from optimizer.store.costs import LineFilter
 from optimizer.store.jobs import AttemptRecord
 from optimizer.store.probes import ProbeRecord
 from optimizer.ui import timeline
+from policies.egress import egress_by_path
 
 LIST_LIMIT = 200
 EVENTS = 50
@@ -54,6 +58,14 @@ class JobPage:
     probes: list[ProbeRecord]
     gpu: GpuView | None  # GET /jobs/{name}'s `gpu`
     events: list[EventRecord]
+    checkpoints: list[CheckpointRecord]  # newest first, pruned ones too
+    restored_by: dict[str, list[int]]  # checkpoint name -> attempt numbers that restored it
+    state_lines: list[Line]  # the checkpoints at rest and the restores' egress, priced
+    move: str | None  # what moving the job's state to another region would take, in words
+
+    @property
+    def state_usd(self) -> float:
+        return sum(line.cost.total_usd for line in self.state_lines)
 
     @property
     def spec(self) -> JobSpec:
@@ -69,7 +81,8 @@ class JobPage:
 
     @property
     def total_usd(self) -> float:
-        return sum(line.total_usd for a in self.costs for line in a.cost_lines)
+        compute = sum(line.total_usd for a in self.costs for line in a.cost_lines)
+        return compute + self.state_usd
 
 
 def _gpu(state: ApiState, job: JobRecord) -> GpuView | None:
@@ -101,7 +114,34 @@ def job_page(state: ApiState, job: JobRecord) -> JobPage:
         probes=probes,
         gpu=_gpu(state, job),
         events=state.store.events.list_events(job_id=job.id, limit=EVENTS),
+        **_state(state, job, attempts, now),
     )
+
+
+def _state(
+    state: ApiState, job: JobRecord, attempts: list[AttemptRecord], now: datetime
+) -> dict[str, Any]:
+    """The job's state in its bucket: checkpoints, who restored them, their cost so far and
+    what a move of the newest across regions would take (the ranking's own words)."""
+    numbers = {a.id: a.number for a in attempts}
+    restored: dict[str, list[int]] = {}
+    for r in state.store.checkpoints.restores(job.id):
+        restored.setdefault(r.checkpoint_name, []).append(numbers.get(r.attempt_id, 0))
+    place = job_state(state.store, job.id, now)
+    move = None
+    if place is not None and place.size_bytes > 0:
+        paths = egress_by_path(place.provider, place.region, place.size_bytes)
+        move = (
+            f"{size_text(place.size_bytes)} in {place.provider} {place.region}; moving it costs "
+            + ", ".join(f"${usd:.2f} ({path})" for path, usd in paths.items())
+            + " in egress, and its restore's time at the new instance's price"
+        )
+    return {
+        "checkpoints": state.store.checkpoints.checkpoints(job.id),
+        "restored_by": restored,
+        "state_lines": state_lines_for(state.store, LineFilter(job_id=job.id), now),
+        "move": move,
+    }
 
 
 def utilization(state: ApiState, job: JobRecord) -> dict[str, list[Any]]:

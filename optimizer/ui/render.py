@@ -12,6 +12,7 @@ from fastapi.responses import HTMLResponse
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from optimizer.clock import parse_utc, utc_label, utc_text
+from optimizer.common.units import size_text
 
 # Everything the pages load comes from /ui/static/ (no CDN, no inline script or style), so
 # the policy can forbid the rest; uPlot styles its elements through the CSSOM, which
@@ -78,7 +79,7 @@ def environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(usd=usd, pct=pct, when=when, iso=iso, duration=duration)
+    env.filters.update(usd=usd, pct=pct, when=when, iso=iso, duration=duration, size=size_text)
     return env
 
 
