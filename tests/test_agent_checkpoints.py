@@ -4,12 +4,15 @@ next attempt's job starts, the final upload at a stop, the prefetch at a fence."
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
 import threading
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from optimizer.agent import Agent, AgentConfig
 from optimizer.checkpoints import Uploader, commit, list_checkpoints
@@ -277,3 +280,26 @@ def test_without_a_checkpoint_location_the_old_checkpoint_dir_is_handed_on(
     assert agent.run() == 0
     assert (tmp_path / "shared" / "step-1" / ".gpuopt-committed").exists()
     assert not [k for k in daemon.kinds() if k.startswith("checkpoint_")]
+
+
+def test_a_checkpoint_larger_than_the_disk_stops_the_attempt_before_the_job_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FakeStore(tmp_path / "bucket")
+    assert agent_on(tmp_path / "i-1", ScriptedDaemon(answer(tmp_path, STEPS="2")), store).run() == 0
+    # The next instance's disk has 5 bytes free; step-2 holds 9 ("weights 2").
+    restore_module = importlib.import_module("optimizer.checkpoints.restore")  # not the function
+    monkeypatch.setattr(restore_module, "free_bytes", lambda path: 5)
+    second = ScriptedDaemon(answer(tmp_path, STEPS="0"))
+    assert agent_on(tmp_path / "i-2", second, store).run() == 1
+    kinds = second.kinds()
+    assert "job_started" not in kinds  # an older checkpoint would quietly lose work
+    [failed] = data_of(second, "checkpoint_failed")
+    assert "checkpoint step-2 needs 9 B more on the instance's disk" in failed["error"]
+    assert "which has 5 B free" in failed["error"]
+    [exited] = data_of(second, "job_exited")
+    assert exited["phase"] == "restore" and exited["exit_code"] == 1
+    assert "needs 9 B more" in exited["error"]
+    assert not (tmp_path / "i-2" / "checkpoints" / "step-1").exists()
+    err = (tmp_path / "i-2" / "agent" / "job.err.log").read_text()
+    assert "[gpuopt agent] checkpoint step-2 needs 9 B more" in err

@@ -48,6 +48,7 @@ from optimizer.agent.telemetry import (
     local_injection,
     open_nvml,
 )
+from optimizer.checkpoints import NoSpace
 from optimizer.common.files import append_private, private_dir
 from optimizer.common.procs import proc_start_ticks
 from optimizer.common.retry import Backoff
@@ -496,7 +497,10 @@ class Agent:
         sync = self._checkpoint_sync(assignment)
         if sync is not None:
             self.state = "restoring"
-            sync.restore()  # on every node of a gang...
+            try:
+                sync.restore()  # on every node of a gang...
+            except NoSpace as exc:
+                return self._cannot_start("restore", str(exc))  # reported by the sync
             if assignment.gang is None or assignment.gang.rank == 0:
                 sync.start_uploads()  # ...and uploaded from rank 0's alone
         local = sync.local_dir if sync is not None else None
@@ -551,14 +555,18 @@ class Agent:
         return True
 
     def _code_failed(self, code: CodeArchive, why: str) -> int:
-        """The job cannot start without its code: said in its log and as its exit (phase
-        `code`, exit 1), so the daemon ends the job failed with the reason."""
+        """The job cannot start without its code (see `_cannot_start`)."""
+        self.queue.put("code_failed", {"sha256": code.sha256, "error": why})
+        return self._cannot_start("code", why)
+
+    def _cannot_start(self, phase: str, why: str) -> int:
+        """The job cannot start (no code, no room for its checkpoint): said in its log and as
+        its exit (`phase`, exit 1), so the daemon ends the attempt failed with the reason."""
         log.error("%s", why)
         self.logs.begin()
         with contextlib.suppress(OSError), append_private(self.config.agent_dir / JOB_ERR_LOG) as f:
             f.write(f"[gpuopt agent] {why}\n".encode())
-        self.queue.put("code_failed", {"sha256": code.sha256, "error": why})
-        data: dict[str, Any] = {"exit_code": 1, "signal": None, "phase": "code", "error": why}
+        data: dict[str, Any] = {"exit_code": 1, "signal": None, "phase": phase, "error": why}
         data["log_chunks"] = self.logs.finish(self.config.flush_s)
         self.queue.put("job_exited", data)
         self._save_run({"phase": "exited", "exit": data, "code": 1})

@@ -21,7 +21,14 @@ from typing import TYPE_CHECKING
 
 from optimizer.agent.config import AgentConfig
 from optimizer.agent.reporter import EventQueue
-from optimizer.checkpoints import Commit, Uploader, list_checkpoints, prefetch, restore
+from optimizer.checkpoints import (
+    Commit,
+    NoSpace,
+    Uploader,
+    list_checkpoints,
+    prefetch,
+    restore,
+)
 from optimizer.common.files import private_dir
 from optimizer.common.retry import Backoff
 from optimizer.protocol import CheckpointRef
@@ -147,6 +154,9 @@ class CheckpointSync:
                     store, self.local_dir, staging=self.staging_dir, on_skipped=self._failed
                 )
                 break
+            except NoSpace as exc:  # waiting will not free the disk: the attempt cannot start
+                self._failed("", f"restore: {exc}")
+                raise
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"
                 if attempt == tries:

@@ -8,7 +8,7 @@ checkpoint location, manifest last, and `restore` brings back the newest complet
 
 from optimizer.checkpoints.convention import MARKER, CheckpointError, commit
 from optimizer.checkpoints.manifest import FileEntry, Manifest, list_checkpoints
-from optimizer.checkpoints.restore import Restore, prefetch, restore
+from optimizer.checkpoints.restore import NoSpace, Restore, prefetch, restore
 from optimizer.checkpoints.upload import Commit, Uploader
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "Commit",
     "FileEntry",
     "Manifest",
+    "NoSpace",
     "Restore",
     "Uploader",
     "commit",

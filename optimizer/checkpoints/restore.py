@@ -29,6 +29,7 @@ from optimizer.checkpoints.manifest import (
     sha256_file,
 )
 from optimizer.checkpoints.upload import STATE_FILE, rate, record_uploaded
+from optimizer.common.units import size_text
 
 if TYPE_CHECKING:
     from optimizer.storage import ObjectStore
@@ -65,6 +66,16 @@ class Restore:
 
 class Unusable(CheckpointError):
     """A remote checkpoint that cannot be restored: data missing or not matching its sha256."""
+
+
+class NoSpace(CheckpointError):
+    """The newest checkpoint does not fit on the instance's disk: restoring an older one
+    would quietly lose work, so the restore stops here and says what it needs."""
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes free to an unprivileged writer on the file system that holds `path`."""
+    return shutil.disk_usage(path).free
 
 
 class _Copies:
@@ -135,7 +146,7 @@ def _restore_one(
     target.mkdir(parents=True, exist_ok=True)
     try:
         return _write(store, manifest, target, copies, workers)
-    except Unusable:
+    except (Unusable, NoSpace):
         if not existed:
             shutil.rmtree(target, ignore_errors=True)
         raise
@@ -164,6 +175,13 @@ def _write(
             reused += entry.size
             continue
         fetch.append((entry, dest))
+    needed = sum(entry.size for entry, _ in fetch)
+    free = free_bytes(target)
+    if needed > free:
+        raise NoSpace(
+            f"checkpoint {manifest.name} needs {size_text(needed)} more on the instance's disk "
+            f"({size_text(manifest.size)} in all), which has {size_text(free)} free at {target}"
+        )
 
     def get(item: tuple[FileEntry, Path]) -> int:
         entry, dest = item
