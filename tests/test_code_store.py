@@ -8,6 +8,7 @@ import sys
 import types
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -97,3 +98,23 @@ def test_a_bucket_that_fails_is_a_code_error_naming_it(tmp_path: Path, bucket: B
     store = CodeStore(tmp_path / "code", uri="s3://team-code/archives")
     with pytest.raises(CodeError, match=r"code\.store s3://team-code/archives: .*access denied"):
         store.has(SHA)
+
+
+def test_a_real_s3_bucket_keeps_them_for_every_replica(
+    tmp_path: Path, object_s3: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same through the real storage layer and boto3, against moto's server."""
+    for name, value in object_s3.env.items():
+        monkeypatch.setenv(name, value)
+    uri = object_s3.make_bucket("code-archives") + "/team"
+    part = tmp_path / "upload.part"
+    part.write_bytes(b"real archive bytes")
+    CodeStore(tmp_path / "one", uri=uri).put(SHA, part)
+    other = CodeStore(tmp_path / "two", uri=uri)
+    assert other.has(SHA) and other.size(SHA) == 18
+    served = other.path(SHA)
+    assert served is not None and served.read_bytes() == b"real archive bytes"
+    missing = CodeStore(tmp_path / "three", uri=object_s3.make_bucket("other-archives"))
+    assert not missing.has(SHA)
+    with pytest.raises(CodeError, match=r"code\.store s3://no-such-bucket-here: "):
+        CodeStore(tmp_path / "four", uri="s3://no-such-bucket-here").has(SHA)
