@@ -37,7 +37,7 @@ def job_advice(store: Store, job: JobRecord, policy: Policy, now: datetime) -> a
     ranking: Ranking | None = None
     if used.peak_gib is not None:
         sized = advice.sized_policy(policy, used.peak_gib, used.gpus)
-        state = job_state(store, job.id, now)
+        state = job_state(store, job, now)
         ranking = launch_ranking(
             store, job.policy, sized, now, replacing=job.id, state=state
         ).ranking

@@ -157,7 +157,7 @@ class Launcher:
             replacing=job.id,
             window=self.probe_window,
             memo=ctx.memo,
-            state=None if job.id is None else job_state(ctx.store, job.id, ctx.now),
+            state=job_state(ctx.store, job, ctx.now, spec=pass_spec(job, ctx.memo)),
         )
         ranking, spend, cap = found.ranking, found.spend, policy.budget.monthly_usd
         if not ranking.candidates:

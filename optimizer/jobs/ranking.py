@@ -22,9 +22,9 @@ from typing import Protocol
 from optimizer.jobs import budget, expected
 from optimizer.jobs.context import PassMemo
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow, measured
-from optimizer.jobs.spec import bucket_provider, job_spec
+from optimizer.jobs.spec import JobSpec, bucket_provider, job_spec
 from optimizer.model import Offer, Pool
-from optimizer.store import Store
+from optimizer.store import JobRecord, Store
 from policies import budget as budget_model
 from policies import risk
 from policies.egress import DEFAULT_HORIZON_HOURS, StatePlace
@@ -179,17 +179,21 @@ def state_place(
     )
 
 
-def job_state(store: Store, job_id: int, now: datetime) -> StatePlace | None:
+def job_state(
+    store: Store, job: int | JobRecord, now: datetime, *, spec: JobSpec | None = None
+) -> StatePlace | None:
     """Where the job's state is, for the ranking of its next launch (the launcher and the
     advice call this): its newest checkpoint still in the bucket, else (nothing committed
     yet) an empty state at its bucket's region, so `data.regions` applies from the first
     launch; the restore throughput its earlier restores measured (the newest with bytes
     fetched; None: the sourced default); the horizon from its max_duration less the time its
-    attempts have run. None for a job without a bucket, or whose bucket's region is unknown."""
-    job = store.jobs.get_job_by_id(job_id)
-    if job is None:
+    attempts have run. None for a job without a bucket, or whose bucket's region is unknown.
+    `job`: its record (or id); `spec`: its spec where the caller holds it (a pass's)."""
+    record = store.jobs.get_job_by_id(job) if isinstance(job, int) else job
+    if record is None or record.id is None:
         return None
-    spec = job_spec(job)
+    job_id = record.id
+    spec = spec if spec is not None else job_spec(record)
     if spec.checkpoint is None:
         return None
     live = [c for c in store.checkpoints.checkpoints(job_id) if c.deleted_at is None]

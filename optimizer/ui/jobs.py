@@ -127,7 +127,7 @@ def _state(
     restored: dict[str, list[int]] = {}
     for r in state.store.checkpoints.restores(job.id):
         restored.setdefault(r.checkpoint_name, []).append(numbers.get(r.attempt_id, 0))
-    place = job_state(state.store, job.id, now)
+    place = job_state(state.store, job, now)
     move = None
     if place is not None and place.size_bytes > 0:
         paths = egress_by_path(place.provider, place.region, place.size_bytes)
