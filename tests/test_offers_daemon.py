@@ -18,7 +18,7 @@ import pytest
 from optimizer.store import Store
 from providers import registry
 from providers.local import LocalCloud
-from tests.helpers import DaemonProcess, run_gpuopt, wait_until
+from tests.helpers import DaemonProcess, make_offer, run_gpuopt, wait_until
 
 pytestmark = pytest.mark.usefixtures("daemon_env")
 ROOT = Path(__file__).resolve().parents[1]
@@ -206,3 +206,44 @@ def test_the_daemon_ranks_at_an_instant_and_shows_each_candidates_expected_cost(
         assert c["expected_usd_per_hour"] == pytest.approx(
             c["offer"]["usd_per_hour"] * (1 + c["interruption_p"] * 0.25)
         )
+
+
+def test_offers_for_a_job_rank_with_what_moving_its_checkpoint_costs(
+    data: Path, daemon: DaemonProcess
+) -> None:
+    """`gpuopt offers --job NAME` ranks as that job's next launch: its policy, and each
+    offer's move of the job's newest checkpoint (egress plus the restore's time)."""
+    from datetime import UTC, datetime
+
+    spec = {"run": "x", "checkpoint": {"uri": "s3://team/r", "keep": 3, "region": "us-east-1"}}
+    with Store(f"sqlite:///{data / 'gpuopt.db'}") as store:
+        job = store.jobs.add_job("moving", "local-train", spec)
+        # Ended at once, so the running daemon never launches it; its checkpoint stays.
+        assert store.jobs.transition_job(
+            job, expected="pending", state="cancelled", reason="test", at=datetime.now(UTC)
+        )
+        attempt = store.jobs.create_attempt(
+            job, 1, "moving-1", make_offer(provider="aws"), "0" * 64, datetime.now(UTC)
+        ).id
+        store.checkpoints.add_checkpoint(
+            job_id=job, attempt_id=attempt, name="step-9", step=9, size_bytes=50 * 10**9,
+            files=1, uri="s3://team/r/data/step-9", provider="aws", region="us-east-1",
+            committed_at=datetime.now(UTC), upload_s=9.0, final=True,
+        )  # fmt: skip
+    done = gpuopt(data, "offers", "--job", "moving", "--json", "--limit", "0", api=daemon.url)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["policy"] == "local-train" and answer["candidates"]
+    for candidate in answer["candidates"]:
+        # out of AWS to another cloud (the local one): $0.09/GB, and the restore's time
+        assert candidate["move"].startswith("moving 46.6 GiB from aws us-east-1: $4.50 egress")
+        assert candidate["move_usd"] > 4.5
+    table = gpuopt(data, "offers", "--job", "moving", api=daemon.url)
+    assert table.returncode == 0, table.stderr
+    assert "ranked as job moving's next launch" in " ".join(table.stdout.split())
+    assert "move $/h" in table.stdout
+    unknown = gpuopt(data, "offers", "--job", "nobody", api=daemon.url)
+    assert unknown.returncode == 2 and "--job nobody: no job named 'nobody'" in unknown.stderr
+    other = gpuopt(data, "offers", "--job", "moving", "--policy", "other", api=daemon.url)
+    assert other.returncode == 2
+    assert "job moving runs under policy local-train, not other" in other.stderr

@@ -14,7 +14,7 @@ from fastapi import APIRouter, HTTPException, Query
 from optimizer import answers
 from optimizer.api.params import Offset, Page, Time
 from optimizer.api.state import StateDep, utc_text
-from optimizer.jobs.ranking import launch_ranking, with_expected
+from optimizer.jobs.ranking import job_state, launch_ranking, with_expected
 from optimizer.model import Market
 from policies.schedule import effective, window_at
 
@@ -42,11 +42,28 @@ def offers(
             "cooldowns and spend are today's."
         ),
     ] = None,
+    job: Annotated[
+        str | None,
+        Query(
+            description="Rank as this job's next launch would: under its policy (the "
+            "default), with what moving its checkpoint to each offer costs (data gravity)."
+        ),
+    ] = None,
 ) -> dict[str, Any]:
     """With `policy`: the ranking the next launch under it would walk (the latest offers of
     every provider less the pools in cooldown, with the policy's spend this month and live
     attempts for the budget rule): candidates best first, every rejection with its rule and
     reason, counts per rule. Without: the latest offers, cheapest first."""
+    record = None
+    if job is not None:
+        record = state.store.jobs.get_job(job)
+        if record is None:
+            raise HTTPException(404, detail=f"no job named {job!r}")
+        if policy is not None and policy != record.policy:
+            raise HTTPException(
+                422, detail=f"job {job} runs under policy {record.policy}, not {policy}"
+            )
+        policy = record.policy
     if policy is None:
         if at is not None:
             raise HTTPException(422, detail="at ranks under a policy: give policy too")
@@ -73,6 +90,8 @@ def offers(
         effective(loaded.policy, when),
         now,
         window=state.probe_window,
+        replacing=None if record is None else record.id,
+        state=None if record is None else job_state(state.store, record, now),
     )
     ranking = found.ranking
     stop = offset + limit

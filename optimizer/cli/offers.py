@@ -86,6 +86,14 @@ def offers(
             "with a UTC offset (2026-12-01T10:00:00+01:00): its schedule window then.",
         ),
     ] = None,
+    job: Annotated[
+        str | None,
+        typer.Option(
+            "--job",
+            help="Rank as this job's next launch (its policy, and what moving its checkpoint "
+            "to each offer costs); needs the daemon.",
+        ),
+    ] = None,
     api: ApiOption = None,
 ) -> None:
     """List GPU offers, cheapest first, from the configured providers or a catalog file."""
@@ -127,6 +135,17 @@ def offers(
             fail("--at needs --policy FILE")
         when = ranked.parse_at(at)
     commitments = query.market is Market.COMMITTED
+    if job is not None:
+        from optimizer.cli import ranked
+
+        if catalog is not None:
+            fail("--job ranks the daemon's live offers: leave out --catalog")
+        arg = ranked.job_policy_arg(policy)
+        ranked.show(
+            arg, query, limit=limit, explain=explain, as_json=as_json, api=api,
+            gather=lambda: ([], ""), at=when, job=job,
+        )  # fmt: skip
+        return
     if policy is not None and catalog is None:
         from optimizer.cli import ranked
 

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from optimizer.cli.client import NoDaemon, base_url, check, request
+from optimizer.cli.client import NoDaemon, base_url, check, detail, request
 from optimizer.cli.common import fail
 from optimizer.cli.ranking_view import RankingView
 from optimizer.clock import parse_utc, utc_text
@@ -57,6 +57,12 @@ def policy_arg(path: Path) -> PolicyArg:
     return PolicyArg(loaded.name, path, loaded, hashlib.sha256(path.read_bytes()).hexdigest())
 
 
+def job_policy_arg(policy: Path | None) -> PolicyArg:
+    """`--job` with or without `--policy`: the daemon ranks under the job's own policy, so
+    a policy given must be that one (the daemon says so otherwise)."""
+    return PolicyArg("") if policy is None else policy_arg(policy)
+
+
 def show(
     arg: PolicyArg,
     query: OfferQuery,
@@ -67,13 +73,17 @@ def show(
     api: str | None,
     gather: Callable[[], tuple[list[Offer], str]],
     at: datetime | None = None,
+    job: str | None = None,
 ) -> None:
     """Rank and print: the daemon's ranking when it answers, else this command's own; `at`:
-    under the policy in force at that instant (its schedule window)."""
-    found = from_daemon(arg, query, limit=limit, explain=explain, api=api, at=at)
+    under the policy in force at that instant (its schedule window); `job`: as that job's
+    next launch (the daemon only: the job's state is in its store)."""
+    found = from_daemon(arg, query, limit=limit, explain=explain, api=api, at=at, job=job)
     if isinstance(found, tuple):
         view, source = found
     else:
+        if job is not None:
+            fail(f"--job {job}: the daemon ranks a job's launch, and none answered: {found}")
         if arg.policy is None:
             fail(f"--policy {arg.name}: no such file, and no daemon to rank it by name: {found}")
         offers, source = gather()
@@ -148,6 +158,7 @@ def from_daemon(
     explain: bool,
     api: str | None,
     at: datetime | None = None,
+    job: str | None = None,
 ) -> tuple[RankingView, str] | str:
     """(the daemon's ranking, its source line), or why the daemon could not give one."""
     filtering = query != OfferQuery()
@@ -159,14 +170,20 @@ def from_daemon(
     offset = 0
     while True:
         size = PAGE if want is None or every_rejection else min(PAGE, want)
-        params: dict[str, Any] = {"policy": arg.name, "limit": size, "offset": offset}
+        params: dict[str, Any] = {"limit": size, "offset": offset}
+        if arg.name:  # with --job alone, the daemon takes the job's policy
+            params["policy"] = arg.name
         if at is not None:
             params["at"] = at.isoformat()
+        if job is not None:
+            params["job"] = job
         try:
             response = request("GET", "/offers", api, params=params)
         except NoDaemon as exc:
             return str(exc)
         if response.status_code == 404 and offset == 0:
+            if job is not None:
+                fail(f"--job {job}: {detail(response)}")
             return f"the daemon at {base_url(api)} has no policy named {arg.name!r} loaded"
         page = check(response)
         if answer is None:
@@ -192,4 +209,6 @@ def from_daemon(
         )
     view = RankingView.from_api(answer)
     source = f"daemon at {base_url(api)}: live offers, ranked as a launch would"
+    if job is not None:
+        source = f"daemon at {base_url(api)}: live offers, ranked as job {job}'s next launch"
     return (view.select(query) if filtering else view), source
