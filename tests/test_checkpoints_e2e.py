@@ -75,11 +75,11 @@ def clock() -> Clock:
 
 @pytest.fixture
 def cloud(tmp_path: Path, clock: Clock) -> Iterator[LocalCloud]:
-    """The local cloud with a power-off 8 s after a notice: time for the job's checkpoint on
+    """The local cloud with a power-off 6 s after a notice: time for the job's checkpoint on
     SIGTERM and its upload to a real (local) object store on a loaded machine."""
     with local_cloud(
         tmp_path / "local-cloud",
-        grace_s=8.0,
+        grace_s=6.0,
         terminate_grace_s=2.0,
         tick_s=0.05,
         clock=lambda: clock().timestamp(),
@@ -280,7 +280,7 @@ def test_s3_checkpoints_follow_the_job_across_two_interruptions_and_regions(
     use_env(monkeypatch, object_s3.env)
     bucket = object_s3.make_bucket(unique("ckpt"), region="eu-central-1")
     uri = f"{bucket}/train"
-    name, steps = "train-s3", 400
+    name, steps = "train-s3", 300
     with ckpt_daemon(tmp_path, cloud, clock, object_s3.env) as daemon:
         submit_with_code(tmp_path, daemon, name, uri, steps)
         job = state_of(daemon, name)
@@ -413,15 +413,18 @@ def test_a_bucket_gone_during_a_handover_leaves_the_job_running_and_says_so(
     tmp_path: Path, cloud: LocalCloud, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """docs/checkpoints.md, "When things fail": uploads that fail are reported and retried
-    while the job runs; the final upload that cannot finish is given up within the stop's
-    grace and the job's exit is still reported; the replacement's restore is tried three
-    times, then its job starts without a checkpoint, and `checkpoint_failed` says why."""
+    while the job runs; the final upload that cannot finish is tried until the stop's grace
+    or the power-off ends it; the replacement's restore is tried three times, then its job
+    starts without a checkpoint, and `checkpoint_failed` says why; the last checkpoint of a
+    job that ends on its own is tried for GPUOPT_AGENT_FLUSH_S before its exit is reported."""
     name, steps = "orphaned", 200
     with contextlib.ExitStack() as outage:
         s3 = outage.enter_context(s3_server())
         use_env(monkeypatch, s3.env)
         bucket = s3.make_bucket(unique("ckpt"), region="eu-central-1")
-        with ckpt_daemon(tmp_path, cloud, clock, s3.env) as daemon:
+        # the agent tries the upload of a job's last checkpoint this long (120 s by default)
+        agent_env = {**s3.env, "GPUOPT_AGENT_FLUSH_S": "10"}
+        with ckpt_daemon(tmp_path, cloud, clock, agent_env) as daemon:
             submit_with_code(tmp_path, daemon, name, f"{bucket}/train", steps)
             instance = wait_until(lambda: running_instance(cloud, name, 1), 60, "attempt 1")
             wait_until(lambda: uploaded_step(daemon, name, 1) >= 5, 60, "a first checkpoint")
@@ -431,18 +434,32 @@ def test_a_bucket_gone_during_a_handover_leaves_the_job_running_and_says_so(
             )
             cloud.interrupt(instance)
             wait_until(lambda: not running_instance_id(cloud, instance), 60, "the power-off")
-            wait_until(lambda: state_of(daemon, name)["state"] == "succeeded", 150, "the end")
+            wait_until(lambda: state_of(daemon, name)["state"] == "succeeded", 120, "the end")
 
             rows = attempt_rows(daemon, name)
             assert sorted(rows) == [1, 2]
-            assert rows[1].exit_code is not None  # its exit was reported, the upload given up
+            # The stop's grace (30 s) outlasts the power-off (6 s here, GCP's 30 s): the final
+            # upload is still being tried when the instance ends, so the job's exit is never
+            # reported; the daemon learns it from the instance's end, and the replacement's
+            # job starts only then.
+            assert rows[1].end_reason == "preempted" and rows[1].exit_code is None
+            assert rows[2].job_started_at is not None and rows[1].ended_at is not None
+            assert rows[2].job_started_at >= rows[1].ended_at
             failed = events_of(daemon, name, "checkpoint.failed")
-            uploads = [e for e in failed if e.data["attempt"] == 1]
-            assert uploads and all("restore" not in e.data["error"] for e in uploads)
+            uploads = [e for e in failed if not e.data["error"].startswith("restore: ")]
+            assert {e.data["attempt"] for e in uploads} == {1, 2}  # tried while each ran
             assert any("Unreachable" in e.data["error"] for e in uploads)
-            restore = [e for e in failed if e.data["attempt"] == 2]
-            assert len(restore) == 1 and restore[0].data["error"].startswith("restore: ")
+            restore = [e for e in failed if e.data["error"].startswith("restore: ")]
+            assert [e.data["attempt"] for e in restore] == [2]
             assert "Unreachable" in restore[0].data["error"]
+            assert "could not restore a checkpoint, the job starts without one" in (
+                restore[0].message
+            )
+            assert any(
+                f"could not upload checkpoint {e.data['name']}: Unreachable" in e.message
+                for e in uploads
+                if e.data["name"]
+            )
             assert daemon.store.checkpoints.restores(job_id(daemon, name)) == []
             # the replacement's job found no checkpoint and ran from the start
             (done,) = (tmp_path / "local-cloud").rglob("checkpoints/done.json")
