@@ -400,3 +400,33 @@ def test_a_job_without_checkpoints_lists_none_and_an_unknown_job_is_a_404(daemon
     assert (shown.exit_code, shown.stdout) == (0, "shared: no checkpoints uploaded yet\n")
     gone = CliRunner().invoke(app, ["jobs", "checkpoints", "nope", "--api", daemon.url], env=env)
     assert gone.exit_code == 2 and "404: no job named 'nope'" in gone.stderr
+
+
+def test_a_failure_report_says_what_failed(daemon: Daemon) -> None:
+    job = add(daemon)
+    node = attempt(daemon, job, 1)
+    reports = [
+        ("f1", "step-30", "Unreachable: s3://team-ckpt/x: cannot reach"),
+        ("f2", "", "restore: Unreachable: s3://team-ckpt/x: cannot reach"),
+        ("f3", "step-20", "restore: data/step-20/model.pt: sha256 differs"),
+        ("f4", "", "AccessDenied: s3://team-ckpt/x: access denied"),
+    ]
+    events = [
+        {"id": eid, "kind": "checkpoint_failed", "data": {"name": name, "error": error}}
+        for eid, name, error in reports
+    ]
+    assert post(daemon, node, "events", events=events).status_code == 200
+    found = daemon.store.events.recent(job_id=job, limit=100)
+    messages = sorted(e.message for e in found if e.kind == EventKind.CHECKPOINT_FAILED)
+    assert messages == sorted(
+        [
+            "job train: attempt 1 could not upload checkpoint step-30: Unreachable: "
+            "s3://team-ckpt/x: cannot reach",
+            "job train: attempt 1 could not restore a checkpoint, the job starts without one: "
+            "Unreachable: s3://team-ckpt/x: cannot reach",
+            "job train: attempt 1 could not restore checkpoint step-20, restoring an earlier "
+            "one: data/step-20/model.pt: sha256 differs",
+            "job train: attempt 1 could not use its checkpoint bucket: AccessDenied: "
+            "s3://team-ckpt/x: access denied",
+        ]
+    )

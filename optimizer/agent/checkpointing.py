@@ -151,7 +151,10 @@ class CheckpointSync:
         for attempt in range(1, tries + 1):
             try:
                 done = restore(
-                    store, self.local_dir, staging=self.staging_dir, on_skipped=self._failed
+                    store,
+                    self.local_dir,
+                    staging=self.staging_dir,
+                    on_skipped=lambda name, why: self._failed(name, f"restore: {why}"),
                 )
                 break
             except NoSpace as exc:  # waiting will not free the disk: the attempt cannot start

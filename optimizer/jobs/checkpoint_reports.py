@@ -38,6 +38,7 @@ KINDS = frozenset(
 # this long before its attempt began, takes the daemon's time instead (a gpuopt choice: NTP
 # keeps clouds' clocks within a second).
 MAX_CLOCK_AHEAD = timedelta(minutes=5)
+RESTORE_PREFIX = "restore: "  # a `checkpoint_failed` error of the restore before the job
 
 
 def checkpoint_uri(bucket: str, name: str) -> str:
@@ -206,14 +207,28 @@ def _failed(
     name, error = str(data["name"]), str(data["error"])[:MAX_ERROR_CHARS]
     event = emitter.draft(
         EventKind.CHECKPOINT_FAILED,
-        f"job {job.given_name}: attempt {_number(attempt)} could not upload checkpoint "
-        f"{name}: {error}",
+        f"job {job.given_name}: attempt {_number(attempt)} {_failure(name, error)}",
         severity="warning",
         policy=job.policy,
         job_id=job.id,
         data={"job": job.given_name, "attempt": _number(attempt), "name": name, "error": error},
     )
     store.events.record_event(event, at=at)
+
+
+def _failure(name: str, error: str) -> str:
+    """What failed, as the agent reports it: the restore before the job (its error starts
+    with `restore: `; a named checkpoint was skipped for an earlier one), an upload (the
+    checkpoint named), or the bucket itself (no name: it could not be opened, listed or
+    pruned)."""
+    if error.startswith(RESTORE_PREFIX):
+        why = error.removeprefix(RESTORE_PREFIX)
+        if name:  # skipped for the one before it
+            return f"could not restore checkpoint {name}, restoring an earlier one: {why}"
+        return f"could not restore a checkpoint, the job starts without one: {why}"
+    if name:
+        return f"could not upload checkpoint {name}: {error}"
+    return f"could not use its checkpoint bucket: {error}"
 
 
 __all__ = ["KINDS", "checkpoint_uri", "record_reports"]
