@@ -26,6 +26,7 @@ from providers.local import LocalCloud
 from tests.helpers import api, wait_until
 from tests.helpers.jobs import (
     E2E_FIXTURES,
+    committed_steps,
     hook_alerts,
     job_body,
     latest_step,
@@ -60,7 +61,7 @@ def test_max_duration_stops_the_job_with_its_checkpoint_written(
     assert job["reason"].startswith("stopped by max_duration: ran its max_duration of 20s")
     # SIGTERM → checkpoint → exit; then the instance is terminated.
     # (20 s: the job takes some steps after importing torch on a loaded machine.)
-    saved = wait_until(lambda: latest_step(ckpt) or None, 30, "the checkpoint")
+    saved = wait_until(lambda: committed_steps(ckpt) or None, 30, "the checkpoint in the bucket")
     assert latest_step(ckpt) > 0, saved
     wait_until(lambda: not running_instance_id(cloud, instance), 30, "the instance to go")
     # (The cloud shows the instance gone a moment before the reconciler records its call.)
@@ -122,7 +123,7 @@ def test_an_idle_job_is_stopped_within_the_window_plus_a_reconcile_pass(
     assert job["reason"].startswith("stopped by idle: GPU utilization below 5% for 10s")
     assert attempt.end_reason == "stopped"
     wait_until(lambda: not running_instance_id(cloud, instance), 30, "the instance to go")
-    wait_until(lambda: latest_step(ckpt) or None, 10, "the stop's checkpoint")
+    wait_until(lambda: committed_steps(ckpt) or None, 10, "the stop's checkpoint in the bucket")
     [alert] = wait_until(
         lambda: alerts_of(httpserver, EventKind.JOB_STOPPED) or None, 10, "the alert"
     )
