@@ -117,7 +117,7 @@ def test_a_job_interrupted_twice_costs_what_the_clouds_records_and_the_prices_sa
             )
             observe_a_price_change(daemon, cloud, instance)
             wanted = reached + 20
-            wait_until(lambda n=wanted: latest_step(ckpt) >= n, 30, f"a checkpoint at {wanted}")
+            wait_until(lambda n=wanted: latest_step(ckpt) >= n, 60, f"a checkpoint at {wanted}")
             cloud.interrupt(instance)
             wait_until(lambda i=instance: not running_instance_id(cloud, i), 30, "the power-off")
             reached = latest_step(ckpt)

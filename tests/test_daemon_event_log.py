@@ -27,9 +27,8 @@ def job_body(tmp_path: Path, run: str) -> dict[str, Any]:
     return {
         "name": "logged",
         "policy": "local-train",
-        "workdir": str(tmp_path),
         "run": run,
-        "checkpoint_dir": str(tmp_path / "ckpt"),
+        "checkpoint": f"file://{tmp_path / 'bucket'}",
         "probes": "none",
         "env": {"API_KEY": SECRET},
     }

@@ -117,14 +117,23 @@ def test_two_interruptions_resume_from_checkpoints_and_end_at_the_planned_total(
 def test_the_example_job_spec_and_its_policy_are_well_formed() -> None:
     import yaml
 
+    from optimizer.jobs.spec import load_job_spec
+    from optimizer.storage import parse_uri
     from policies.loader import load_policy
 
     examples = SCRIPT.parent
     policy = load_policy(examples / "local-train-policy.yaml")
     job = yaml.safe_load((examples / "train-job.yaml").read_text())
     assert job["policy"] == policy.name and policy.placement.providers == ["local"]
-    fields = {"name", "policy", "run", "setup", "checkpoint_dir", "env", "probes", "max_restarts"}
+    fields = {"name", "policy", "run", "setup", "checkpoint", "env", "probes", "max_restarts"}
     assert fields <= set(job) and job["probes"] in ("quick", "deep", "none")
+    # Its checkpoints go to a bucket (here a local one), as on a real cloud, no shared folder.
+    assert "checkpoint_dir" not in job
+    bucket = parse_uri(job["checkpoint"])
+    assert (bucket.scheme, bucket.prefix) == ("file", "/tmp/gpuopt-example/bucket")
+    spec = load_job_spec(examples / "train-job.yaml")  # what `gpuopt jobs submit` reads
+    assert spec.checkpoint is not None and spec.checkpoint_dir is None
+    assert spec.checkpoint.uri == "file:///tmp/gpuopt-example/bucket"
     # The spec ships its own folder as code (docs/code.md), and runs the script from it.
     assert job["workdir"] == "." and "python train_with_checkpoints.py" in job["run"]
     assert (examples / job["workdir"] / "train_with_checkpoints.py").is_file()

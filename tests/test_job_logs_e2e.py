@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import signal
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,23 +13,32 @@ import pytest
 from optimizer.daemon.service import Daemon
 from providers.local import LocalCloud
 from tests.helpers import TOKEN, api, run_gpuopt, start_gpuopt, wait_until
+from tests.helpers.code import ship_files
 from tests.helpers.jobs import E2E_FIXTURES, job_body, running_instance, state_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("daemon_env")]
 
 # Counts to TOTAL, one stdout line a step and a stderr line every tenth, resuming from its
-# checkpoint; on SIGTERM it saves and exits 143. The first attempt steps five times slower
+# checkpoint (gpuopt's convention: the agent ships it to the bucket and the next attempt's agent
+# restores it); on SIGTERM it saves and exits 143. The first attempt steps five times slower
 # (400 steps: 40 s at 0.02 s), so it is still running however long a loaded machine takes to
 # start the CLI processes that follow it before the test interrupts it.
 PRINTER = """
-import json, os, signal, sys, time
-ckpt = os.path.join(os.environ["GPUOPT_CHECKPOINT_DIR"], "n.json")
+import glob, json, os, signal, sys, time
+root = os.environ["GPUOPT_CHECKPOINT_DIR"]
 attempt = os.environ["GPUOPT_ATTEMPT"]
-n = json.load(open(ckpt))["n"] if os.path.exists(ckpt) else 0
-def save():
-    with open(ckpt + ".tmp", "w") as f:
+marks = glob.glob(os.path.join(root, "n-*", ".gpuopt-committed"))
+n = max((json.load(open(m))["step"] for m in marks), default=0)
+def save():  # a checkpoint folder, committed by its marker written last
+    folder = os.path.join(root, f"n-{n:08d}")
+    if os.path.exists(os.path.join(folder, ".gpuopt-committed")):
+        return
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "n.json"), "w") as f:
         json.dump({"n": n}, f)
-    os.replace(ckpt + ".tmp", ckpt)
+    with open(os.path.join(folder, ".marker.tmp"), "w") as f:
+        json.dump({"step": n}, f)
+    os.replace(os.path.join(folder, ".marker.tmp"), os.path.join(folder, ".gpuopt-committed"))
 def term(*_):
     save()
     print(f"attempt {attempt} stopped at {n}", flush=True)
@@ -80,10 +88,9 @@ def shipped(daemon: Daemon, name: str) -> str:
 def test_logs_show_every_attempt_of_an_interrupted_job_and_follow_it_to_its_end(
     tmp_path: Path, daemon: Daemon, cloud: LocalCloud
 ) -> None:
-    script = tmp_path / "printer.py"
-    script.write_text(PRINTER)
-    body = job_body("printer", tmp_path / "ckpt", steps=1)
-    body["run"] = f"{sys.executable} {script} 400 0.02"
+    code = ship_files(daemon, tmp_path / "job-code", {"printer.py": PRINTER})
+    body = job_body("printer", tmp_path / "ckpt", steps=1, code=code)
+    body["run"] = "python printer.py 400 0.02"
     with api(daemon) as client:
         assert client.post("/jobs", json=body).status_code == 201
     first = wait_until(lambda: running_instance(cloud, "printer", 1), 30, "attempt 1 running")

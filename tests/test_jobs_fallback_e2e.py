@@ -67,7 +67,7 @@ def test_a_job_interrupted_twice_on_spot_finishes_on_demand_from_its_checkpoint(
         )
         # this attempt resumed and saved a checkpoint of its own before the cloud takes it back
         wanted = reached + 2 * CHECKPOINT_EVERY
-        wait_until(lambda n=wanted: latest_step(ckpt) >= n, 30, f"a checkpoint at step {wanted}")
+        wait_until(lambda n=wanted: latest_step(ckpt) >= n, 60, f"a checkpoint at step {wanted}")
         saved_at_notice.append(latest_step(ckpt))
         cloud.interrupt(instance)
         wait_until(lambda i=instance: not running_instance_id(cloud, i), 30, "the power-off")

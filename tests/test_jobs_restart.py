@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import signal
 import socket
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,10 +15,10 @@ import pytest
 
 from providers.local import LocalCloud
 from tests.helpers import DaemonProcess, wait_until, write_policy
-from tests.helpers.jobs import done_summary
+from tests.helpers.code import ship
+from tests.helpers.jobs import bucket, done_summary
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "restart-test-token-42"
 POLICY = """\
 apiVersion: gpuopt/v1
@@ -64,10 +63,10 @@ def test_sigkill_mid_recovery_resumes_without_duplicates(data: Path) -> None:
     body = {
         "name": "survivor",
         "policy": "local-any",
-        "workdir": str(ROOT),
-        "run": f"{sys.executable} examples/train_with_checkpoints.py --steps 250 "
+        "code": ship(first, token=TOKEN),  # examples/, run from the archive as on a real cloud
+        "run": "python train_with_checkpoints.py --steps 250 "
         "--checkpoint-every 5 --step-sleep 0.02 --log-every 100",
-        "checkpoint_dir": str(ckpt),
+        "checkpoint": bucket(ckpt),
         "probes": "none",
     }
     headers = {"Authorization": f"Bearer {TOKEN}"}

@@ -79,15 +79,26 @@ def test_the_local_cloud_is_a_provider(cloud: LocalCloud) -> None:
 def test_a_launch_runs_the_bootstrap_as_a_process_with_its_metadata_url(
     cloud: LocalCloud,
 ) -> None:
-    script = 'echo "$GPUOPT_CLOUD $GPUOPT_METADATA_URL ${GPUOPT_CLOCK_OFFSET_S-unset}"; sleep 60'
+    script = (
+        'echo "$GPUOPT_CLOUD $GPUOPT_METADATA_URL ${GPUOPT_CLOCK_OFFSET_S-unset}"; '
+        'echo "$HOME"; echo "$TMPDIR"; python -c "import tempfile; print(tempfile.gettempdir())"; '
+        "sleep 60"
+    )
     ref = cloud.launch(offer(cloud), spec(script), "j/1")
     assert (ref.provider, ref.region, ref.zone) == ("local", "eu-west-1", "eu-west-1-a")
     status = cloud.describe([ref])[0]
     assert status.state is InstanceState.RUNNING and status.end_reason is None
-    console = cloud.state.disk(ref.instance_id) / "console.log"
-    line = wait_until(lambda: console.read_text().strip(), what="the console output")
+    disk = cloud.state.disk(ref.instance_id)
+    console = disk / "console.log"
+    lines = wait_until(
+        lambda: len(out := console.read_text().splitlines()) >= 4 and out,
+        what="the console output",
+    )
     # on the wall clock: no offset for the machine's clock
-    assert line == f"local {cloud.metadata_url(ref.instance_id)} unset"
+    assert lines[0] == f"local {cloud.metadata_url(ref.instance_id)} unset"
+    # a home and a temporary folder on its own disk, shared with no other instance
+    assert lines[1:] == [str(disk / "home"), str(disk / "tmp"), str(disk / "tmp")]
+    assert (disk / "home").is_dir() and (disk / "tmp").is_dir()
     record = cloud.state.load(ref.instance_id)
     assert record is not None and record.pid is not None
     assert os.getpgid(record.pid) == record.pid  # a session of its own

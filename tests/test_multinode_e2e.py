@@ -5,7 +5,6 @@ the inter-node probe gating the start, and the gang replaced whole."""
 from __future__ import annotations
 
 import itertools
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,8 @@ from optimizer.daemon.service import Daemon
 from optimizer.model import EventKind
 from providers.local import LocalCloud
 from tests.helpers import api, wait_until
-from tests.helpers.jobs import E2E_FIXTURES, ROOT, done_summary, latest_step, state_of
+from tests.helpers.code import code_ref
+from tests.helpers.jobs import E2E_FIXTURES, bucket, done_summary, latest_step, state_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("daemon_env")]
 
@@ -28,12 +28,11 @@ def gang_body(name: str, ckpt: Path, steps: int, **extra: Any) -> dict[str, Any]
         "name": name,
         "policy": "local-eu",
         "nodes": 2,
-        "workdir": str(ROOT),
+        "code": code_ref(),  # examples/, shipped by e2e_daemon
         "run": (
-            f"{sys.executable} examples/train_multinode.py --steps {steps} "
-            "--checkpoint-every 5 --step-sleep 0.05"
+            f"python train_multinode.py --steps {steps} --checkpoint-every 5 --step-sleep 0.05"
         ),
-        "checkpoint_dir": str(ckpt),
+        "checkpoint": bucket(ckpt),
         "probes": "none",
     }
     body.update(extra)
@@ -59,7 +58,7 @@ def test_an_interrupted_node_stops_the_gang_which_is_replaced_and_resumes(
     wait_until(lambda: state_of(daemon, "pair")["state"] == "running", 120, "the job to start")
     attempts = daemon.store.jobs.attempts(job_id)
     assert [a.node_rank for a in attempts] == [0, 1]
-    wait_until(lambda: latest_step(ckpt) >= 10, 60, "a checkpoint past step 10")
+    wait_until(lambda: latest_step(ckpt) >= 10, 90, "a checkpoint past step 10 in the bucket")
 
     cloud.interrupt(first[1])  # only node 1's instance is taken back
     wait_until(lambda: running_nodes(cloud, job_id, 3), 90, "both nodes of the replacement")

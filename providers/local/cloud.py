@@ -383,7 +383,11 @@ class LocalCloud:
         env = basic_env(os.environ)
         # The machine image has gpuopt's own Python first on its PATH (`python`, `gpuopt`).
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        # Its own disk, as a real machine's: a home and a temporary folder of its own, so
+        # nothing the instance writes by default lands where other instances would see it.
         env.update(
+            HOME=str(private_dir(disk / "home")),
+            TMPDIR=str(private_dir(disk / "tmp")),
             GPUOPT_METADATA_URL=metadata_url,
             GPUOPT_CLOUD=self.name,
             GPUOPT_AGENT_DIR=str(disk / "agent"),

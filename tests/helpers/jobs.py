@@ -9,7 +9,6 @@ A module of them takes the fixtures `clock`, `cloud` and `daemon` as its own wit
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -26,6 +25,7 @@ from optimizer.model import EventKind
 from optimizer.store import NewEvent
 from providers.local import LocalCloud
 from tests.helpers.cloud import local_cloud
+from tests.helpers.code import code_ref, ship
 from tests.helpers.daemon import api, make_config, running
 from tests.helpers.policies import write_policy
 from tests.helpers.waiting import wait_until
@@ -48,20 +48,31 @@ spend, budgets and projections come out the same on any day the suite runs."""
 
 
 def job_body(name: str, ckpt: Path, steps: int, **extra: Any) -> dict[str, Any]:
-    """A job of the `local-eu` policy running examples/train_with_checkpoints.py."""
+    """A job of the `local-eu` policy running examples/train_with_checkpoints.py as on a real
+    cloud: from the examples/ folder shipped as its code (`tests.helpers.code`; e2e_daemon
+    holds it), its checkpoints synced to the bucket `file://<ckpt>`, restored into the
+    instance's own disk by each attempt. A `checkpoint_dir` in `extra` replaces the bucket: a
+    folder every attempt shares, for a test that reads what the job writes there as it runs."""
     body = {
         "name": name,
         "policy": "local-eu",
-        "workdir": str(ROOT),
+        "code": code_ref(),
         "run": (
-            f"{sys.executable} examples/train_with_checkpoints.py --steps {steps} "
+            f"python train_with_checkpoints.py --steps {steps} "
             "--checkpoint-every 5 --step-sleep 0.02 --log-every 100"
         ),
-        "checkpoint_dir": str(ckpt),
+        "checkpoint": bucket(ckpt),
         "probes": "none",
     }
+    if "checkpoint_dir" in extra:
+        del body["checkpoint"]
     body.update(extra)
     return body
+
+
+def bucket(folder: Path) -> str:
+    """The URI of a local 'bucket' (object storage semantics) held in `folder`."""
+    return f"file://{folder.resolve()}"
 
 
 @contextmanager
@@ -82,7 +93,8 @@ def e2e_daemon(
     tmp_path: Path, cloud: LocalCloud, httpserver: HTTPServer, clock: Clock
 ) -> Iterator[Daemon]:
     """A running daemon on `cloud` with the `local-eu` policy, reconciling every 0.25 s, its
-    job.* alerts sent to `httpserver`'s /hook signed with SECRET; offers polled once."""
+    job.* alerts sent to `httpserver`'s /hook signed with SECRET; offers polled once and the
+    examples/ folder uploaded as code (job_body's)."""
     httpserver.expect_request("/hook").respond_with_data("ok")
     write_policy(tmp_path / "policies", "local-eu.yaml", POLICY)
     config = make_config(
@@ -99,6 +111,7 @@ def e2e_daemon(
     with running(config, sources={"local": cloud}, clock=clock) as d:
         for poll in d.polls:  # offers in the store before the first job
             poll.run_once()
+        ship(d)  # the examples/ folder job_body runs
         yield d
 
 
@@ -171,6 +184,12 @@ def _committed(ckpt: Path) -> list[tuple[int, Path]]:
             continue
         found.append((int(step), ckpt / "data" / manifest.stem))
     return sorted(found, reverse=True)
+
+
+def committed_steps(ckpt: Path) -> list[int]:
+    """The steps of the committed checkpoints in `ckpt`, highest first (step 0 included: a
+    job stopped before its first step still saves one)."""
+    return [step for step, _ in _committed(ckpt)]
 
 
 def latest_step(ckpt: Path) -> int:
