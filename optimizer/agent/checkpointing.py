@@ -70,6 +70,9 @@ class CheckpointSync:
         self.config = config
         self.queue = queue
         self.store_factory = store_factory
+        # Bytes the prefetch brought over the network: the restore reuses them from the
+        # staging folder, but they crossed the network for this attempt all the same.
+        self.prefetched_bytes = 0
         self.restore_backoff = restore_backoff or Backoff(base=1.0, cap=10.0)
         self.local_dir = config.checkpoints_dir
         self.staging_dir = config.staging_dir
@@ -120,6 +123,7 @@ class CheckpointSync:
                     done = prefetch(store, self.staging_dir)
                     staged = done.name if done is not None else None
                     if done is not None:
+                        self.prefetched_bytes += done.fetched_bytes
                         log.info(
                             "prefetched checkpoint %s (%d bytes fetched)",
                             done.name,
@@ -173,7 +177,13 @@ class CheckpointSync:
         if done is None:
             log.info("no checkpoint to restore at %s", self.ref.uri)
             return
-        self.queue.put(RESTORED, done.to_data())
+        data = done.to_data()
+        # What crossed the network for this attempt (egress, in the ledger): the restore's
+        # own fetches and the prefetch's before it; `prefetched_bytes` says how much of it
+        # came early.
+        data["fetched_bytes"] = done.fetched_bytes + self.prefetched_bytes
+        data["prefetched_bytes"] = self.prefetched_bytes
+        self.queue.put(RESTORED, data)
 
     def start_uploads(self) -> None:
         private_dir(self.local_dir)

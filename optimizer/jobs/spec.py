@@ -188,6 +188,7 @@ class JobSpec(BaseModel):
     code: CodeRef | None = Field(
         None,
         description="The uploaded code archive the commands run in (set by the CLI).",
+        examples=[{"sha256": "3f2a" * 16, "size": 48213}],
     )
     checkpoint: CheckpointSpec | None = Field(
         None,
