@@ -107,3 +107,18 @@ def test_final_committed_names_the_attempts_whose_last_checkpoint_is_up(store: S
     commit(store, job, first, "step-7", 20, final=True)
     assert store.checkpoints.final_committed([first, second]) == {first}
     assert store.checkpoints.final_committed([]) == set()
+
+
+def test_the_same_name_committed_again_at_the_stop_becomes_final(store: Store) -> None:
+    """A periodic checkpoint saved just before the stop and again by the job's SIGTERM handler
+    (the same step, the same name) is the attempt's final one: the row says so once."""
+    job, (first, _) = job_with_attempts(store)
+    assert commit(store, job, first, "step-55", 10)
+    event = NewEvent(EventKind.CHECKPOINT_COMMITTED, "final", data={"name": "step-55"})
+    assert commit(store, job, first, "step-55", 20, final=True, event=event, upload_s=1.5)
+    assert not commit(store, job, first, "step-55", 30, final=True)  # sent again: kept once
+    [row] = store.checkpoints.checkpoints(job)
+    assert row.final and row.upload_s == 1.5
+    assert row.committed_at == T0 + timedelta(seconds=20)
+    assert store.checkpoints.final_committed([first]) == {first}
+    assert len(store.events.list_events(kind=EventKind.CHECKPOINT_COMMITTED)) == 1

@@ -70,7 +70,29 @@ class Checkpoints:
         held = select(_CHECKPOINT.c.id).where(
             _CHECKPOINT.c.attempt_id == attempt_id, _CHECKPOINT.c.name == name
         )
+        if final and self._refinal(values, held, job_id, event, when):
+            return True
         return self._add_once(_CHECKPOINT, values, held, job_id, event, when)
+
+    def _refinal(
+        self, values: dict[str, Any], held: Any, job_id: int, event: NewEvent | None, at: datetime
+    ) -> bool:
+        """A final checkpoint under a name the attempt already reported as not final: the job
+        saved the same step again when it was stopped (a periodic checkpoint just before the
+        stop), and this upload is its last. The row takes the new upload's figures and is
+        final; True when it was so updated."""
+        with self._db.begin() as conn:
+            row = conn.execute(held.add_columns(_CHECKPOINT.c.final)).first()
+            if row is None or row.final:
+                return False
+            conn.execute(
+                update(_CHECKPOINT)
+                .where(_CHECKPOINT.c.id == row.id)
+                .values({**values, "deleted_at": None})
+            )
+            if event is not None:
+                write_event(conn, replace(event, job_id=job_id), at)
+        return True
 
     def add_restore(
         self,
