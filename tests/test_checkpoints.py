@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -389,22 +388,3 @@ def test_a_second_restore_reuses_what_is_already_there(store: FakeStore, tmp_pat
     assert sorted(p.name for p in (target / "step-1").iterdir()) == [MARKER, "w"]
     # A restored checkpoint is not uploaded back.
     assert uploader(store, target).flush(10) == [] and store.files_put == 0
-
-
-def test_after_a_stop_only_what_the_job_commits_since_is_final(
-    store: FakeStore, tmp_path: Path
-) -> None:
-    """A periodic checkpoint committed before the stop and still waiting for its upload is
-    not the job's last: a replacement's fence lifts on a final one, never on it."""
-    local = tmp_path / "local"
-    up = uploader(store, local)
-    before = write(local, "step-1", {"w": b"1"}, step=1)
-    marker = before / ".gpuopt-committed"
-    os.utime(marker, (marker.stat().st_atime, time.time() - 60))  # committed a minute ago
-    up.finalize()  # the stop
-    after = write(local, "step-2", {"w": b"2"}, step=2)  # the job's SIGTERM checkpoint
-    marker = after / ".gpuopt-committed"
-    os.utime(marker, (marker.stat().st_atime, time.time() + 1))
-    commits = up.flush(10)
-    up.stop()
-    assert [(c.name, c.final) for c in commits] == [("step-1", False), ("step-2", True)]

@@ -49,10 +49,6 @@ STATE_FILE = ".gpuopt-uploads.json"
 # hashed, then handed to the store as a file (which sends them in parallel parts).
 SMALL_FILE = 8 * 1024 * 1024
 MIB = 1024 * 1024
-# A file's modification time comes from the kernel's coarse clock, up to a tick behind the
-# time the uploader reads: a marker written just after a stop may carry a time a little before
-# it.
-MTIME_SLACK_S = 0.01
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +232,7 @@ class Uploader:
         self._served = 0  # ...and the last one whose pass has ended
         self._flushed: dict[int, list[Commit]] = {}
         self._abandoned: set[int] = set()  # flushes that stopped waiting
-        self._final_since: float | None = None  # when the job was told to stop
+        self._final = False  # the job has been told to stop
         self._thread: threading.Thread | None = None
 
     # --- the caller's side ---------------------------------------------------------------------
@@ -284,11 +280,9 @@ class Uploader:
             return []
 
     def finalize(self) -> None:
-        """The job has been told to stop: a checkpoint it commits from now on is its last
-        (`final`, whether the thread or the `flush` uploads it). One committed before, still
-        waiting for its upload, is not: a replacement's fence lifts on a final checkpoint, and
-        must not lift on an older one."""
-        self._final_since = self.clock()
+        """From now on every upload is `final`: the job has been told to stop, and what it
+        commits now is its last checkpoint (uploaded by the thread or by the `flush`)."""
+        self._final = True
 
     def pending(self) -> list[str]:
         """Committed folders not uploaded yet, oldest first."""
@@ -338,11 +332,7 @@ class Uploader:
             self._mark(skipped)
         for one in todo:
             with self._cond:  # asked for by a flush, or after the stop: the last ones
-                since = self._final_since
-                flushing = self._requested > self._served
-                # After a stop: only what the job committed since. Without one (a job that
-                # ends on its own), what its closing flush sends.
-                final = one.committed_at >= since - MTIME_SLACK_S if since is not None else flushing
+                final = self._final or self._requested > self._served
             try:
                 commit = upload_one(
                     self.store, one, workers=self.workers, clock=self.clock, final=final
