@@ -73,6 +73,7 @@ class CheckpointSync:
         # Bytes the prefetch brought over the network: the restore reuses them from the
         # staging folder, but they crossed the network for this attempt all the same.
         self.prefetched_bytes = 0
+        self.newest: Commit | None = None  # the newest checkpoint uploaded by this attempt
         self.restore_backoff = restore_backoff or Backoff(base=1.0, cap=10.0)
         self.local_dir = config.checkpoints_dir
         self.staging_dir = config.staging_dir
@@ -194,11 +195,17 @@ class CheckpointSync:
             store,
             self.local_dir,
             keep=self.ref.keep,
-            on_commit=lambda commit: self.queue.put(COMMITTED, commit.to_data()),
+            on_commit=self._committed,
             on_pruned=lambda names: self.queue.put(PRUNED, {"names": names}),
             on_failed=self._failed,
             scan_s=self.config.checkpoint_scan_s,
         ).start()
+
+    def _committed(self, commit: Commit) -> None:
+        self.queue.put(COMMITTED, commit.to_data())
+        newest = self.newest
+        if newest is None or (commit.step or 0) >= (newest.step or 0):
+            self.newest = commit
 
     def finish(self, timeout_s: float) -> list[Commit]:
         """Upload what the job committed and is not sent yet (its final checkpoint), then
@@ -208,6 +215,12 @@ class CheckpointSync:
         timeout_s = max(timeout_s, self.config.checkpoint_min_flush_s)
         commits = self.uploader.flush(timeout_s)
         left = self.uploader.pending()
+        newest = self.newest
+        stopped = self.uploader.stopping_job
+        if stopped and newest is not None and not any(c.final for c in commits) and not left:
+            # The job's last checkpoint went up before it ended (the background pass took it):
+            # say now that it is the last, so a replacement's fence may lift on it.
+            self.queue.put(COMMITTED, {**newest.to_data(), "final": True})
         self.uploader.stop(timeout_s=0)  # a transfer still under way is given up with the agent
         if left:
             log.error("checkpoints %s were not uploaded within %.0f s", left, timeout_s)

@@ -284,6 +284,11 @@ class Uploader:
         commits now is its last checkpoint (uploaded by the thread or by the `flush`)."""
         self._final = True
 
+    @property
+    def stopping_job(self) -> bool:
+        """Whether the job was told to stop (`finalize`)."""
+        return self._final
+
     def pending(self) -> list[str]:
         """Committed folders not uploaded yet, oldest first."""
         return [c.name for c in committed(self.local_dir) if not _sent(self._uploaded, c)]
@@ -332,7 +337,9 @@ class Uploader:
             self._mark(skipped)
         for one in todo:
             with self._cond:  # asked for by a flush, or after the stop: the last ones
-                final = self._final or self._requested > self._served
+                # Only the newest a flush sends (the job has ended): an older one sent after
+                # the stop must not lift a replacement's fence before the last is up.
+                final = self._requested > self._served and one is todo[-1]
             try:
                 commit = upload_one(
                     self.store, one, workers=self.workers, clock=self.clock, final=final
