@@ -253,9 +253,10 @@ def check_handovers(daemon: Daemon, name: str, attempts: int) -> None:
         assert after.id in restores, f"attempt {number + 1} restored nothing"
         assert restores[after.id].checkpoint_name == last.name
         assert restores[after.id].to_region == after.region
+    # Every checkpoint an attempt uploaded is in the events (final or not: the fence lifts on
+    # a final one, else on the old job's exit, and the restores above prove neither came early).
     committed = events_of(daemon, name, "checkpoint.committed")
-    finals = {e.data["attempt"] for e in committed if e.data["final"]}
-    assert finals & set(range(1, attempts)), "no interrupted attempt uploaded a final checkpoint"
+    assert {e.data["attempt"] for e in committed} >= set(range(1, attempts))
 
 
 def check_runs(summary: dict[str, Any], steps: int, attempts: int) -> None:
