@@ -213,22 +213,22 @@ def test_offers_for_a_job_rank_with_what_moving_its_checkpoint_costs(
 ) -> None:
     """`gpuopt offers --job NAME` ranks as that job's next launch: its policy, and each
     offer's move of the job's newest checkpoint (egress plus the restore's time)."""
-    from datetime import UTC, datetime
+    from tests.helpers.offers import T0  # a fixed instant: no figure here reads the time
 
     spec = {"run": "x", "checkpoint": {"uri": "s3://team/r", "keep": 3, "region": "us-east-1"}}
     with Store(f"sqlite:///{data / 'gpuopt.db'}") as store:
         job = store.jobs.add_job("moving", "local-train", spec)
         # Ended at once, so the running daemon never launches it; its checkpoint stays.
         assert store.jobs.transition_job(
-            job, expected="pending", state="cancelled", reason="test", at=datetime.now(UTC)
+            job, expected="pending", state="cancelled", reason="test", at=T0
         )
         attempt = store.jobs.create_attempt(
-            job, 1, "moving-1", make_offer(provider="aws"), "0" * 64, datetime.now(UTC)
+            job, 1, "moving-1", make_offer(provider="aws"), "0" * 64, T0
         ).id
         store.checkpoints.add_checkpoint(
             job_id=job, attempt_id=attempt, name="step-9", step=9, size_bytes=50 * 10**9,
             files=1, uri="s3://team/r/data/step-9", provider="aws", region="us-east-1",
-            committed_at=datetime.now(UTC), upload_s=9.0, final=True,
+            committed_at=T0, upload_s=9.0, final=True,
         )  # fmt: skip
     done = gpuopt(data, "offers", "--job", "moving", "--json", "--limit", "0", api=daemon.url)
     assert done.returncode == 0, done.stderr
