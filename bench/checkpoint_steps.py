@@ -8,10 +8,11 @@ store is a `file://` bucket on the same machine's disk, so what competes with th
 agent's own work (reading, hashing, writing), not a network: on a cloud the copy goes to
 S3 or GCS instead, with the same hashing and reading on the instance.
 
-    python bench/checkpoint_steps.py --gib 4 --repeats 3 --out results.json
+    PYTHONPATH=. python bench/checkpoint_steps.py --gib 4 --repeats 3 --out results.json
 
 Prints one line per run and writes the figures as JSON (`--out`); p99 slowdown is the
-issue's goal (at most 5%). Needs torch with a GPU (`--device cpu` runs it without one).
+issue's goal (at most 5%). Needs torch with a GPU (`--device cpu` runs it without one); run from the
+project's root with it on `PYTHONPATH` where gpuopt is not installed.
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 MIB = 1024 * 1024
 
 
