@@ -1,7 +1,8 @@
 """A small real training loop that survives spot interruptions: gpuopt's example job.
 
 It trains a two-layer MLP on a fixed synthetic regression task with torch (CPU is fine,
-CUDA is used when present), saves a checkpoint every `--checkpoint-every` steps into
+CUDA is used when present; `--engine numpy` trains the same model with numpy alone, and is
+what runs where torch is not installed), saves a checkpoint every `--checkpoint-every` steps into
 `GPUOPT_CHECKPOINT_DIR`, and on start resumes from the newest checkpoint there. On SIGTERM
 (what the gpuopt agent sends when the instance is about to be taken back) it finishes the
 current step, checkpoints and exits with 143. Run it again and it carries on; across any
@@ -55,6 +56,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="pause after each step, seconds (to make a demo long enough to interrupt)",
     )
     parser.add_argument("--log-every", type=int, default=int(env.get("LOG_EVERY", 50)))
+    parser.add_argument(
+        "--engine",
+        choices=("auto", "torch", "numpy"),
+        default=env.get("TRAIN_ENGINE", "auto"),
+        help="auto: torch where it is installed, else numpy (the same model and batches)",
+    )
     args = parser.parse_args(argv)
     if args.steps < 1 or args.checkpoint_every < 1:
         parser.error("--steps and --checkpoint-every must be >= 1")
@@ -89,17 +96,17 @@ def checkpoints(folder: Path) -> list[Path]:
     return [p for _, p in sorted(found, reverse=True)]
 
 
-def save(folder: Path, state: dict[str, Any], extra: dict[str, Any] | None = None) -> Path:
+def save(
+    folder: Path, engine: Engine, state: dict[str, Any], extra: dict[str, Any] | None = None
+) -> Path:
     """One checkpoint, committed by gpuopt's convention (docs/checkpoints.md): a folder of
     its own, and the marker file written last, so a reader (the job after a restart, or the
     gpuopt agent uploading it) sees either a complete checkpoint or none."""
-    import torch
-
     path = folder / f"step-{state['step']:08d}"
     if path.exists():  # the same step saved again (a stop right after a periodic save)
         shutil.rmtree(path)
     path.mkdir(parents=True)
-    torch.save(state, path / "state.pt")
+    engine.save(path, state)
     for name, value in (extra or {}).items():
         (path / name).write_text(json.dumps(value) + "\n")
     marker = path / f".{MARKER}.tmp"
@@ -113,39 +120,167 @@ def save(folder: Path, state: dict[str, Any], extra: dict[str, Any] | None = Non
     return path
 
 
-def load_latest(folder: Path) -> dict[str, Any] | None:
-    import torch
-
+def load_latest(folder: Path, engine: Engine) -> dict[str, Any] | None:
     for path in checkpoints(folder):
         try:
-            return torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+            return engine.load(path)
         except Exception as exc:  # a damaged file: fall back to the one before it
             print(f"skipping unreadable checkpoint {path.name}: {exc}", flush=True)
     return None
 
 
+FEATURES = 16
+
+
+class Engine:
+    """One training step of the model, and its state in and out of a checkpoint folder."""
+
+    def step(self, step: int) -> float:
+        raise NotImplementedError
+
+    def weights(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def restore(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def save(self, path: Path, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def load(self, path: Path) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class TorchEngine(Engine):
+    def __init__(self, args: argparse.Namespace) -> None:
+        import torch
+        from torch import nn
+
+        self.torch, self.nn = torch, nn
+        torch.manual_seed(0)
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        gen = torch.Generator().manual_seed(1234)
+        self.truth = torch.randn(FEATURES, 1, generator=gen).to(self.device)
+        self.batch = args.batch
+        self.model = nn.Sequential(
+            nn.Linear(FEATURES, args.hidden), nn.Tanh(), nn.Linear(args.hidden, 1)
+        )
+        self.model.to(self.device)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=args.lr, momentum=0.9)
+
+    def step(self, step: int) -> float:
+        torch = self.torch
+        gen = torch.Generator().manual_seed(step)  # the same batch for a step, resumed or not
+        x = torch.randn(self.batch, FEATURES, generator=gen).to(self.device)
+        y = torch.tanh(x @ self.truth)
+        loss = self.nn.functional.mse_loss(self.model(x), y)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        return float(loss.item())
+
+    def weights(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def save(self, path: Path, state: dict[str, Any]) -> None:
+        self.torch.save(state, path / "state.pt")
+
+    def load(self, path: Path) -> dict[str, Any]:
+        loaded: dict[str, Any] = self.torch.load(
+            path / "state.pt", map_location="cpu", weights_only=False
+        )
+        return loaded
+
+
+class NumpyEngine(Engine):
+    """The same two-layer MLP (tanh, mean squared error, SGD with momentum 0.9) in numpy."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        import numpy as np
+
+        self.np = np
+        rng = np.random.default_rng(0)
+        self.truth = np.random.default_rng(1234).standard_normal((FEATURES, 1))
+        self.batch, self.lr = args.batch, args.lr
+        bound1, bound2 = 1 / np.sqrt(FEATURES), 1 / np.sqrt(args.hidden)
+        self.params = {
+            "w1": rng.uniform(-bound1, bound1, (FEATURES, args.hidden)),
+            "b1": rng.uniform(-bound1, bound1, args.hidden),
+            "w2": rng.uniform(-bound2, bound2, (args.hidden, 1)),
+            "b2": rng.uniform(-bound2, bound2, 1),
+        }
+        self.momentum = {name: np.zeros_like(value) for name, value in self.params.items()}
+
+    def step(self, step: int) -> float:
+        np, p = self.np, self.params
+        x = np.random.default_rng(step).standard_normal((self.batch, FEATURES))
+        y = np.tanh(x @ self.truth)
+        h = np.tanh(x @ p["w1"] + p["b1"])
+        out = h @ p["w2"] + p["b2"]
+        loss = float(np.mean((out - y) ** 2))
+        d_out = 2 * (out - y) / out.size
+        d_h = (d_out @ p["w2"].T) * (1 - h**2)
+        grads = {
+            "w2": h.T @ d_out,
+            "b2": d_out.sum(axis=0),
+            "w1": x.T @ d_h,
+            "b1": d_h.sum(axis=0),
+        }
+        for name, grad in grads.items():
+            self.momentum[name] = 0.9 * self.momentum[name] + grad
+            p[name] -= self.lr * self.momentum[name]
+        return loss
+
+    def weights(self) -> dict[str, Any]:
+        return {"model": self.params, "optimizer": self.momentum}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.params = {k: v.copy() for k, v in state["model"].items()}
+        self.momentum = {k: v.copy() for k, v in state["optimizer"].items()}
+
+    def save(self, path: Path, state: dict[str, Any]) -> None:
+        arrays = {f"model.{k}": v for k, v in state["model"].items()}
+        arrays |= {f"optimizer.{k}": v for k, v in state["optimizer"].items()}
+        with open(path / "state.npz", "wb") as f:
+            self.np.savez(f, **arrays)
+        rest = {k: v for k, v in state.items() if k not in ("model", "optimizer")}
+        (path / "state.json").write_text(json.dumps(rest) + "\n")
+
+    def load(self, path: Path) -> dict[str, Any]:
+        state: dict[str, Any] = json.loads((path / "state.json").read_text())
+        state["model"], state["optimizer"] = {}, {}
+        with self.np.load(path / "state.npz") as arrays:
+            for key in arrays.files:
+                part, name = key.split(".", 1)
+                state[part][name] = arrays[key]
+        return state
+
+
+def engine_for(args: argparse.Namespace) -> Engine:
+    import importlib.util
+
+    name = args.engine
+    if name == "auto":
+        name = "torch" if importlib.util.find_spec("torch") is not None else "numpy"
+    return TorchEngine(args) if name == "torch" else NumpyEngine(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     stop = Stop()  # before importing torch, so an early SIGTERM is not lost
-    import torch
-    from torch import nn
-
-    torch.manual_seed(0)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    engine = engine_for(args)
     folder = Path(args.checkpoint_dir)
     folder.mkdir(parents=True, exist_ok=True)
 
-    features = 16
-    truth = torch.randn(features, 1, generator=torch.Generator().manual_seed(1234))
-    model = nn.Sequential(nn.Linear(features, args.hidden), nn.Tanh(), nn.Linear(args.hidden, 1))
-    model.to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     step = 0
     runs: list[dict[str, Any]] = []
-    state = load_latest(folder)
+    state = load_latest(folder, engine)
     if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        engine.restore(state)
         step, runs = int(state["step"]), list(state.get("runs", []))
         print(f"resumed from step {step} ({len(runs)} earlier run(s))", flush=True)
     else:
@@ -162,13 +297,12 @@ def main(argv: list[str] | None = None) -> int:
         run["to_step"] = step
         state = {
             "step": step,
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
+            **engine.weights(),
             "loss": loss,
             "runs": runs,
             "total_steps": args.steps,
         }
-        path = save(folder, state, extra)
+        path = save(folder, engine, state, extra)
         print(f"checkpoint {path.name} (step {step})", flush=True)
 
     loss_value = float("nan")
@@ -178,15 +312,8 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint(loss_value)
             print(f"signal {stop.signum}: stopped at step {step}/{args.steps}", flush=True)
             return EXIT_INTERRUPTED
-        gen = torch.Generator().manual_seed(step)  # the same batch for a step, resumed or not
-        x = torch.randn(args.batch, features, generator=gen).to(device)
-        y = torch.tanh(x @ truth.to(device))
-        loss = nn.functional.mse_loss(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        loss_value = engine.step(step)
         step += 1
-        loss_value = float(loss.item())
         if step % args.log_every == 0 or step == args.steps:
             print(f"step {step}/{args.steps} loss {loss_value:.5f}", flush=True)
         if step % args.checkpoint_every == 0 and step < args.steps:

@@ -63,7 +63,7 @@ SECONDS_PER_MONTH = 730 * 3600
 
 def run_command(steps: int) -> str:
     return (
-        f"{sys.executable} train_with_checkpoints.py --steps {steps} "
+        f"{sys.executable} train_with_checkpoints.py --engine numpy --steps {steps} "
         "--checkpoint-every 5 --step-sleep 0.05 --log-every 100"
     )
 

@@ -64,7 +64,7 @@ def test_sigkill_mid_recovery_resumes_without_duplicates(data: Path) -> None:
         "name": "survivor",
         "policy": "local-any",
         "code": ship(first, token=TOKEN),  # examples/, run from the archive as on a real cloud
-        "run": "python train_with_checkpoints.py --steps 250 "
+        "run": "python train_with_checkpoints.py --engine numpy --steps 250 "
         "--checkpoint-every 5 --step-sleep 0.02 --log-every 100",
         "checkpoint": bucket(ckpt),
         "probes": "none",

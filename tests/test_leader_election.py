@@ -554,7 +554,7 @@ def submit(replica: DaemonProcess, name: str, ckpt: Path) -> int:
         "policy": "local-eu",
         "workdir": str(ROOT),
         "run": (
-            f"{sys.executable} examples/train_with_checkpoints.py --steps 100000 "
+            f"{sys.executable} examples/train_with_checkpoints.py --engine numpy --steps 100000 "
             "--checkpoint-every 50 --step-sleep 0.02 --log-every 1000"
         ),
         "checkpoint_dir": str(ckpt),

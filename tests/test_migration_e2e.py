@@ -96,7 +96,7 @@ def submit(daemon: Daemon, tmp_path: Path, name: str, policy: str = "movers") ->
         "policy": policy,
         "workdir": str(ROOT),
         "run": (
-            f"{sys.executable} examples/train_with_checkpoints.py --steps 10000000 "
+            f"{sys.executable} examples/train_with_checkpoints.py --engine numpy --steps 10000000 "
             "--checkpoint-every 100000000 --step-sleep 0.01 --log-every 100000"
         ),
         "checkpoint_dir": str(tmp_path / f"ckpt-{name}"),

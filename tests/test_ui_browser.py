@@ -117,8 +117,8 @@ def test_the_console_follows_a_job_through_an_interruption_and_a_cancel(tmp_path
             "policy": "local-train",
             "workdir": str(ROOT),
             "run": (
-                f"{sys.executable} examples/train_with_checkpoints.py --steps 100000 "
-                "--checkpoint-every 20 --step-sleep 0.05 --log-every 20"
+                f"{sys.executable} examples/train_with_checkpoints.py --engine numpy "
+                "--steps 100000 --checkpoint-every 20 --step-sleep 0.05 --log-every 20"
             ),
             "checkpoint_dir": str(tmp_path / "ckpt"),
             "probes": "quick",

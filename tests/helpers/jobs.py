@@ -58,7 +58,7 @@ def job_body(name: str, ckpt: Path, steps: int, **extra: Any) -> dict[str, Any]:
         "policy": "local-eu",
         "code": code_ref(),
         "run": (
-            f"python train_with_checkpoints.py --steps {steps} "
+            f"python train_with_checkpoints.py --engine numpy --steps {steps} "
             "--checkpoint-every 5 --step-sleep 0.02 --log-every 100"
         ),
         "checkpoint": bucket(ckpt),
