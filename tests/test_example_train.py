@@ -18,13 +18,14 @@ SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train_with_checkpoi
 TOTAL = 60
 ARGS = [sys.executable, str(SCRIPT)]
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+NEEDS_TORCH = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+ENGINES = [pytest.param("torch", marks=NEEDS_TORCH), "numpy"]
 
 
 class Run:
     """The example as a child process, its output collected line by line on a thread."""
 
-    def __init__(self, ckpt: Path, attempt: int) -> None:
+    def __init__(self, ckpt: Path, attempt: int, engine: str = "torch") -> None:
         env = {
             **os.environ,
             "GPUOPT_CHECKPOINT_DIR": str(ckpt),
@@ -34,7 +35,11 @@ class Run:
             "PYTHONUNBUFFERED": "1",
         }
         self.proc = subprocess.Popen(
-            [*ARGS, "--steps", str(TOTAL), "--checkpoint-every", "10", "--step-sleep", "0.02"],
+            [
+                *ARGS,
+                *("--engine", engine, "--steps", str(TOTAL), "--checkpoint-every", "10"),
+                *("--step-sleep", "0.02"),
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -67,14 +72,15 @@ class Run:
         return [int(m.group(1)) for line in self.lines if (m := re.match(r"step (\d+)/", line))]
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 def test_two_interruptions_resume_from_checkpoints_and_end_at_the_planned_total(
-    tmp_path: Path,
+    tmp_path: Path, engine: str
 ) -> None:
     ckpt = tmp_path / "ckpt"
     printed: list[int] = []
     stopped_at = []
     for attempt, interrupt_after in ((1, 15), (2, 35)):
-        run = Run(ckpt, attempt)
+        run = Run(ckpt, attempt, engine)
         run.wait_for_step(interrupt_after)
         run.proc.send_signal(signal.SIGTERM)
         assert run.finish() == 143
@@ -86,7 +92,7 @@ def test_two_interruptions_resume_from_checkpoints_and_end_at_the_planned_total(
         if attempt == 2:
             assert f"resumed from step {stopped_at[0]}" in out
 
-    last = Run(ckpt, 3)
+    last = Run(ckpt, 3, engine)
     assert last.finish() == 0, "\n".join(last.lines)
     out = "\n".join(last.lines)
     assert f"resumed from step {stopped_at[1]}" in out
@@ -112,6 +118,11 @@ def test_two_interruptions_resume_from_checkpoints_and_end_at_the_planned_total(
         (stopped_at[0], stopped_at[1]),
         (stopped_at[1], TOTAL),
     ]
+    # The same batches and the same state: three runs train exactly what one would have.
+    alone = Run(tmp_path / "alone", 1, engine)
+    assert alone.finish() == 0, "\n".join(alone.lines)
+    losses = {json.loads((f / "done.json").read_text())["loss"] for f in (ckpt, tmp_path / "alone")}
+    assert len(losses) == 1 and losses.pop() < 1
 
 
 def test_the_example_job_spec_and_its_policy_are_well_formed() -> None:
