@@ -10,8 +10,8 @@ from policies.deadline.model import (
     missed,
     slack_s,
 )
+from policies.deadline.registry import DEFAULT_STRATEGY, STRATEGIES, strategy
 from policies.deadline.replay import Outcome, optimum, replay
-from policies.deadline.strategies import DEFAULT_STRATEGY, STRATEGIES, strategy
 from policies.deadline.traces import Trace, TraceError, read_traces
 
 __all__ = [

@@ -1,15 +1,15 @@
-"""The deadline strategies behind one registry, and the safety net they all share.
+"""The reference deadline strategies and the safety net every strategy shares.
 
 `greedy` and `uniform-progress` are the references of docs/deadlines.md; `gpuopt` (gpuopt.py)
-is the default. Every strategy starts with `safety_net`, which is what makes a deadline that
-was feasible at the start (work + one restart <= deadline) never missed under the model:
-at every decision the slack stays >= 0, so on-demand from there still meets the deadline.
+is the default; registry.py names them. Every strategy starts with `safety_net`, which is
+what makes a deadline that was feasible at the start (work + one restart <= deadline) never
+missed under the model: at every decision the slack stays >= 0, so on-demand from there
+still meets the deadline.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from types import MappingProxyType
+from collections.abc import Iterable
 
 from policies.deadline.model import (
     DEFAULT_SPOT_RATIO,
@@ -149,22 +149,3 @@ class UniformProgress(DeadlineStrategy):
                 s, Use.ON_DEMAND, None, f"progress {hours(done)} < line {hours(line)}: on-demand"
             )
         return decision(s, Use.WAIT, None, f"progress {hours(done)} >= line {hours(line)}: wait")
-
-
-def _registry() -> Mapping[str, type[DeadlineStrategy]]:
-    from policies.deadline.gpuopt import Gpuopt
-
-    return MappingProxyType({c.name: c for c in (Gpuopt, Greedy, UniformProgress)})
-
-
-STRATEGIES: Mapping[str, type[DeadlineStrategy]] = _registry()
-DEFAULT_STRATEGY = "gpuopt"
-
-
-def strategy(name: str = DEFAULT_STRATEGY) -> DeadlineStrategy:
-    """The strategy of that name (KeyError naming the known ones otherwise)."""
-    try:
-        return STRATEGIES[name]()
-    except KeyError:
-        known = ", ".join(sorted(STRATEGIES))
-        raise KeyError(f"unknown deadline strategy {name!r} (known: {known})") from None
