@@ -1,12 +1,22 @@
-"""gpuopt's deadline strategy: spot while the slack can pay for the down spells still to
-come, on-demand through a down spell once it cannot, back to spot when an up spell is
-expected to pay for the two restarts. The rule and its cases: docs/deadlines.md.
+"""gpuopt's deadline strategy: a price on the slack. The rule and its cases:
+docs/deadlines.md.
 
 Each zone is seen as a two-state (up/down) Markov chain whose mean spell lengths come from
-its `ZoneStats`; from them, the slack that riding spot to the end is expected to need.
+its `ZoneStats`. From them, the time without progress that riding spot to the end would
+take (down spells and one restart per interruption) has a mean and a variance, and so a
+chance P that the slack in hand will not cover it (the slack binds). A second of slack is
+then worth P x (on-demand - spot) per second: spent waiting, it is a second more of
+on-demand later with chance P. On-demand now costs (1 - P) x (on-demand - spot) per second:
+its work displaces spot work later unless the slack binds. Each decision compares these
+with the restarts it costs, so it waits through down spells while the slack is plentiful,
+rides on-demand through a down spell once waiting costs more, and leaves on-demand for an
+up spell expected to pay for its two restarts.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from math import erf, sqrt
 
 from policies.deadline.model import DeadlineStrategy, Decision, Situation, Use, hours, slack_s
 from policies.deadline.strategies import (
@@ -14,50 +24,56 @@ from policies.deadline.strategies import (
     best_zone,
     decision,
     leave_margin_s,
+    mean_down_s,
     mean_up_s,
     safety_net,
     spot_here,
     spot_ratio,
 )
 
+STAY_ON_DEMAND = 0.4  # below this chance of binding, stop paying on-demand (above 0.5: hysteresis)
 
-def expected_off_s(s: Situation) -> float:
-    """The time without progress that riding spot through the work left is expected to take:
-    the down time (no zone up) and one restart per interruption."""
-    zones = set(s.spot_now) | set(s.stats)
-    if not zones:
-        zones = {""}
-    # Zones are taken as independent; interruptions often come together (docs/deadlines.md),
-    # so the chance that none is up is not allowed below the best zone's alone by more than
-    # half.
+
+@dataclass(frozen=True, slots=True)
+class Outlook:
+    bind: float  # chance that the slack does not cover riding spot to the end
+    up_s: float  # the mean up spell of the zones at hand
+    down_s: float  # the mean time with no zone up
+
+
+def outlook(s: Situation) -> Outlook:
+    zones = set(s.spot_now) | set(s.stats) or {""}
+    # Zones are taken as independent, but interruptions often come together
+    # (docs/deadlines.md): the chance that none is up is halfway between the best zone's
+    # alone and the product.
     best = max(availability(s.stats.get(z)) for z in zones)
     none_up = 1.0
     for z in zones:
         none_up *= 1.0 - availability(s.stats.get(z))
-    down = 0.5 * ((1.0 - best) + none_up)
-    up = max(1e-6, 1.0 - down)
-    spell = max(mean_up_s(s.stats.get(z)) for z in zones)
-    return s.work_left_s * down / up + s.work_left_s / spell * s.overhead_s
+    down = min(0.999, 0.5 * ((1.0 - best) + none_up))
+    up_s = max(mean_up_s(s.stats.get(z)) for z in zones)
+    down_s = (
+        min(mean_down_s(s.stats.get(z)) for z in zones)
+        if len(zones) == 1
+        else (up_s * down / (1.0 - down))
+    )
+    spells = s.work_left_s / up_s  # interruptions expected before the work is done
+    mean = spells * (down_s + s.overhead_s)
+    spread = sqrt(2.0 * spells) * down_s + 1.0
+    room = slack_s(s) - reserve_s(s)
+    bind = 0.5 * (1.0 + erf((mean - room) / (spread * sqrt(2.0))))
+    return Outlook(bind=bind, up_s=up_s, down_s=down_s)
 
 
 def reserve_s(s: Situation) -> float:
-    """Slack kept in hand above the safety net, so that on-demand can still be left for
-    spot when it comes back (the greedy trap: on-demand for good once the slack is gone)."""
-    return leave_margin_s(s) + s.overhead_s + s.interval_s
-
-
-def target_s(s: Situation) -> float:
-    """The slack to keep now: the reserve, plus the smaller of the expected need and a
-    share of the starting slack in proportion to the work left (the pace)."""
-    work = s.work_s if s.work_s is not None else s.elapsed_s + s.work_left_s
-    start_slack = s.deadline_s - work - s.overhead_s
-    reserve = reserve_s(s)
-    pace = max(0.0, start_slack - reserve) * (s.work_left_s / work if work > 0 else 0.0)
-    return reserve + min(expected_off_s(s), pace)
+    """Slack kept above the safety net so that on-demand can still be left for spot (the
+    greedy trap: on-demand for good once the slack is gone)."""
+    return leave_margin_s(s) + s.overhead_s
 
 
 class Gpuopt(DeadlineStrategy):
-    """Slack-paced spot with a hard safety net, several zones and hysteresis."""
+    """The slack priced by the chance that it binds, several zones, hysteresis, and the
+    safety net."""
 
     name = "gpuopt"
 
@@ -68,37 +84,37 @@ class Gpuopt(DeadlineStrategy):
         slack = slack_s(s)
         if spot_here(s):
             return decision(s, Use.SPOT, s.zone, f"slack {hours(slack)}: spot in {s.zone}")
-        target = target_s(s)
+        look = outlook(s)
+        ratio = spot_ratio(s)
+        extra = 1.0 - ratio  # on-demand over spot, per on-demand price
+        worth = look.bind * extra  # what a second of slack is worth
+        o = s.overhead_s
         zone = best_zone(s, s.spot_now)
         if zone is not None:
             if s.running is not Use.ON_DEMAND:
                 return decision(s, Use.SPOT, zone, f"slack {hours(slack)}: spot in {zone}")
-            # Leave on-demand only where the up spell is expected to pay for two restarts
-            # (the start on spot, the way back later) and, while the slack is short, for
-            # the slack they take.
-            ratio = spot_ratio(s)
-            gain = (1.0 - ratio) * min(mean_up_s(s.stats.get(zone)), s.work_left_s)
-            cost = s.overhead_s * (1.0 + ratio)
-            if slack - 2 * s.overhead_s < target:
-                cost += 2 * s.overhead_s * (1.0 - ratio)
-            if gain > cost:
-                return decision(s, Use.SPOT, zone, f"slack {hours(slack)}: spot back in {zone}")
+            up_s = min(mean_up_s(s.stats.get(zone)), s.work_left_s)
+            gain = extra * up_s
+            cost = o * (ratio + 1.0 + 2.0 * worth)
+            if gain > cost and slack >= leave_margin_s(s) + o:
+                return decision(s, Use.SPOT, zone, f"up spell pays its restarts: spot in {zone}")
             return decision(
                 s, Use.ON_DEMAND, None, f"up spells in {zone} too short to leave on-demand"
             )
         if s.running is Use.ON_DEMAND:
-            # Stop paying on-demand only with the slack well above the target (hysteresis:
-            # every switch costs a restart).
-            spare = slack - s.overhead_s - target
-            if spare > s.overhead_s + s.interval_s:
+            if look.bind < STAY_ON_DEMAND:
                 return decision(
-                    s, Use.WAIT, None, f"slack {hours(slack)} > {hours(target)}: wait for spot"
+                    s, Use.WAIT, None, f"slack {hours(slack)} likely enough: wait for spot"
                 )
             return decision(s, Use.ON_DEMAND, None, f"no spot, slack {hours(slack)}: on-demand")
-        if slack > target:
+        down_s = look.down_s
+        wait_cost = worth * down_s
+        od_cost = o * (1.0 + worth) + (1.0 - look.bind) * extra * max(0.0, down_s - o)
+        if wait_cost > od_cost:
             return decision(
-                s, Use.WAIT, None, f"slack {hours(slack)} > {hours(target)}: wait for spot"
+                s,
+                Use.ON_DEMAND,
+                None,
+                f"no spot, slack {hours(slack)} binds with chance {look.bind:.0%}: on-demand",
             )
-        return decision(
-            s, Use.ON_DEMAND, None, f"no spot, slack {hours(slack)} <= {hours(target)}: on-demand"
-        )
+        return decision(s, Use.WAIT, None, f"slack {hours(slack)}: wait for spot")
