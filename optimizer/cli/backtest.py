@@ -97,7 +97,7 @@ def backtest(
     starts: Annotated[
         int | None, typer.Option("--starts", help="Start offsets spread over the trace.")
     ] = None,
-    start: Annotated[
+    start_at: Annotated[
         str | None, typer.Option("--start", help="One start offset into the trace, e.g. 12h.")
     ] = None,
     multi_zone: Annotated[
@@ -124,7 +124,7 @@ def backtest(
                 on_demand_price=on_demand_price,
                 price_file=price_file,
                 starts=starts,
-                start=start,
+                start=start_at,
                 multi_zone=multi_zone,
                 strategy=strategy_name,
                 nodes=nodes,
@@ -333,7 +333,7 @@ def _deadline_backtest(args: _DeadlineArgs) -> None:
             if ticks[0] >= line.ticks:
                 fail(f"--start: {args.start} is past the end of {name}")
         for tick in ticks:
-            job = dict(
+            job: dict[str, Any] = dict(
                 start_tick=tick,
                 work_s=work,
                 deadline_s=deadline,
