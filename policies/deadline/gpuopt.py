@@ -32,6 +32,7 @@ from policies.deadline.strategies import (
 )
 
 STAY_ON_DEMAND = 0.4  # below this chance of binding, stop paying on-demand (above 0.5: hysteresis)
+TAIL = 2.0  # the expected rest of a spell grows by this much per second it has lasted
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,7 @@ class Outlook:
     bind: float  # chance that the slack does not cover riding spot to the end
     up_s: float  # the mean up spell of the zones at hand
     down_s: float  # the mean time with no zone up
+    spells: float  # down spells expected before the work is done
 
 
 def outlook(s: Situation) -> Outlook:
@@ -62,7 +64,21 @@ def outlook(s: Situation) -> Outlook:
     spread = sqrt(2.0 * spells) * down_s + 1.0
     room = slack_s(s) - reserve_s(s)
     bind = 0.5 * (1.0 + erf((mean - room) / (spread * sqrt(2.0))))
-    return Outlook(bind=bind, up_s=up_s, down_s=down_s)
+    return Outlook(bind=bind, up_s=up_s, down_s=down_s, spells=spells)
+
+
+def remaining_s(mean_s: float, age_s: float | None) -> float:
+    """The expected rest of a spell of that age: spells are long-tailed (a Lomax law of
+    shape 1.5 has mean + 2 x age), so a spell that has lasted is likely to last."""
+    return mean_s + TAIL * (age_s or 0.0)
+
+
+def down_age_s(s: Situation) -> float | None:
+    """How long no zone has had spot (the youngest down spell), where known."""
+    ages = [st.spell_s for st in s.stats.values()]
+    if not ages or any(a is None for a in ages):
+        return None
+    return min(a for a in ages if a is not None)
 
 
 def reserve_s(s: Situation) -> float:
@@ -93,7 +109,8 @@ class Gpuopt(DeadlineStrategy):
         if zone is not None:
             if s.running is not Use.ON_DEMAND:
                 return decision(s, Use.SPOT, zone, f"slack {hours(slack)}: spot in {zone}")
-            up_s = min(mean_up_s(s.stats.get(zone)), s.work_left_s)
+            seen = s.stats.get(zone)
+            up_s = min(remaining_s(mean_up_s(seen), seen.spell_s if seen else None), s.work_left_s)
             gain = extra * up_s
             cost = o * (ratio + 1.0 + 2.0 * worth)
             if gain > cost and slack >= leave_margin_s(s) + o:
@@ -107,10 +124,16 @@ class Gpuopt(DeadlineStrategy):
                     s, Use.WAIT, None, f"slack {hours(slack)} likely enough: wait for spot"
                 )
             return decision(s, Use.ON_DEMAND, None, f"no spot, slack {hours(slack)}: on-demand")
-        down_s = look.down_s
+        age = down_age_s(s)
+        down_s = remaining_s(look.down_s, age)
         wait_cost = worth * down_s
         od_cost = o * (1.0 + worth) + (1.0 - look.bind) * extra * max(0.0, down_s - o)
-        if wait_cost > od_cost:
+        # While the slack binds, each down spell may take its share of the slack above the
+        # reserve and the restarts still to come: short spells are waited out, long ones
+        # ridden on on-demand.
+        spells = max(1.0, look.spells)
+        share = (slack - reserve_s(s) - spells * o) / spells
+        if wait_cost > od_cost and (age is None or age >= share):
             return decision(
                 s,
                 Use.ON_DEMAND,

@@ -36,6 +36,9 @@ class ZoneStats:
     observed_s: float = 0.0  # seconds watched
     available_s: float = 0.0  # of which spot was obtainable
     interruptions: int = 0  # spot runs (up spells) ended by the market
+    # How long the zone has been as it is now (up: spot obtainable; down: not); None where
+    # not known. Spells are long-tailed: a long down spell is likely to last.
+    spell_s: float | None = None
 
 
 _NO_STATS: Mapping[str, ZoneStats] = MappingProxyType({})

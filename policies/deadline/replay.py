@@ -51,6 +51,12 @@ class _Stats:
         ends = np.zeros_like(up)
         ends[:, 1:] = (up[:, :-1] == 1) & (up[:, 1:] == 0)
         self.end_cum = np.concatenate([np.zeros((up.shape[0], 1), np.int64), ends.cumsum(1)], 1)
+        # the first tick of the spell (run of equal values) each tick belongs to
+        ticks = np.arange(up.shape[1])
+        changed = np.zeros_like(up, dtype=bool)
+        changed[:, 1:] = up[:, 1:] != up[:, :-1]
+        self.since = np.maximum.accumulate(np.where(changed, ticks, 0), axis=1)
+        self.last_up = up[:, -1] == 1
 
     def at(self, tick: int, window: int) -> dict[str, ZoneStats]:
         """What was seen over the ticks [tick - window, tick)."""
@@ -58,11 +64,17 @@ class _Stats:
         first = max(0, tick - window)
         start = min(first, end)
         out = {}
+        width = self.since.shape[1]
         for i, z in enumerate(self.zones):
+            if tick < width:
+                since = int(self.since[i, tick])
+            else:  # past the trace: down since its end (or since its last spell if down)
+                since = width if self.last_up[i] else int(self.since[i, width - 1])
             out[z] = ZoneStats(
                 observed_s=float((tick - first) * self.gap),
                 available_s=float((self.up_cum[i, end] - self.up_cum[i, start]) * self.gap),
                 interruptions=int(self.end_cum[i, end] - self.end_cum[i, start]),
+                spell_s=float((tick - max(since, first)) * self.gap),
             )
         return out
 
