@@ -73,6 +73,24 @@ def remaining_s(mean_s: float, age_s: float | None) -> float:
     return mean_s + TAIL * (age_s or 0.0)
 
 
+def proving_s(s: Situation, zone: str, slack: float) -> float:
+    """How long an up spell must have lasted before on-demand is left for it: zero while
+    the slack pays for a round trip (two restarts) per up spell still to come; otherwise
+    the age that only the longest up spells reach, as many as there are round trips to pay
+    for (a Lomax law of shape 1.5: P(longer than a) = (1 + a / scale)^-1.5)."""
+    if s.overhead_s <= 0 or len(s.stats) > 1:  # with several zones, moves come cheaper
+        return 0.0
+    trips = (slack - reserve_s(s)) / (2.0 * s.overhead_s)
+    seen = s.stats.get(zone)
+    cycle = mean_up_s(seen) + mean_down_s(seen)
+    spells = (s.deadline_s - s.elapsed_s) / cycle
+    if trips >= spells:
+        return 0.0
+    if trips <= 0:
+        return s.deadline_s  # never
+    return 0.5 * mean_up_s(seen) * ((spells / trips) ** (2.0 / 3.0) - 1.0)
+
+
 def down_age_s(s: Situation) -> float | None:
     """How long no zone has had spot (the youngest down spell), where known."""
     ages = [st.spell_s for st in s.stats.values()]
@@ -113,6 +131,14 @@ class Gpuopt(DeadlineStrategy):
             up_s = min(remaining_s(mean_up_s(seen), seen.spell_s if seen else None), s.work_left_s)
             gain = extra * up_s
             cost = o * (ratio + 1.0 + 2.0 * worth)
+            wait_s = proving_s(s, zone, slack)
+            if seen is not None and seen.spell_s is not None and seen.spell_s < wait_s:
+                return decision(
+                    s,
+                    Use.ON_DEMAND,
+                    None,
+                    f"slack for few restarts: spot in {zone} must last {hours(wait_s)} first",
+                )
             if gain > cost and slack >= leave_margin_s(s) + o:
                 return decision(s, Use.SPOT, zone, f"up spell pays its restarts: spot in {zone}")
             return decision(
