@@ -50,43 +50,45 @@ def optimum(
     q = -overhead + unit * np.arange(size, dtype=np.int64)
     shift, lag = gap // unit, overhead // unit
     zones = line.up.shape[0]
-    # modes: 0 nothing, 1 on-demand, 2 + z spot in zone z; price in USD per second
-    price = np.array([0.0, on_demand_price] + [spot_price] * zones) * nodes / 3600
+    modes = 2 + zones  # 0 nothing, 1 on-demand, 2 + z spot in zone z
+    price = np.array([on_demand_price] + [spot_price] * zones) * nodes / 3600  # USD/s, modes 1..
     ticks = -(-deadline // gap)
-    value = np.full((2 + zones, size), INF)  # after the last tick: unfinished
+    # Two buffers, one per tick parity, padded by one tick of grid: a tick reads the next
+    # only inside its band, where the next one wrote; everything below a band was never
+    # written (infinite: unfinished), and nothing above a band is read.
+    values = [np.full((modes, size + shift), INF), np.full((modes, size + shift), INF)]
+    up = line.up
     for k in range(ticks - 1, -1, -1):
+        value, fresh = values[(k + 1) % 2], values[k % 2]
         t = k * gap
         step = min(gap, deadline - t)
         lo = max(0, -(-(work - (deadline - t) + overhead) // unit))
         hi = min(size - 1, t // unit + lag)
-        if lo > hi:
-            value = np.full_like(value, INF)
-            continue
         base = max(0, lo - lag)  # starts read the run values `lag` below the band
-        span = slice(base, hi + 1)
-        need = work - q[span]
-        finishing = need <= step
-        ahead = np.full((2 + zones, hi + 1 - base), INF)
         if step == gap:
-            idx = np.arange(base, hi + 1) + shift
-            ok = idx < size
-            ahead[:, ok] = value[:, idx[ok]]
-        runs = np.full((2 + zones, hi + 1 - base), INF)
-        up = [True, True] + [bool(line.up_at(z, start_tick + k)) for z in range(zones)]
-        for m in range(1, 2 + zones):
-            if up[m]:
-                runs[m] = np.where(finishing, need * price[m], gap * price[m] + ahead[m])
+            runs = value[1:, base + shift : hi + 1 + shift] + (gap * price)[:, None]
+        else:
+            runs = np.full((modes - 1, hi + 1 - base), INF)
+        # finishing inside this tick: work - q <= step; pays only the seconds it runs
+        done = max(base, -(-(work - step + overhead) // unit))
+        if done <= hi:
+            runs[:, done - base :] = (work - q[done : hi + 1])[None, :] * price[:, None]
+        tick = start_tick + k
+        if tick < up.shape[1]:
+            runs[1:][~up[:, tick]] = INF
+        else:
+            runs[1:] = INF
         # a start at q runs from q - overhead
-        starts = np.full(hi + 1 - lo, INF)
-        src = np.arange(lo, hi + 1) - lag - base
-        ok = src >= 0
-        starts[ok] = runs[1:, src[ok]].min(axis=0)
-        band = slice(lo - base, hi + 1 - base)
-        wait = value[0, lo : hi + 1].copy()
-        fresh = np.full_like(value, INF)
-        fresh[0, lo : hi + 1] = np.minimum(wait, starts)
-        for m in range(1, 2 + zones):
-            fresh[m, lo : hi + 1] = np.minimum(np.minimum(wait, starts), runs[m, band])
-        value = fresh
+        first = max(lo, base + lag)
+        best = value[0, lo : hi + 1].copy()  # waiting
+        if first <= hi:
+            np.minimum(
+                best[first - lo :],
+                runs[:, first - lag - base : hi + 1 - lag - base].min(axis=0),
+                out=best[first - lo :],
+            )
+        fresh[0, lo : hi + 1] = best
+        np.minimum(best[None, :], runs[:, lo - base : hi + 1 - base], out=fresh[1:, lo : hi + 1])
+    value = values[0]
     best = float(value[0, lag])
     return None if best == INF else best
