@@ -89,6 +89,5 @@ def optimum(
             )
         fresh[0, lo : hi + 1] = best
         np.minimum(best[None, :], runs[:, lo - base : hi + 1 - base], out=fresh[1:, lo : hi + 1])
-    value = values[0]
-    best = float(value[0, lag])
-    return None if best == INF else best
+    answer = float(values[0][0, lag])  # tick 0, nothing running, no progress
+    return None if answer == INF else answer

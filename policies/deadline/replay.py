@@ -26,7 +26,7 @@ __all__ = ["HISTORY_S", "Outcome", "optimum", "replay", "zone_stats"]
 # What a strategy sees of each zone: the ticks of this trailing window (the job's own
 # time and, where the trace has them, the days before its start, as a daemon watching the
 # markets would have seen them).
-HISTORY_S = 30 * 86400
+HISTORY_S = 14 * 86400
 
 
 @dataclass(frozen=True)
