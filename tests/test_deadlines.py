@@ -345,3 +345,25 @@ def test_offered_reads_nothing_for_a_market_the_policy_does_not_allow(store: Sto
     assert job is not None
     spot_only = POLICY.model_copy(update={"markets": ["spot"]})
     assert offered(store, job, spot_only, NOW) == Offered(spot=(SPOT_A.pool,), spot_usd=0.40)
+
+
+def test_jobs_show_says_the_deadline_the_slack_and_the_risk() -> None:
+    from optimizer.answers import DeadlineView
+    from optimizer.cli.jobs import deadline_line
+
+    risky = DeadlineView(
+        at="2026-12-04T18:00:00+00:00",
+        work_left_s=3.1 * 3600,
+        slack_s=600,
+        at_risk=True,
+        missed=False,
+    )
+    assert deadline_line(risky) == (
+        "deadline: 2026-12-04 18:00 UTC; work left 3.1 h, slack 10 min (at risk)"
+    )
+    watched = DeadlineView(
+        at="2026-12-04T18:00:00+00:00", work_left_s=None, slack_s=None, at_risk=False, missed=True
+    )
+    assert deadline_line(watched) == (
+        "deadline: 2026-12-04 18:00 UTC; work left unknown (watched for a miss only) (missed)"
+    )

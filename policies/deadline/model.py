@@ -79,7 +79,7 @@ class DeadlineStrategy(ABC):
 
 
 def _hours(seconds: float) -> str:
-    return f"{seconds / 3600:.2f} h"
+    return f"{seconds / 3600:.2f} h" if abs(seconds) >= 360 else f"{seconds:.0f} s"
 
 
 class Greedy(DeadlineStrategy):
