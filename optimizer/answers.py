@@ -136,9 +136,29 @@ class GpuView(Answer):
     simulated: bool
 
 
+class DeadlineView(Answer):
+    """A job's deadline (docs/deadlines.md, "In the daemon"): when (`at`), and where the work
+    left is known, the figures its deadline strategy decides on, in seconds: `slack_s` is
+    the deadline less the time elapsed, the work left and one restart (none while it runs
+    on-demand); `at_risk`: the slack is below one more restart (only on-demand, without a
+    break, still meets it); `missed`: the deadline passed with work left. A finished job is
+    shown as it stood when it finished."""
+
+    at: str
+    work_left_s: float | None
+    slack_s: float | None
+    at_risk: bool
+    missed: bool
+    elapsed_s: float | None = None
+    deadline_s: float | None = None
+    overhead_s: float | None = None
+    running: str | None = None
+
+
 class JobDetail(JobView):
     attempts: list[AttemptView]
     gpu: GpuView | None
+    deadline: DeadlineView | None = None
 
 
 class CheckpointView(Answer):

@@ -387,6 +387,26 @@ class Recovery(_Strict):
     auth_cooldown_minutes: Minutes = Field(
         60, ge=0, description="Minutes a provider sits out after it refused our credentials."
     )
+    deadline_strategy: str = Field(
+        "gpuopt",
+        description="The deadline strategy a job with a `deadline` is run by "
+        "(policies/deadline; docs/deadlines.md).",
+    )
+    restart_overhead: Duration = Field(
+        600.0,
+        ge=0,
+        description="What one restart costs a job with a deadline (start-up and lost work) "
+        "until its own restarts have been measured.",
+    )
+
+    @field_validator("deadline_strategy")
+    @classmethod
+    def _known_deadline_strategy(cls, value: str) -> str:
+        from policies.deadline import STRATEGIES
+
+        if value not in STRATEGIES:
+            raise ValueError(f"unknown deadline strategy {value!r}; known: {', '.join(STRATEGIES)}")
+        return value
 
     @field_validator("strategy")
     @classmethod

@@ -53,6 +53,8 @@ TITLES: dict[str, str] = {
     EventKind.JOB_UNDERUSED: "GPU underused",
     EventKind.JOB_STOPPED: "Job stopped by a policy rule",
     EventKind.JOB_MIGRATED: "Job moved to other capacity",
+    EventKind.JOB_DEADLINE_AT_RISK: "Job's deadline at risk",
+    EventKind.JOB_DEADLINE_MISSED: "Job's deadline missed",
     EventKind.BUDGET_THRESHOLD_CROSSED: "Budget nearly spent",
     EventKind.JOB_WARNING: "Job accepted with a warning",
     EventKind.CHECKPOINT_COMMITTED: "Checkpoint uploaded",

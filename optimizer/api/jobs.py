@@ -17,6 +17,7 @@ from optimizer.api.params import Id, Page
 from optimizer.api.state import ApiState, StateDep, utc_text
 from optimizer.code import CodeError
 from optimizer.jobs.advice import job_advice
+from optimizer.jobs.deadlines import deadline_view
 from optimizer.jobs.gang import head_number
 from optimizer.jobs.spec import JobSpec, bucket_provider, stored_form
 from optimizer.jobs.state import BucketRefused, BucketUnreachable
@@ -213,10 +214,14 @@ def _taken(exc: DuplicateJobError) -> str:
 def show_job(name: str, state: StateDep) -> dict[str, Any]:
     """The job, and its attempts each with its cost lines (docs/costs.md)."""
     job = _job(state, name)
+    loaded = state.policies.get(job.policy)
     return {
         **job_view(job),
         "attempts": job_attempts(state, job.id),
         "gpu": gpu_view(state.store.telemetry.summary(job_id=job.id)),
+        "deadline": deadline_view(
+            state.store, job, None if loaded is None else loaded.policy, state.clock()
+        ),
     }
 
 

@@ -22,7 +22,7 @@ from optimizer.cli.code import ship
 from optimizer.cli.common import error, fail
 
 if TYPE_CHECKING:
-    from optimizer.answers import GpuView, JobView
+    from optimizer.answers import DeadlineView, GpuView, JobView
 
 app = typer.Typer(
     help="Submit and follow managed jobs (through the daemon's API).", no_args_is_help=True
@@ -52,6 +52,31 @@ def _print_job(job: JobView) -> None:
     _print_code(job.spec)
     if isinstance(job, JobDetail) and job.gpu:
         print("  " + gpu_line(job.gpu))
+    if isinstance(job, JobDetail) and job.deadline:
+        print("  " + deadline_line(job.deadline))
+
+
+def _span(seconds: float) -> str:
+    """`5.2 h`, `42 min`, `30 s`; negative spans keep their sign."""
+    size = abs(seconds)
+    if size >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if size >= 120:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"
+
+
+def deadline_line(d: DeadlineView) -> str:
+    """`deadline: 2026-12-04 18:00 UTC; work left 3.1 h, slack 5.2 h (at risk)`."""
+    when = d.at.replace("T", " ")[:16] + " UTC" if d.at.endswith(("Z", "+00:00")) else d.at
+    parts = [f"deadline: {when}"]
+    if d.work_left_s is None:
+        parts.append("work left unknown (watched for a miss only)")
+    else:
+        slack = "-" if d.slack_s is None else _span(d.slack_s)
+        parts.append(f"work left {_span(d.work_left_s)}, slack {slack}")
+    flag = " (missed)" if d.missed else " (at risk)" if d.at_risk else ""
+    return "; ".join(parts) + flag
 
 
 def _print_code(spec: Any) -> None:

@@ -290,35 +290,100 @@ def price(
 
 @app.command("capacity")
 def capacity(
-    pool: Annotated[
-        str,
-        typer.Argument(help=POOL_HELP),
-    ],
+    pool_arg: Annotated[
+        str | None,
+        typer.Argument(metavar="[POOL]", help=POOL_HELP),
+    ] = None,
     available: Annotated[
         bool | None,
         typer.Option(
             "--available/--unavailable",
-            help="Give the pool capacity back, or take it away (launches in it fail).",
+            help="Give the pool capacity back (and stop its trace), or take it away (launches "
+            "in it fail).",
         ),
     ] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            "--trace",
+            help="A spot availability trace (the public spot-traces JSON: metadata.gap_seconds "
+            "and data, the instances obtainable at each tick) the pool's spot capacity follows "
+            "from when the running cloud sees it.",
+            dir_okay=False,
+        ),
+    ] = None,
+    pool_opt: Annotated[
+        str | None,
+        typer.Option(
+            "--pool", help="The spot pool that follows --trace (default: every spot pool)."
+        ),
+    ] = None,
+    tick: Annotated[
+        float | None,
+        typer.Option(
+            "--tick",
+            help="Real seconds one trace tick lasts (default: the trace's gap_seconds); "
+            "fewer make a drill over days of trace take minutes.",
+        ),
+    ] = None,
+    no_trace: Annotated[
+        bool,
+        typer.Option("--no-trace", help="Stop following a trace (the pool's, else every one)."),
+    ] = False,
     state_dir: StateDirOption = None,
 ) -> None:
-    """Take a pool's capacity away (its launches fail, its price stays listed) or give it back."""
+    """Take a pool's capacity away (its launches fail, its price stays listed) or give it
+    back; or make spot capacity follow an availability trace (--trace FILE)."""
     from providers.local import market
+    from providers.local.trace import TraceError, read_trace
 
-    if available is None:
-        fail("give --available or --unavailable")
+    if pool_arg is not None and pool_opt is not None and pool_arg != pool_opt:
+        fail(f"give the pool once: {pool_arg!r} and --pool {pool_opt!r} differ")
+    pool = pool_opt or pool_arg
+    if sum((available is not None, trace is not None, no_trace)) != 1:
+        fail("give --available or --unavailable, or --trace FILE (or --no-trace)")
+    if tick is not None and trace is None:
+        fail("--tick goes with --trace")
     root = _written(state_dir)
     cloud = _cloud(root)
+    if available is not None:
+        if pool is None:
+            fail("--available and --unavailable name a POOL")
+        try:
+            name = market.check_pool(pool, cloud.fetch_offers())
+            market.set_capacity(cloud.state, name, available=available)
+        except ValueError as exc:
+            fail(exc.args[0] if exc.args else exc)
+        if available:
+            print(f"{name}: capacity available again (recorded in {root})")
+        else:
+            print(
+                f"{name}: no capacity; launches there fail with InsufficientInstanceCapacity "
+                f"(recorded in {root})"
+            )
+        return
+    name = market.EVERY_SPOT_POOL
+    if pool is not None:
+        try:
+            name = market.check_pool(pool, cloud.fetch_offers())
+        except ValueError as exc:
+            fail(exc.args[0] if exc.args else exc)
+        if not any(market.pool_name(o) == name and o.zone for o in cloud.fetch_offers()):
+            fail(f"{name} is an on-demand pool; a trace sets spot capacity (TYPE@ZONE)")
+    which = "every spot pool" if name == market.EVERY_SPOT_POOL else name
+    if no_trace:
+        market.follow_trace(cloud.state, name, None, now=None)
+        print(f"{which}: no longer follows a capacity trace (recorded in {root})")
+        return
+    assert trace is not None
     try:
-        name = market.check_pool(pool, cloud.fetch_offers())
-        market.set_capacity(cloud.state, name, available=available)
-    except ValueError as exc:
-        fail(exc.args[0] if exc.args else exc)
-    if available:
-        print(f"{name}: capacity available again (recorded in {root})")
-    else:
-        print(
-            f"{name}: no capacity; launches there fail with InsufficientInstanceCapacity "
-            f"(recorded in {root})"
-        )
+        followed = read_trace(trace, tick_s=tick)
+    except TraceError as exc:
+        fail(str(exc))
+    market.follow_trace(cloud.state, name, followed, now=None)
+    ticks = len(followed.counts)
+    print(
+        f"{which}: spot capacity follows {trace.name} ({ticks} ticks of {followed.tick_s:g} s, "
+        f"{followed.span_s:g} s in all; counts {min(followed.counts)}..{max(followed.counts)}) "
+        f"from when the running cloud sees it; the last count holds after (recorded in {root})"
+    )

@@ -59,6 +59,7 @@ class Reason(StrEnum):
     NOT_ALLOWED = "not_allowed"
     RETURN_TO_SPOT = "return_to_spot"
     CHEAPER = "cheaper"
+    DEADLINE = "deadline"  # the job's deadline strategy wants the other market (deadlines.py)
 
 
 _PRECEDENCE = {
@@ -66,6 +67,7 @@ _PRECEDENCE = {
     Reason.NOT_ALLOWED: 0,
     Reason.RETURN_TO_SPOT: 1,
     Reason.CHEAPER: 2,
+    Reason.DEADLINE: 0,
 }
 
 

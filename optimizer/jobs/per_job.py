@@ -1,7 +1,8 @@
 """The per-job pass: each live job decided (`machine.decide`) and the decision applied.
 
 For every live job in the view: fold its current attempt (a gang folded into one), ask
-`machine.decide` (with the recovery strategy the job's policy names, recovery.py, and what
+`machine.decide` (with the recovery strategy the job's policy names, recovery.py — for a job
+with a deadline, relaunching on the markets its deadline strategy chose, deadlines.py — and what
 the utilization watch says, watch.py), and apply the actions — launch (launch.py: the best
 offer the policy allows, minus pools in cooldown and pools the decision avoids), stop,
 terminate, cool a pool down, alert — recording the transition and its events in one
@@ -39,11 +40,12 @@ from optimizer.jobs.machine import (
 from optimizer.jobs.migration import Move
 from optimizer.jobs.migration_inputs import why as describe_error
 from optimizer.jobs.moving import migrate
-from optimizer.jobs.recovery import Strategy, strategy_for
+from optimizer.jobs.recovery import Strategy, strategy_for, with_deadline
 from optimizer.jobs.spec import pass_spec
 from optimizer.jobs.utilization import rules_for
 from optimizer.jobs.views import (
     PassView,
+    Watched,
     attempt_view,
     current_rows,
     finished_earlier,
@@ -80,7 +82,13 @@ class PerJob:
         self.watch.forget(view.open_keys())
         for job in view.live:
             try:
-                self.job(ctx, job, view.attempts.get(job.id, []), view.moves.get(job.id))
+                self.job(
+                    ctx,
+                    job,
+                    view.attempts.get(job.id, []),
+                    view.moves.get(job.id),
+                    view.deadlines.get(job.id),
+                )
                 self.acting.flush(ctx)  # events of a job whose pass made no transition
             except UNREACHABLE:
                 raise
@@ -121,6 +129,7 @@ class PerJob:
         job: JobRecord,
         attempts: list[AttemptRecord],
         move: Move | None = None,
+        deadline: Watched | None = None,
     ) -> None:
         nodes = current_rows(attempts)
         current = nodes[0] if nodes else None
@@ -138,6 +147,10 @@ class PerJob:
         policy = effective(loaded.policy, ctx.now)
         spec = pass_spec(job, ctx.memo)  # validated once this pass; the launch walk reuses it
         strategy = strategy_for(policy, max_restarts=spec.max_restarts)
+        if deadline is not None and deadline.decision is not None:
+            # The recovery seam: a job with a deadline relaunches on the markets its deadline
+            # strategy chose at this pass (deadlines.py).
+            strategy = with_deadline(strategy, deadline.markets, deadline.decision.reason)
         unlaunched = [
             a for a in nodes if a.instance_id is None and a.state == AttemptState.LAUNCHING
         ]

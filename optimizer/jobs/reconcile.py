@@ -24,6 +24,7 @@ from optimizer.jobs.acting import Acting
 from optimizer.jobs.bootstrap import AgentSettings
 from optimizer.jobs.cleanup import STOP_GRACE, CleanUp
 from optimizer.jobs.context import ReconcileContext
+from optimizer.jobs.deadlines import Deadlines
 from optimizer.jobs.describe import Describe
 from optimizer.jobs.machine import REGISTER_TIMEOUT
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow
@@ -69,6 +70,11 @@ class JobReconciler:
         self.moves = Moves(
             self.acting, probe_window=probe_window, in_force=in_force, window_name=window_name
         )
+        # Each job with a deadline (deadlines.py): its situation, the deadline strategy's
+        # decision, the at-risk and missed events; a move it asks for replaces or drops the
+        # migration pass's, and the per-job pass launches on the markets it chose. After the
+        # migration pass, before the per-job pass.
+        self.deadlines = Deadlines(self.acting)
         # The utilization watch (watch.py): consulted by the per-job pass for each running
         # job before it decides, as its verdict is one of the state machine's inputs.
         self.watch = Watch(self.acting)
@@ -81,7 +87,7 @@ class JobReconciler:
 
     def passes(self) -> tuple[Pass, ...]:
         """The passes over the view, in the order they run (see `__init__` for why)."""
-        return (self.moves, self.per_job, self.clean_up)
+        return (self.moves, self.deadlines, self.per_job, self.clean_up)
 
     def __call__(self, ctx: ReconcileContext) -> None:
         self.describe(ctx)

@@ -233,6 +233,55 @@ class EagerOnDemand(Failover):
         return f"; {failed} within {window}: on-demand at once (eager-on-demand)"
 
 
+@dataclass(frozen=True, slots=True)
+class WithDeadline(Strategy):
+    """A job with a deadline: its strategy's answers, but the markets of every relaunch and of
+    every launch while it waits are the deadline strategy's (optimizer/jobs/deadlines.py),
+    decided at this pass from the job's slack. The pools to avoid and cool down, the restart
+    limit and what a failed launch costs stay the job's strategy's."""
+
+    name: ClassVar[str] = "deadline"
+    inner: Strategy = Failover()
+    markets: tuple[Market, ...] | None = None  # None: the policy's own
+    why: str = ""  # the deadline strategy's reason, for the job's reason
+
+    def _note(self) -> str:
+        return f"; deadline: {self.why}" if self.why else ""
+
+    def after_failure(
+        self,
+        failure: Failure,
+        pool: Pool,
+        *,
+        restarts: int,
+        history: Sequence[Past],
+        now: datetime,
+    ) -> Relaunch | GiveUp:
+        where = self.inner.after_failure(failure, pool, restarts=restarts, history=history, now=now)
+        if isinstance(where, GiveUp):
+            return where
+        return self._ours(where)
+
+    def while_pending(self, history: Sequence[Past], now: datetime) -> Relaunch:
+        return self._ours(self.inner.while_pending(history, now))
+
+    def _ours(self, where: Relaunch) -> Relaunch:
+        if self.markets is None:  # the policy does not allow the market the deadline wants
+            return where
+        return Relaunch(where.avoid, where.cooldowns, self.markets, self._note())
+
+    def after_launch_error(self, error: LaunchError, now: datetime) -> SitOut:
+        return self.inner.after_launch_error(error, now)
+
+
+def with_deadline(
+    strategy: Strategy, markets: tuple[Market, ...] | None, why: str = ""
+) -> Strategy:
+    """The recovery seam for a job with a deadline: `strategy`, its relaunches on `markets`
+    (the deadline strategy's choice at this pass; None: the policy's own markets)."""
+    return WithDeadline(strategy.settings, strategy, markets, why)
+
+
 DEFAULT = Failover.name
 
 
@@ -287,7 +336,9 @@ __all__ = [
     "Relaunch",
     "SitOut",
     "Strategy",
+    "WithDeadline",
     "registered",
     "strategies",
     "strategy_for",
+    "with_deadline",
 ]

@@ -23,7 +23,17 @@ utilization:                   # optional: rules given here replace the policy's
   idle: {below: 0.05, for: 20m, action: stop}
 max_duration: 72h              # optional: replaces the policy's max_duration (at most 87600h)
 nodes: 2                       # optional: instances launched together (the policy's otherwise)
+deadline: 48h                  # optional: a time (2026-12-04T18:00:00Z) or a duration after submit
+work: 40h                      # optional: the work to do, or {hours: 40, reference: p3.2xlarge}
 ```
+
+`deadline` and `work` (docs/deadlines.md, "In the daemon"): the daemon keeps a job with a
+deadline on spot while its slack allows and moves it to on-demand when it must. A deadline
+time carries its zone (`Z` or `+02:00`); a duration counts from the submit. `work` is hours of
+running at the `reference` instance type (the type the job runs on when none is named); a
+bare number is seconds, as for every duration. A deadline without `work` is accepted: the
+job's own progress reports then tell the work left, and until they do the job is only watched
+for a missed deadline. `work` without a deadline is refused (nothing would read it).
 
 Exactly one of `checkpoint` and `checkpoint_dir` is given. A `checkpoint` URI is checked here
 (`check_uri`): its scheme, a bucket for s3:// and gs://, an absolute path for file://.
@@ -41,12 +51,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from datetime import datetime, timedelta
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -57,7 +69,14 @@ from pydantic import (
 
 from optimizer.common.documents import load_document, parse_document
 from optimizer.common.errors import LocatedError
-from policies.schema import MIN_WINDOW_S, NAME_PATTERN, Duration, Utilization
+from policies.schema import (
+    DURATION_PATTERN,
+    MIN_WINDOW_S,
+    NAME_PATTERN,
+    Duration,
+    Utilization,
+    parse_duration,
+)
 
 if TYPE_CHECKING:  # the store is not loaded for reading a spec file (the CLI)
     from optimizer.jobs.context import PassMemo
@@ -169,6 +188,61 @@ class CodeRef(BaseModel):
     size: int = Field(ge=0, le=1 << 40, description="The archive's size in bytes.")
 
 
+def _deadline(value: Any) -> Any:
+    """`48h` (a duration after submit) → seconds; an ISO 8601 time with its zone → a
+    datetime (YAML hands an unquoted time over as one already)."""
+    if isinstance(value, str) and not re.fullmatch(DURATION_PATTERN, value):
+        try:
+            value = datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise ValueError(
+                f"{value!r} is neither a duration (48h, 30m) nor an ISO 8601 time "
+                "(2026-12-04T18:00:00Z)"
+            ) from None
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"{value.isoformat()} has no time zone: write Z or an offset (+02:00)")
+        return value
+    seconds = parse_duration(value)
+    if isinstance(seconds, float) and not seconds > 0:
+        raise ValueError("a deadline after submit must be above 0")
+    return seconds
+
+
+Deadline = Annotated[datetime | float, BeforeValidator(_deadline)]
+
+
+class WorkSpec(BaseModel):
+    """The work a job has to do: hours of running at a reference instance type."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    hours: float = Field(gt=0, le=87600, description="Hours of running at the reference type.")
+    reference: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="The instance type the hours are measured on (default: the one it runs on).",
+        examples=["p3.2xlarge"],
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        # `work: 48h` (or a number of seconds, as every duration): hours at no named type.
+        if isinstance(value, str | int | float) and not isinstance(value, bool):
+            seconds = parse_duration(value)
+            if not isinstance(seconds, float):
+                return value
+            return {"hours": seconds / 3600}
+        return value
+
+    @property
+    def seconds(self) -> float:
+        return self.hours * 3600
+
+
 class JobSpec(BaseModel):
     model_config = ConfigDict(
         extra="forbid", frozen=True, strict=True, allow_inf_nan=False, populate_by_name=True
@@ -233,6 +307,33 @@ class JobSpec(BaseModel):
         description="Instances the job spans, launched and replaced together (default: the "
         "policy's workload.nodes, else 1).",
     )
+
+    deadline: Deadline | None = Field(
+        None,
+        description="When the job must be done: an ISO 8601 time with its zone, or a duration "
+        "after submit.",
+        examples=["48h", "2026-12-04T18:00:00Z"],
+    )
+    work: WorkSpec | None = Field(
+        None,
+        description="The work to do: a duration (hours at the type it runs on), or hours at "
+        "a reference instance type.",
+        examples=["48h", {"hours": 48, "reference": "p3.2xlarge"}],
+    )
+
+    @model_validator(mode="after")
+    def _work_needs_deadline(self) -> JobSpec:
+        if self.work is not None and self.deadline is None:
+            raise ValueError("`work` is read only with a `deadline`: give one, or drop `work`")
+        return self
+
+    def deadline_at(self, submitted: datetime) -> datetime | None:
+        """The deadline as a time, for a job submitted at `submitted`."""
+        if self.deadline is None:
+            return None
+        if isinstance(self.deadline, datetime):
+            return self.deadline
+        return submitted + timedelta(seconds=self.deadline)
 
     @field_validator("run", "checkpoint_dir")
     @classmethod

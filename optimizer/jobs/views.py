@@ -22,8 +22,23 @@ from optimizer.jobs.machine import AttemptView, finished_on, power_off_time
 from optimizer.jobs.migration import Move
 from optimizer.lifecycle import HANDED_OVER, AttemptEnd, JobState
 from optimizer.lifecycle import LIVE_JOB_STATES as LIVE
+from optimizer.model import Market
 from optimizer.store import JobRecord, Store
 from optimizer.store.jobs import AttemptRecord
+from policies.deadline import Decision, Situation
+
+
+@dataclass(frozen=True, slots=True)
+class Watched:
+    """A job with a deadline at one pass (deadlines.py): its deadline, situation and the
+    deadline strategy's decision (both None while its work left is not known), whether it
+    is missed, and the markets a launch for it uses (None: the policy's)."""
+
+    deadline: datetime
+    situation: Situation | None
+    decision: Decision | None
+    missed: bool
+    markets: tuple[Market, ...] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +50,9 @@ class PassView:
     # The migration pass's decisions (values), job id -> its move: the per-job pass applies one
     # where the job is healthy and running, as the move was decided for.
     moves: dict[int, Move] = field(default_factory=dict)
+    # The deadline pass's reading of each live job with a deadline (deadlines.py): the
+    # per-job pass launches it on the markets the deadline strategy chose.
+    deadlines: dict[int, Watched] = field(default_factory=dict)
 
     @classmethod
     def read(cls, ctx: ReconcileContext) -> PassView:
@@ -155,6 +173,7 @@ def attempt_view(
 
 __all__ = [
     "PassView",
+    "Watched",
     "attempt_view",
     "current_rows",
     "finished_earlier",

@@ -48,10 +48,17 @@ from providers.local.metadata import MetadataServer, iso
 from providers.local.prices import SpotWalk, local_offers, zones_of
 from providers.local.procs import MARK_ENV, alive, instance_mark, power_off
 from providers.local.state import InstanceRecord, Interruption, StateDir
+from providers.local.trace import CapacityTrace
 
 log = logging.getLogger(__name__)
 
 LAUNCHER_WAIT_S = 2.0  # how long another process waits for the launcher to record an end
+
+
+def _pool_name(record: InstanceRecord) -> str:
+    """The market controls' name of an instance's pool (market.pool_name's spelling)."""
+    where = record.zone if record.market == "spot" else record.region
+    return f"{record.instance_type}@{where}"
 
 
 def _utc(epoch: float | None) -> datetime | None:
@@ -306,6 +313,14 @@ class LocalCloud:
             self.state, market.check_pool(pool, self.fetch_offers()), available=available
         )
 
+    def follow_trace(self, trace: CapacityTrace | None, pool: str = market.EVERY_SPOT_POOL) -> None:
+        """Make a spot pool's capacity (every spot pool's by default) follow `trace` from now
+        on (None: stop following one); see trace.py."""
+        name = pool
+        if pool != market.EVERY_SPOT_POOL:
+            name = market.check_pool(pool, self.fetch_offers())
+        market.follow_trace(self.state, name, trace, now=self.clock())
+
     def fail_next(
         self,
         match: str | tuple[str | None, ...] = "*",
@@ -353,12 +368,27 @@ class LocalCloud:
     # --- internals ---------------------------------------------------------------------
 
     def _capacity(self, offer: Offer) -> None:
-        """Refuse a launch in a pool marked unavailable (call under the state lock)."""
+        """Refuse a launch in a pool marked unavailable, or in a spot pool whose traced
+        capacity the running instances already fill (call under the state lock)."""
         name = market.pool_name(offer)
-        if name in market.load(self.state).unavailable:
+        controls = market.load(self.state)
+        why = f"pool {name} marked unavailable" if name in controls.unavailable else None
+        trace = controls.trace(name) if offer.market.value == "spot" else None
+        if why is None and trace is not None:
+            count = trace.capacity(self.clock())
+            running = sum(
+                1
+                for r in self.state.all()
+                if not r.ended
+                and r.market == "spot"
+                and r.interruption is None
+                and _pool_name(r) == name
+            )
+            if running >= count:
+                why = f"trace {trace.source}: {count} spot instance(s) obtainable in {name} now"
+        if why is not None:
             raise CapacityError(
-                f"no capacity for {offer.instance_type} in {offer.zone or offer.region} "
-                f"(pool {name} marked unavailable)",
+                f"no capacity for {offer.instance_type} in {offer.zone or offer.region} ({why})",
                 provider=self.name,
                 code="InsufficientInstanceCapacity",
                 zone=offer.zone,
@@ -555,6 +585,7 @@ class LocalCloud:
         elapsed = 0.0 if self._last_tick is None else max(now - self._last_tick, 0.0)
         self._last_tick = now
         chance = 1 - math.exp(-self.rate_per_hour * elapsed / 3600) if self.rate_per_hour else 0
+        live: list[InstanceRecord] = []
         for record in self.state.all():
             if record.ended:
                 continue
@@ -564,3 +595,32 @@ class LocalCloud:
             if chance and self._rng.random() < chance:
                 log.info("local cloud: random interruption of %s", fresh.id)
                 self.interrupt(fresh.id)
+            else:
+                live.append(fresh)
+        self._follow_traces(live, now)
+
+    def _follow_traces(self, live: list[InstanceRecord], now: float) -> None:
+        """Interrupt the newest spot instances of each pool whose traced capacity dropped
+        below the instances running there (each gets the normal notice)."""
+        traced = market.load(self.state)
+        if not traced.traces:
+            return
+        by_pool: dict[str, list[InstanceRecord]] = {}
+        for record in live:
+            by_pool.setdefault(_pool_name(record), []).append(record)
+        for name, records in by_pool.items():
+            trace = traced.trace(name)
+            if trace is None:
+                continue
+            over = len(records) - trace.capacity(now)
+            if over <= 0:
+                continue
+            for record in sorted(records, key=lambda r: r.launched_at, reverse=True)[:over]:
+                log.info(
+                    "local cloud: %s's capacity is %d (trace %s): interrupting %s",
+                    name,
+                    trace.capacity(now),
+                    trace.source,
+                    record.id,
+                )
+                self.interrupt(record.id)

@@ -11,7 +11,11 @@ them (`gpuopt local price`, `gpuopt local capacity`) for the cloud a daemon runs
 - a pool marked **unavailable** keeps its price listed (AWS goes on publishing the spot
   price of a pool it has no capacity in) but every launch in it fails with
   `InsufficientInstanceCapacity` until it is marked available again. Running instances are
-  not touched.
+  not touched;
+- a spot pool (or every spot pool, `*`) may follow a **capacity trace** (trace.py): the
+  number of spot instances obtainable there changes over time, its clock started by the
+  running cloud as a pin's is; the cloud refuses launches past the count and interrupts the
+  newest running instances when the count drops below them (cloud.py).
 
 A pool is named `type@zone` for a spot pool (`g4dn.xlarge@eu-central-1-a`) and
 `type@region` for the on-demand one (`g4dn.xlarge@eu-central-1`), as `pool_name` spells it.
@@ -20,11 +24,14 @@ A pool is named `type@zone` for a spot pool (`g4dn.xlarge@eu-central-1-a`) and
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from optimizer.model import Offer
 from providers.local.state import StateDir, read_json, write_json
+from providers.local.trace import CapacityTrace
+
+EVERY_SPOT_POOL = "*"  # a trace every spot pool follows (`gpuopt local capacity --trace` alone)
 
 MARKET_FILE = "market.json"
 
@@ -82,19 +89,26 @@ class Pin:
 
 @dataclass(frozen=True, slots=True)
 class Market:
-    """What `market.json` holds: pins by pool name, and the pools without capacity."""
+    """What `market.json` holds: pins by pool name, the pools without capacity, and the spot
+    capacity traces by pool name (`*`: every spot pool without one of its own)."""
 
     pins: Mapping[str, Pin]
     unavailable: frozenset[str]
+    traces: Mapping[str, CapacityTrace] = field(default_factory=dict)
 
     def prices(self, now: float) -> dict[str, float]:
         """The pinned price of every pool whose pin holds at `now`."""
         return {name: pin.usd for name, pin in self.pins.items() if pin.active(now)}
 
+    def trace(self, name: str) -> CapacityTrace | None:
+        """The trace a spot pool's capacity follows (its own, else the one for every pool)."""
+        return self.traces.get(name) or self.traces.get(EVERY_SPOT_POOL)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "pins": {name: pin.to_json() for name, pin in sorted(self.pins.items())},
             "unavailable": sorted(self.unavailable),
+            "traces": {name: t.to_json() for name, t in sorted(self.traces.items())},
         }
 
 
@@ -107,7 +121,8 @@ def load(state: StateDir) -> Market:
     if not isinstance(data, dict):
         return EMPTY
     pins = {str(k): Pin.from_json(v) for k, v in (data.get("pins") or {}).items()}
-    return Market(pins, frozenset(str(n) for n in data.get("unavailable") or ()))
+    traces = {str(k): CapacityTrace.from_json(v) for k, v in (data.get("traces") or {}).items()}
+    return Market(pins, frozenset(str(n) for n in data.get("unavailable") or ()), traces)
 
 
 def save(state: StateDir, market: Market) -> None:
@@ -134,29 +149,52 @@ def pin(
         else:
             until = None if for_s is None or now is None else now + for_s
             made = pins[name] = Pin(float(usd), for_s, until)
-        save(state, Market(pins, market.unavailable))
+        save(state, replace(market, pins=pins))
     return made
 
 
 def set_capacity(state: StateDir, name: str, *, available: bool) -> None:
-    """Give the pool capacity back, or take it away (launches in it fail)."""
+    """Give the pool capacity back (and stop any trace of its own), or take it away
+    (launches in it fail)."""
     with state.locked():
         market = load(state)
         unavailable = set(market.unavailable)
+        traces = dict(market.traces)
         if available:
             unavailable.discard(name)
+            traces.pop(name, None)
         else:
             unavailable.add(name)
-        save(state, Market(market.pins, frozenset(unavailable)))
+        save(state, replace(market, unavailable=frozenset(unavailable), traces=traces))
+
+
+def follow_trace(
+    state: StateDir, name: str, trace: CapacityTrace | None, *, now: float | None
+) -> None:
+    """Make a spot pool's capacity (`*`: every spot pool's) follow `trace` (None: stop
+    following one). `now` starts its clock at once; None leaves it for the running cloud
+    to start (`stamp`)."""
+    with state.locked():
+        market = load(state)
+        traces = dict(market.traces)
+        if trace is None:
+            if name == EVERY_SPOT_POOL:
+                traces.clear()
+            else:
+                traces.pop(name, None)
+        else:
+            traces[name] = replace(trace, start=now)
+        save(state, replace(market, traces=traces))
 
 
 def stamp(state: StateDir, now: float) -> None:
-    """The running cloud's upkeep: start the clock of pins set with a duration from another
-    process, and drop pins that have run out. Writes only when something changed."""
+    """The running cloud's upkeep: start the clock of pins set with a duration and of
+    capacity traces from another process, and drop pins that have run out. Writes only when
+    something changed."""
     market = load(state)
     if not any(
         (p.until is None and p.for_s is not None) or not p.active(now) for p in market.pins.values()
-    ):
+    ) and all(t.start is not None for t in market.traces.values()):
         return
     with state.locked():
         market = load(state)
@@ -166,15 +204,21 @@ def stamp(state: StateDir, now: float) -> None:
                 held = Pin(held.usd, held.for_s, now + held.for_s)
             if held.active(now):
                 pins[name] = held
-        save(state, Market(pins, market.unavailable))
+        traces = {
+            name: t if t.start is not None else replace(t, start=now)
+            for name, t in market.traces.items()
+        }
+        save(state, replace(market, pins=pins, traces=traces))
 
 
 __all__ = [
     "EMPTY",
+    "EVERY_SPOT_POOL",
     "MARKET_FILE",
     "Market",
     "Pin",
     "check_pool",
+    "follow_trace",
     "load",
     "pin",
     "pool_name",
