@@ -162,7 +162,8 @@ class RuleContext:
         self.fabric = work.fabric
         self.min_tflops = {d: (v, v * grow) for d, v in work.min_tflops.items()}
         self.dtype = work.dtype()
-        self.per_tflop = policy.rank_by == "price_per_tflop"
+        # price_per_step without the job's speeds is price per TFLOP (policies/per_step.py).
+        self.per_tflop = policy.rank_by in ("price_per_tflop", "price_per_step")
         self.per_tbps = policy.rank_by == "price_per_tbps"
         self.cpu_memory = work.cpu_memory_gib
         self.vcpus = work.vcpus
