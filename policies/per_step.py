@@ -22,6 +22,7 @@ figures.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -92,6 +93,12 @@ def _scaled(ref: Reference, source: str, mine: float, theirs: float, dtype: str)
     )
 
 
+def _score(c: Candidate, per_hour: float) -> float:
+    """A candidate without a speed keeps the engine's score (per TFLOP-hour), or where it had
+    no figure either (ranked last) its price per hour: a score is always a finite number."""
+    return c.score if math.isfinite(c.score) else per_hour
+
+
 def by_price_per_step(
     candidates: Iterable[Candidate], speeds: StepSpeeds, dtype: str
 ) -> list[Candidate]:
@@ -107,7 +114,7 @@ def by_price_per_step(
             usd_per_step=cost,
             speed_source=source,
             speed_basis=basis,
-            score=cost if cost is not None else c.score,
+            score=cost if cost is not None else _score(c, per_hour),
         )
         key = (c.probe_failures is not None, cost is None, cost or 0.0, position)
         annotated.append((key, record))
