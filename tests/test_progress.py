@@ -139,9 +139,10 @@ def test_the_cli_outside_gpuopt_says_so_and_exits_0() -> None:
     assert "GPUOPT_PROGRESS_FILE is not set" in done.stderr
 
 
-def test_the_cli_refuses_a_negative_step() -> None:
+def test_the_cli_refuses_a_negative_step_in_one_line() -> None:
     done = CliRunner().invoke(app, ["progress", "--", "-5"])
     assert done.exit_code == 2
+    assert done.stderr == "gpuopt: error: step must be between 0 and 2**62, not -5\n"
 
 
 # -- speeds and the ETA ------------------------------------------------------------------------

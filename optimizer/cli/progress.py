@@ -7,10 +7,12 @@ from pathlib import Path
 
 import typer
 
+from optimizer.cli.common import fail
+
 
 def progress(
-    step: int = typer.Argument(..., min=0, help="The steps done so far."),
-    total: int | None = typer.Option(None, "--total", min=1, help="The steps of the whole run."),
+    step: int = typer.Argument(..., help="The steps done so far (0 or more)."),
+    total: int | None = typer.Option(None, "--total", help="The steps of the whole run."),
     file: Path | None = typer.Option(
         None, "--file", help="Append here instead of to $GPUOPT_PROGRESS_FILE."
     ),
@@ -19,10 +21,13 @@ def progress(
     {"step": STEP, "total": N} to $GPUOPT_PROGRESS_FILE. Outside gpuopt (the variable unset)
     it does nothing and says so on stderr; a file it cannot write is said on stderr too, and
     the exit is 0 either way: reporting progress never stops a job."""
-    from optimizer.progress import ENV, line
+    from optimizer.progress import ENV, ProgressLineError, line
 
+    try:
+        text = line(step, total)
+    except ProgressLineError as exc:
+        fail(exc)
     target = file or (Path(os.environ[ENV]) if os.environ.get(ENV) else None)
-    text = line(step, total)
     if target is None:
         typer.echo(f"gpuopt progress: {ENV} is not set (not run by gpuopt): not reported", err=True)
         return
