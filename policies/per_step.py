@@ -74,6 +74,9 @@ def speed_of(c: Candidate, speeds: StepSpeeds, dtype: str) -> tuple[float | None
     if own is not None and own > 0:
         return own, JOB, f"the job's own {own:,.0f} steps/h on {kind}"
     ref = speeds.reference
+    if ref is None and speeds.by_type:
+        measured = ", ".join(sorted(speeds.by_type))
+        return None, None, f"measured only on {measured}, which no offer lists to scale from"
     if ref is None:
         return None, None, f"no speed measured for the job: by price per {dtype} TFLOP-hour"
     if c.throughput == MEASURED and c.node_tflops and ref.probe_tflops:

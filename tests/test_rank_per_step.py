@@ -105,3 +105,10 @@ def test_an_offer_without_any_figure_to_scale_by_ranks_after_the_rest() -> None:
         assert [c.offer.instance_type for c in out] == ["a100.x", "odd.x"]
         assert out[1].steps_per_hour is None and out[1].speed_source is None
         assert [c.rank for c in out] == [1, 2]
+
+
+def test_a_speed_measured_only_on_a_type_no_offer_lists_is_said() -> None:
+    found = ranked(per_step.StepSpeeds({"gone.x": 900.0}, None))
+    for c in found.values():
+        assert c.speed_source is None
+        assert c.speed_basis == "measured only on gone.x, which no offer lists to scale from"

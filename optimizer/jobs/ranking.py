@@ -135,24 +135,27 @@ def step_speeds(
 ) -> per_step.StepSpeeds:
     """The job's measured steps per hour per instance type (optimizer/jobs/progress.py) and
     the reference the other types are scaled from: the type its current speed was measured
-    on, with that type's node TFLOPS as the probes measured them and per the datasheet (its
-    GPUs read from an offer of the type)."""
+    on (else another it measured) that an offer still lists, with that type's node TFLOPS as
+    the probes measured them and per the datasheet (its GPUs read from that offer)."""
     progress = job_progress(store, job_id, now)
     if progress is None or not progress.by_type:
         return per_step.NOTHING
-    kind = progress.instance_type
-    if kind not in progress.by_type:
-        kind = next(iter(progress.by_type))
-    assert kind is not None
-    like = next((o for o in offers if o.instance_type == kind), None)
+    # The type of the speed in force first, then the others measured, as the offers list them.
+    kinds = sorted(progress.by_type, key=lambda k: (k != progress.instance_type, k))
+    listed = {o.instance_type: o for o in offers}
     reference = None
-    if like is not None:
-        reference = per_step.Reference(
-            kind,
-            progress.by_type[kind],
-            probe_tflops=_probe_node_tflops(found, like, dtype),
-            datasheet_tflops=per_step.datasheet_node_tflops(like.gpu_model, like.gpu_count, dtype),
-        )
+    for kind in kinds:
+        like = listed.get(kind)
+        if like is not None:
+            reference = per_step.Reference(
+                kind,
+                progress.by_type[kind],
+                probe_tflops=_probe_node_tflops(found, like, dtype),
+                datasheet_tflops=per_step.datasheet_node_tflops(
+                    like.gpu_model, like.gpu_count, dtype
+                ),
+            )
+            break
     return per_step.StepSpeeds(dict(progress.by_type), reference)
 
 
