@@ -16,6 +16,11 @@ of a save leaves the previous checkpoint the newest complete one, and the gpuopt
 ship each committed folder to object storage as soon as it appears. The data batches are drawn
 from a generator seeded by the step number, so a resumed run sees the same batches an
 uninterrupted one would.
+
+Every `--progress-every` steps it reports how far it has got by gpuopt's progress convention
+(a JSON line `{"step": n, "total": N}` appended to `$GPUOPT_PROGRESS_FILE`, docs/progress.md),
+so `gpuopt jobs show` gives its speed and ETA; outside gpuopt the variable is unset and
+nothing is written.
 """
 
 from __future__ import annotations
@@ -62,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=env.get("TRAIN_ENGINE", "auto"),
         help="auto: torch where it is installed, else numpy (the same model and batches)",
     )
+    parser.add_argument(
+        "--progress-every", type=int, default=int(env.get("PROGRESS_EVERY", 10)), help="steps"
+    )
     args = parser.parse_args(argv)
     if args.steps < 1 or args.checkpoint_every < 1:
         parser.error("--steps and --checkpoint-every must be >= 1")
@@ -81,6 +89,18 @@ class Stop:
 
 
 MARKER = ".gpuopt-committed"  # written last: the folder is a complete checkpoint
+
+try:  # gpuopt's helper (standard library only); the same line by hand where it is missing
+    from optimizer.progress import report
+except ImportError:
+
+    def report(step: int, total: int | None = None, *, path: str | None = None) -> bool:
+        target = path or os.environ.get("GPUOPT_PROGRESS_FILE")
+        if not target:
+            return False
+        with open(target, "a", encoding="utf-8") as out:
+            out.write(json.dumps({"step": step, "total": total}) + "\n")
+        return True
 
 
 def checkpoints(folder: Path) -> list[Path]:
@@ -316,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         step += 1
         if step % args.log_every == 0 or step == args.steps:
             print(f"step {step}/{args.steps} loss {loss_value:.5f}", flush=True)
+        if step % args.progress_every == 0 or step == args.steps:
+            report(step, args.steps)
         if step % args.checkpoint_every == 0 and step < args.steps:
             checkpoint(loss_value)
         if args.step_sleep:

@@ -49,6 +49,22 @@ class Ready(Answer):
 # -- jobs -------------------------------------------------------------------------------------
 
 
+class ProgressView(Answer):
+    """A job's progress (docs/progress.md): the newest report's step, the run's total and
+    when it was reported; the speed in force (steps per hour) and the instance type it was
+    measured on; steps per hour per instance type over all its attempts; the ETA at that
+    speed (null without a total or a speed, or once the job has ended short of its total)."""
+
+    step: int
+    total: int | None
+    at: str | None
+    fraction_done: Number | None
+    steps_per_hour: Number | None
+    instance_type: str | None
+    by_type: dict[str, Number]
+    eta: str | None
+
+
 class JobView(Answer):
     id: int
     name: str
@@ -61,6 +77,7 @@ class JobView(Answer):
     cancel_requested_at: str | None
     removed_at: str | None
     spec: Object
+    progress: ProgressView | None = None
 
 
 class JobList(Answer):

@@ -71,6 +71,9 @@ BOOTSTRAP_ENV = (
 # The job's environment: where the agent ships the job's checkpoints (set only then; the
 # job then leaves pruning its checkpoint folders to the agent, docs/checkpoints.md).
 ENV_CHECKPOINT_URI = "GPUOPT_CHECKPOINT_URI"
+# The file the job appends its progress reports to (docs/progress.md, optimizer/progress.py);
+# set by the agent to a file on the instance, so a job spec may not set it.
+ENV_PROGRESS_FILE = "GPUOPT_PROGRESS_FILE"
 # What the agent cannot run without.
 REQUIRED_ENV = (ENV_DAEMON_URL, ENV_AGENT_TOKEN, ENV_ATTEMPT_KEY, ENV_METADATA_KIND)
 
@@ -181,6 +184,18 @@ class CheckpointFailedData(BaseModel):
     error: str  # the daemon keeps its first MAX_ERROR_CHARS
 
 
+PROGRESS_EVENT = "progress"  # the job's newest progress report, as the agent read it
+
+
+class ProgressData(BaseModel):
+    """A `progress` event's `data`: the newest report the job wrote (docs/progress.md)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    step: StrictInt = Field(ge=0, le=2**62)
+    total: StrictInt | None = Field(None, ge=1, le=2**62)
+
+
 # The data of the events whose fields the daemon folds into numbers or rows, checked at the
 # edge: a bad one is refused (422) with the whole call.
 EVENT_DATA: dict[str, type[BaseModel]] = {
@@ -189,6 +204,7 @@ EVENT_DATA: dict[str, type[BaseModel]] = {
     "checkpoint_restored": CheckpointRestoredData,
     "checkpoint_pruned": CheckpointPrunedData,
     "checkpoint_failed": CheckpointFailedData,
+    PROGRESS_EVENT: ProgressData,
 }
 
 

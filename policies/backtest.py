@@ -320,6 +320,9 @@ def _judge(
     tbps = found.node_tbps[found.ids]
     if rules.per_tflop:
         score = price / node
+    elif rules.per_step:  # no job's speed in a backtest: per TFLOP, none without a figure
+        with np.errstate(divide="ignore", invalid="ignore"):
+            score = np.where(node > 0, price / node, np.inf)
     elif rules.per_tbps:
         score = price / tbps
     else:

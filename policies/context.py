@@ -163,6 +163,10 @@ class RuleContext:
         self.min_tflops = {d: (v, v * grow) for d, v in work.min_tflops.items()}
         self.dtype = work.dtype()
         self.per_tflop = policy.rank_by == "price_per_tflop"
+        # price_per_step: the engine orders by price per TFLOP, those without a figure last
+        # (none is rejected for it: the job may have measured its own speed there);
+        # policies/per_step.py re-ranks with the job's speeds.
+        self.per_step = policy.rank_by == "price_per_step"
         self.per_tbps = policy.rank_by == "price_per_tbps"
         self.cpu_memory = work.cpu_memory_gib
         self.vcpus = work.vcpus

@@ -138,6 +138,10 @@ def _candidates(verdicts: Verdicts) -> Sequence[Candidate]:
         price = price + moves / rules.state.horizon_hours
     if rules.per_tflop:
         scores = price / node[shapes.ids[rows]]
+    elif rules.per_step:  # per TFLOP, an offer without a figure after the rest
+        mine = node[shapes.ids[rows]]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scores = np.where(mine > 0, price / mine, np.inf)
     elif rules.per_tbps:
         scores = price / tbps[shapes.ids[rows]]
     else:

@@ -87,7 +87,7 @@ class Candidate(NamedTuple):
 
     offer: Offer
     rank: int  # 1 = best
-    score: float  # what rank_by orders on: USD/h, USD per node-TFLOP-hour or per node-TB/s-hour
+    score: float  # what rank_by orders on: USD/h, per node-TFLOP-hour or TB/s-hour, per step
     usd_per_gpu_hour: float
     gpu_memory_need_gib: float  # per GPU, after the buffer
     memory_headroom: float | None  # offer's GPU memory / need - 1; None when nothing is needed
@@ -111,6 +111,11 @@ class Candidate(NamedTuple):
     move_usd: float | None = None  # egress + the restore's time at this offer's price
     move_usd_per_hour: float | None = None  # move_usd spread over the horizon, in the score
     move: str | None = None  # the move in words: "moving 12.3 GiB from aws eu-central-1: ..."
+    # Price per step (policies/per_step.py), under rank_by price_per_step:
+    steps_per_hour: float | None = None  # the job's speed on this offer's type
+    usd_per_step: float | None = None  # (price + move per hour) / steps_per_hour
+    speed_source: str | None = None  # job | probe | datasheet (None: no speed for it)
+    speed_basis: str | None = None  # where the speed came from, in words
 
     def to_dict(self) -> dict[str, Any]:
         moved = (
@@ -122,29 +127,43 @@ class Candidate(NamedTuple):
                 "move": self.move,
             }
         )
-        return moved | {
-            "rank": self.rank,
-            "score": self.score,
-            "usd_per_gpu_hour": self.usd_per_gpu_hour,
-            "gpu_memory_need_gib": self.gpu_memory_need_gib,
-            "memory_headroom": self.memory_headroom,
-            "node_tflops": self.node_tflops,
-            "usd_per_tflop_hour": self.usd_per_tflop_hour,
-            "on_demand_usd_per_hour": self.on_demand_usd_per_hour,
-            "throughput": self.throughput,
-            "measured_n": self.measured_n,
-            "measured_age_s": self.measured_age_s,
-            "node_tbps": self.node_tbps,
-            "usd_per_tbps_hour": self.usd_per_tbps_hour,
-            "bandwidth": self.bandwidth,
-            "probe_failures": self.probe_failures,
-            "interruption_p": self.interruption_p,
-            "interruption_source": self.interruption_source,
-            "expected_usd_per_hour": self.expected_usd_per_hour,
-            "overhead_hours": self.overhead_hours,
-            "risk": self.risk,
-            "offer": self.offer.to_dict(),
-        }
+        stepped = (
+            {}
+            if self.speed_basis is None
+            else {
+                "steps_per_hour": self.steps_per_hour,
+                "usd_per_step": self.usd_per_step,
+                "speed_source": self.speed_source,
+                "speed_basis": self.speed_basis,
+            }
+        )
+        return (
+            moved
+            | stepped
+            | {
+                "rank": self.rank,
+                "score": self.score,
+                "usd_per_gpu_hour": self.usd_per_gpu_hour,
+                "gpu_memory_need_gib": self.gpu_memory_need_gib,
+                "memory_headroom": self.memory_headroom,
+                "node_tflops": self.node_tflops,
+                "usd_per_tflop_hour": self.usd_per_tflop_hour,
+                "on_demand_usd_per_hour": self.on_demand_usd_per_hour,
+                "throughput": self.throughput,
+                "measured_n": self.measured_n,
+                "measured_age_s": self.measured_age_s,
+                "node_tbps": self.node_tbps,
+                "usd_per_tbps_hour": self.usd_per_tbps_hour,
+                "bandwidth": self.bandwidth,
+                "probe_failures": self.probe_failures,
+                "interruption_p": self.interruption_p,
+                "interruption_source": self.interruption_source,
+                "expected_usd_per_hour": self.expected_usd_per_hour,
+                "overhead_hours": self.overhead_hours,
+                "risk": self.risk,
+                "offer": self.offer.to_dict(),
+            }
+        )
 
 
 class Rejection(NamedTuple):

@@ -44,8 +44,9 @@ DTYPES = hardware.DTYPES
 Dtype = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8"]
 Market = Literal["spot", "on_demand", "committed"]
 # How candidates are ordered; expected_cost is applied after the engine's rules
-# (optimizer/jobs/expected.py), the engine itself orders those by price.
-RankBy = Literal["price", "price_per_tflop", "price_per_tbps", "expected_cost"]
+# (optimizer/jobs/expected.py), the engine itself orders those by price; price_per_step too,
+# with the job's measured speeds (policies/per_step.py), the engine orders those per TFLOP.
+RankBy = Literal["price", "price_per_tflop", "price_per_tbps", "expected_cost", "price_per_step"]
 Day = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
 
 
@@ -701,7 +702,9 @@ class Policy(_Strict):
     rank_by: RankBy = Field(
         "price",
         description="price | price_per_tflop | price_per_tbps | expected_cost (price grown "
-        "by the pool's interruption risk times the job's restart overhead).",
+        "by the pool's interruption risk times the job's restart overhead) | price_per_step "
+        "(price over the job's measured steps per hour on the type, else scaled by probe, "
+        "then datasheet TFLOPS).",
     )
     max_price_age_hours: Hours | None = Field(
         None, gt=0, description="Reject prices observed longer ago than this."

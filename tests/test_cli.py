@@ -290,6 +290,10 @@ def bad_input_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
             ["checkpoint", "commit", str(tmp / "no-such-step")],
             f"gpuopt: error: {tmp / 'no-such-step'}: not a folder",
         ),
+        "progress": (
+            ["progress", "10", "--total", "0"],
+            "gpuopt: error: total must be between 1 and 2**62, not 0",
+        ),
         "agent": (
             ["agent", "run"],
             "gpuopt: error: missing environment variable(s): "
@@ -316,6 +320,7 @@ GROUPS = [
     "backtest",
     "advise-bid",
     "checkpoint",
+    "progress",
 ]
 
 

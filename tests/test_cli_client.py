@@ -159,8 +159,8 @@ def test_json_prints_what_the_daemon_sent_and_fields_it_does_not_know_pass(
     done = _gpuopt(httpserver, "jobs", "list")
     assert done.exit_code == 0, done.output
     assert done.stdout.splitlines() == [
-        f"{'b':<24} {'running':<13} restarts 2   waiting",
-        f"{'a':<24} {'running':<13} restarts 1   ",
+        f"{'b':<24} {'running':<13} restarts 2   {'-':<20} waiting",
+        f"{'a':<24} {'running':<13} restarts 1   {'-':<20} ",
     ]
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from optimizer.progress import parse_line
+
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train_with_checkpoints.py"
 TOTAL = 60
 ARGS = [sys.executable, str(SCRIPT)]
@@ -31,6 +33,7 @@ class Run:
             "GPUOPT_CHECKPOINT_DIR": str(ckpt),
             "GPUOPT_ATTEMPT": str(attempt),
             "GPUOPT_RESTARTS": str(attempt - 1),
+            "GPUOPT_PROGRESS_FILE": str(ckpt.parent / "progress.jsonl"),
             "LOG_EVERY": "1",
             "PYTHONUNBUFFERED": "1",
         }
@@ -118,6 +121,11 @@ def test_two_interruptions_resume_from_checkpoints_and_end_at_the_planned_total(
         (stopped_at[0], stopped_at[1]),
         (stopped_at[1], TOTAL),
     ]
+    # Its progress, by gpuopt's convention: every 10 steps of every run, the total with it.
+    reports = [parse_line(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    assert {r.total for r in reports} == {TOTAL}
+    assert sorted({r.step for r in reports}) == list(range(10, TOTAL + 1, 10))
+    assert reports[-1].step == TOTAL
     # The same batches and the same state: three runs train exactly what one would have.
     alone = Run(tmp_path / "alone", 1, engine)
     assert alone.finish() == 0, "\n".join(alone.lines)

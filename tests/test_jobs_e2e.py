@@ -79,6 +79,33 @@ def test_interrupted_twice_the_job_finishes_with_exactly_the_planned_steps(
     assert len(alerts) == 2
 
 
+def test_the_jobs_progress_reaches_the_api_with_a_speed_and_an_eta(
+    tmp_path: Path, daemon: Daemon, cloud: LocalCloud
+) -> None:
+    # The example reports {"step": n, "total": 500} every 5 steps (docs/progress.md); at
+    # 0.02 s a step it runs 10 s or more, a speed needs 5 s of reports.
+    body = job_body("train", tmp_path / "ckpt", steps=500)
+    body["run"] += " --progress-every 5"
+    with api(daemon) as client:
+        assert client.post("/jobs", json=body).status_code == 201
+    wait_until(lambda: running_instance(cloud, "train", 1), 30, "the attempt running")
+
+    def measured() -> dict[str, Any] | None:
+        found = state_of(daemon, "train")["progress"]
+        return found if found and found["eta"] and found["steps_per_hour"] else None
+
+    shown = wait_until(measured, 120, "a speed and an ETA")
+    attempt = state_of(daemon, "train")["attempts"][0]
+    assert shown["total"] == 500 and 0 < shown["step"] < 500
+    assert shown["steps_per_hour"] > 0 and shown["instance_type"] == attempt["instance_type"]
+    assert shown["eta"] > shown["at"]
+    assert set(shown["by_type"]) == {attempt["instance_type"]}
+    wait_until(lambda: state_of(daemon, "train")["state"] == "succeeded", 120, "the job to finish")
+    done = state_of(daemon, "train")["progress"]
+    assert (done["step"], done["total"], done["fraction_done"]) == (500, 500, 1)
+    assert done["eta"] == done["at"]  # done at its last report
+
+
 def test_capacity_errors_move_the_launch_to_the_next_offer(
     tmp_path: Path, daemon: Daemon, cloud: LocalCloud
 ) -> None:

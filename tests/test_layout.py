@@ -28,7 +28,17 @@ ROOT = Path(__file__).resolve().parents[1]
 TOP_LEVEL = ("optimizer", "providers", "policies")
 # The vocabulary: top-level modules of optimizer/ that every layer may use.
 VOCABULARY = frozenset(
-    {"model", "hardware", "catalog", "clock", "offers", "lifecycle", "protocol", "answers"}
+    {
+        "model",
+        "hardware",
+        "catalog",
+        "clock",
+        "offers",
+        "lifecycle",
+        "protocol",
+        "answers",
+        "progress",
+    }
 )
 
 VOCAB, COMMON, VERSION = "vocabulary", "optimizer.common", "optimizer"

@@ -38,6 +38,7 @@ from optimizer.agent.code import CodeUnavailable, Interrupted, prepare
 from optimizer.agent.config import AgentConfig, Assignment
 from optimizer.agent.imds import Notice, Watcher, make_watcher, watch
 from optimizer.agent.logship import LogShipper
+from optimizer.agent.progress import ProgressTail
 from optimizer.agent.reporter import DaemonClient, DaemonError, EventQueue, Reporter
 from optimizer.agent.runner import AdoptedJob, JobExit, JobRunner, job_env
 from optimizer.agent.telemetry import EVENT_KIND as GPU_TELEMETRY
@@ -188,6 +189,7 @@ class Agent:
         self._send_backoff = send_backoff
         self.checkpoints: CheckpointSync | None = None  # a job with a checkpoint location
         self._stop_deadline: float | None = None  # when a stop's grace runs out
+        self.progress: ProgressTail | None = None  # reads the job's progress file
 
     # --- inputs ----------------------------------------------------------------------
 
@@ -349,6 +351,7 @@ class Agent:
                 sync = self._checkpoint_sync(assignment)
                 if sync is not None and (assignment.gang is None or assignment.gang.rank == 0):
                     sync.start_uploads()
+                self._start_progress(assignment)
                 return self._supervise()
         probes = assignment.job.probes or "none"
         if probes != "none":
@@ -504,7 +507,8 @@ class Agent:
             if assignment.gang is None or assignment.gang.rank == 0:
                 sync.start_uploads()  # ...and uploaded from rank 0's alone
         local = sync.local_dir if sync is not None else None
-        env = job_env(os.environ, assignment.protocol_env(local))
+        progress = self._start_progress(assignment, fresh=True)
+        env = job_env(os.environ, assignment.protocol_env(local, progress))
         checkpoint = env["GPUOPT_CHECKPOINT_DIR"]
         if checkpoint and "://" not in checkpoint:
             Path(checkpoint).mkdir(parents=True, exist_ok=True)
@@ -539,6 +543,20 @@ class Agent:
             on_started=started,
         ).start()
         return self._supervise()
+
+    def _start_progress(self, assignment: Assignment, *, fresh: bool = False) -> Path:
+        """Tail the job's progress file (docs/progress.md); a gang's is read on its rank 0's
+        instance only, as its checkpoints are uploaded from there. `fresh`: the job is about
+        to start, so a file left on this disk before is not its. The file's path."""
+        path = self.config.progress_file
+        if fresh:
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+        gang = self._gang or assignment.gang
+        if self.progress is None and (gang is None or gang.rank == 0):
+            self.progress = ProgressTail(path, self.queue, poll_s=self.config.progress_poll_s)
+            self.progress.start()
+        return path
 
     def _wait(self, delay: float) -> bool:
         """Wait `delay` s before a retry; False when a stop or a signal came meanwhile."""
@@ -589,6 +607,8 @@ class Agent:
             self._maybe_self_stop()
         end = job.wait()
         assert end is not None
+        if self.progress is not None:
+            self.progress.stop()  # its last report goes out before its exit
         self._final_checkpoint()
         self.state = "exited"
         data = end.to_data()

@@ -25,6 +25,7 @@ from optimizer.protocol import (
     ENV_DAEMON_URL,
     ENV_EXPECTED_GPUS,
     ENV_METADATA_KIND,
+    ENV_PROGRESS_FILE,
     PROBE_KINDS,
     REQUIRED_ENV,
     STOP_GRACE_S,
@@ -77,11 +78,17 @@ class AgentConfig:
     checkpoint_min_flush_s: float = 5.0
     checkpoint_prefetch_s: float = 30.0
     checkpoint_restore_tries: int = 3
+    progress_poll_s: float = 2.0  # how often the job's progress file is read (docs/progress.md)
 
     @property
     def checkpoints_dir(self) -> Path:
         """The job's local checkpoint folder: beside the agent's, private to the instance."""
         return self.agent_dir.parent / "checkpoints"
+
+    @property
+    def progress_file(self) -> Path:
+        """The file the job appends its progress reports to (GPUOPT_PROGRESS_FILE)."""
+        return self.agent_dir.parent / "progress.jsonl"
 
     @property
     def staging_dir(self) -> Path:
@@ -140,6 +147,7 @@ class AgentConfig:
             fence_poll_s=number("GPUOPT_AGENT_FENCE_POLL_S", 0.25) or 0.25,
             log_poll_s=number("GPUOPT_AGENT_LOG_POLL_S", 0.5) or 0.5,
             telemetry_s=number("GPUOPT_AGENT_TELEMETRY_S", 10.0) or 10.0,
+            progress_poll_s=number("GPUOPT_AGENT_PROGRESS_POLL_S", 2.0) or 2.0,
             probe_cpu_n=int(cpu_n) if cpu_n else None,
             probe_timeout_s=number("GPUOPT_PROBE_TIMEOUT_S", None),
             expected_gpus=int(gpus) if gpus else None,
@@ -175,10 +183,15 @@ class Assignment:
             internode=answer.internode,
         )
 
-    def protocol_env(self, checkpoints: Path | None = None) -> dict[str, str]:
+    def protocol_env(
+        self, checkpoints: Path | None = None, progress: Path | None = None
+    ) -> dict[str, str]:
         """The job's environment; `checkpoints` is the local folder the agent syncs (a job
-        with a `checkpoint` location), else the job's own `checkpoint_dir` is handed on."""
+        with a `checkpoint` location), else the job's own `checkpoint_dir` is handed on;
+        `progress` the file the agent reads the job's progress from."""
         env = {str(k): str(v) for k, v in self.job.env.items()}
+        if progress is not None:
+            env[ENV_PROGRESS_FILE] = str(progress)
         if checkpoints is not None and self.job.checkpoint is not None:
             # The job's checkpoints are shipped (and pruned) by the agent: it only commits them.
             env[ENV_CHECKPOINT_URI] = self.job.checkpoint.uri

@@ -2,9 +2,10 @@
 
 Events wait in `EventQueue` until the daemon acknowledges their ids. The queue is bounded and
 saved to the agent's directory after every change, so an agent that restarts sends what the
-last one could not. Heartbeats are coalesced: while one waits unsent, a newer one replaces it,
-so a long daemon outage does not fill the queue with them. When the queue is full the oldest
-heartbeat goes first, then the oldest `gpu_telemetry`, and only then the oldest other event.
+last one could not. Heartbeats and progress reports are coalesced: while one waits unsent, a
+newer one of its kind replaces it, so a long daemon outage does not fill the queue with them.
+When the queue is full the oldest heartbeat goes first, then the oldest `gpu_telemetry`, and
+only then the oldest other event.
 `Reporter` sends in order, in batches, on a thread; transport errors and 5xx/401/404/408/429
 answers are retried with jittered exponential back-off (`optimizer.common.retry`), other 4xx
 answers drop the batch (it would never be taken).
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 HEARTBEAT = "heartbeat"
 GPU_TELEMETRY = "gpu_telemetry"
+COALESCED = frozenset({HEARTBEAT, protocol.PROGRESS_EVENT})  # only the newest unsent is kept
 RETRYABLE_STATUS = frozenset({401, 404, 408, 425, 429})
 _A = TypeVar("_A", bound=BaseModel)
 MAX_EVENTS = 1000
@@ -103,8 +105,8 @@ class EventQueue:
     def put(self, kind: str, data: Mapping[str, Any] | None = None) -> Event:
         event = Event(kind, dict(data or {}))
         with self._lock:
-            if kind == HEARTBEAT:
-                self._events = [e for e in self._events if e.kind != HEARTBEAT]
+            if kind in COALESCED:
+                self._events = [e for e in self._events if e.kind != kind]
             self._events.append(event)
             while len(self._events) > self.max_events:
                 # Drop the oldest heartbeat if any, else the oldest GPU telemetry (a lost

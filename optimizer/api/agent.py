@@ -25,10 +25,12 @@ from optimizer.jobs.checkpoint_reports import KINDS as CHECKPOINT_REPORTS
 from optimizer.jobs.checkpoint_reports import record_reports
 from optimizer.jobs.fence import fence_for, gang_gate, gang_nodes
 from optimizer.jobs.gang import head_number, master
+from optimizer.jobs.progress import record_progress
 from optimizer.jobs.spec import CodeRef, job_spec
 from optimizer.lifecycle import AttemptEnd
 from optimizer.protocol import (
     EVENT_DATA,
+    PROGRESS_EVENT,
     AgentEvent,
     CheckpointRef,
     CodeArchive,
@@ -266,8 +268,9 @@ def events(
     attempt = _authorized(state, body.attempt_key, authorization)
     _check_data(body.events)
     payload = [e.model_dump() for e in body.events]
-    reports = list({e["id"]: e for e in payload if e["kind"] in CHECKPOINT_REPORTS}.values())
-    if reports:  # the checkpoint reports not seen before become rows (after the events)
+    folded = CHECKPOINT_REPORTS | {PROGRESS_EVENT}
+    reports = list({e["id"]: e for e in payload if e["kind"] in folded}.values())
+    if reports:  # the reports not seen before become rows (after the events)
         seen = state.store.jobs.seen_agent_events(e["id"] for e in reports)
         reports = [e for e in reports if e["id"] not in seen]
     now = state.clock()
@@ -277,7 +280,8 @@ def events(
     job = state.store.jobs.get_job_by_id(attempt.job_id) if reports else None
     if job is not None:
         record_reports(state.store, state.emitter, attempt, job, reports, now=now)
-    if any(e.kind != "heartbeat" for e in body.events):
+        record_progress(state.store, attempt, reports, now=now)
+    if any(e.kind not in ("heartbeat", PROGRESS_EVENT) for e in body.events):
         state.wakeup.set()
     after = state.store.jobs.attempt(attempt.key) or attempt
     return EventsAnswer(

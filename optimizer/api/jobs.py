@@ -19,6 +19,7 @@ from optimizer.code import CodeError
 from optimizer.jobs.advice import job_advice
 from optimizer.jobs.deadlines import deadline_view
 from optimizer.jobs.gang import head_number
+from optimizer.jobs.progress import JobProgress, job_progress, jobs_progress
 from optimizer.jobs.spec import JobSpec, bucket_provider, stored_form
 from optimizer.jobs.state import BucketRefused, BucketUnreachable
 from optimizer.lifecycle import TERMINAL_JOB_STATES, JobState
@@ -37,7 +38,9 @@ from policies.schema import Policy
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 
-def job_view(job: JobRecord) -> dict[str, Any]:
+def job_view(job: JobRecord, progress: JobProgress | None = None) -> dict[str, Any]:
+    """The API's job object; `progress` as `optimizer.jobs.progress` works it out (null
+    before the job reported any, docs/progress.md)."""
     return {
         "id": job.id,
         "name": job.given_name,
@@ -52,7 +55,13 @@ def job_view(job: JobRecord) -> dict[str, Any]:
         ),
         "removed_at": None if job.removed_at is None else utc_text(job.removed_at),
         "spec": job.spec,
+        "progress": None if progress is None else progress.to_dict(),
     }
+
+
+def _view(state: ApiState, job: JobRecord) -> dict[str, Any]:
+    """The job object with its progress now."""
+    return job_view(job, job_progress(state.store, job, state.clock()))
 
 
 def _job(state: ApiState, name: str) -> JobRecord:
@@ -73,7 +82,8 @@ def list_jobs(
     jobs = state.store.jobs.jobs_page(
         state=job_state.value if job_state else None, before_id=before, limit=limit
     )
-    return {"jobs": [job_view(j) for j in jobs]}
+    found = jobs_progress(state.store, jobs, state.clock())
+    return {"jobs": [job_view(j, found.get(j.id)) for j in jobs]}
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=answers.JobView)
@@ -216,7 +226,7 @@ def show_job(name: str, state: StateDep) -> dict[str, Any]:
     job = _job(state, name)
     loaded = state.policies.get(job.policy)
     return {
-        **job_view(job),
+        **_view(state, job),
         "attempts": job_attempts(state, job.id),
         "gpu": gpu_view(state.store.telemetry.summary(job_id=job.id)),
         "deadline": deadline_view(
@@ -321,7 +331,7 @@ def cancel_job(name: str, state: StateDep) -> dict[str, Any]:
     if job.state in TERMINAL_JOB_STATES:
         raise HTTPException(409, detail=f"job {name!r} already ended ({job.state})")
     state.wakeup.set()
-    return job_view(job)
+    return _view(state, job)
 
 
 @router.delete("/{name}", response_model=answers.JobView)
@@ -346,7 +356,7 @@ def remove_job(name: str, state: StateDep) -> dict[str, Any]:
         raise HTTPException(409, detail=_not_ended(job, exc.state)) from None
     if removed is None:  # removed by another request since the read
         raise HTTPException(404, detail=f"no job named {name!r}")
-    return job_view(removed)
+    return _view(state, removed)
 
 
 def _not_ended(job: JobRecord, job_state: str) -> str:

@@ -24,6 +24,7 @@ from optimizer.cli import (
     prices,
     probe,
     probes,
+    progress,
     tco,
     version,
 )
@@ -47,6 +48,7 @@ app.add_typer(jobs.app, name="jobs")
 app.add_typer(config.app, name="config")
 app.add_typer(agent.app, name="agent")
 app.add_typer(checkpoint.app, name="checkpoint")
+app.command("progress")(progress.progress)
 app.add_typer(local.app, name="local")
 app.command("version")(version.version)
 app.command("offers")(offers.offers)

@@ -22,7 +22,7 @@ from optimizer.cli.code import ship
 from optimizer.cli.common import error, fail
 
 if TYPE_CHECKING:
-    from optimizer.answers import DeadlineView, GpuView, JobView
+    from optimizer.answers import DeadlineView, GpuView, JobView, ProgressView
 
 app = typer.Typer(
     help="Submit and follow managed jobs (through the daemon's API).", no_args_is_help=True
@@ -50,6 +50,10 @@ def _print_job(job: JobView) -> None:
         region = bucket.get("region") or "region unknown"
         print(f"  checkpoints: {bucket['uri']} ({region}, keeps {bucket.get('keep', 3)})")
     _print_code(job.spec)
+    if job.progress is not None:
+        print("  " + progress_line(job.progress))
+        if job.progress.by_type:
+            print("  " + speeds_line(job.progress))
     if isinstance(job, JobDetail) and job.gpu:
         print("  " + gpu_line(job.gpu))
     if isinstance(job, JobDetail) and job.deadline:
@@ -77,6 +81,42 @@ def deadline_line(d: DeadlineView) -> str:
         parts.append(f"work left {_span(d.work_left_s)}, slack {slack}")
     flag = " (missed)" if d.missed else " (at risk)" if d.at_risk else ""
     return "; ".join(parts) + flag
+
+
+def _when(text: str | None) -> str:
+    """`2026-12-02 01:10 UTC` for the API's `2026-12-02T01:10:27Z`."""
+    return f"{text[:10]} {text[11:16]} UTC" if text else "-"
+
+
+def progress_line(p: ProgressView) -> str:
+    """`progress: step 1,200 of 10,000 (12%), 3,400 steps/h on g5.xlarge; ETA 2026-12-02
+    01:10 UTC` (docs/progress.md)."""
+    text = f"progress: step {p.step:,}"
+    if p.total is not None:
+        text += f" of {p.total:,} ({p.step / p.total:.0%})"
+    text += f" at {_when(p.at)}"
+    if p.steps_per_hour is not None:
+        text += f", {p.steps_per_hour:,.0f} steps/h on {p.instance_type or 'unknown type'}"
+    if p.eta is not None:
+        text += f"; ETA {_when(p.eta)}"
+    elif p.total is not None and p.step < p.total and p.steps_per_hour is None:
+        text += "; ETA once a speed is measured"
+    return text
+
+
+def speeds_line(p: ProgressView) -> str:
+    """`steps/h by instance type: g5.xlarge 3,400, p3.2xlarge 5,100`."""
+    return "steps/h by instance type: " + ", ".join(
+        f"{kind} {speed:,.0f}" for kind, speed in p.by_type.items()
+    )
+
+
+def progress_cell(p: ProgressView | None) -> str:
+    """The list's progress column: `12% ETA 12-02 01:10`, `step 1,200`, or `-`."""
+    if p is None:
+        return "-"
+    done = f"{p.step / p.total:.0%}" if p.total else f"step {p.step:,}"
+    return f"{done} ETA {p.eta[5:10]} {p.eta[11:16]}" if p.eta else done
 
 
 def _print_code(spec: Any) -> None:
@@ -169,7 +209,10 @@ def list_jobs(api: ApiOption = None, as_json: JsonOption = False) -> None:
         print(json.dumps(answer["jobs"], indent=2))
         return
     for job in jobs:
-        print(f"{job.name:<24} {job.state:<13} restarts {job.restarts:<3} {job.reason or ''}")
+        print(
+            f"{job.name:<24} {job.state:<13} restarts {job.restarts:<3} "
+            f"{progress_cell(job.progress):<20} {job.reason or ''}"
+        )
 
 
 @app.command("show")

@@ -111,7 +111,7 @@ def evaluate_here(
     """The engine's ranking of `offers` now, under the policy in force at `at` (default now)."""
     from dataclasses import replace
 
-    from policies import risk
+    from policies import per_step, risk
     from policies.engine import evaluate
     from policies.schedule import effective
 
@@ -123,6 +123,8 @@ def evaluate_here(
     annotated = risk.annotate_all(ranking.candidates, {}, overhead, now)
     if plain.rank_by == "expected_cost":
         annotated = risk.by_expected_cost(annotated)
+    if plain.rank_by == "price_per_step":  # no job here: per TFLOP, and said so
+        annotated = per_step.by_price_per_step(annotated, per_step.NOTHING, ranking.dtype)
     return replace(ranking, candidates=tuple(annotated))
 
 

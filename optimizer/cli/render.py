@@ -104,6 +104,9 @@ def ranking_table(ranking: RankingView, *, limit: int, explain: bool, source: st
         moving = any(c.move is not None for c in shown)
         if moving:
             headers += ["move $/h", "moving the job's state"]
+        stepping = any(c.speed_basis is not None for c in shown)
+        if stepping:
+            headers += ["steps/h", "$/1k steps", "speed from"]
         if sources:
             headers += ["figures"]
         for header in headers:
@@ -132,6 +135,8 @@ def ranking_table(ranking: RankingView, *, limit: int, explain: bool, source: st
                 row += expected_cells(c)
             if moving:
                 row += move_cells(c)
+            if stepping:
+                row += step_cells(c)
             if sources:
                 row.append(figures(c))
             table.add_row(*row)
@@ -155,6 +160,18 @@ def move_cells(c: Candidate) -> list[str]:
     if c.move_usd_per_hour is None:
         return ["-", "-"]
     return [f"{c.move_usd_per_hour:.4f}", c.move or "-"]
+
+
+def step_cells(c: Candidate) -> list[str]:
+    """The job's steps per hour on the offer, USD per thousand steps, and where the speed
+    came from (`job`, `probe`, `datasheet`) with its basis in words."""
+    if c.steps_per_hour is None or c.usd_per_step is None:
+        return ["-", "-", c.speed_basis or "-"]
+    return [
+        f"{c.steps_per_hour:,.0f}",
+        f"{c.usd_per_step * 1000:.4f}",
+        f"{c.speed_source}: {c.speed_basis}",
+    ]
 
 
 def _measured(c: Candidate) -> bool:

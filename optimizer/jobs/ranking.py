@@ -5,6 +5,10 @@ next launch would try: the latest stored offers of every provider, less the pool
 (and those a launch's decision avoids), ranked by the engine with the policy's spend this
 month and its live attempts for the budget rule, and with what the probes measured.
 
+Under `rank_by: price_per_step` they are re-ranked by USD per step of the job's own work
+(policies/per_step.py) from the speeds the job measured (optimizer/jobs/progress.py), for the
+job about to launch (`replacing`); for no job they keep the engine's order, per TFLOP.
+
 Under `rank_by: expected_cost` the engine's candidates (ordered by price) are re-ranked here
 by expected USD/h, each with its pool's interruption probability, its source and the restart
 overhead (policies/risk.py, inputs from optimizer/jobs/expected.py); `with_expected` gives
@@ -22,11 +26,12 @@ from typing import Protocol
 from optimizer.jobs import budget, expected
 from optimizer.jobs.context import PassMemo
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow, measured
+from optimizer.jobs.progress import job_progress
 from optimizer.jobs.spec import JobSpec, bucket_provider, job_spec
 from optimizer.model import Offer, Pool
 from optimizer.store import JobRecord, Store
 from policies import budget as budget_model
-from policies import risk
+from policies import per_step, risk
 from policies.egress import DEFAULT_HORIZON_HOURS, StatePlace
 from policies.engine import Candidate, Ranking, evaluate
 from policies.measured import Measured
@@ -111,7 +116,57 @@ def launch_ranking(
     if policy.rank_by == "expected_cost" and ranking.candidates:
         annotated = with_expected(store, policy_name, ranking.candidates, now, job_id=replacing)
         ranking = replace(ranking, candidates=tuple(risk.by_expected_cost(annotated)))
+    if policy.rank_by == "price_per_step" and ranking.candidates:
+        speeds = per_step.NOTHING
+        if replacing is not None:
+            speeds = step_speeds(store, replacing, listed, found, ranking.dtype, now)
+        ranked = per_step.by_price_per_step(ranking.candidates, speeds, ranking.dtype)
+        ranking = replace(ranking, candidates=tuple(ranked))
     return LaunchRanking(ranking, spend, len(listed) - len(offers))
+
+
+def step_speeds(
+    store: Store,
+    job_id: int,
+    offers: Sequence[Offer],
+    found: Measured,
+    dtype: str,
+    now: datetime,
+) -> per_step.StepSpeeds:
+    """The job's measured steps per hour per instance type (optimizer/jobs/progress.py) and
+    the reference the other types are scaled from: the type its current speed was measured
+    on (else another it measured) that an offer still lists, with that type's node TFLOPS as
+    the probes measured them and per the datasheet (its GPUs read from that offer)."""
+    progress = job_progress(store, job_id, now)
+    if progress is None or not progress.by_type:
+        return per_step.NOTHING
+    # The type of the speed in force first, then the others measured, as the offers list them.
+    kinds = sorted(progress.by_type, key=lambda k: (k != progress.instance_type, k))
+    listed = {o.instance_type: o for o in offers}
+    reference = None
+    for kind in kinds:
+        like = listed.get(kind)
+        if like is not None:
+            reference = per_step.Reference(
+                kind,
+                progress.by_type[kind],
+                probe_tflops=_probe_node_tflops(found, like, dtype),
+                datasheet_tflops=per_step.datasheet_node_tflops(
+                    like.gpu_model, like.gpu_count, dtype
+                ),
+            )
+            break
+    return per_step.StepSpeeds(dict(progress.by_type), reference)
+
+
+def _probe_node_tflops(found: Measured, offer: Offer, dtype: str) -> float | None:
+    """What the probes measured on the offer's type (else on its GPU model) for `dtype`, for
+    the whole node; None where they measured nothing."""
+    by_type = found.types.get((offer.provider, offer.instance_type))
+    value = by_type.tflops.get(dtype) if by_type is not None else None
+    if value is None:
+        value = found.models.get(offer.gpu_model, {}).get(dtype)
+    return value * offer.gpu_count if value else None
 
 
 def with_expected(

@@ -12,6 +12,7 @@
     store.telemetry  each attempt's GPU readings per minute, then per hour; summaries
     store.probes     the probe results agents report, and the ranking's per-type figures
     store.checkpoints  the checkpoints attempts uploaded to their job's bucket, restored, pruned
+    store.progress   each attempt's first and newest progress report (speeds, ETAs)
 
 The repositories share one engine and clock (`engine.Database`). Every public write is one
 transaction; a write that causes events (a job transition, a policy change) records them and
@@ -50,6 +51,7 @@ from optimizer.store.logs import Appended, LogChunk, Logs, NewChunk
 from optimizer.store.policies import Policies
 from optimizer.store.prices import Prices
 from optimizer.store.probes import FailureStreak, ProbeRecord, Probes, TypeFigures
+from optimizer.store.progress import Progress
 from optimizer.store.records import (
     CheckpointRecord,
     EventRecord,
@@ -58,6 +60,7 @@ from optimizer.store.records import (
     OutboxItem,
     PolicyVersionRecord,
     PollStatusRecord,
+    ProgressRecord,
     RestoreRecord,
 )
 from optimizer.store.replicas import ReplicaRecord, Replicas
@@ -91,6 +94,8 @@ __all__ = [
     "PollStatusRecord",
     "PricePoint",
     "ProbeRecord",
+    "Progress",
+    "ProgressRecord",
     "PruneBatch",
     "ReplicaRecord",
     "RestoreRecord",
@@ -136,6 +141,7 @@ class Store:
         self.telemetry = Telemetry(db)
         self.probes = Probes(db)
         self.checkpoints = Checkpoints(db)
+        self.progress = Progress(db)
 
     def create_all(self) -> None:
         """Create an empty database's schema at the newest revision, stamped so (a database

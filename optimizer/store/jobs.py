@@ -49,7 +49,9 @@ ATTEMPT_IDS_PER_QUERY = 5_000
 # these kinds only, the first of those, and at most this many rows in all. An honest agent
 # sends a handful of reports besides its heartbeats and telemetry; past the cap, events are
 # acknowledged and not kept (a 429 would have the agent send them again for ever).
-LATEST_ONLY = frozenset({"heartbeat", GPU_TELEMETRY})
+# The newest `progress` report is kept as an event too; the attempt's first and newest are
+# in `attempt_progress` (store/progress.py).
+LATEST_ONLY = frozenset({"heartbeat", GPU_TELEMETRY, "progress"})
 ONCE_PER_ATTEMPT = frozenset({"job_started", "job_exited"})
 MAX_AGENT_EVENTS_PER_ATTEMPT = 1_000
 # An event's data kept past this is replaced by its size (its effects are still folded in): an

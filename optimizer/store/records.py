@@ -139,6 +139,23 @@ class CheckpointRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class ProgressRecord:
+    """An attempt's progress (docs/progress.md): the first report the daemon took and the
+    newest, as (step, time), the run's total steps where known, and the attempt's instance
+    type; `reports` how many reports were taken."""
+
+    attempt_id: int
+    job_id: int
+    instance_type: str
+    first_step: int
+    first_at: datetime
+    step: int
+    at: datetime
+    total: int | None
+    reports: int
+
+
+@dataclass(frozen=True, slots=True)
 class RestoreRecord:
     """A checkpoint an attempt fetched before starting its job: `size_bytes` in all, of which
     `fetched_bytes` came over the network (the rest was already on the disk), from the bucket's

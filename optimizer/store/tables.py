@@ -355,6 +355,31 @@ class CheckpointRestore(SQLModel, table=True):
     at: datetime = Field(sa_type=UTCDateTime)
 
 
+class AttemptProgress(SQLModel, table=True):
+    """What an attempt's job reported of its progress (docs/progress.md): the first report
+    the daemon took (`first_step` at `first_at`, where the attempt's speed is measured from,
+    so its start-up does not count) and the newest (`step` at `at`), the run's total steps
+    where the job gave them, and the attempt's instance type. One row per attempt."""
+
+    __tablename__ = "attempt_progress"
+    __table_args__ = (Index("ix_attempt_progress_job", "job_id"),)
+
+    attempt_id: int = Field(
+        primary_key=True,
+        foreign_key="attempt.id",
+        sa_type=Integer,
+        sa_column_kwargs={"autoincrement": False},
+    )
+    job_id: int = Field(foreign_key="job.id")
+    instance_type: str
+    first_step: int = Field(sa_type=BigInteger)
+    first_at: datetime = Field(sa_type=UTCDateTime)
+    step: int = Field(sa_type=BigInteger)
+    at: datetime = Field(sa_type=UTCDateTime)
+    total: int | None = Field(default=None, sa_type=BigInteger)
+    reports: int = 1
+
+
 class GpuSample(SQLModel, table=True):
     """An attempt's GPU readings over one span, aggregated across its GPUs.
 

@@ -17,6 +17,7 @@ from optimizer.api.state import ApiState
 from optimizer.common.units import size_text
 from optimizer.costs import GroupBy, Line
 from optimizer.jobs.ledger import Ledger, state_lines_for
+from optimizer.jobs.progress import JobProgress, job_progress, jobs_progress
 from optimizer.jobs.ranking import job_state
 from optimizer.jobs.spec import JobSpec, job_spec
 from optimizer.lifecycle import TERMINAL_JOB_STATES
@@ -39,6 +40,7 @@ class JobRow:
     job: JobRecord
     attempt: AttemptRecord | None
     spend_usd: float | None
+    progress: JobProgress | None = None
 
     @property
     def placement(self) -> str:
@@ -62,6 +64,7 @@ class JobPage:
     restored_by: dict[str, list[int]]  # checkpoint name -> attempt numbers that restored it
     state_lines: list[Line]  # the checkpoints at rest and the restores' egress, priced
     move: str | None  # what moving the job's state to another region would take, in words
+    progress: JobProgress | None = None  # docs/progress.md
 
     @property
     def state_usd(self) -> float:
@@ -94,10 +97,13 @@ def job_rows(state: ApiState, job_state: str | None = None) -> list[JobRow]:
     jobs = state.store.jobs.jobs_page(state=job_state, limit=LIST_LIMIT)
     attempts = state.store.jobs.attempts_of(j.id for j in jobs)
     spend = {t.key: t.cost.total_usd for t in Ledger(state.store, state.clock).groups(GroupBy.JOB)}
+    progress = jobs_progress(state.store, jobs, state.clock())
     out = []
     for j in jobs:
         mine = attempts.get(j.id)
-        out.append(JobRow(j, mine[-1] if mine else None, spend.get(j.given_name)))
+        out.append(
+            JobRow(j, mine[-1] if mine else None, spend.get(j.given_name), progress.get(j.id))
+        )
     return out
 
 
@@ -115,6 +121,7 @@ def job_page(state: ApiState, job: JobRecord) -> JobPage:
         gpu=_gpu(state, job),
         events=state.store.events.list_events(job_id=job.id, limit=EVENTS),
         **_state(state, job, attempts, now),
+        progress=job_progress(state.store, job, now),
     )
 
 
