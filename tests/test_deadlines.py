@@ -22,6 +22,7 @@ from optimizer.jobs.deadlines import (
 )
 from optimizer.jobs.machine import AttemptView, JobView, Launch, decide
 from optimizer.jobs.migration import Reason
+from optimizer.jobs.progress import JobProgress
 from optimizer.jobs.recovery import Failover, Failure, RecoverySettings, Relaunch, with_deadline
 from optimizer.jobs.spec import JobSpecError, from_stored, job_spec, parse_job_spec, stored_form
 from optimizer.jobs.views import PassView
@@ -166,6 +167,25 @@ def test_without_measured_restarts_the_policys_overhead_is_used(store: Store) ->
     s = situation(job, job_spec(job), store.jobs.attempts(job_id), POLICY, NOW)
     assert s is not None and s.overhead_s == 15 * 60 and s.running is Use.WAIT
     assert s.work_left_s == 5 * 3600 and s.spot_now == frozenset()
+
+
+def test_progress_with_a_total_tells_the_work_left_ahead_of_the_time_run(store: Store) -> None:
+    job_id = add_job(store)
+    job = store.jobs.get_job("j")
+    assert job is not None
+    attempts = store.jobs.attempts(job_id)
+    # 7,000 of 10,000 steps at 1,500 steps/h: 2 h left, whatever `work: 5h` less the time run says
+    measured = JobProgress(7000, 10000, NOW, 1500.0, "g4dn.xlarge")
+    s = situation(job, job_spec(job), attempts, POLICY, NOW, progress=measured)
+    assert s is not None and s.work_left_s == pytest.approx(2 * 3600)
+    # no speed yet: that share of `work:`
+    early = JobProgress(2500, 10000, NOW, None, None)
+    s = situation(job, job_spec(job), attempts, POLICY, NOW, progress=early)
+    assert s is not None and s.work_left_s == pytest.approx(0.75 * 5 * 3600)
+    # no total: the progress says nothing of the work left
+    open_ended = JobProgress(2500, None, NOW, 1500.0, "g4dn.xlarge")
+    s = situation(job, job_spec(job), attempts, POLICY, NOW, progress=open_ended)
+    assert s is not None and s.work_left_s == 5 * 3600
 
 
 def test_a_job_without_work_has_no_situation_but_a_view(store: Store) -> None:

@@ -34,6 +34,7 @@ from optimizer.jobs.acting import Acting, log
 from optimizer.jobs.context import UNREACHABLE, PassMemo, ReconcileContext
 from optimizer.jobs.machine import Alert
 from optimizer.jobs.migration import Move, Reason
+from optimizer.jobs.progress import JobProgress, job_progress
 from optimizer.jobs.ranking import launch_ranking, pool_of
 from optimizer.jobs.spec import JobSpec, pass_spec
 from optimizer.jobs.views import PassView, Watched, current_rows
@@ -77,10 +78,22 @@ def ran_s(attempts: Sequence[AttemptRecord], now: datetime) -> float:
     return total
 
 
-def work_left_s(spec: JobSpec, attempts: Sequence[AttemptRecord], now: datetime) -> float | None:
-    """Seconds of work the job has left, at the speed of its reference type; None: not known
-    (no `work`). The one place the job's progress reports plug in (`job_progress`: its total,
-    and its measured speed per type), ahead of `work:` less the time run."""
+def work_left_s(
+    spec: JobSpec,
+    attempts: Sequence[AttemptRecord],
+    now: datetime,
+    progress: JobProgress | None = None,
+) -> float | None:
+    """Seconds of work the job has left; None: not known. Where the job reports its progress
+    with a total (docs/progress.md), the steps left at its measured speed (the current or
+    last attempt's), or, before a speed is measured, that share of `work:`; else `work:` less
+    the time its attempts have run."""
+    if progress is not None and progress.total:
+        steps_left = max(progress.total - progress.step, 0)
+        if progress.steps_per_hour:
+            return steps_left / progress.steps_per_hour * 3600.0
+        if spec.work is not None:
+            return spec.work.seconds * steps_left / progress.total
     if spec.work is None:
         return None
     return max(spec.work.seconds - ran_s(attempts, now), 0.0)
@@ -156,11 +169,13 @@ def situation(
     policy: Policy,
     now: datetime,
     offered: Offered = NOTHING_OFFERED,
+    progress: JobProgress | None = None,
 ) -> Situation | None:
     """The job's situation at `now`; None where it has no deadline or its work left is not
-    known (then it is only watched for a missed deadline)."""
+    known (then it is only watched for a missed deadline). `progress`: the job's own reports
+    (`job_progress`), which tell the work left where they carry a total."""
     deadline = spec.deadline_at(job.created_at)
-    left = work_left_s(spec, attempts, now)
+    left = work_left_s(spec, attempts, now, progress)
     if deadline is None or left is None:
         return None
     overhead, _ = restart_overhead_s(policy, attempts)
@@ -259,7 +274,8 @@ class Deadlines:
         deadline = spec.deadline_at(job.created_at)
         assert deadline is not None
         offers = offered(ctx.store, job, policy, ctx.now, ctx.memo)
-        s = situation(job, spec, attempts, policy, ctx.now, offers)
+        progress = job_progress(ctx.store, job, ctx.now)
+        s = situation(job, spec, attempts, policy, ctx.now, offers, progress)
         decision = None if s is None else strategy(policy.recovery.deadline_strategy).decide(s)
         late = (
             missed(s) if s is not None else ctx.now > deadline
@@ -389,7 +405,8 @@ def deadline_view(
     out: dict[str, Any] = {"at": deadline.isoformat(), "work_left_s": None, "slack_s": None}
     s = None
     if policy is not None:
-        s = situation(job, spec, store.jobs.attempts(job.id), policy, at)
+        progress = job_progress(store, job, at)
+        s = situation(job, spec, store.jobs.attempts(job.id), policy, at, progress=progress)
     if s is not None:
         out.update(describe(s))
     if JobState(job.state) is JobState.SUCCEEDED:
