@@ -177,6 +177,7 @@ def test_a_job_without_work_has_no_situation_but_a_view(store: Store) -> None:
     assert view is not None
     assert view["at"] == (SUBMIT + timedelta(hours=1)).isoformat()
     assert view["work_left_s"] is None and view["missed"] is True  # two hours in, still live
+    assert "only watched for a missed deadline" in view["note"]
 
 
 # -- the recovery seam ---------------------------------------------------------------------------

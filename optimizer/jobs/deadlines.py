@@ -56,6 +56,10 @@ from policies.schedule import effective
 from policies.schema import Policy
 
 MAX_TARGETS = 25  # pools a deadline move's launch may try (migration.MAX_TARGETS)
+WATCHED_ONLY = (
+    "no `work` given: the work left is known only from the job's progress reports; until then "
+    "the job is only watched for a missed deadline"
+)
 
 
 # -- the pure part: a Situation from what is stored --------------------------------------------
@@ -79,8 +83,10 @@ def ran_s(attempts: Sequence[AttemptRecord], now: datetime) -> float:
 
 def work_left_s(spec: JobSpec, attempts: Sequence[AttemptRecord], now: datetime) -> float | None:
     """Seconds of work the job has left, at the speed of its reference type; None: not known
-    (no `work`). The one place the job's progress reports plug in (`job_progress`: its total,
-    and its measured speed per type), ahead of `work:` less the time run."""
+    (no `work`). The one place the job's progress reports plug in: where the job reports
+    progress (`optimizer.jobs.progress.job_progress(store, job, now)`, read by the pass and
+    handed in beside `attempts`), its `work_left_fraction()` of `work`, or without `work` its
+    steps left over its measured `steps_per_hour`, comes ahead of `work:` less the time run."""
     if spec.work is None:
         return None
     return max(spec.work.seconds - ran_s(attempts, now), 0.0)
@@ -387,6 +393,8 @@ def deadline_view(
     live = JobState(job.state) in LIVE
     at = now if live else job.updated_at
     out: dict[str, Any] = {"at": deadline.isoformat(), "work_left_s": None, "slack_s": None}
+    if spec.work is None:
+        out["note"] = WATCHED_ONLY
     s = None
     if policy is not None:
         s = situation(job, spec, store.jobs.attempts(job.id), policy, at)
