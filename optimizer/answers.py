@@ -170,6 +170,7 @@ class DeadlineView(Answer):
     deadline_s: float | None = None
     overhead_s: float | None = None
     running: str | None = None
+    note: str | None = None  # e.g. why only a miss is watched for
 
 
 class JobDetail(JobView):

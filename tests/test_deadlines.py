@@ -197,6 +197,7 @@ def test_a_job_without_work_has_no_situation_but_a_view(store: Store) -> None:
     assert view is not None
     assert view["at"] == (SUBMIT + timedelta(hours=1)).isoformat()
     assert view["work_left_s"] is None and view["missed"] is True  # two hours in, still live
+    assert "only watched for a missed deadline" in view["note"]
 
 
 # -- the recovery seam ---------------------------------------------------------------------------
@@ -387,3 +388,43 @@ def test_jobs_show_says_the_deadline_the_slack_and_the_risk() -> None:
     assert deadline_line(watched) == (
         "deadline: 2026-12-04 18:00 UTC; work left unknown (watched for a miss only) (missed)"
     )
+
+
+class Launches:
+    """A provider whose launches succeed and are remembered (market, zone)."""
+
+    name = "aws"
+
+    def __init__(self) -> None:
+        self.launched: list[tuple[str, str | None]] = []
+
+    def launch(self, offer: Any, spec: Any, key: str) -> Any:
+        from providers.base import InstanceRef
+
+        self.launched.append((offer.market.value, offer.zone))
+        return InstanceRef("aws", offer.region, offer.zone or "use1-az1", f"i-{key}")
+
+
+def test_the_reconciler_launches_a_pending_job_on_the_market_its_deadline_chose(
+    store: Store,
+) -> None:
+    from optimizer.daemon.config import ProviderConfig
+    from optimizer.daemon.providers import ProviderHandle
+    from optimizer.jobs.reconcile import JobReconciler
+
+    store.prices.record_offers([SPOT_A, ON_DEMAND])
+    # Two hours in, 7.9 h of work left of a 10 h deadline: only on-demand meets it.
+    job_id = add_job(store, "deadline: 10h\nwork: 7.9h\n")
+    source = Launches()
+    reconciler = JobReconciler(lambda: "http://127.0.0.1:1")
+    ctx = context(store, NOW)
+    ctx.providers = {"aws": ProviderHandle.given("aws", ProviderConfig(), source)}
+    ctx.leading = lambda: True
+    view = PassView.read(ctx)
+    reconciler.deadlines(ctx, view)
+    reconciler.per_job(ctx, view)
+    assert source.launched == [("on_demand", None)]  # not the cheaper spot offer
+    (attempt,) = store.jobs.attempts(job_id)
+    assert attempt.market == "on_demand"
+    job = store.jobs.get_job("j")
+    assert job is not None and job.state == "provisioning"

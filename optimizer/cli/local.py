@@ -1,5 +1,5 @@
 """`gpuopt local ...`: look at and poke the local cloud (instances, interruptions, faults,
-simulated GPU telemetry, pinned prices and capacity).
+simulated GPU telemetry, pinned prices and capacity, spot capacity following a trace).
 
 These commands act on the local cloud's state directory (`<data dir>/local-cloud` unless
 `--state-dir` says otherwise), which the daemon's local cloud reads: an interruption written

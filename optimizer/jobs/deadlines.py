@@ -57,6 +57,10 @@ from policies.schedule import effective
 from policies.schema import Policy
 
 MAX_TARGETS = 25  # pools a deadline move's launch may try (migration.MAX_TARGETS)
+WATCHED_ONLY = (
+    "no `work` given: the work left is known only from the job's progress reports; until then "
+    "the job is only watched for a missed deadline"
+)
 
 
 # -- the pure part: a Situation from what is stored --------------------------------------------
@@ -409,6 +413,8 @@ def deadline_view(
         s = situation(job, spec, store.jobs.attempts(job.id), policy, at, progress=progress)
     if s is not None:
         out.update(describe(s))
+    elif spec.work is None:
+        out["note"] = WATCHED_ONLY
     if JobState(job.state) is JobState.SUCCEEDED:
         out["missed"] = at > deadline
     else:
