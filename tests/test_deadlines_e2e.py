@@ -45,12 +45,15 @@ while n < 20:
 TRACE = {"metadata": {"gap_seconds": 3600}, "data": [1] + [0] * 47}
 
 
-def test_a_deadline_job_waits_for_spot_then_runs_on_demand_and_meets_its_deadline(
-    tmp_path: Path, daemon: Daemon, cloud: LocalCloud, httpserver: HTTPServer
+@pytest.mark.parametrize("name", ["gpuopt", "greedy"])
+def test_a_deadline_job_starts_on_spot_then_runs_on_demand_and_meets_its_deadline(
+    tmp_path: Path, daemon: Daemon, cloud: LocalCloud, httpserver: HTTPServer, name: str
 ) -> None:
+    """gpuopt (the default) leaves spot for on-demand once waiting for spot costs more than
+    on-demand would; greedy waits for spot until the slack is gone (the at-risk event)."""
     policy = POLICY.replace(
         "on_demand_after_interruptions: 5}",
-        "on_demand_after_interruptions: 5, restart_overhead: 5s}",
+        f"on_demand_after_interruptions: 5, restart_overhead: 5s, deadline_strategy: {name}}}",
     )
     assert policy != POLICY
     write_policy(tmp_path / "policies", "local-eu.yaml", policy)
@@ -113,23 +116,31 @@ def test_a_deadline_job_waits_for_spot_then_runs_on_demand_and_meets_its_deadlin
     # launch after it looked for spot (and found none) until the one on-demand.
     assert attempts[0].market == "spot" and attempts[0].end_reason == "preempted", seen
     assert all(a.market == "spot" and a.end_reason == "capacity" for a in attempts[1:-1]), seen
-    # Then on-demand, only once the deadline was at risk (no on-demand launch before it).
-    events = daemon.store.events.list_events(job_id=job["id"], limit=500)
-    (risk,) = [e for e in events if e.kind == EventKind.JOB_DEADLINE_AT_RISK]
-    assert risk.data is not None and risk.data["decision"] == "on_demand", risk.data
     on_demand = [a for a in attempts if a.market == "on_demand"]
     assert on_demand and attempts[-1].market == "on_demand" and attempts[-1].exit_code == 0, seen
-    assert all(a.started_at >= risk.at for a in on_demand), (risk.at, seen)
-    # Spot was waited for while the slack allowed: the on-demand launch came well after the
-    # interruption (launches in between tried spot only and found no capacity).
-    interrupted = attempts[0].ended_at
-    assert interrupted is not None and (on_demand[0].started_at - interrupted).total_seconds() > 3
+    events = daemon.store.events.list_events(job_id=job["id"], limit=500)
+    risks = [e for e in events if e.kind == EventKind.JOB_DEADLINE_AT_RISK]
+    if name == "greedy":
+        # Then on-demand, only once the deadline was at risk (no on-demand launch before it).
+        (risk,) = risks
+        assert risk.data is not None and risk.data["decision"] == "on_demand", risk.data
+        assert all(a.started_at >= risk.at for a in on_demand), (risk.at, seen)
+        # Spot was waited for while the slack allowed: the on-demand launch came well after
+        # the interruption (launches in between tried spot only and found no capacity).
+        interrupted = attempts[0].ended_at
+        assert interrupted is not None
+        assert (on_demand[0].started_at - interrupted).total_seconds() > 3
+    else:
+        # on-demand while there was still slack in hand: never at risk
+        assert risks == [], [e.data for e in risks]
     # The deadline met, and said so by the job's view.
     finished = parse_utc(done["updated_at"])
     assert finished <= deadline, (finished, deadline)
     view = state_of(daemon, "dl")["deadline"]
     assert view["at"] == deadline.isoformat() and view["missed"] is False
     assert not [e for e in events if e.kind == EventKind.JOB_DEADLINE_MISSED]
+    if name == "gpuopt":
+        return
     # The at-risk alert went out like other job events.
     wait_until(
         lambda: any(a.get("kind") == "job.deadline_at_risk" for a in hook_alerts(httpserver)),

@@ -337,7 +337,12 @@ class Daemon:
         window = self.config.probes.window()
         # first in the pass: a schedule window's boundary alerted before jobs act on it
         self.reconcile.reconcilers.append(WindowWatch(window))
-        jobs = JobReconciler(self._api_url, agent=self.config.agent.settings(), probe_window=window)
+        jobs = JobReconciler(
+            self._api_url,
+            agent=self.config.agent.settings(),
+            probe_window=window,
+            decide_every=timedelta(seconds=loops.reconcile_s),
+        )
         self.reconcile.reconcilers.append(jobs)
         # types whose probes keep failing: one alert per streak (the ranking demotes them)
         self.reconcile.reconcilers.append(ProbeFailureWatch(window))

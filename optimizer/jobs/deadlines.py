@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from statistics import median
 from typing import Any
 
@@ -174,6 +174,7 @@ def situation(
     now: datetime,
     offered: Offered = NOTHING_OFFERED,
     progress: JobProgress | None = None,
+    interval_s: float | None = None,
 ) -> Situation | None:
     """The job's situation at `now`; None where it has no deadline or its work left is not
     known (then it is only watched for a missed deadline). `progress`: the job's own reports
@@ -195,6 +196,8 @@ def situation(
         stats=zone_stats(attempts, now),
         spot_price=offered.spot_usd,
         on_demand_price=offered.on_demand_usd,
+        work_s=spec.work.seconds if spec.work is not None else None,
+        **({} if interval_s is None else {"interval_s": interval_s}),
     )
 
 
@@ -252,8 +255,11 @@ class Deadlines:
     or dropped here) and before the per-job pass (which applies the moves and launches with
     the markets left in the view)."""
 
-    def __init__(self, acting: Acting) -> None:
+    def __init__(self, acting: Acting, *, decide_every: timedelta | None = None) -> None:
         self.acting = acting
+        # the reconcile timer: a decision is looked at again within this (the safety net
+        # keeps one such interval of slack in hand)
+        self.interval_s = None if decide_every is None else decide_every.total_seconds()
         self._said: set[tuple[int, str]] = set()  # (job id, event kind) already raised
         self._decided: dict[int, str] = {}  # job id -> the decision last logged
 
@@ -279,7 +285,7 @@ class Deadlines:
         assert deadline is not None
         offers = offered(ctx.store, job, policy, ctx.now, ctx.memo)
         progress = job_progress(ctx.store, job, ctx.now)
-        s = situation(job, spec, attempts, policy, ctx.now, offers, progress)
+        s = situation(job, spec, attempts, policy, ctx.now, offers, progress, self.interval_s)
         decision = None if s is None else strategy(policy.recovery.deadline_strategy).decide(s)
         late = (
             missed(s) if s is not None else ctx.now > deadline

@@ -56,6 +56,7 @@ class JobReconciler:
         probe_window: ProbeWindow = DEFAULT_WINDOW,
         in_force: InForce = in_force_now,
         window_name: WindowName = window_now,
+        decide_every: timedelta | None = None,
     ) -> None:
         self.acting = Acting(daemon_url, agent=agent, probe_window=probe_window)
         self.launcher = self.acting.launcher
@@ -74,7 +75,7 @@ class JobReconciler:
         # decision, the at-risk and missed events; a move it asks for replaces or drops the
         # migration pass's, and the per-job pass launches on the markets it chose. After the
         # migration pass, before the per-job pass.
-        self.deadlines = Deadlines(self.acting)
+        self.deadlines = Deadlines(self.acting, decide_every=decide_every)
         # The utilization watch (watch.py): consulted by the per-job pass for each running
         # job before it decides, as its verdict is one of the state machine's inputs.
         self.watch = Watch(self.acting)

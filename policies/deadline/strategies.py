@@ -59,11 +59,14 @@ def safety_net(s: Situation) -> Decision | None:
             )
         return None
     if slack < net_margin_s(s):
-        return decision(
-            s,
+        # spot alone can no longer be trusted with the deadline: one more interruption (a
+        # restart, and an interval before the next look) would miss it, so this is the
+        # moment the deadline is at risk
+        return Decision(
             Use.ON_DEMAND,
             None,
             f"slack {hours(slack)} < {hours(net_margin_s(s))}: on-demand to the end",
+            at_risk=True,
         )
     return None
 
