@@ -37,8 +37,8 @@ STAY_ON_DEMAND = 0.4
 # on-demand through the long ones finishes sooner, so fewer come: each spell's share of
 # the slack is raised by half (tuned on the 2023 V100 traces: docs/deadlines.md).
 SHARE = 1.5
-PATIENCE_CAP = 4.0
-TRIPS = 1.5
+PATIENCE_CAP = 4.0  # a down spell waits at most this many shares of the slack
+TRIPS = 1.5  # round trips (on-demand and back) kept in the slack per down spell to come
 TAIL = 2.0  # the expected rest of a spell grows by this much per second it has lasted
 
 
