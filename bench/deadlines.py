@@ -13,7 +13,7 @@ offline optimum, the deadlines missed, and the share of greedy's gap to the opti
 strategy closes (computed on the means).
 Prints the table and writes bench/results/deadlines.json and bench/results/deadlines.md.
 
-    python -m bench.deadlines --traces DIR [--starts 40]
+    python -m bench.deadlines --traces DIR [--starts 80]
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def markdown(rows: list[dict[str, Any]], starts: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--traces", type=Path, default=os.environ.get("GPUOPT_SPOT_TRACES"))
-    parser.add_argument("--starts", type=int, default=50)
+    parser.add_argument("--starts", type=int, default=80)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.traces is None:

@@ -113,3 +113,32 @@ def test_gpuopt_waits_out_a_down_spell_while_the_slack_is_plentiful() -> None:
 def test_gpuopt_rides_on_demand_through_a_down_spell_when_the_slack_will_not_cover_them() -> None:
     poor = {"a": ZoneStats(observed_s=168 * H, available_s=30 * H, interruptions=40)}
     assert strategy("gpuopt").decide(situation(stats=poor)).use is Use.ON_DEMAND
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_a_situation_with_only_the_contract_fields_gets_a_decision(name: str) -> None:
+    bare = Situation(
+        elapsed_s=0.0,
+        deadline_s=52 * H,
+        work_left_s=48 * H,
+        overhead_s=0.2 * H,
+        running=Use.WAIT,
+        zone=None,
+        spot_now=frozenset({"a"}),
+    )
+    decision = strategy(name).decide(bare)
+    assert decision.use is Use.SPOT and decision.zone == "a" and not decision.at_risk
+
+
+def test_gpuopt_waits_out_a_young_down_spell_and_rides_on_demand_through_an_old_one() -> None:
+    def down_for(hours_down: float) -> Situation:
+        seen = ZoneStats(
+            observed_s=336 * H, available_s=290 * H, interruptions=60, spell_s=hours_down * H
+        )
+        # 5.8 h of slack against about 8 h of down spells expected: the slack binds, and
+        # each down spell may take its share
+        return situation(deadline_s=55 * H, work_left_s=39 * H, stats={"a": seen})
+
+    gpuopt = strategy("gpuopt")
+    assert gpuopt.decide(down_for(0.05)).use is Use.WAIT
+    assert gpuopt.decide(down_for(3.0)).use is Use.ON_DEMAND

@@ -197,3 +197,13 @@ def test_more_slack_never_makes_the_optimum_cost_more(
     tight = optimum(traces, **job)  # type: ignore[arg-type]
     loose = optimum(traces, **dict(job, deadline_s=job["deadline_s"] + more_minutes * 60))  # type: ignore[arg-type]
     assert tight is not None and loose is not None and loose <= tight + 1e-9
+
+
+def test_the_replay_shows_each_zone_its_history_and_spell_age() -> None:
+    from policies.deadline.replay import zone_stats
+
+    line = trace("a", [1, 1, 0, 0, 0, 1, 1, 0])
+    seen = zone_stats([line], 5)["a"]  # ticks 0-4 watched; up again since tick 5
+    assert (seen.observed_s, seen.available_s, seen.interruptions) == (3000, 1200, 1)
+    assert seen.spell_s == 0
+    assert zone_stats([line], 4)["a"].spell_s == 1200  # down since tick 2

@@ -21,7 +21,6 @@ from math import erf, sqrt
 from policies.deadline.model import DeadlineStrategy, Decision, Situation, Use, hours, slack_s
 from policies.deadline.strategies import (
     availability,
-    best_zone,
     decision,
     leave_margin_s,
     mean_down_s,
@@ -38,6 +37,8 @@ STAY_ON_DEMAND = 0.4
 # on-demand through the long ones finishes sooner, so fewer come: each spell's share of
 # the slack is raised by half (tuned on the 2023 V100 traces: docs/deadlines.md).
 SHARE = 1.5
+PATIENCE_CAP = 4.0  # a down spell waits at most this many shares of the slack
+TRIPS = 1.5  # round trips (on-demand and back) kept in the slack per down spell to come
 TAIL = 2.0  # the expected rest of a spell grows by this much per second it has lasted
 
 
@@ -66,8 +67,13 @@ def outlook(s: Situation) -> Outlook:
         if len(zones) == 1
         else (up_s * down / (1.0 - down))
     )
-    spells = s.work_left_s / up_s  # interruptions expected before the work is done
+    # interruptions expected before the work is done: a job does not always run in the
+    # steadiest zone, so with several zones the median zone's up spell counts them
+    ups = sorted(mean_up_s(s.stats.get(z)) for z in zones)
+    spells = s.work_left_s / ups[len(ups) // 2]
     mean = spells * (down_s + s.overhead_s)
+    if not s.spot_now:  # and the rest of the down spell under way
+        mean += remaining_s(down_s, down_age_s(s))
     spread = sqrt(2.0 * spells) * down_s + 1.0
     room = slack_s(s) - reserve_s(s)
     bind = 0.5 * (1.0 + erf((mean - room) / (spread * sqrt(2.0))))
@@ -102,12 +108,27 @@ def patience_s(budget_s: float, mean_s: float) -> float:
     """How long to wait into each down spell so that, on average, a spell takes `budget_s`
     of slack: for a Lomax law of shape 1.5 and mean m, E[min(spell, t)] =
     m (1 - (1 + t / (m / 2))^-0.5). Long tails: most spells end early, so the wait can be
-    several times the budget."""
+    several times the budget, though never more than PATIENCE_CAP times (the mean is an
+    estimate, and one spell far longer than it would take several spells' slack)."""
     if budget_s <= 0:
         return 0.0
     if budget_s >= mean_s:
-        return float("inf")
-    return 0.5 * mean_s * ((1.0 - budget_s / mean_s) ** -2.0 - 1.0)
+        return PATIENCE_CAP * budget_s
+    return min(PATIENCE_CAP * budget_s, 0.5 * mean_s * ((1.0 - budget_s / mean_s) ** -2.0 - 1.0))
+
+
+def steadiest_zone(s: Situation) -> str | None:
+    """Of the zones with spot now: the current one, else the one whose up spell is expected
+    to last longest given how long it has lasted (a zone that just came back is likely to
+    go again: interruptions come in waves)."""
+    if s.zone in s.spot_now:
+        return s.zone
+
+    def rest(z: str) -> float:
+        seen = s.stats.get(z)
+        return remaining_s(mean_up_s(seen), seen.spell_s if seen else None)
+
+    return min(sorted(s.spot_now), key=lambda z: -rest(z), default=None)
 
 
 def down_age_s(s: Situation) -> float | None:
@@ -142,7 +163,7 @@ class Gpuopt(DeadlineStrategy):
         extra = 1.0 - ratio  # on-demand over spot, per on-demand price
         worth = look.bind * extra  # what a second of slack is worth
         o = s.overhead_s
-        zone = best_zone(s, s.spot_now)
+        zone = steadiest_zone(s)
         if zone is not None:
             if s.running is not Use.ON_DEMAND:
                 return decision(s, Use.SPOT, zone, f"slack {hours(slack)}: spot in {zone}")
@@ -177,7 +198,9 @@ class Gpuopt(DeadlineStrategy):
         # reserve and the restarts still to come: short spells are waited out, long ones
         # ridden on on-demand.
         spells = max(1.0, look.spells)
-        share = patience_s(SHARE * (slack - reserve_s(s) - spells * o) / spells, look.down_s)
+        share = patience_s(
+            SHARE * (slack - reserve_s(s) - TRIPS * spells * o) / spells, look.down_s
+        )
         if wait_cost > od_cost and (age is None or age >= share):
             return decision(
                 s,
