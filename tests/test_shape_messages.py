@@ -165,7 +165,9 @@ def test_a_wrong_shape_is_said_with_an_example_that_is_valid(
     model: type[BaseModel], path: tuple[str | int, ...], shape: str
 ) -> None:
     field = dotted(path)
-    wrong = problems_of(model, placed(path, 7))
+    # A list where a mapping goes (a number may be a field's shorthand: `work: 7` is 7 s of
+    # work), a number where a list goes.
+    wrong = problems_of(model, placed(path, [7] if shape == "mapping" else 7))
     [said] = [p for p in wrong if p.startswith(f"{field}: ")]
     assert said.startswith(f"{field}: must be a {shape}")
     assert f"; for example: {path[-1]}: " in said, f"{said} (give the field examples=[...])"

@@ -67,6 +67,7 @@ from pydantic import (
     model_validator,
 )
 
+from optimizer.clock import parse_utc
 from optimizer.common.documents import load_document, parse_document
 from optimizer.common.errors import LocatedError
 from policies.schema import (
@@ -194,7 +195,7 @@ def _deadline(value: Any) -> Any:
     datetime (YAML hands an unquoted time over as one already)."""
     if isinstance(value, str) and not re.fullmatch(DURATION_PATTERN, value):
         try:
-            value = datetime.fromisoformat(value.strip())
+            value = parse_utc(value.strip())
         except ValueError:
             raise ValueError(
                 f"{value!r} is neither a duration (48h, 30m) nor an ISO 8601 time "
