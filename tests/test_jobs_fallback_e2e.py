@@ -33,6 +33,9 @@ clock, cloud, daemon = E2E_FIXTURES
 
 
 CHECKPOINT_EVERY = 5  # job_body's --checkpoint-every
+# Long enough that neither spot attempt ends the job before its interruption takes it
+# (each step sleeps 20 ms; a hot handover lets the old job run until the replacement is ready).
+STEPS = 800
 FALLBACK = "2 interruptions within an hour: falling back to on-demand"
 
 
@@ -56,7 +59,7 @@ def test_a_job_interrupted_twice_on_spot_finishes_on_demand_from_its_checkpoint(
     )
     ckpt = tmp_path / "ckpt"
     with api(daemon) as client:
-        assert client.post("/jobs", json=job_body("train", ckpt, steps=120)).status_code == 201
+        assert client.post("/jobs", json=job_body("train", ckpt, steps=STEPS)).status_code == 201
     job_id = state_of(daemon, "train")["id"]
 
     saved_at_notice = []  # the newest checkpoint when each interruption notice went out
@@ -85,14 +88,14 @@ def test_a_job_interrupted_twice_on_spot_finishes_on_demand_from_its_checkpoint(
 
     # the job carried on from its checkpoints: nothing lost beyond one checkpoint interval
     done = done_summary(ckpt)
-    assert done["steps"] == 120
+    assert done["steps"] == STEPS
     runs = done["runs"]
     assert [r["attempt"] for r in runs] == ["1", "2", "3"]
     assert [r["restarts"] for r in runs] == ["0", "1", "2"]
     assert runs[0]["from_step"] == 0
     for run, saved in zip(runs[1:], saved_at_notice, strict=True):
         assert run["from_step"] >= saved > 0  # at least what was saved when the notice came
-    assert runs[-1]["to_step"] == 120
+    assert runs[-1]["to_step"] == STEPS
 
     # the fallback is on record: in the interruption event and the job's transition
     events = daemon.store.events.recent(job_id=job_id, limit=500)
