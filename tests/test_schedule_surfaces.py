@@ -73,12 +73,13 @@ def add_job(daemon: Daemon) -> None:
     """A job that ran on the A100 and peaked at 8 GiB: an A10G fits it."""
     store = daemon.store
     job_id = store.jobs.add_job("resnet", "train", {"run": "x"}, at=NOW - 10 * H)
-    key = "resnet-1"
-    attempt = store.jobs.create_attempt(job_id, 1, key, A100, token_sha256(key), NOW - 4 * H)
-    store.jobs.update_attempt(key, ended_at=NOW - H, state="ended")
+    # Ended at once: a pending job is the running daemon's to launch, which would race this.
     store.jobs.transition_job(
         job_id, expected="pending", state="succeeded", reason="exit 0", at=NOW - H
     )
+    key = "resnet-1"
+    attempt = store.jobs.create_attempt(job_id, 1, key, A100, token_sha256(key), NOW - 4 * H)
+    store.jobs.update_attempt(key, ended_at=NOW - H, state="ended")
     minute = GpuMinute(
         start=NOW - 3 * H, samples=6, gpus=1, util_mean=0.5, memory_used_gib_max=8.0,
         memory_total_gib=80.0,
