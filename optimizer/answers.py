@@ -172,6 +172,29 @@ class DeadlineView(Answer):
     running: str | None = None
     note: str | None = None  # e.g. why only a miss is watched for
 
+    def summary(self) -> str:
+        """`2026-12-04 18:00 UTC; work left 3.1 h, slack 5.2 h (at risk)`: the CLI's and the
+        console's words."""
+        at = self.at
+        when = at.replace("T", " ")[:16] + " UTC" if at.endswith(("Z", "+00:00")) else at
+        if self.work_left_s is None:
+            told = "work left unknown (watched for a miss only)"
+        else:
+            slack = "-" if self.slack_s is None else _span(self.slack_s)
+            told = f"work left {_span(self.work_left_s)}, slack {slack}"
+        flag = " (missed)" if self.missed else " (at risk)" if self.at_risk else ""
+        return f"{when}; {told}{flag}"
+
+
+def _span(seconds: float) -> str:
+    """`5.2 h`, `42 min`, `30 s`; negative spans keep their sign."""
+    size = abs(seconds)
+    if size >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if size >= 120:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"
+
 
 class JobDetail(JobView):
     attempts: list[AttemptView]

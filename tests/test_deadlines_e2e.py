@@ -9,6 +9,7 @@ import json
 from datetime import timedelta
 from pathlib import Path
 
+import httpx
 import pytest
 from pytest_httpserver import HTTPServer
 
@@ -17,6 +18,7 @@ from optimizer.daemon.service import Daemon
 from optimizer.model import EventKind
 from providers.local import LocalCloud
 from tests.helpers import api, run_gpuopt, wait_until, write_policy
+from tests.helpers.daemon import TOKEN
 from tests.helpers.jobs import E2E_FIXTURES, POLICY, hook_alerts, job_body, state_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("daemon_env")]
@@ -140,6 +142,19 @@ def test_a_deadline_job_starts_on_spot_then_runs_on_demand_and_meets_its_deadlin
     assert view["at"] == deadline.isoformat() and view["missed"] is False
     assert not [e for e in events if e.kind == EventKind.JOB_DEADLINE_MISSED]
     if name == "gpuopt":
+        # The deadline, the work left and the slack, as the job stood when it finished: the
+        # same words in `gpuopt jobs show` and on the console's job page.
+        shown = run_gpuopt(
+            tmp_path, "jobs", "show", "dl", "--api", daemon.url, env={"GPUOPT_API_TOKEN": TOKEN}
+        )
+        assert shown.returncode == 0, shown.stderr
+        [line] = [x.strip() for x in shown.stdout.splitlines() if "deadline:" in x]
+        assert line.startswith(f"deadline: {deadline:%Y-%m-%d %H:%M} UTC; work left ")
+        assert "slack" in line and "(at risk)" not in line and "(missed)" not in line
+        with httpx.Client(base_url=daemon.url, timeout=30) as page:
+            assert page.post("/ui/login", data={"token": TOKEN}).status_code == 303
+            html = page.get("/ui/jobs/dl").text
+        assert f'id="job-deadline">{line.removeprefix("deadline: ")}</dd>' in html
         return
     # The at-risk alert went out like other job events.
     wait_until(

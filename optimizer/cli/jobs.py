@@ -60,27 +60,9 @@ def _print_job(job: JobView) -> None:
         print("  " + deadline_line(job.deadline))
 
 
-def _span(seconds: float) -> str:
-    """`5.2 h`, `42 min`, `30 s`; negative spans keep their sign."""
-    size = abs(seconds)
-    if size >= 3600:
-        return f"{seconds / 3600:.1f} h"
-    if size >= 120:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds:.0f} s"
-
-
 def deadline_line(d: DeadlineView) -> str:
     """`deadline: 2026-12-04 18:00 UTC; work left 3.1 h, slack 5.2 h (at risk)`."""
-    when = d.at.replace("T", " ")[:16] + " UTC" if d.at.endswith(("Z", "+00:00")) else d.at
-    parts = [f"deadline: {when}"]
-    if d.work_left_s is None:
-        parts.append("work left unknown (watched for a miss only)")
-    else:
-        slack = "-" if d.slack_s is None else _span(d.slack_s)
-        parts.append(f"work left {_span(d.work_left_s)}, slack {slack}")
-    flag = " (missed)" if d.missed else " (at risk)" if d.at_risk else ""
-    return "; ".join(parts) + flag
+    return f"deadline: {d.summary()}"
 
 
 def _when(text: str | None) -> str:

@@ -9,13 +9,14 @@ from typing import Any
 
 from markupsafe import Markup
 
-from optimizer.answers import AttemptView, GpuView
+from optimizer.answers import AttemptView, DeadlineView, GpuView
 from optimizer.api.costs import job_attempts
 from optimizer.api.jobs import gpu_view
 from optimizer.api.logs import LogStream
 from optimizer.api.state import ApiState
 from optimizer.common.units import size_text
 from optimizer.costs import GroupBy, Line
+from optimizer.jobs.deadlines import deadline_view
 from optimizer.jobs.ledger import Ledger, state_lines_for
 from optimizer.jobs.progress import JobProgress, job_progress, jobs_progress
 from optimizer.jobs.ranking import job_state
@@ -65,6 +66,7 @@ class JobPage:
     state_lines: list[Line]  # the checkpoints at rest and the restores' egress, priced
     move: str | None  # what moving the job's state to another region would take, in words
     progress: JobProgress | None = None  # docs/progress.md
+    deadline: DeadlineView | None = None  # docs/deadlines.md, "In the daemon"
 
     @property
     def state_usd(self) -> float:
@@ -122,7 +124,14 @@ def job_page(state: ApiState, job: JobRecord) -> JobPage:
         events=state.store.events.list_events(job_id=job.id, limit=EVENTS),
         **_state(state, job, attempts, now),
         progress=job_progress(state.store, job, now),
+        deadline=_deadline(state, job, now),
     )
+
+
+def _deadline(state: ApiState, job: JobRecord, now: datetime) -> DeadlineView | None:
+    loaded = state.policies.get(job.policy)
+    found = deadline_view(state.store, job, None if loaded is None else loaded.policy, now)
+    return None if found is None else DeadlineView.model_validate(found)
 
 
 def _state(

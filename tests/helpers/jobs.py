@@ -23,6 +23,7 @@ from optimizer.clock import Clock, SteadyClock
 from optimizer.daemon.service import Daemon
 from optimizer.model import EventKind
 from optimizer.store import NewEvent
+from optimizer.ui import console_app
 from providers.local import LocalCloud
 from tests.helpers.cloud import local_cloud
 from tests.helpers.code import code_ref, ship
@@ -108,7 +109,8 @@ def e2e_daemon(
             "routes": [{"kinds": ["job.*"], "channels": ["hook"]}],
         },
     )
-    with running(config, sources={"local": cloud}, clock=clock) as d:
+    # with the console, as a team runs it (the console's pages over live jobs are checked too)
+    with running(config, sources={"local": cloud}, clock=clock, face=console_app) as d:
         for poll in d.polls:  # offers in the store before the first job
             poll.run_once()
         ship(d)  # the examples/ folder job_body runs
