@@ -99,9 +99,9 @@ def run_setting(
     }
 
 
-def markdown(rows: list[dict[str, Any]], starts: int) -> str:
+def markdown(rows: list[dict[str, Any]], starts: int, source: str) -> str:
     out = [
-        f"48 h of work on the AWS V100 traces of 2023-02-15 (9 zones), {starts} starts per "
+        f"48 h of work on the spot traces of {source}, {starts} starts per "
         "trace after its first 7 days; mean cost / on-demand-only cost (lower is better); "
         "gap closed = share of greedy's gap to the optimum closed. Paper's Uniform Progress "
         "figures: not checked here (docs/deadlines.md).",
@@ -168,8 +168,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "deadlines.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "deadlines.md").write_text(markdown(rows, args.starts))
-    print(markdown(rows, args.starts))
+    source = (
+        f"{Path(args.traces).name} ({len(traces)} zones: "
+        + ", ".join(sorted(t.zone for t in traces))
+        + ")"
+    )
+    table = markdown(rows, args.starts, source)
+    (args.out / "deadlines.md").write_text(table)
+    print(table)
     print(f"wall {result['wall_s']} s, cpu {result['cpu_s']} s")
     return 0
 
