@@ -160,6 +160,49 @@ def test_the_situation_counts_the_time_run_and_the_measured_restart(store: Store
     assert (s.spot_price, s.on_demand_price) == (0.40, 1.0)
 
 
+def test_other_jobs_runs_on_the_pools_it_could_use_tell_a_new_job_what_they_did(
+    store: Store,
+) -> None:
+    store.prices.record_offers([SPOT_A, SPOT_B, ON_DEMAND])
+    other = store.jobs.add_job("other", "p", {"run": "x"}, at=SUBMIT - timedelta(days=3))
+    # Another job ran 20 h on az1's spot pool and was interrupted once; 5 h on az2 (cooled
+    # now, so not a pool this job could launch in) says nothing about az1.
+    add_attempt(
+        store,
+        other,
+        1,
+        SPOT_A,
+        SUBMIT - timedelta(days=2),
+        ended_at=SUBMIT - timedelta(days=2) + timedelta(hours=20),
+        end_reason=AttemptEnd.PREEMPTED,
+        state=AttemptState.ENDED,
+        preempted=True,
+    )
+    add_attempt(
+        store,
+        other,
+        2,
+        SPOT_B,
+        SUBMIT - timedelta(hours=30),
+        ended_at=SUBMIT - timedelta(hours=25),
+        state=AttemptState.ENDED,
+    )
+    store.jobs.add_cooldown(SPOT_B.pool, NOW + timedelta(minutes=10), "capacity")
+    add_job(store)
+    job = store.jobs.get_job("j")
+    assert job is not None
+    offers = offered(store, job, POLICY, NOW, PassMemo())
+    fleet = store.jobs.attempts_since(NOW - timedelta(days=14))
+    s = situation(job, job_spec(job), [], POLICY, NOW, offers, fleet=fleet)
+    assert s is not None and set(s.stats) == {"use1-az1"}
+    assert s.stats["use1-az1"].observed_s == 20 * 3600
+    assert s.stats["use1-az1"].interruptions == 1
+    # the job's own attempts and the same rows among the fleet's are counted once
+    mine = store.jobs.attempts(other)
+    s = situation(job, job_spec(job), mine, POLICY, NOW, offers, fleet=fleet)
+    assert s is not None and s.stats["use1-az1"].observed_s == 20 * 3600
+
+
 def test_without_measured_restarts_the_policys_overhead_is_used(store: Store) -> None:
     job_id = add_job(store)
     job = store.jobs.get_job("j")

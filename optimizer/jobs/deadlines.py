@@ -133,13 +133,20 @@ def running_now(attempts: Sequence[AttemptRecord]) -> tuple[Use, str | None]:
     return Use.ON_DEMAND, None
 
 
+FLEET_HISTORY = timedelta(days=14)  # how far back other jobs' spot runs are read
+
+
 def zone_stats(attempts: Sequence[AttemptRecord], now: datetime) -> dict[str, ZoneStats]:
-    """What this job's own spot attempts saw of each zone: time run there, and the runs the
-    market ended."""
+    """What spot attempts saw of each zone: time run there, and the runs the market ended
+    (the strategy's prior covers the down spells, which runs do not show)."""
     seen: dict[str, ZoneStats] = {}
+    counted: set[int | None] = set()
     for a in attempts:
         if a.market != Market.SPOT or a.node_rank != 0:
             continue
+        if a.id is not None and a.id in counted:
+            continue
+        counted.add(a.id)
         zone = zone_of(a.pool)
         s = seen.get(zone, ZoneStats())
         span = _seconds(a.ended_at or now, a.started_at)
@@ -175,12 +182,17 @@ def situation(
     offered: Offered = NOTHING_OFFERED,
     progress: JobProgress | None = None,
     interval_s: float | None = None,
+    fleet: Sequence[AttemptRecord] = (),
 ) -> Situation | None:
     """The job's situation at `now`; None where it has no deadline or its work left is not
     known (then it is only watched for a missed deadline). `progress`: the job's own reports
     (`job_progress`), which tell the work left where they carry a total."""
     deadline = spec.deadline_at(job.created_at)
     left = work_left_s(spec, attempts, now, progress)
+    # `fleet`: other jobs' recent attempts; those on the spot pools the job could launch in
+    # now tell it what those pools did before it came (its own runs are counted anyway)
+    pools = set(offered.spot)
+    seen = [*attempts, *(a for a in fleet if a.pool in pools)]
     if deadline is None or left is None:
         return None
     overhead, _ = restart_overhead_s(policy, attempts)
@@ -193,7 +205,7 @@ def situation(
         running=use,
         zone=zone,
         spot_now=offered.spot_zones(),
-        stats=zone_stats(attempts, now),
+        stats=zone_stats(seen, now),
         spot_price=offered.spot_usd,
         on_demand_price=offered.on_demand_usd,
         work_s=spec.work.seconds if spec.work is not None else None,
@@ -285,7 +297,13 @@ class Deadlines:
         assert deadline is not None
         offers = offered(ctx.store, job, policy, ctx.now, ctx.memo)
         progress = job_progress(ctx.store, job, ctx.now)
-        s = situation(job, spec, attempts, policy, ctx.now, offers, progress, self.interval_s)
+        fleet = ctx.memo.get(
+            ("deadline-fleet",),
+            lambda: ctx.store.jobs.attempts_since(ctx.now - FLEET_HISTORY),
+        )
+        s = situation(
+            job, spec, attempts, policy, ctx.now, offers, progress, self.interval_s, fleet
+        )
         decision = None if s is None else strategy(policy.recovery.deadline_strategy).decide(s)
         late = (
             missed(s) if s is not None else ctx.now > deadline
