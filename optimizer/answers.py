@@ -157,8 +157,9 @@ class DeadlineView(Answer):
     """A job's deadline (docs/deadlines.md, "In the daemon"): when (`at`), and where the work
     left is known, the figures its deadline strategy decides on, in seconds: `slack_s` is
     the deadline less the time elapsed, the work left and one restart (none while it runs
-    on-demand); `at_risk`: the slack is below one more restart (only on-demand, without a
-    break, still meets it); `missed`: the deadline passed with work left. A finished job is
+    on-demand); `at_risk`: the slack no longer covers one more restart and a decision
+    interval, so only on-demand, without a break, still meets it (when the strategy's safety
+    net takes over and `job.deadline_at_risk` is raised); `missed`: the deadline passed with work left. A finished job is
     shown as it stood when it finished."""
 
     at: str

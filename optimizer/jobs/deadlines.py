@@ -443,7 +443,14 @@ def deadline_view(
         out["missed"] = at > deadline
     else:
         out["missed"] = missed(s) if s is not None else at > deadline
-    out["at_risk"] = bool(live and s is not None and at_risk(s))
+    # at risk as the pass says it: the slack below one restart, or the strategy's safety net
+    # taking over (the moment job.deadline_at_risk is raised)
+    risky = (
+        s is not None
+        and policy is not None
+        and (at_risk(s) or strategy(policy.recovery.deadline_strategy).decide(s).at_risk)
+    )
+    out["at_risk"] = bool(live and risky)
     return out
 
 
