@@ -103,6 +103,65 @@ def test_a_stopped_daemon_exits_at_once_without_the_interpreter_teardown(
     assert logged[-1].endswith(" stopped"), logged[-3:]
 
 
+# `gpuopt daemon` that, on SIGUSR1, writes which of the modules an idle daemon has no use for
+# it has imported: the real command line, the default config (the local cloud only, no
+# policy), asked from outside once the daemon says it is ready.
+REPORTS_ITS_IMPORTS = """\
+import os, signal, sys
+UNUSED = (
+    "pyarrow", "matplotlib", "boto3", "botocore", "google.cloud", "torch", "jinja2", "pathspec"
+)
+def report(signum, frame):
+    os.write(1, ("IMPORTED " + " ".join(m for m in UNUSED if m in sys.modules) + "\\n").encode())
+signal.signal(signal.SIGUSR1, report)
+from optimizer.cli import main
+sys.argv = ["gpuopt", "daemon", "--port", "0"]
+main()
+"""
+
+
+def test_an_idle_daemon_has_not_imported_what_it_does_not_use(tmp_path: Path) -> None:
+    # pyarrow (the offer table's text columns: no policy, no ranking), matplotlib (charts),
+    # the AWS and GCP SDKs (no such provider configured), torch, Jinja2 (until a console
+    # page is asked for), pathspec (packing code is the CLI's). bench/daemon.py measures
+    # the memory this keeps.
+    proc = subprocess.Popen(
+        [sys.executable, "-c", REPORTS_ITS_IMPORTS],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=gpuopt_env(tmp_path / "data"),
+    )
+    try:
+        stdout = lines(proc.stdout)
+        first = wait_until(lambda: stdout.get(timeout=30), timeout=30, what="the API line")
+        match = re.match(r"gpuopt: API at (http://\S+) ", first)
+        assert match, first
+        url = match.group(1)
+        # Ready: the first polls are done and their offers stored (where a policy would have
+        # been ranked).
+        wait_until(lambda: httpx.get(f"{url}/readyz", timeout=5).status_code == 200, 60)
+        offers = httpx.get(f"{url}/metrics", timeout=5).text
+        assert re.search(r'^gpuopt_offers\{market="spot",provider="local"\} [1-9]', offers, re.M)
+        proc.send_signal(signal.SIGUSR1)
+
+        def reported() -> str | None:
+            try:
+                line = stdout.get(timeout=1)
+            except queue.Empty:
+                return None
+            return line if line.startswith("IMPORTED") else None
+
+        report = wait_until(reported, timeout=30, what="the imports report")
+        assert report.split() == ["IMPORTED"], report
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def run_to_exit(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return run_gpuopt(tmp_path / "data", "daemon", *args)
 
