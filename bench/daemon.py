@@ -4,14 +4,18 @@
    embedded local provider, an ephemeral port), waits until /readyz says the first polls are
    done and /metrics counts the snapshot's offers, lets it idle, then reads VmRSS and VmHWM
    from /proc/PID/status. Also reads `gpuopt_info{torch_loaded=…}` from /metrics: whether
-   torch is in the daemon's sys.modules.
+   torch is in the daemon's sys.modules. The default config has no policy, so nothing is
+   ranked; the same is measured again with one policy in force (examples/
+   local-train-policy.yaml), ranked after the first polls (the columnar engine: numpy, and
+   pyarrow for the offer table's text columns).
 2. `gpuopt --help` wall time: the median of several runs of the installed entry point.
 3. One reconcile pass over 1,000 stored jobs, in process: `ReconcileLoop.run_once()` reads
    the live jobs and calls the hook's reconcilers; measured with no reconciler and with a
    trivial one (looks up each job's policy in the registry and counts states). No provider
    is called: this is the loop's own cost, not the job state machine's (not built yet).
 
-Prints figures and writes bench/results/daemon.json. Targets: RSS <= 150 MB, --help <= 0.5 s.
+Prints figures and writes bench/results/daemon.json. Targets: RSS <= 120 MB (the default
+config), --help <= 0.5 s.
 
     python bench/daemon.py [--help-runs 7] [--passes 20] [--idle-s 3] [--database-url URL]
 """
@@ -40,6 +44,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "daemon.json"
+POLICY = ROOT / "examples" / "local-train-policy.yaml"
 
 if not __package__:
     # Run as a file (`python bench/daemon.py`): the tests' helpers it uses are the package
@@ -47,7 +52,7 @@ if not __package__:
     # from there, where `python -m` finds both packages.
     os.chdir(ROOT)
     os.execv(sys.executable, [sys.executable, "-m", "bench.daemon", *sys.argv[1:]])
-RSS_TARGET_MB = 150.0
+RSS_TARGET_MB = 120.0
 HELP_TARGET_S = 0.5
 JOBS = 1_000
 
@@ -74,8 +79,11 @@ def _metric(text: str, name: str) -> list[tuple[str, float]]:
     return found
 
 
-def idle_daemon(idle_s: float) -> dict[str, Any]:
+def idle_daemon(idle_s: float, policy: Path | None = None) -> dict[str, Any]:
     data = Path(tempfile.mkdtemp(prefix="gpuopt-bench-"))
+    if policy is not None:  # the default policy folder, under the data directory
+        (data / "policies").mkdir(mode=0o700)
+        shutil.copy(policy, data / "policies" / policy.name)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUOPT_")}
     env["GPUOPT_DATA_DIR"] = str(data)
     started = time.perf_counter()
@@ -117,6 +125,7 @@ def idle_daemon(idle_s: float) -> dict[str, Any]:
             proc.kill()
         shutil.rmtree(data, ignore_errors=True)
     return {
+        "policies": [policy.relative_to(ROOT).as_posix()] if policy else [],
         "ready_seconds": round(ready_s, 2),
         "idle_seconds": idle_s,
         **memory,
@@ -273,12 +282,15 @@ def main() -> int:
     args = parser.parse_args()
 
     daemon = idle_daemon(args.idle_s)
-    print(
-        f"idle daemon: VmRSS {daemon['VmRSS_mb']} MB ({daemon['VmRSS_mib']} MiB), "
-        f"peak {daemon['VmHWM_mb']} MB; ready in {daemon['ready_seconds']} s; "
-        f"offers {daemon['offers']}; torch loaded: {daemon['torch_loaded']} "
-        f"(installed: {daemon['torch_installed']}); SIGTERM exit {daemon['exit_code_on_sigterm']}"
-    )
+    ranking = idle_daemon(args.idle_s, POLICY)
+    for label, found in (("idle daemon", daemon), ("idle daemon, one policy", ranking)):
+        print(
+            f"{label}: VmRSS {found['VmRSS_mb']} MB ({found['VmRSS_mib']} MiB), "
+            f"peak {found['VmHWM_mb']} MB; ready in {found['ready_seconds']} s; "
+            f"offers {found['offers']}; torch loaded: {found['torch_loaded']} "
+            f"(installed: {found['torch_installed']}); "
+            f"SIGTERM exit {found['exit_code_on_sigterm']}"
+        )
     cli = help_time(args.help_runs)
     print(f"gpuopt --help: median {cli['median_seconds']} s over {cli['runs']} runs")
     passes = reconcile_pass(args.passes, args.database_url)
@@ -298,6 +310,7 @@ def main() -> int:
         },
         "command": " ".join(["python bench/daemon.py", *sys.argv[1:]]),
         "idle_daemon": daemon,
+        "idle_daemon_one_policy": ranking,
         "cli_help": cli,
         "reconcile_pass": passes,
         "targets": {
@@ -305,7 +318,7 @@ def main() -> int:
             "rss_met": daemon["VmRSS_mb"] <= RSS_TARGET_MB,
             "help_s": HELP_TARGET_S,
             "help_met": cli["median_seconds"] <= HELP_TARGET_S,
-            "torch_absent": not daemon["torch_loaded"],
+            "torch_absent": not (daemon["torch_loaded"] or ranking["torch_loaded"]),
         },
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

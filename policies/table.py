@@ -104,9 +104,22 @@ def _encode(column: list[Any]) -> Codes:
     return Codes(codes, tuple(index))
 
 
+# Rows from which a text column is encoded by Arrow. Its hash table is faster than a dict
+# on long columns (a quarter at 100k rows, docs/policies.md) and no faster on the local
+# cloud's 1,275 offers (0.17 against 0.18 ms for three columns), and importing it costs a
+# daemon 40 MiB of memory (bench/daemon.py): a shorter column is encoded by a dict.
+ARROW_FROM_ROWS = 20_000
+
+
 def _encode_text(column: list[str | None]) -> Codes:
     """A text column through Arrow's hash table: a quarter faster than a dict at 100k rows
-    (the one step where Arrow beat numpy and plain Python, docs/policies.md)."""
+    (the one step where Arrow beat numpy and plain Python, docs/policies.md). A column
+    shorter than ARROW_FROM_ROWS through a dict, with the same codes (first-seen order,
+    None a value of its own)."""
+    if len(column) < ARROW_FROM_ROWS:
+        index = {value: code for code, value in enumerate(dict.fromkeys(column))}
+        codes = np.fromiter(map(index.__getitem__, column), np.int32, len(column))
+        return Codes(codes, tuple(index))
     import pyarrow as pa
     import pyarrow.compute as pc
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import queue
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,6 +20,8 @@ import pytest
 from tests.helpers import gpuopt_env, run_gpuopt, start_gpuopt, wait_until
 
 pytestmark = pytest.mark.usefixtures("daemon_env")
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
@@ -101,6 +104,71 @@ def test_a_stopped_daemon_exits_at_once_without_the_interpreter_teardown(
     logged = proc.stderr.read().splitlines()
     assert "interpreter teardown" not in logged
     assert logged[-1].endswith(" stopped"), logged[-3:]
+
+
+# `gpuopt daemon` that, on SIGUSR1, writes which of the modules an idle daemon has no use for
+# it has imported: the real command line, the default config (the local cloud only), asked
+# from outside once the daemon says it is ready.
+REPORTS_ITS_IMPORTS = """\
+import os, signal, sys
+UNUSED = (
+    "pyarrow", "matplotlib", "boto3", "botocore", "google.cloud", "torch", "jinja2", "pathspec"
+)
+def report(signum, frame):
+    os.write(1, ("IMPORTED " + " ".join(m for m in UNUSED if m in sys.modules) + "\\n").encode())
+signal.signal(signal.SIGUSR1, report)
+from optimizer.cli import main
+sys.argv = ["gpuopt", "daemon", "--port", "0"]
+main()
+"""
+
+
+@pytest.mark.parametrize("policy", [None, "local-train-policy.yaml"])
+def test_an_idle_daemon_has_not_imported_what_it_does_not_use(
+    tmp_path: Path, policy: str | None
+) -> None:
+    # pyarrow (the offer table's text columns: with no policy nothing is ranked; with the
+    # example policy the local cloud's offers are too few for Arrow), matplotlib (charts),
+    # the AWS and GCP SDKs (no such provider configured), torch, Jinja2 (until a console
+    # page is asked for), pathspec (packing code is the CLI's). bench/daemon.py measures
+    # the memory this keeps.
+    if policy is not None:  # the default policy folder, under the data directory
+        (tmp_path / "data" / "policies").mkdir(parents=True, mode=0o700)
+        shutil.copy(EXAMPLES / policy, tmp_path / "data" / "policies" / policy)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", REPORTS_ITS_IMPORTS],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=gpuopt_env(tmp_path / "data"),
+    )
+    try:
+        stdout = lines(proc.stdout)
+        first = wait_until(lambda: stdout.get(timeout=30), timeout=30, what="the API line")
+        match = re.match(r"gpuopt: API at (http://\S+) ", first)
+        assert match, first
+        url = match.group(1)
+        # Ready: the first polls are done, their offers stored and the policies ranked.
+        wait_until(lambda: httpx.get(f"{url}/readyz", timeout=5).status_code == 200, 60)
+        offers = httpx.get(f"{url}/metrics", timeout=5).text
+        assert re.search(r'^gpuopt_offers\{market="spot",provider="local"\} [1-9]', offers, re.M)
+        proc.send_signal(signal.SIGUSR1)
+
+        def reported() -> str | None:
+            try:
+                line = stdout.get(timeout=1)
+            except queue.Empty:
+                return None
+            return line if line.startswith("IMPORTED") else None
+
+        report = wait_until(reported, timeout=30, what="the imports report")
+        assert report.split() == ["IMPORTED"], report
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def run_to_exit(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:

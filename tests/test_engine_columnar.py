@@ -12,12 +12,14 @@ from __future__ import annotations
 import os
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from unittest.mock import patch
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from optimizer.model import Fabric, Interconnect, Market, Offer, PaymentOption
+from policies import table as table_module
 from policies.budget import Committed
 from policies.columnar import PASSED, judge, places
 from policies.egress import StatePlace
@@ -351,3 +353,21 @@ def test_empty_offers_rank_to_nothing() -> None:
     policy = Policy.model_validate({"apiVersion": "gpuopt/v1", "kind": "Policy", "name": "p"})
     ranked = evaluate(policy, [], NOW)
     assert ranked.best is None and ranked.rejections == () and ranked.rejection_counts() == {}
+
+
+TEXT_FIELDS = [n for n, f in Offer.__dataclass_fields__.items() if f.type in ("str", "str | None")]
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(offers(), max_size=40))
+def test_text_columns_encode_alike_by_dict_and_by_arrow(listed: list[Offer]) -> None:
+    """A text column shorter than ARROW_FROM_ROWS is encoded by a dict (no pyarrow), a longer
+    one by Arrow: the same codes and values either way."""
+
+    def columns(arrow_from: int) -> dict[str, tuple[list[int], tuple[Any, ...]]]:
+        with patch.object(table_module, "ARROW_FROM_ROWS", arrow_from):
+            table = OfferTable.from_offers(listed)
+            found = {name: table.column(name) for name in TEXT_FIELDS}
+        return {name: (c.codes.tolist(), c.values) for name, c in found.items()}
+
+    assert columns(0) == columns(1 << 30)

@@ -24,8 +24,10 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
-import pathspec
+if TYPE_CHECKING:
+    import pathspec
 
 MIB = 1 << 20
 DEFAULT_MAX_MIB = 512
@@ -76,7 +78,11 @@ def _read_rules(folder: Path) -> pathspec.PathSpec | None:
             continue
         except OSError as exc:
             raise CodeError(f"{folder / name}: cannot read it ({exc.strerror})") from None
-    return pathspec.GitIgnoreSpec.from_lines(lines) if lines else None
+    if not lines:
+        return None
+    import pathspec  # here, not at the top: the daemon imports this package and never packs
+
+    return pathspec.GitIgnoreSpec.from_lines(lines)
 
 
 @dataclass(frozen=True, slots=True)

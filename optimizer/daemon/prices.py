@@ -273,10 +273,13 @@ class PriceWatch:
         with self._lock:
             policies = self.registry.snapshot()
             stored = self.store.policies.price_signals()
-            # One table for every policy: the columns are built once per poll.
-            offers = OfferTable.from_offers(self.store.prices.latest_offers())
-            found = measured(self.store, self.probe_window)
             raised = 0
+            if policies:
+                # One table for every policy: the columns are built once per poll. With no
+                # policy in force nothing reads it, and an idle daemon does not pay for it
+                # (the table loads pyarrow to encode its text columns).
+                offers = OfferTable.from_offers(self.store.prices.latest_offers())
+                found = measured(self.store, self.probe_window)
             for name, loaded in sorted(policies.items()):
                 # Ranked as the policy in force now; a window change counts as an edit (the
                 # bid-cap sides move because the policy did, not the market).

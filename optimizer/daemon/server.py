@@ -113,6 +113,9 @@ class ApiServer:
                 log_config=None,
                 access_log=self.access_log,
                 lifespan="off",
+                # The API has no WebSocket route; "auto" would import whichever WebSocket
+                # library happens to be installed (wsproto, websockets) into every daemon.
+                ws="none",
                 server_header=False,
                 timeout_graceful_shutdown=GRACEFUL_S,
             )

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from datetime import datetime
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse
-from jinja2 import Environment, PackageLoader, select_autoescape
 
 from optimizer.clock import parse_utc, utc_label, utc_text
 from optimizer.common.units import size_text
+
+if TYPE_CHECKING:
+    from jinja2 import Environment
 
 # Everything the pages load comes from /ui/static/ (no CDN, no inline script or style), so
 # the policy can forbid the rest; uPlot styles its elements through the CSSOM, which
@@ -73,6 +75,10 @@ def duration(seconds: float | None) -> str:
 
 @cache
 def environment() -> Environment:
+    """The templates' environment, made at the first page: an idle daemon whose console
+    nobody opens does not load Jinja2."""
+    from jinja2 import Environment, PackageLoader, select_autoescape
+
     env = Environment(
         loader=PackageLoader("optimizer.ui", "templates"),
         autoescape=select_autoescape(["html"]),
