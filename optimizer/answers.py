@@ -159,8 +159,8 @@ class DeadlineView(Answer):
     the deadline less the time elapsed, the work left and one restart (none while it runs
     on-demand); `at_risk`: the slack no longer covers one more restart and a decision
     interval, so only on-demand, without a break, still meets it (when the strategy's safety
-    net takes over and `job.deadline_at_risk` is raised); `missed`: the deadline passed with work left. A finished job is
-    shown as it stood when it finished."""
+    net takes over and `job.deadline_at_risk` is raised); `missed`: the deadline passed with
+    work left. A finished job is shown as it stood when it finished."""
 
     at: str
     work_left_s: float | None
