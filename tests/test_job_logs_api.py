@@ -231,7 +231,8 @@ def test_following_one_attempt_ends_when_its_output_is_complete(daemon: Daemon) 
     follower = Follower(daemon, "train", attempt=1, tail=5)
     try:
         wait_until(lambda: H1 in follower.text, what="the header, before any output")
-        ship(daemon, "train-1", (0, "stdout", "only\n"))
+        shipped = ship(daemon, "train-1", (0, "stdout", "only\n"))
+        assert shipped.status_code == 200, shipped.text
         finish(daemon, "train-1", 1, state="")  # the job itself goes on (a new attempt)
         wait_until(lambda: follower.ended, what="the stream to end")
         assert (follower.ended, follower.text) == ("done", f"{H1}\nonly\n")
