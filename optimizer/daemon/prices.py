@@ -24,6 +24,7 @@ from typing import Any
 from optimizer.alerts.outbox import Emitter
 from optimizer.daemon.policies import PolicyRegistry
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow, measured
+from optimizer.jobs.offer_table import latest_table
 from optimizer.model import EventKind, Market, Offer
 from optimizer.store import NewEvent, Store
 from policies.engine import OfferTable, Ranking, evaluate
@@ -273,8 +274,9 @@ class PriceWatch:
         with self._lock:
             policies = self.registry.snapshot()
             stored = self.store.policies.price_signals()
-            # One table for every policy: the columns are built once per poll.
-            offers = OfferTable.from_offers(self.store.prices.latest_offers())
+            # One table for every policy, built once per change of the offers and kept for
+            # the launches and GET /offers that rank them next (optimizer/jobs/offer_table.py).
+            offers = latest_table(self.store)
             found = measured(self.store, self.probe_window)
             raised = 0
             for name, loaded in sorted(policies.items()):

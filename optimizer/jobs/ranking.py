@@ -23,9 +23,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Protocol
 
+import numpy as np
+
 from optimizer.jobs import budget, expected
 from optimizer.jobs.context import PassMemo
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow, measured
+from optimizer.jobs.offer_table import latest_table
 from optimizer.jobs.progress import job_progress
 from optimizer.jobs.spec import JobSpec, bucket_provider, job_spec
 from optimizer.model import Offer, Pool
@@ -33,7 +36,7 @@ from optimizer.store import JobRecord, Store
 from policies import budget as budget_model
 from policies import per_step, risk
 from policies.egress import DEFAULT_HORIZON_HOURS, StatePlace
-from policies.engine import Candidate, Ranking, evaluate
+from policies.engine import Candidate, OfferTable, Ranking, evaluate
 from policies.measured import Measured
 from policies.schedule import effective
 from policies.schema import Policy
@@ -44,12 +47,41 @@ def pool_of(offer: Offer) -> Pool:
     return offer.pool
 
 
-def pass_offers(store: Store, memo: PassMemo | None = None) -> tuple[Offer, ...]:
-    """Every pool's latest offer: read once per pass where the pass's memo is given (no new
-    prices are recorded by a pass), else read now."""
+def pass_table(store: Store, memo: PassMemo | None = None) -> OfferTable:
+    """Every pool's latest offer as the table the last change of them built
+    (optimizer/jobs/offer_table.py): taken once per pass where the pass's memo is given (no
+    new prices are recorded by a pass, and a poll meanwhile must not change the offers under
+    it), else taken now."""
     if memo is None:
-        return tuple(store.prices.latest_offers())
-    return memo.get("latest_offers", lambda: tuple(store.prices.latest_offers()))
+        return latest_table(store)
+    return memo.get("latest_table", lambda: latest_table(store))
+
+
+def pass_offers(store: Store, memo: PassMemo | None = None) -> tuple[Offer, ...]:
+    """Every pool's latest offer, in the store's order (`pass_table`'s rows)."""
+    return pass_table(store, memo).offers
+
+
+_POOL_COLUMNS = ("provider", "region", "zone", "instance_type", "market")
+
+
+def without_pools(table: OfferTable, pools: Iterable[Pool]) -> OfferTable:
+    """`table` less the rows of `pools` (the table itself where it has none of them),
+    matched on the columns, not offer by offer."""
+    dropped = np.zeros(len(table), dtype=bool)
+    for pool in pools:
+        match = np.ones(len(table), dtype=bool)
+        for name, value in zip(_POOL_COLUMNS, pool, strict=True):
+            column = table.column(name)
+            code = column.code_of(value)  # a Market is its text: "spot" finds Market.SPOT
+            if code < 0:
+                break
+            match &= column.codes == code
+        else:
+            dropped |= match
+    if not dropped.any():
+        return table
+    return table.take(np.flatnonzero(~dropped))
 
 
 def pass_measured(
@@ -104,8 +136,9 @@ def launch_ranking(
     # An attempt records the zone its instance landed in, but a regional offer (on-demand
     # prices are per region) has no zone: avoid the offer's own, regional pool too.
     held |= {Pool(p, r, None, t, m) for p, r, _zone, t, m in held}
-    listed = pass_offers(store, memo)
-    offers = [o for o in listed if pool_of(o) not in held]
+    table = pass_table(store, memo)
+    listed = table.offers
+    offers = without_pools(table, held)
     spend = budget_model.NOTHING
     if policy.budget.monthly_usd is not None:
         # Read fresh for each launch too: each launch of the pass adds a live attempt, which
@@ -122,7 +155,7 @@ def launch_ranking(
             speeds = step_speeds(store, replacing, listed, found, ranking.dtype, now)
         ranked = per_step.by_price_per_step(ranking.candidates, speeds, ranking.dtype)
         ranking = replace(ranking, candidates=tuple(ranked))
-    return LaunchRanking(ranking, spend, len(listed) - len(offers))
+    return LaunchRanking(ranking, spend, len(table) - len(offers))
 
 
 def step_speeds(
