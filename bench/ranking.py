@@ -15,8 +15,11 @@ beside the wall-clock median. Besides the headline figure it times the same offe
 of every rejection (reasons are formatted when read) and of every candidate (records are
 built when read). The garbage
 collector stays on throughout, as in the daemon. Peak memory comes from separate runs under
-tracemalloc. If `gpuhunt` is importable, its filter runs over the same rows for a ratio.
-Prints the figures and writes them to bench/results/ranking.json.
+tracemalloc. If `gpuhunt` is importable, its filter runs over the same rows for two ratios:
+over `evaluate` on a built table (what the daemon runs: it keeps the table of the latest
+offers, optimizer/jobs/offer_table.py) and over a one-shot ranking, table build included
+(`evaluate_from_offer_list`: a caller with plain offers). Prints the figures and writes them
+to bench/results/ranking.json.
 
     python -m bench.ranking [--offers 100000] [--runs 15]   (gpuhunt: pip install -e .[bench])
 """
@@ -313,8 +316,9 @@ def main() -> None:
         "rejections_by_rule": by_rule,
         "best": None if ranking.best is None else ranking.best.offer.to_dict(),
         "gpuhunt": hunt,
-        "targets_ms": {"evaluate": 10, "evaluate_permissive_policy": 30, "table_build": 150},
+        "targets_ms": {"evaluate": 10, "evaluate_permissive_policy": 30, "table_build": 30},
         "target_gpuhunt_over_evaluate": 4,
+        "target_gpuhunt_over_one_shot": 2,
     }
     # Judged on CPU time (module docstring); wall medians are beside them.
     result["within_targets"] = {
@@ -324,6 +328,11 @@ def main() -> None:
         ratio = round(hunt["median_cpu_ms"] / result["evaluate"]["median_cpu_ms"], 2)
         result["gpuhunt_over_evaluate"] = ratio
         result["within_targets"]["gpuhunt_over_evaluate"] = ratio >= 4
+        one_shot = round(
+            hunt["median_cpu_ms"] / result["evaluate_from_offer_list"]["median_cpu_ms"], 2
+        )
+        result["gpuhunt_over_one_shot"] = one_shot
+        result["within_targets"]["gpuhunt_over_one_shot"] = one_shot >= 2
 
     print(
         f"{len(offers):,} offers ({result['shapes']:,} shapes), policy {policy.name!r}, {pinning}"
@@ -353,7 +362,11 @@ def main() -> None:
     if isinstance(hunt, dict):
         ratio = result["gpuhunt_over_evaluate"]
         cpu = hunt["median_cpu_ms"]
-        print(f"gpuhunt filter: median {cpu} ms CPU (gpuhunt / evaluate = {ratio})")
+        once = result["gpuhunt_over_one_shot"]
+        print(
+            f"gpuhunt filter: median {cpu} ms CPU (gpuhunt / evaluate = {ratio}; "
+            f"gpuhunt / one-shot ranking, table build included = {once})"
+        )
     else:
         print(f"gpuhunt: {hunt}")
     print(f"within targets: {result['within_targets']}")
