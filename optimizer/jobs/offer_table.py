@@ -14,11 +14,14 @@ over the whole list, in the store's order, so the table ranks exactly as one bui
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from itertools import chain, groupby
 from operator import attrgetter
 from weakref import WeakKeyDictionary
 
-from optimizer.model import Offer
+import numpy as np
+
+from optimizer.model import Offer, Pool
 from optimizer.store import OffersVersion, Prices, Store
 from policies.table import OfferTable
 
@@ -86,3 +89,29 @@ def keeper(store: Store) -> LatestTable:
         if found is None:
             found = _TABLES[store.prices] = LatestTable(store.prices)
         return found
+
+
+_POOL_COLUMNS = ("provider", "region", "zone", "instance_type", "market")
+
+
+def pool_rows(table: OfferTable, pool: Iterable[object]) -> np.ndarray:
+    """Which rows of `table` price `pool` (provider, region, zone, type, market), matched on
+    the columns, not offer by offer (a mask; all False where no row does)."""
+    match = np.ones(len(table), dtype=bool)
+    for name, value in zip(_POOL_COLUMNS, pool, strict=True):
+        column = table.column(name)
+        code = column.code_of(value)  # a Market is its text: "spot" finds Market.SPOT
+        if code < 0:
+            return np.zeros(len(table), dtype=bool)
+        match &= column.codes == code
+    return match
+
+
+def without_pools(table: OfferTable, pools: Iterable[Pool]) -> OfferTable:
+    """`table` less the rows of `pools` (the table itself where it has none of them)."""
+    dropped = np.zeros(len(table), dtype=bool)
+    for pool in pools:
+        dropped |= pool_rows(table, pool)
+    if not dropped.any():
+        return table
+    return table.take(np.flatnonzero(~dropped))

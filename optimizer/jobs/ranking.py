@@ -23,12 +23,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Protocol
 
-import numpy as np
-
 from optimizer.jobs import budget, expected
 from optimizer.jobs.context import PassMemo
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow, measured
-from optimizer.jobs.offer_table import latest_table
+from optimizer.jobs.offer_table import latest_table, without_pools
 from optimizer.jobs.progress import job_progress
 from optimizer.jobs.spec import JobSpec, bucket_provider, job_spec
 from optimizer.model import Offer, Pool
@@ -60,28 +58,6 @@ def pass_table(store: Store, memo: PassMemo | None = None) -> OfferTable:
 def pass_offers(store: Store, memo: PassMemo | None = None) -> tuple[Offer, ...]:
     """Every pool's latest offer, in the store's order (`pass_table`'s rows)."""
     return pass_table(store, memo).offers
-
-
-_POOL_COLUMNS = ("provider", "region", "zone", "instance_type", "market")
-
-
-def without_pools(table: OfferTable, pools: Iterable[Pool]) -> OfferTable:
-    """`table` less the rows of `pools` (the table itself where it has none of them),
-    matched on the columns, not offer by offer."""
-    dropped = np.zeros(len(table), dtype=bool)
-    for pool in pools:
-        match = np.ones(len(table), dtype=bool)
-        for name, value in zip(_POOL_COLUMNS, pool, strict=True):
-            column = table.column(name)
-            code = column.code_of(value)  # a Market is its text: "spot" finds Market.SPOT
-            if code < 0:
-                break
-            match &= column.codes == code
-        else:
-            dropped |= match
-    if not dropped.any():
-        return table
-    return table.take(np.flatnonzero(~dropped))
 
 
 def pass_measured(
@@ -143,7 +119,7 @@ def launch_ranking(
     if policy.budget.monthly_usd is not None:
         # Read fresh for each launch too: each launch of the pass adds a live attempt, which
         # the next launch's budget check must count.
-        spend = budget.committed(store, policy_name, now, listed, replacing=replacing)
+        spend = budget.committed(store, policy_name, now, table, replacing=replacing)
     found = pass_measured(store, window, memo)
     ranking = evaluate(policy, offers, now, measured=found, committed=spend, state=state)
     if policy.rank_by == "expected_cost" and ranking.candidates:
