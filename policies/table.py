@@ -255,13 +255,6 @@ def _group(table: OfferTable, names: Sequence[str]) -> tuple[np.ndarray, np.ndar
     n = len(table)
     if n == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    shapes = table._memo.get("shape_ids")
-    if shapes is not None and len(shapes[1]) < n and set(names) <= set(SHAPE_FIELDS):
-        # Shape fields only: group the shapes' first rows, and spread to every row by its
-        # shape. The same ids (the same distinct keys, sorted alike), and the same first
-        # rows: shapes are numbered in the order of their first rows.
-        ids, first = _group(table.take(shapes[1]), names)
-        return ids[shapes[0]], shapes[1][first]
     keys: list[np.ndarray] = []
     combined = np.zeros(n, dtype=np.int64)
     width = 1
