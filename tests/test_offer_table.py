@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -167,3 +169,16 @@ def test_another_processs_poll_is_seen(tmp_path: Path) -> None:
         assert kept.offers == tuple(follower.prices.latest_offers())
         assert {o.provider for o in kept.offers} == {"aws", "gcp"}
         assert min(o.usd_per_hour for o in kept.offers if o.provider == "aws") == 2.0
+
+
+def test_a_closed_stores_table_is_let_go(tmp_path: Path) -> None:
+    """The kept table lives as long as its store, not for the process's life (a test suite,
+    the CLI, open many stores)."""
+    with Store(f"sqlite:///{tmp_path / 'gpuopt.db'}") as store:
+        store.create_all()
+        store.prices.record_offers(poll("aws", 0.40))
+        kept = weakref.ref(keeper(store))
+        latest_table(store)
+    del store
+    gc.collect()
+    assert kept() is None

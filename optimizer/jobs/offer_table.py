@@ -14,6 +14,7 @@ over the whole list, in the store's order, so the table ranks exactly as one bui
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Iterable
 from itertools import chain, groupby
 from operator import attrgetter
@@ -32,7 +33,9 @@ class LatestTable:
     """One store's latest offers as a table, kept until its offers change."""
 
     def __init__(self, prices: Prices) -> None:
-        self._prices = prices
+        # Weakly: the table is kept in a WeakKeyDictionary under `prices`, and a value that
+        # held its key would keep both alive for good.
+        self._prices_ref = weakref.ref(prices)
         self._lock = threading.Lock()  # one build at a time; the others wait and share it
         self._version: OffersVersion | None = None
         self._by_provider: dict[str, tuple[Offer, ...]] = {}  # the store's order
@@ -41,8 +44,8 @@ class LatestTable:
 
     def get(self) -> OfferTable:
         """The table of the latest offers as the store holds them now."""
+        prices = self._prices
         with self._lock:
-            prices = self._prices
             version = prices.offers_version()  # before the offers: newer offers, never older
             if version == self._version:
                 return self._table
@@ -57,6 +60,13 @@ class LatestTable:
             self._by_provider, self._version = by_provider, version
             self.builds += 1
             return self._table
+
+    @property
+    def _prices(self) -> Prices:
+        prices = self._prices_ref()
+        if prices is None:
+            raise RuntimeError("the store of this table is gone")
+        return prices
 
     def _reread(self, changed: frozenset[str]) -> dict[str, tuple[Offer, ...]] | None:
         """The kept offers with the `changed` providers' read again, or None where a provider

@@ -55,11 +55,6 @@ def pass_table(store: Store, memo: PassMemo | None = None) -> OfferTable:
     return memo.get("latest_table", lambda: latest_table(store))
 
 
-def pass_offers(store: Store, memo: PassMemo | None = None) -> tuple[Offer, ...]:
-    """Every pool's latest offer, in the store's order (`pass_table`'s rows)."""
-    return pass_table(store, memo).offers
-
-
 def pass_measured(
     store: Store, window: ProbeWindow = DEFAULT_WINDOW, memo: PassMemo | None = None
 ) -> Measured:
