@@ -11,16 +11,19 @@ verdict with one indexing step (`Codes.lookup`).
 Why numpy and not Arrow: measured on 100k offers (docs/policies.md, "The columnar engine"),
 numpy's element-wise steps are 2 to 5 times faster than pyarrow.compute's on arrays this
 size, where each call's fixed cost dominates, and the engine makes dozens of them per
-evaluation; Arrow only won at dictionary-encoding Python strings, which is what the table
-uses it for, once per poll.
+evaluation; Arrow only won at dictionary-encoding Python strings, which the table uses it for
+on the text columns built when first read. The columns every evaluation reads are built from
+each row's shape, encoded once (`OfferTable.from_offers`).
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cache
+from itertools import count
 from operator import attrgetter
 from typing import Any
 
@@ -95,12 +98,13 @@ def _same(value: Any) -> Any:
     return value
 
 
-def _encode(column: list[Any]) -> Codes:
-    distinct = dict.fromkeys(column)
-    if len(distinct) == 1:  # one value throughout (a field no offer here sets): nothing to look up
-        return Codes(np.zeros(len(column), dtype=np.int32), tuple(distinct))
-    index = {value: code for code, value in enumerate(distinct)}
-    codes = np.fromiter(map(index.__getitem__, column), dtype=np.int32, count=len(column))
+def _encode(column: Iterable[Any], size: int) -> Codes:
+    """Dictionary-encode `size` values in one pass: a missing value takes the next code as
+    it is first seen (the dict's default factory), so each row is hashed once and nothing
+    per row outlives the pass (a list of 100k tuples kept alive wakes the garbage
+    collector's full passes)."""
+    index: defaultdict[Any, int] = defaultdict(count().__next__)
+    codes = np.fromiter(map(index.__getitem__, column), dtype=np.int32, count=size)
     return Codes(codes, tuple(index))
 
 
@@ -133,6 +137,12 @@ def _field_types() -> dict[str, str]:
     return {name: str(f.type) for name, f in Offer.__dataclass_fields__.items()}
 
 
+@cache
+def _shape_getter() -> Callable[[Offer], tuple[Any, ...]]:
+    """A row's SHAPE_FIELDS as one tuple (the enums are `StrEnum`s: they hash as their text)."""
+    return attrgetter(*SHAPE_FIELDS)
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class OfferTable:
     """Offers in columns, and the offers themselves (candidates and rejections hold them)."""
@@ -144,15 +154,46 @@ class OfferTable:
 
     @classmethod
     def from_offers(cls, offers: Iterable[Offer]) -> OfferTable:
-        """Build the columns every evaluation reads (one pass per field, in C where numpy,
-        dict and Arrow allow); the others (the tie-break's, fields no rule reads) are built
-        the first time they are read."""
+        """Build the columns every evaluation reads; the others (the tie-break's, fields no
+        rule reads) are built the first time they are read.
+
+        The shape columns come from one pass that reads each row's shape as one tuple and
+        dictionary-encodes the tuples: the per-field columns are then built over the few
+        thousand distinct shapes, not the rows, and the shape ids are those codes. A pass per
+        field (an attribute read and a hash per row and field) cost three quarters of the
+        build (bench/ranking.py)."""
         rows = offers if isinstance(offers, tuple) else tuple(offers)
         table = cls(rows, {}, {})
+        table._build_shapes()
         for name in EAGER:
-            table._build(name)
-        table.shape_ids()
+            if name not in SHAPE_FIELDS:
+                table._build(name)
         return table
+
+    def _build_shapes(self) -> None:
+        """The SHAPE_FIELDS columns and `shape_ids`, from the rows' shapes (`from_offers`)."""
+        found = _encode(map(_shape_getter(), self.offers), len(self.offers))
+        shape_of = found.codes
+        shapes = list(zip(*found.values, strict=True)) if found.values else []
+        for position, name in enumerate(SHAPE_FIELDS):
+            per_shape = list(shapes[position]) if shapes else []
+            kind = _field_types()[name]
+            dtype = _NUMBER_TYPES.get(kind)
+            if dtype is not None:
+                self.numbers[name] = np.asarray(per_shape, dtype=dtype)[shape_of]
+                continue
+            column = _encode(per_shape, len(per_shape))
+            enum = _ENUMS.get(kind)
+            values = column.values if enum is None else tuple(map(enum, column.values))
+            self.codes[name] = Codes(column.codes[shape_of], values)
+        count = len(found.values)
+        first = np.zeros(count, dtype=np.int64)
+        if count > 1:
+            # Codes are numbered in first-seen order: shape k first appears where the running
+            # maximum of the codes reaches k.
+            seen = np.maximum.accumulate(shape_of)
+            first = np.flatnonzero(np.concatenate(([True], seen[1:] != seen[:-1])))
+        self._memo["shape_ids"] = (shape_of.astype(np.int64), first)
 
     def _build(self, name: str) -> None:
         kind = _field_types()[name]
@@ -162,13 +203,29 @@ class OfferTable:
         if dtype is not None:
             self.numbers[name] = np.fromiter(map(attrgetter(name), rows), dtype, len(rows))
         elif enum is not None:
-            # An enum member hashes in Python code; its value (a str) in C, and cached.
-            found = _encode(list(map(attrgetter(f"{name}._value_"), rows)))
+            found = _encode(map(attrgetter(name), rows), len(rows))
             self.codes[name] = Codes(found.codes, tuple(map(enum, found.values)))
         elif kind in _TEXT_TYPES:
             self.codes[name] = _encode_text(list(map(attrgetter(name), rows)))
         else:
-            self.codes[name] = _encode(list(map(attrgetter(name), rows)))
+            self.codes[name] = _encode(map(attrgetter(name), rows), len(rows))
+
+    def take(self, rows: np.ndarray) -> OfferTable:
+        """The table of `rows` (ascending row indexes), without reading an offer again: its
+        columns are this table's, indexed (a dictionary keeps every value, also those no row
+        of the subset has), and so are its shapes; what depends on the rows is rebuilt when
+        first read. Ranks the same as a table built from those offers."""
+        picked = np.asarray(rows, dtype=np.int64)
+        offers = tuple(map(self.offers.__getitem__, picked.tolist()))
+        numbers = {name: column[picked] for name, column in self.numbers.items()}
+        codes = {name: Codes(c.codes[picked], c.values) for name, c in self.codes.items()}
+        # A value's rank depends on the dictionary alone (kept whole): carried as it is.
+        memo = {k: v for k, v in self._memo.items() if k.startswith("ranks:")}
+        shapes = self._memo.get("shape_ids")
+        if shapes is not None:
+            _, first, ids = np.unique(shapes[0][picked], return_index=True, return_inverse=True)
+            memo["shape_ids"] = (ids.reshape(-1).astype(np.int64), first.astype(np.int64))
+        return OfferTable(offers, numbers, codes, memo)
 
     def __len__(self) -> int:
         return len(self.offers)

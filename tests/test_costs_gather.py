@@ -15,6 +15,7 @@ from optimizer.jobs import budget as job_budget
 from optimizer.jobs.ledger import SETTLE, Ledger
 from optimizer.model import Market
 from optimizer.store import Store
+from policies.table import OfferTable
 from tests.helpers import make_offer
 from tests.helpers.costs import T0, at, attempt, ended, observe
 
@@ -260,6 +261,17 @@ def test_the_budget_counts_the_ledgers_spend_and_live_attempts_at_their_current_
     assert running is not None
     replaced = job_budget.committed(store, "team", now, offers, replacing=running.id)
     assert replaced.spent_usd == pytest.approx(spend.spent_usd) and replaced.live_attempts == 0
+    # The latest offers as a table (what a launch ranks) give the same current prices, found
+    # by column, with another pool and a dearer regional offer beside the attempt's.
+    listed = [
+        *offers,
+        make_offer(zone=None, usd_per_hour=0.9, observed_at=now),
+        make_offer(zone="use1-az9", usd_per_hour=0.1, observed_at=now),
+    ]
+    assert job_budget.committed(store, "team", now, OfferTable.from_offers(listed)) == (
+        job_budget.committed(store, "team", now, listed)
+    )
+    assert job_budget.committed(store, "team", now, OfferTable.from_offers(listed)) == spend
 
 
 def test_the_reconcile_pass_freezes_what_ended(store: Store) -> None:

@@ -244,6 +244,63 @@ def test_columnar_engine_matches_the_row_engine(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+@given(rows=st.lists(offers(), max_size=40), copies=st.integers(1, 3))
+def test_a_tables_columns_and_shapes_read_back_every_offer(rows: list[Offer], copies: int) -> None:
+    """The build encodes each row's shape at once (policies/table.py): every column still
+    reads back each offer's own value, and two rows share a shape id exactly where their
+    shape fields agree, the shape's first row being the first such row."""
+    listed = rows * copies
+    table = OfferTable.from_offers(listed)
+    for name, spec in Offer.__dataclass_fields__.items():
+        if spec.type in ("int", "float"):
+            got = table.number(name).tolist()
+        else:
+            column = table.column(name)
+            got = [column.values[c] for c in column.codes.tolist()]
+        assert got == [getattr(o, name) for o in listed], name
+    ids, first = table.shape_ids()
+    seen: dict[tuple[Any, ...], int] = {}
+    for row, offer in enumerate(listed):
+        shape = tuple(getattr(offer, f) for f in SHAPE_FIELDS)
+        start = seen.setdefault(shape, row)
+        assert ids[row] == ids[start] and first[ids[row]] == start
+    assert len(first) == len(seen)
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    policy=policies(),
+    rows=st.lists(offers(), max_size=40),
+    copies=st.integers(1, 3),
+    measured=measurements(),
+    data=st.data(),
+)
+def test_a_tables_subset_ranks_as_a_table_built_from_those_offers(
+    policy: Policy, rows: list[Offer], copies: int, measured: Measured | None, data: st.DataObject
+) -> None:
+    """`OfferTable.take` (a launch's ranking less its cooled pools) reuses the columns,
+    shapes and ranks of the kept table; it must rank as a table built afresh."""
+    listed = rows * copies
+    table = OfferTable.from_offers(listed)
+    evaluate(policy, table, NOW, measured=measured)  # its memos built, as a kept table's are
+    keep = sorted(data.draw(st.sets(st.integers(0, len(listed) - 1))) if listed else set())
+    subset = table.take(np.array(keep, dtype=np.int64))
+    fresh = OfferTable.from_offers([listed[i] for i in keep])
+    _same(
+        evaluate(policy, subset, NOW, measured=measured),
+        evaluate(policy, fresh, NOW, measured=measured),
+    )
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(
     policy=policies(),
     rows=st.lists(offers(), min_size=1, max_size=40),

@@ -24,6 +24,7 @@ from typing import Any
 from optimizer.alerts.outbox import Emitter
 from optimizer.daemon.policies import PolicyRegistry
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow, measured
+from optimizer.jobs.offer_table import latest_table
 from optimizer.model import EventKind, Market, Offer
 from optimizer.store import NewEvent, Store
 from policies.engine import OfferTable, Ranking, evaluate
@@ -275,10 +276,11 @@ class PriceWatch:
             stored = self.store.policies.price_signals()
             raised = 0
             if policies:
-                # One table for every policy: the columns are built once per poll. With no
-                # policy in force nothing reads it, and an idle daemon does not pay for it
-                # (the table loads pyarrow to encode its text columns).
-                offers = OfferTable.from_offers(self.store.prices.latest_offers())
+                # One table for every policy, built once per change of the offers and kept for
+                # the launches and GET /offers that rank them next (optimizer/jobs/
+                # offer_table.py). With no policy in force nothing reads it, and an idle
+                # daemon does not pay for it (a large table loads pyarrow for its text columns).
+                offers = latest_table(self.store)
                 found = measured(self.store, self.probe_window)
             for name, loaded in sorted(policies.items()):
                 # Ranked as the policy in force now; a window change counts as an edit (the

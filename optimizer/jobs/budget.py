@@ -19,16 +19,18 @@ from datetime import datetime
 
 from optimizer.jobs.gang import head_number
 from optimizer.jobs.ledger import Ledger
+from optimizer.jobs.offer_table import pool_rows
 from optimizer.model import Offer
 from optimizer.store import Store
 from policies import budget
+from policies.table import OfferTable
 
 
 def committed(
     store: Store,
     policy: str,
     now: datetime,
-    offers: Iterable[Offer],
+    offers: OfferTable | Iterable[Offer],
     *,
     replacing: int | None = None,
 ) -> budget.Committed:
@@ -38,22 +40,50 @@ def committed(
     interrupted one, still running out its notice) is being replaced by the new one, so it
     counts for what it has spent but not for the rest of the month.
     """
-    prices: dict[tuple[str, str, str | None, str, str], float] = {}
-    for offer in offers:
-        pool = (offer.provider, offer.region, offer.zone, offer.instance_type, offer.market.value)
-        if offer.usd_per_hour < prices.get(pool, float("inf")):
-            prices[pool] = offer.usd_per_hour
     start, end = budget.month_bounds(now)
     spent = Ledger(store).total(since=start, until=end, policy=policy, now=now).total_usd
+    live = [
+        a
+        for a in store.jobs.policy_attempts(policy, start)
+        if a.ended_at is None and a.job_id != replacing
+    ]
+    wanted: set[PoolKey] = set()
+    for a in live:
+        provider, region, _zone, instance_type, market = a.pool
+        wanted |= {a.pool, (provider, region, None, instance_type, market)}
+    prices = _current_prices(offers, wanted)
     by_attempt: dict[tuple[int, int], list[budget.Live]] = {}
-    for a in store.jobs.policy_attempts(policy, start):
-        if a.ended_at is not None or a.job_id == replacing:
-            continue
+    for a in live:
         provider, region, _zone, instance_type, market = a.pool
         current = prices.get(a.pool, prices.get((provider, region, None, instance_type, market)))
         attempt = (a.job_id, head_number(a.number, a.gang))
         by_attempt.setdefault(attempt, []).append(budget.Live(a.usd_per_hour, current))
     return budget.committed(spent, [_one(nodes) for nodes in by_attempt.values()])
+
+
+PoolKey = tuple[str, str, str | None, str, str]
+
+
+def _current_prices(
+    offers: OfferTable | Iterable[Offer], pools: set[PoolKey]
+) -> dict[PoolKey, float]:
+    """The cheapest offer's USD/h of each of `pools` that the offers price: a table is
+    searched by its columns (the latest offers are 100k rows, the live attempts a few)."""
+    prices: dict[PoolKey, float] = {}
+    if not pools:
+        return prices
+    if isinstance(offers, OfferTable):
+        usd = offers.number("usd_per_hour")
+        for pool in pools:
+            rows = pool_rows(offers, pool)
+            if rows.any():
+                prices[pool] = float(usd[rows].min())
+        return prices
+    for offer in offers:
+        key = (offer.provider, offer.region, offer.zone, offer.instance_type, offer.market.value)
+        if key in pools and offer.usd_per_hour < prices.get(key, float("inf")):
+            prices[key] = offer.usd_per_hour
+    return prices
 
 
 def _one(nodes: list[budget.Live]) -> budget.Live:

@@ -47,7 +47,7 @@ T = TypeVar("T")
 
 class PassMemo:
     """Inputs read once per pass and shared by everything the pass runs: what does not change
-    within a pass (the latest offers, the probe figures; see ranking.pass_offers and
+    within a pass (the latest offers, the probe figures; see ranking.pass_table and
     ranking.pass_measured). Never what a pass itself changes (cooled pools, a policy's
     committed spend): those are read fresh where they are needed."""
 

@@ -27,7 +27,7 @@ from optimizer.jobs.migration import (
     PolicyMarket,
     RunningJob,
 )
-from optimizer.jobs.ranking import pass_measured, pass_offers, pool_of
+from optimizer.jobs.ranking import pass_measured, pass_table, pool_of
 from optimizer.jobs.recovery import Failure, strategy_for
 from optimizer.jobs.spec import job_spec
 from optimizer.jobs.utilization import rules_for
@@ -231,7 +231,8 @@ def gather(
         return Inputs((), {}, {}, skipped) if skipped else None
     mine = [j for j in jobs if j.policy in forced]
     # The pass's reading (`memo`), which its launches share.
-    offers = list(pass_offers(store, memo))
+    table = pass_table(store, memo)
+    offers = table.offers
     listed = {pool_of(o): o for o in offers}
     found = pass_measured(store, probe_window, memo)
     lookback = max(s.lookback for s in settings.values())
@@ -266,7 +267,7 @@ def gather(
         theirs = [j for j in running_jobs if j.policy == name]
         s = settings[name]
         try:
-            ranking = evaluate(policy, offers, now, measured=found)
+            ranking = evaluate(policy, table, now, measured=found)
             options = [Option(pool_of(c.offer), c.offer.usd_per_hour) for c in ranking.candidates]
             refused = _refusals(policy, theirs, listed, offers, now, found)
             pools = _could_be_targets(options, theirs, refused, s)

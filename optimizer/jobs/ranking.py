@@ -26,6 +26,7 @@ from typing import Protocol
 from optimizer.jobs import budget, expected
 from optimizer.jobs.context import PassMemo
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow, measured
+from optimizer.jobs.offer_table import latest_table, without_pools
 from optimizer.jobs.progress import job_progress
 from optimizer.jobs.spec import JobSpec, bucket_provider, job_spec
 from optimizer.model import Offer, Pool
@@ -33,7 +34,7 @@ from optimizer.store import JobRecord, Store
 from policies import budget as budget_model
 from policies import per_step, risk
 from policies.egress import DEFAULT_HORIZON_HOURS, StatePlace
-from policies.engine import Candidate, Ranking, evaluate
+from policies.engine import Candidate, OfferTable, Ranking, evaluate
 from policies.measured import Measured
 from policies.schedule import effective
 from policies.schema import Policy
@@ -44,12 +45,14 @@ def pool_of(offer: Offer) -> Pool:
     return offer.pool
 
 
-def pass_offers(store: Store, memo: PassMemo | None = None) -> tuple[Offer, ...]:
-    """Every pool's latest offer: read once per pass where the pass's memo is given (no new
-    prices are recorded by a pass), else read now."""
+def pass_table(store: Store, memo: PassMemo | None = None) -> OfferTable:
+    """Every pool's latest offer as the table the last change of them built
+    (optimizer/jobs/offer_table.py): taken once per pass where the pass's memo is given (no
+    new prices are recorded by a pass, and a poll meanwhile must not change the offers under
+    it), else taken now."""
     if memo is None:
-        return tuple(store.prices.latest_offers())
-    return memo.get("latest_offers", lambda: tuple(store.prices.latest_offers()))
+        return latest_table(store)
+    return memo.get("latest_table", lambda: latest_table(store))
 
 
 def pass_measured(
@@ -104,13 +107,14 @@ def launch_ranking(
     # An attempt records the zone its instance landed in, but a regional offer (on-demand
     # prices are per region) has no zone: avoid the offer's own, regional pool too.
     held |= {Pool(p, r, None, t, m) for p, r, _zone, t, m in held}
-    listed = pass_offers(store, memo)
-    offers = [o for o in listed if pool_of(o) not in held]
+    table = pass_table(store, memo)
+    listed = table.offers
+    offers = without_pools(table, held)
     spend = budget_model.NOTHING
     if policy.budget.monthly_usd is not None:
         # Read fresh for each launch too: each launch of the pass adds a live attempt, which
         # the next launch's budget check must count.
-        spend = budget.committed(store, policy_name, now, listed, replacing=replacing)
+        spend = budget.committed(store, policy_name, now, table, replacing=replacing)
     found = pass_measured(store, window, memo)
     ranking = evaluate(policy, offers, now, measured=found, committed=spend, state=state)
     if policy.rank_by == "expected_cost" and ranking.candidates:
@@ -122,7 +126,7 @@ def launch_ranking(
             speeds = step_speeds(store, replacing, listed, found, ranking.dtype, now)
         ranked = per_step.by_price_per_step(ranking.candidates, speeds, ranking.dtype)
         ranking = replace(ranking, candidates=tuple(ranked))
-    return LaunchRanking(ranking, spend, len(listed) - len(offers))
+    return LaunchRanking(ranking, spend, len(table) - len(offers))
 
 
 def step_speeds(

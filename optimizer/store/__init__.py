@@ -49,7 +49,7 @@ from optimizer.store.history import PricePoint, PruneBatch, Retention, Tier
 from optimizer.store.jobs import AttemptRecord, Jobs, token_sha256
 from optimizer.store.logs import Appended, LogChunk, Logs, NewChunk
 from optimizer.store.policies import Policies
-from optimizer.store.prices import Prices
+from optimizer.store.prices import OffersVersion, Prices
 from optimizer.store.probes import FailureStreak, ProbeRecord, Probes, TypeFigures
 from optimizer.store.progress import Progress
 from optimizer.store.records import (
@@ -89,10 +89,12 @@ __all__ = [
     "LogChunk",
     "NewChunk",
     "NewEvent",
+    "OffersVersion",
     "OutboxItem",
     "PolicyVersionRecord",
     "PollStatusRecord",
     "PricePoint",
+    "Prices",
     "ProbeRecord",
     "Progress",
     "ProgressRecord",

@@ -10,6 +10,8 @@ costs more than the insert itself; every write is one transaction.
 from __future__ import annotations
 
 import json
+import threading
+from collections import deque
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -63,6 +65,15 @@ def _latest_row(offer: Offer) -> dict[str, Any]:
     return row
 
 
+# How many writes `changed_providers` can walk back through.
+_WRITES_KEPT = 64
+
+
+OffersVersion = tuple[int, int]
+"""What the latest offers were at (`Prices.offers_version`): the newest price history row in
+the database, and how many writes this process has made."""
+
+
 def _offer(row: Row[Any]) -> Offer:
     values = row._mapping
     fields = {name: values[name] for name in STORED_FIELDS}
@@ -89,6 +100,13 @@ class Prices:
     def __init__(self, db: Database) -> None:
         self._db = db
         self._upsert = _upsert_latest(db.dialect)
+        # Writes are one at a time in a process, so each one's versions before and after
+        # are exact (a PostgreSQL sequence hands out ids before the commits that show them).
+        self._write_lock = threading.Lock()
+        self._writes_made = 0
+        self._writes: deque[tuple[OffersVersion, OffersVersion, frozenset[str]]] = deque(
+            maxlen=_WRITES_KEPT
+        )
 
     def record_offers(self, offers: Iterable[Offer]) -> int:
         """Append offers to price history and advance each pool's latest price; one transaction.
@@ -101,19 +119,52 @@ class Prices:
         offers = (offer for offer in offers if offer.market is not Market.COMMITTED)
         newest: dict[Pool, Offer] = {}
         written = 0
-        with self._db.begin() as conn:
-            for chunk in chunks(offers, CHUNK_ROWS):
-                conn.execute(insert(_HISTORY), [_history_row(offer) for offer in chunk])
-                written += len(chunk)
-                for offer in chunk:
-                    # One row per pool per statement: PostgreSQL refuses to upsert a row twice
-                    # in one command, and it saves work on both engines.
-                    held = newest.get(offer.pool)
-                    if held is None or offer.observed_at >= held.observed_at:
-                        newest[offer.pool] = offer
-            for rows in chunks(map(_latest_row, newest.values()), CHUNK_ROWS):
-                conn.execute(self._upsert, rows)
+        with self._write_lock:
+            with self._db.begin() as conn:
+                before = (self._newest_history_id(conn), self._writes_made)
+                for chunk in chunks(offers, CHUNK_ROWS):
+                    conn.execute(insert(_HISTORY), [_history_row(offer) for offer in chunk])
+                    written += len(chunk)
+                    for offer in chunk:
+                        # One row per pool per statement: PostgreSQL refuses to upsert a row
+                        # twice in one command, and it saves work on both engines.
+                        held = newest.get(offer.pool)
+                        if held is None or offer.observed_at >= held.observed_at:
+                            newest[offer.pool] = offer
+                for rows in chunks(map(_latest_row, newest.values()), CHUNK_ROWS):
+                    conn.execute(self._upsert, rows)
+                after_id = self._newest_history_id(conn)
+            if written:
+                self._writes_made += 1
+                after = (after_id, self._writes_made)
+                self._writes.append((before, after, frozenset(p for p, *_ in newest)))
         return written
+
+    @staticmethod
+    def _newest_history_id(conn: Any) -> int:
+        return int(conn.execute(select(func.max(_HISTORY.c.id))).scalar() or 0)
+
+    def offers_version(self) -> OffersVersion:
+        """A value that changes whenever the latest offers may have: the newest price history
+        row (every write adds rows, this process's or another replica's) and this process's
+        count of writes (SQLite may hand out an id again after a prune). Read it before the
+        offers it stands for: offers newer than their version are read again, never missed."""
+        with self._db.connect() as conn:
+            return (self._newest_history_id(conn), self._writes_made)
+
+    def changed_providers(self, since: OffersVersion, now: OffersVersion) -> frozenset[str] | None:
+        """The providers whose latest offers this process's writes changed between two
+        versions, or None where something else may have changed them too (another replica's
+        write, a write older than those kept): then read them all."""
+        changed: set[str] = set()
+        at = since
+        for before, after, providers in list(self._writes):
+            if at == now:
+                break
+            if before == at:
+                changed |= providers
+                at = after
+        return frozenset(changed) if at == now else None
 
     def latest_offers(
         self,
