@@ -20,7 +20,7 @@ from datetime import datetime
 from optimizer.jobs.gang import head_number
 from optimizer.jobs.ledger import Ledger
 from optimizer.jobs.offer_table import pool_rows
-from optimizer.model import Offer
+from optimizer.model import Offer, Pool
 from optimizer.store import Store
 from policies import budget
 from policies.table import OfferTable
@@ -47,29 +47,25 @@ def committed(
         for a in store.jobs.policy_attempts(policy, start)
         if a.ended_at is None and a.job_id != replacing
     ]
-    wanted: set[PoolKey] = set()
+    wanted: set[Pool] = set()
     for a in live:
         provider, region, _zone, instance_type, market = a.pool
-        wanted |= {a.pool, (provider, region, None, instance_type, market)}
+        wanted |= {a.pool, Pool(provider, region, None, instance_type, market)}
     prices = _current_prices(offers, wanted)
     by_attempt: dict[tuple[int, int], list[budget.Live]] = {}
     for a in live:
         provider, region, _zone, instance_type, market = a.pool
-        current = prices.get(a.pool, prices.get((provider, region, None, instance_type, market)))
+        regional = Pool(provider, region, None, instance_type, market)
+        current = prices.get(a.pool, prices.get(regional))
         attempt = (a.job_id, head_number(a.number, a.gang))
         by_attempt.setdefault(attempt, []).append(budget.Live(a.usd_per_hour, current))
     return budget.committed(spent, [_one(nodes) for nodes in by_attempt.values()])
 
 
-PoolKey = tuple[str, str, str | None, str, str]
-
-
-def _current_prices(
-    offers: OfferTable | Iterable[Offer], pools: set[PoolKey]
-) -> dict[PoolKey, float]:
+def _current_prices(offers: OfferTable | Iterable[Offer], pools: set[Pool]) -> dict[Pool, float]:
     """The cheapest offer's USD/h of each of `pools` that the offers price: a table is
     searched by its columns (the latest offers are 100k rows, the live attempts a few)."""
-    prices: dict[PoolKey, float] = {}
+    prices: dict[Pool, float] = {}
     if not pools:
         return prices
     if isinstance(offers, OfferTable):
@@ -80,7 +76,7 @@ def _current_prices(
                 prices[pool] = float(usd[rows].min())
         return prices
     for offer in offers:
-        key = (offer.provider, offer.region, offer.zone, offer.instance_type, offer.market.value)
+        key = offer.pool
         if key in pools and offer.usd_per_hour < prices.get(key, float("inf")):
             prices[key] = offer.usd_per_hour
     return prices
