@@ -200,6 +200,7 @@ def test_the_register_answer_says_where_the_code_is(daemon: Daemon, tmp_path: Pa
             json={"attempt_key": f"{plain}-1"},
             headers={"Authorization": f"Bearer {plain_token}"},
         )
+    assert answer.status_code == 200, answer.text
     assert "code" not in answer.json()["job"]
 
 
