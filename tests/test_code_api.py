@@ -14,7 +14,7 @@ from optimizer.code import pack
 from optimizer.daemon.service import Daemon
 from optimizer.store.jobs import token_sha256
 from tests.helpers import make_offer
-from tests.helpers.daemon import api, make_config, running
+from tests.helpers.daemon import api, make_config, running, without_job_passes
 from tests.helpers.offers import T0
 from tests.helpers.policies import write_policy
 
@@ -38,6 +38,7 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
         tmp_path / "data", policy_dir=tmp_path / "policies", code={"max_mib": CAP_MIB}
     )
     with running(config) as d:
+        without_job_passes(d)  # the tests play the jobs' agents
         yield d
 
 

@@ -26,6 +26,7 @@ from tests.helpers import (
     steady_clock,
     wait_until,
 )
+from tests.helpers.daemon import without_job_passes
 
 pytestmark = pytest.mark.usefixtures("daemon_env")
 
@@ -37,6 +38,7 @@ H2 = "==> attempt 2 · aws us-east-1 p5.48xlarge on_demand · i-train-2 <=="
 def daemon(tmp_path: Path) -> Iterator[Daemon]:
     config = make_config(tmp_path, logs={"max_bytes_per_job": 65536})
     with running(config, clock=steady_clock()) as d:
+        without_job_passes(d)  # the tests play the jobs' agents
         yield d
 
 

@@ -28,6 +28,7 @@ from tests.helpers import (
     wait_until,
     write_policy,
 )
+from tests.helpers.daemon import without_job_passes
 from tests.helpers.probes import probe_json
 
 pytestmark = pytest.mark.usefixtures("daemon_env")
@@ -61,6 +62,7 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
     with running(config, sources={"local": source}, clock=steady_clock()) as d, api(d) as client:
         wait_until(lambda: client.get("/readyz").status_code == 200, what="readiness")
         wait_until(lambda: len(d.store.prices.latest_offers()) == 2, what="offers stored")
+        without_job_passes(d)  # the tests play the jobs' agents
         yield d
 
 

@@ -63,6 +63,22 @@ def running(config: DaemonConfig, **kwargs: Any) -> Iterator[Daemon]:
         daemon.stop()
 
 
+def without_job_passes(daemon: Daemon) -> None:
+    """Take the job reconciler out of the daemon's passes, and return once no pass that ran
+    it is left in flight. For tests that write jobs and attempts into the store themselves and
+    call the API as their agents: a pass would manage those jobs (launch them, or end attempts
+    whose instances no provider knows) while the test talks to the API as their agents."""
+    from optimizer.jobs.reconcile import JobReconciler
+
+    loop = daemon.reconcile
+    loop.reconcilers = [r for r in loop.reconcilers if not isinstance(r, JobReconciler)]
+    # Two passes from now: the second began after the first ended, so with the new list.
+    before = loop.passes
+    for more in (1, 2):
+        loop.wakeup.set()
+        wait_until(lambda n=more: loop.passes >= before + n, 30, "a reconcile pass")
+
+
 def api(daemon: Daemon, token: str | None = TOKEN) -> httpx.Client:
     """A client of the daemon's API, with the test token unless told otherwise."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
