@@ -64,7 +64,7 @@ def record_reports(
     if bucket is None:
         return
     for event in mine:
-        at = _when(event.get("at"), now, earliest=attempt.started_at - MAX_CLOCK_AHEAD)
+        at = report_time(event, attempt, now)
         data = dict(event.get("data") or {})
         kind = event["kind"]
         if kind == "checkpoint_committed":
@@ -77,9 +77,10 @@ def record_reports(
             _failed(store, emitter, attempt, job, data, at)
 
 
-def _when(raw: Any, now: datetime, *, earliest: datetime) -> datetime:
-    """The agent's time for a report, where it is a zoned ISO time between the attempt's
-    start and now (both give or take MAX_CLOCK_AHEAD); else now."""
+def report_time(event: Mapping[str, Any], attempt: AttemptRecord, now: datetime) -> datetime:
+    """The agent's time for a report (its `at`), where it is a zoned ISO time between the
+    attempt's start and now (both give or take MAX_CLOCK_AHEAD); else now."""
+    raw, earliest = event.get("at"), attempt.started_at - MAX_CLOCK_AHEAD
     if isinstance(raw, str):
         try:
             parsed = parse_utc(raw)
@@ -231,4 +232,4 @@ def _failure(name: str, error: str) -> str:
     return f"could not use its checkpoint bucket: {error}"
 
 
-__all__ = ["KINDS", "checkpoint_uri", "record_reports"]
+__all__ = ["KINDS", "MAX_CLOCK_AHEAD", "checkpoint_uri", "record_reports", "report_time"]

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from optimizer.clock import parse_utc, utc_text
-from optimizer.jobs.checkpoint_reports import MAX_CLOCK_AHEAD
+from optimizer.clock import utc_text
+from optimizer.jobs.checkpoint_reports import report_time
 from optimizer.lifecycle import TERMINAL_JOB_STATES
 from optimizer.protocol import PROGRESS_EVENT
 from optimizer.store import JobRecord, ProgressRecord, Store
@@ -186,7 +186,7 @@ def record_progress(
 ) -> None:
     """Fold the attempt's `progress` events (agent events with id, kind, at and data, already
     validated, `protocol.ProgressData`) into its row; the agent's time for each, where it is
-    plausible (between the attempt's start and now, give or take MAX_CLOCK_AHEAD), else now."""
+    plausible (`checkpoint_reports.report_time`), else now."""
     for event in events:
         if event.get("kind") != PROGRESS_EVENT:
             continue
@@ -198,19 +198,8 @@ def record_progress(
             instance_type=attempt.instance_type,
             step=int(data["step"]),
             total=None if total is None else int(total),
-            at=_when(event.get("at"), now, earliest=attempt.started_at - MAX_CLOCK_AHEAD),
+            at=report_time(event, attempt, now),
         )
-
-
-def _when(raw: Any, now: datetime, *, earliest: datetime) -> datetime:
-    if isinstance(raw, str):
-        try:
-            parsed = parse_utc(raw)
-        except (ValueError, OverflowError):
-            return now
-        if parsed.tzinfo is not None and earliest <= parsed <= now + MAX_CLOCK_AHEAD:
-            return parsed
-    return now
 
 
 __all__ = [
