@@ -60,17 +60,20 @@ def test_reading_a_trace_rescales_its_tick_and_names_the_file_in_errors(tmp_path
     assert trace.counts == (1, 0, 2) and trace.tick_s == 5 and trace.span_s == 15
     assert read_trace(tmp_path / "us-east-1a_v100_1.json").tick_s == 3600
     for doc, said in (
-        ({"data": [1]}, "metadata.gap_seconds is missing"),
-        ({"metadata": {"gap_seconds": 0}, "data": [1]}, "metadata.gap_seconds must be a number"),
-        ({"metadata": {"gap_seconds": 60}, "data": []}, "data must be a non-empty list"),
-        ({"metadata": {"gap_seconds": 60}, "data": [1, -1]}, r"data\[1\]: -1 is not a count"),
+        ({"data": [1]}, "metadata.gap_seconds: missing"),
+        (
+            {"metadata": {"gap_seconds": 0}, "data": [1]},
+            "metadata.gap_seconds: expected a positive",
+        ),
+        ({"metadata": {"gap_seconds": 60}, "data": []}, "data: empty"),
+        ({"metadata": {"gap_seconds": 60}, "data": [1, -1]}, r"data\[1\]: expected a whole count"),
     ):
         bad = tmp_path / "bad.json"
         bad.write_text(json.dumps(doc))
         with pytest.raises(TraceError, match=f"bad.json: {said}"):
             read_trace(bad)
     (tmp_path / "text.json").write_text("not json")
-    with pytest.raises(TraceError, match=r"text\.json: not JSON"):
+    with pytest.raises(TraceError, match=r"text\.json: line 1: not JSON"):
         read_trace(tmp_path / "text.json")
 
 
@@ -125,7 +128,7 @@ def test_gpuopt_local_capacity_trace_reaches_the_running_cloud(
     assert controls.load(cloud.state).traces == {}
 
     for args, said in (
-        (("--trace", str(tmp_path / "none.json")), "none.json: cannot be read"),
+        (("--trace", str(tmp_path / "none.json")), "none.json: cannot read"),
         (("--trace", str(path), "--pool", ON_DEMAND), "is an on-demand pool"),
         (("--tick", "5", "--no-trace"), "--tick goes with --trace"),
     ):

@@ -10,14 +10,10 @@ ignored.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-
-class TraceError(ValueError):
-    """A trace that cannot be read: the message names the file and what is wrong."""
+from optimizer.common.spot_traces import TraceError, read_counts
 
 
 @dataclass(frozen=True)
@@ -28,43 +24,12 @@ class Trace:
     counts: tuple[int, ...]  # spot instances obtainable at each tick
 
 
-def _fail(path: Path, problem: str) -> TraceError:
-    return TraceError(f"{path}: {problem}")
-
-
 def read_trace(path: Path) -> Trace:
-    """One trace file."""
-    try:
-        raw: Any = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise _fail(path, f"cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise _fail(path, "not UTF-8 text") from None
-    except json.JSONDecodeError as exc:
-        raise _fail(path, f"line {exc.lineno}: not JSON: {exc.msg}") from None
-    if not isinstance(raw, dict):
-        raise _fail(path, "expected an object with `metadata` and `data`")
-    metadata = raw.get("metadata")
-    if not isinstance(metadata, dict) or "gap_seconds" not in metadata:
-        raise _fail(path, "metadata.gap_seconds: missing")
-    gap = metadata["gap_seconds"]
-    if isinstance(gap, bool) or not isinstance(gap, int | float) or not gap > 0:
-        raise _fail(path, f"metadata.gap_seconds: expected a positive number, got {gap!r}")
-    data = raw.get("data")
-    if not isinstance(data, list):
-        raise _fail(path, "data: missing or not a list")
-    if not data:
-        raise _fail(path, "data: empty")
-    counts: list[int] = []
-    for i, value in enumerate(data):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise _fail(path, f"data[{i}]: expected a count, got {value!r}")
-        if value < 0 or value != int(value):
-            raise _fail(path, f"data[{i}]: expected a whole count >= 0, got {value!r}")
-        counts.append(int(value))
+    """One trace file (the format is read by `optimizer.common.spot_traces`)."""
+    gap, counts = read_counts(path)
     stem = path.name.removesuffix(".json")
     zone = stem.split("_", 1)[0] or stem
-    return Trace(name=path.name, zone=zone, gap_s=float(gap), counts=tuple(counts))
+    return Trace(name=path.name, zone=zone, gap_s=gap, counts=counts)
 
 
 def read_traces(path: Path) -> list[Trace]:
@@ -77,3 +42,6 @@ def read_traces(path: Path) -> list[Trace]:
     if not path.exists():
         raise TraceError(f"{path}: no such file or folder")
     return [read_trace(path)]
+
+
+__all__ = ["Trace", "TraceError", "read_trace", "read_traces"]

@@ -12,18 +12,13 @@ takes minutes. After the last tick the last count holds.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-MAX_TICKS = 1_000_000  # a year of one-minute ticks, and then some
-
-
-class TraceError(ValueError):
-    """A trace file that cannot be followed; the message names the file and what is wrong."""
+from optimizer.common.spot_traces import MAX_TICKS, TraceError, read_counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,40 +64,10 @@ class CapacityTrace:
         )
 
 
-def _count(value: Any, where: str) -> int:
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, int) and value >= 0:
-        return value
-    if isinstance(value, float) and math.isfinite(value) and value >= 0 and value.is_integer():
-        return int(value)
-    raise TraceError(f"{where}: {value!r} is not a count of instances (a whole number >= 0)")
-
-
 def read_trace(path: Path, *, tick_s: float | None = None) -> CapacityTrace:
-    """A trace file in the public format, each tick lasting `tick_s` real seconds (default:
-    the trace's own `gap_seconds`)."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise TraceError(f"{path}: not JSON ({exc})") from None
-    if not isinstance(doc, dict):
-        raise TraceError(f'{path}: expected an object with "metadata" and "data"')
-    meta, data = doc.get("metadata"), doc.get("data")
-    if not isinstance(meta, dict) or "gap_seconds" not in meta:
-        raise TraceError(f"{path}: metadata.gap_seconds is missing")
-    gap = meta["gap_seconds"]
-    if isinstance(gap, bool) or not isinstance(gap, int | float) or not (0 < gap < math.inf):
-        raise TraceError(f"{path}: metadata.gap_seconds must be a number of seconds above 0")
-    if not isinstance(data, list) or not data:
-        raise TraceError(f"{path}: data must be a non-empty list of counts")
-    if len(data) > MAX_TICKS:
-        raise TraceError(f"{path}: data has {len(data)} ticks; at most {MAX_TICKS}")
-    counts = tuple(_count(v, f"{path}: data[{i}]") for i, v in enumerate(data))
+    """A trace file in the public format (read by `optimizer.common.spot_traces`), each tick
+    lasting `tick_s` real seconds (default: the trace's own `gap_seconds`)."""
+    gap, counts = read_counts(path)
     if tick_s is not None and not (0 < tick_s < math.inf):
         raise TraceError(f"--tick must be a number of seconds above 0, got {tick_s:g}")
     return CapacityTrace(counts, float(tick_s if tick_s is not None else gap), path.name)
