@@ -24,6 +24,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from optimizer.common.units import duration_text
+
 Number = int | float
 Object = dict[str, Any]
 
@@ -181,20 +183,10 @@ class DeadlineView(Answer):
         if self.work_left_s is None:
             told = "work left unknown (watched for a miss only)"
         else:
-            slack = "-" if self.slack_s is None else _span(self.slack_s)
-            told = f"work left {_span(self.work_left_s)}, slack {slack}"
+            slack = "-" if self.slack_s is None else duration_text(self.slack_s)
+            told = f"work left {duration_text(self.work_left_s)}, slack {slack}"
         flag = " (missed)" if self.missed else " (at risk)" if self.at_risk else ""
         return f"{when}; {told}{flag}"
-
-
-def _span(seconds: float) -> str:
-    """`5.2 h`, `42 min`, `30 s`; negative spans keep their sign."""
-    size = abs(seconds)
-    if size >= 3600:
-        return f"{seconds / 3600:.1f} h"
-    if size >= 120:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds:.0f} s"
 
 
 class JobDetail(JobView):

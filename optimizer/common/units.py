@@ -1,4 +1,4 @@
-"""Sizes as people read them."""
+"""Sizes and durations as people read them."""
 
 from __future__ import annotations
 
@@ -17,4 +17,14 @@ def size_text(n: int) -> str:
     raise AssertionError("unreachable")
 
 
-__all__ = ["size_text"]
+def duration_text(seconds: float) -> str:
+    """`5.2 h`, `42 min`, `30 s`; a negative span keeps its sign."""
+    size = abs(seconds)
+    if size >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if size >= 120:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"
+
+
+__all__ = ["duration_text", "size_text"]

@@ -246,10 +246,6 @@ def offered(
     )
 
 
-def _hours(seconds: float) -> str:
-    return f"{seconds / 3600:.2f} h" if abs(seconds) >= 360 else f"{seconds:.0f} s"
-
-
 def describe(s: Situation) -> dict[str, Any]:
     """A situation's figures for an event or the job's view (seconds)."""
     return {
