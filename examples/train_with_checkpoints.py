@@ -73,6 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.steps < 1 or args.checkpoint_every < 1:
         parser.error("--steps and --checkpoint-every must be >= 1")
+    if args.engine not in ("auto", "torch", "numpy"):  # argparse leaves a default unchecked
+        parser.error(f"TRAIN_ENGINE: {args.engine!r} is not auto, torch or numpy")
     return args
 
 

@@ -156,3 +156,16 @@ def test_the_example_job_spec_and_its_policy_are_well_formed() -> None:
     # The spec ships its own folder as code (docs/code.md), and runs the script from it.
     assert job["workdir"] == "." and "python train_with_checkpoints.py" in job["run"]
     assert (examples / job["workdir"] / "train_with_checkpoints.py").is_file()
+
+
+def test_an_unknown_engine_in_the_environment_is_refused_by_name(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [*ARGS, "--steps", "1", "--checkpoint-dir", str(tmp_path)],
+        env={**os.environ, "TRAIN_ENGINE": "bogus"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "TRAIN_ENGINE: 'bogus' is not auto, torch or numpy" in done.stderr
+    assert not list(tmp_path.iterdir())  # nothing trained, nothing written
