@@ -420,7 +420,9 @@ def test_a_bucket_gone_during_a_handover_leaves_the_job_running_and_says_so(
     or the power-off ends it; the replacement's restore is tried three times, then its job
     starts without a checkpoint, and `checkpoint_failed` says why; the last checkpoint of a
     job that ends on its own is tried for GPUOPT_AGENT_FLUSH_S before its exit is reported."""
-    name, steps = "orphaned", 200
+    # long enough (0.05 s a step) that the first attempt is still training when its
+    # interruption comes, after the outage and the failed upload, on a loaded host
+    name, steps = "orphaned", 600
     with contextlib.ExitStack() as outage:
         s3 = outage.enter_context(s3_server())
         use_env(monkeypatch, s3.env)
