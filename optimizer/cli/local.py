@@ -169,10 +169,14 @@ def telemetry(
     memory: Annotated[
         float, typer.Option("--memory", help="GPU memory used, a fraction 0..1 of the total.")
     ] = 0.0,
-    gpus: Annotated[int, typer.Option("--gpus", min=1, help="How many GPUs to report.")] = 1,
+    gpus: Annotated[
+        int | None,
+        typer.Option("--gpus", min=1, help="How many GPUs to report (default: the type's)."),
+    ] = None,
     memory_gib: Annotated[
-        float, typer.Option("--memory-gib", help="Memory of each simulated GPU, GiB.")
-    ] = 80.0,
+        float | None,
+        typer.Option("--memory-gib", help="Memory of each GPU, GiB (default: the type's)."),
+    ] = None,
     every: Annotated[
         float, typer.Option("--every", help="Seconds between the agent's readings.")
     ] = 10.0,
@@ -184,7 +188,7 @@ def telemetry(
         fail("give --util (and --memory), or --clear")
     cloud = _cloud(_existing(state_dir))
     try:
-        cloud.inject_telemetry(
+        record = cloud.inject_telemetry(
             instance,
             util=None if clear else util,
             memory=memory,
@@ -197,9 +201,12 @@ def telemetry(
     if clear:
         print(f"{instance}: simulated GPU telemetry cleared")
     else:
+        from providers.local.cloud import TELEMETRY
+
+        shown = record.extra[TELEMETRY]
         print(
             f"{instance}: simulated GPU telemetry: utilization {util:.0%}, memory {memory:.0%} "
-            f"of {gpus} x {memory_gib:g} GiB, every {every:g} s"
+            f"of {shown['gpus']} x {shown['memory_gib']:g} GiB, every {every:g} s"
         )
 
 
