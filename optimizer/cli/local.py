@@ -106,15 +106,43 @@ def list_instances(
         )
         return
     rows = []
+    labels = job_labels(records)
     for r in records:
         detail = r.detail
         if r.interruption is not None and not r.ended:
             detail = f"interrupted: power-off at {_when(r.interruption.kill_at)}"
         price = f"{r.usd_per_hour:.4f}" + (" sim" if r.market == "spot" else "")
-        job = f"{r.job} #{r.attempt}" if r.job else r.key
+        job = labels[r.id]
         rows.append([r.id, _state(r), r.instance_type, r.zone, r.market, price, job, detail or "-"])
     headers = ["INSTANCE", "STATE", "TYPE", "ZONE", "MARKET", "$/h", "JOB", "DETAIL"]
     columns(headers, rows, right=["$/h"])
+
+
+def _job_id(key: str) -> int | None:
+    """The daemon's job id in an instance's launch key (`<job id>-<attempt>[-n<rank>]`)."""
+    head = key.split("-", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def job_labels(records: list[InstanceRecord]) -> dict[str, str]:
+    """Each instance's JOB cell: `name #attempt`. Job names are unique among the daemon's
+    jobs until one is removed, so where instances of two jobs share a name, every job but the
+    newest (the highest id in the launch keys) was removed: its instances say so, with its id,
+    and are never taken for the new job's."""
+    newest: dict[str, int] = {}
+    for r in records:
+        jid = _job_id(r.key)
+        if r.job and jid is not None:
+            newest[r.job] = max(newest.get(r.job, jid), jid)
+    labels = {}
+    for r in records:
+        if not r.job:
+            labels[r.id] = r.key
+            continue
+        jid = _job_id(r.key)
+        removed = jid is not None and jid < newest.get(r.job, jid)
+        labels[r.id] = f"{r.job} #{r.attempt}" + (f" (removed job {jid})" if removed else "")
+    return labels
 
 
 def _state(record: InstanceRecord) -> str:
