@@ -152,17 +152,24 @@ def test_without_a_daemon_the_file_is_ranked_here_with_a_note(tmp_path: Path) ->
     (data / "api-token").write_text("a-token-no-daemon-holds")
     nobody = f"http://127.0.0.1:{free_port()}"
     args = ("offers", "--policy", str(POLICY), "--explain")
-    snapshot = gpuopt(data, *args, api=nobody)
-    assert snapshot.returncode == 0, snapshot.stderr
-    assert snapshot.stderr == (
-        f"gpuopt: {POLICY} ranked here (source: snapshot), not by the daemon: cannot reach "
-        f"the daemon at {nobody}: connection refused (is it running?)\n"
+    here = gpuopt(data, *args, api=nobody)
+    assert here.returncode == 0, here.stderr
+    assert here.stderr == (
+        f"gpuopt: {POLICY} ranked here (source: local, snapshot), not by the daemon: cannot "
+        f"reach the daemon at {nobody}: connection refused (is it running?)\n"
     )
-    # Every snapshot row is another cloud's: the example policy takes none, and says why
-    # without asking for the --explain it was given.
-    assert "0 of 425 offers qualify" in snapshot.stdout
-    assert "run with --explain" not in snapshot.stdout
-    assert "the rejections by rule follow" in snapshot.stdout
+    # The policy names the local cloud: its own offers are ranked (computed here, as the
+    # daemon's local cloud lists them) beside the snapshot's clouds, which it rejects.
+    ranked = gpuopt(data, *args, "--json", api=nobody)
+    answer = json.loads(ranked.stdout)
+    assert answer["candidate_count"] > 0
+    assert {c["offer"]["provider"] for c in answer["candidates"]} == {"local"}
+    # At a given time, the local cloud's prices are those of that time, the same each run.
+    at = ("--at", "2026-03-02T10:00:00Z")
+    first, again = (json.loads(gpuopt(data, *args, "--json", *at, api=nobody).stdout) for _ in "ab")
+    assert first["candidates"] == again["candidates"]
+    assert {c["offer"]["observed_at"] for c in first["candidates"]} == {"2026-03-02T10:00:00Z"}
+    assert not (data / "local-cloud").exists()  # reading its offers creates nothing
 
     local = gpuopt(data, *args, "--provider", "local", "--json", api=nobody)
     assert local.returncode == 0, local.stderr

@@ -16,6 +16,8 @@ from optimizer.cli.client import ApiOption
 from optimizer.cli.common import fail
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from optimizer.model import Offer
     from policies.schema import Policy
 
@@ -151,6 +153,7 @@ def offers(
 
         arg = ranked.policy_arg(policy)
         wants = commitments or (arg.policy is not None and _allows_committed(arg.policy))
+        asked, rest = _policy_sources(providers, arg.policy)
         ranked.show(
             arg,
             query,
@@ -158,7 +161,9 @@ def offers(
             explain=explain,
             as_json=as_json,
             api=api,
-            gather=lambda: _gather(providers, region or (), commitments=wants),
+            gather=lambda: _gather(
+                asked, region or (), commitments=wants, snapshot_for_rest=rest, at=when
+            ),
             at=when,
         )
         return
@@ -203,15 +208,31 @@ def _allows_committed(policy: Policy) -> bool:
     )
 
 
+def _policy_sources(providers: list[str], policy: Policy | None) -> tuple[list[str], bool]:
+    """What a policy ranked here (no daemon) is ranked over, when no --provider says: the
+    local cloud's own offers where the policy may use it (computed here, as the daemon's local
+    cloud lists them), beside the snapshot for the clouds (never called unasked)."""
+    if providers or policy is None or "local" not in policy.placement.providers:
+        return providers, False
+    return ["local"], True
+
+
 def _gather(
-    providers: list[str], regions: Sequence[str], *, commitments: bool = False
+    providers: list[str],
+    regions: Sequence[str],
+    *,
+    commitments: bool = False,
+    snapshot_for_rest: bool = False,
+    at: datetime | None = None,
 ) -> tuple[list[Offer], str]:
     """The offers of the providers asked for (the snapshot when none), each source that
     could not run said in one line on stderr; committed offers are asked for only when
     `commitments` (the committed market is wanted): they take calls of their own."""
     from optimizer.cli.sources import gather
 
-    gathered = gather(providers, regions, commitments=commitments)
+    gathered = gather(
+        providers, regions, commitments=commitments, snapshot_for_rest=snapshot_for_rest, at=at
+    )
     for note in gathered.notes:
         print(f"gpuopt: {note}", file=sys.stderr)
     return gathered.offers, ", ".join(gathered.names)
