@@ -254,3 +254,33 @@ def test_offers_for_a_job_rank_with_what_moving_its_checkpoint_costs(
     other = gpuopt(data, "offers", "--job", "moving", "--policy", "other", api=daemon.url)
     assert other.returncode == 2
     assert "job moving runs under policy local-train, not other" in other.stderr
+
+
+def test_offers_lists_what_the_daemon_polls_with_simulated_prices_marked(
+    data: Path, daemon: DaemonProcess
+) -> None:
+    """Without --provider or --catalog, `gpuopt offers` lists the daemon's latest offers (here
+    the local cloud's, which the snapshot does not hold); simulated prices are marked."""
+    table = gpuopt(data, "offers", "--market", "spot", "--limit", "5", api=daemon.url)
+    assert table.returncode == 0 and table.stderr == "", table.stderr
+    text = " ".join(table.stdout.split())
+    assert f"(source: daemon at {daemon.url}: local)" in text
+    rows = [line for line in table.stdout.splitlines() if "│ local" in line]
+    assert len(rows) == 5 and all(" sim " in row for row in rows)
+    assert "sim: a simulated price (the local cloud's), not a quote" in text
+    listed = gpuopt(data, "offers", "--json", "--limit", "0", api=daemon.url)
+    offers = json.loads(listed.stdout)
+    assert {o["provider"] for o in offers} == {"local"} and len(offers) > 1000  # past a page
+    assert offers == sorted(offers, key=lambda o: o["usd_per_hour"])
+
+
+def test_without_a_daemon_offers_shows_the_snapshot_and_says_so(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "api-token").write_text("a-token-no-daemon-holds")
+    nobody = f"http://127.0.0.1:{free_port()}"
+    listed = gpuopt(data, "offers", "--limit", "2", api=nobody)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stderr.startswith("gpuopt: no daemon (cannot reach the daemon at ")
+    assert listed.stderr.rstrip().endswith("showing the bundled snapshot")
+    assert "(source: snapshot)" in " ".join(listed.stdout.split())

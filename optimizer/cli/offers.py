@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from datetime import datetime
 
     from optimizer.model import Offer
+    from optimizer.offers import OfferQuery
     from policies.schema import Policy
 
 
@@ -174,6 +175,8 @@ def offers(
         except CatalogError as exc:
             fail(str(exc))
         source_name = file_source.name
+    elif not providers and policy is None:
+        rows, source_name = _daemon_or_snapshot(api, query, commitments=commitments)
     else:
         rows, source_name = _gather(providers, region or (), commitments=commitments)
 
@@ -198,6 +201,36 @@ def offers(
     from optimizer.cli.render import offers_table
 
     offers_table(shown, total=len(chosen), source=source_name)
+
+
+DAEMON_PAGE = 1000  # the API's largest page
+
+
+def _daemon_or_snapshot(
+    api: str | None, query: OfferQuery, *, commitments: bool
+) -> tuple[list[Offer], str]:
+    """What `gpuopt offers` lists without --provider or --catalog: the latest offers of every
+    provider the daemon polls (the local cloud included) when one answers; else the bundled
+    snapshot, saying so on stderr."""
+    from optimizer.cli.client import NoDaemon, base_url, check, request
+    from optimizer.model import Offer
+
+    rows: list[Offer] = []
+    params: dict[str, object] = {"limit": DAEMON_PAGE, "offset": 0}
+    if query.market is not None:
+        params["market"] = query.market.value
+    try:
+        while True:
+            page = check(request("GET", "/offers", api, params=params))
+            rows.extend(Offer.from_dict(o) for o in page["offers"])
+            params["offset"] = int(str(params["offset"])) + DAEMON_PAGE
+            if int(str(params["offset"])) >= page["count"] or not page["offers"]:
+                break
+    except NoDaemon as exc:
+        print(f"gpuopt: no daemon ({exc}); showing the bundled snapshot", file=sys.stderr)
+        return _gather([], (), commitments=commitments)
+    polled = ", ".join(sorted({o.provider for o in rows})) or "no provider"
+    return rows, f"daemon at {base_url(api)}: {polled}"
 
 
 def _allows_committed(policy: Policy) -> bool:
