@@ -111,9 +111,7 @@ def job_rows(state: ApiState, job_state: str | None = None) -> list[JobRow]:
     out = []
     for j in jobs:
         mine = attempts.get(j.id)
-        out.append(
-            JobRow(j, mine[-1] if mine else None, spend.get(j.name), progress.get(j.id))
-        )
+        out.append(JobRow(j, mine[-1] if mine else None, spend.get(j.name), progress.get(j.id)))
     return out
 
 
