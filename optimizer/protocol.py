@@ -121,6 +121,7 @@ class JobExitedData(BaseModel):
     exit_code: StrictInt | None = Field(None, ge=-(2**31), le=2**31 - 1)
     signal: StrictInt | None = Field(None, ge=1, le=127)
     phase: str | None = Field(None, max_length=20)
+    error: str | None = Field(None, max_length=2000)  # why it failed: stderr's last line
     stopped: StrictBool | None = None
     adopted: StrictBool | None = None
     log_chunks: StrictInt | None = Field(None, ge=0, le=2**31 - 1)

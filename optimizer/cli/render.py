@@ -57,10 +57,12 @@ def offers_table(offers: Sequence[Offer], *, total: int, source: str) -> None:
             f"{o.ram_gib:g}",
             o.interconnect.value,
             o.market.value,
-            f"{o.usd_per_hour:.4f}",
+            f"{o.usd_per_hour:.4f}" + (" sim" if o.source == "simulated" else ""),
             f"{o.usd_per_gpu_hour:.4f}",
         )
     console.print(table)
+    if any(o.source == "simulated" for o in offers):
+        console.print("sim: a simulated price (the local cloud's), not a quote")
 
 
 def ranking_table(ranking: RankingView, *, limit: int, explain: bool, source: str) -> None:

@@ -83,6 +83,22 @@ class AttemptView:
     # Its agent reported the job's final checkpoint committed to the job's bucket (a job with
     # `checkpoint`): the job's last state is safe there, so it no longer holds the fence.
     final_checkpoint: bool = False
+    # A failed job's `job_exited` report: the phase that failed (setup, run, code, restore)
+    # and its error (stderr's last line), read only for attempts that exited non-zero.
+    exit_phase: str | None = None
+    exit_error: str | None = None
+
+
+def exit_text(attempt: AttemptView, code: int) -> str:
+    """How a job's non-zero exit is said in its state reason and alert: which phase failed
+    and, where the agent sent it, the last line of its stderr ("setup exited 1: No module
+    named 'x'"); a job that could not start names why ("code failed: …")."""
+    phase = attempt.exit_phase or "run"
+    if phase in ("setup", "run"):
+        text = f"{'setup' if phase == 'setup' else 'job'} exited {code}"
+    else:
+        text = f"{phase} failed"
+    return f"{text}: {attempt.exit_error}" if attempt.exit_error else text
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,12 +220,13 @@ def _finished(job: JobView, attempt: AttemptView, code: int) -> Decision:
             ),
             end_attempt=AttemptEnd.SUCCEEDED,
         )
+    said = exit_text(attempt, code)
     return Decision(
         JobState.FAILED,
-        f"job exited {code}",
+        said,
         (
             Terminate(attempt.key, "job failed"),
-            Alert(EventKind.JOB_FAILED, "error", f"job {job.name} exited with code {code}"),
+            Alert(EventKind.JOB_FAILED, "error", f"job {job.name}: {said}"),
         ),
         end_attempt=AttemptEnd.FAILED,
     )

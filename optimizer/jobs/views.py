@@ -88,9 +88,13 @@ def gang_head(attempts: list[AttemptRecord]) -> AttemptRecord:
 
 def gang_view(store: Store, nodes: list[AttemptRecord]) -> AttemptView:
     """The attempt as the state machine sees it: a gang folded into one (gang.fold)."""
-    views = [attempt_view(n, power_off_at=power_off_at(store, n)) for n in nodes]
+    failed = exit_failures(store, nodes)
+    views = [
+        attempt_view(n, power_off_at=power_off_at(store, n), failure=failed.get(n.key))
+        for n in nodes
+    ]
     if len(nodes) == 1:
-        return attempt_view(nodes[0])
+        return attempt_view(nodes[0], failure=failed.get(nodes[0].key))
     internode = {n.node_rank: (n.internode_status, n.internode_reason) for n in nodes}
     return fold(views, internode=internode)
 
@@ -147,10 +151,34 @@ def finished_earlier(
     return None if found is None else found.number
 
 
+def exit_failures(
+    store: Store, nodes: list[AttemptRecord]
+) -> dict[str, tuple[str | None, str | None]]:
+    """(phase, error) of each attempt among `nodes` that exited non-zero, from its agent's
+    `job_exited` report; reads the reports only when one did."""
+    failed = [n.key for n in nodes if n.exit_code not in (None, 0)]
+    if not failed:
+        return {}
+    return {
+        key: (_text(data.get("phase")), _text(data.get("error")))
+        for key, data in store.jobs.exit_reports(failed).items()
+    }
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
 def attempt_view(
-    a: AttemptRecord, *, power_off_at: datetime | None = None, finished: bool = False
+    a: AttemptRecord,
+    *,
+    power_off_at: datetime | None = None,
+    finished: bool = False,
+    failure: tuple[str | None, str | None] | None = None,
 ) -> AttemptView:
-    """An attempt as the state machine sees it (`finished`: see `finished_keys`)."""
+    """An attempt as the state machine sees it (`finished`: see `finished_keys`; `failure`:
+    see `exit_failures`)."""
+    phase, error = failure or (None, None)
     return AttemptView(
         number=a.number,
         key=a.key,
@@ -168,6 +196,8 @@ def attempt_view(
         instance_launched_at=a.launched_at,
         migrated=a.end_reason == AttemptEnd.MIGRATED,
         finished=finished,
+        exit_phase=phase,
+        exit_error=error,
     )
 
 
