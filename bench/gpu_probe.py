@@ -238,11 +238,17 @@ def handover_vs_quick(out: Path, pairs: int, env: dict[str, str], cpu: bool) -> 
         for k, v in pair["ratios"].items():
             ratios.setdefault(k, []).append(v)
     seconds = {k: [p[k]["seconds"] for p in runs if p[k]["seconds"]] for k in ("handover", "quick")}
+    quick: dict[str, list[float]] = {}
+    for pair in runs:
+        for k, v in pair["quick"]["figures"].items():
+            quick.setdefault(k, []).append(v)
     return {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "device": "cpu (a dry run: CPU matmuls, not a GPU figure)" if cpu else _gpu_name(runs),
         "pairs": pairs,
         "ratio_range": {k: [min(v), max(v)] for k, v in sorted(ratios.items())},
+        # The quick probe against itself: highest over lowest of each figure over the pairs.
+        "quick_spread": {k: round(max(v) / min(v), 4) for k, v in sorted(quick.items()) if min(v)},
         "within_5pct": all(abs(r - 1) <= HANDOVER_TOLERANCE for v in ratios.values() for r in v),
         "seconds": {k: [round(x, 2) for x in v] for k, v in seconds.items()},
         "handover_at_most_6s": bool(seconds["handover"])
@@ -312,7 +318,8 @@ def write_handover(out: Path, pairs: int, env: dict[str, str], cpu: bool) -> int
     (out / name).write_text(json.dumps(summary, indent=1) + "\n")
     print(f"\nhandover / quick on {summary['device']}, {pairs} pairs (min..max ratio):")
     for metric, (low, high) in summary["ratio_range"].items():
-        print(f"  {metric:<16} {low:.3f} .. {high:.3f}")
+        spread = summary["quick_spread"].get(metric)
+        print(f"  {metric:<16} {low:.3f} .. {high:.3f}   quick's own spread {spread}")
     print("seconds:", summary["seconds"], "same verdicts:", summary["same_verdicts"])
     print("within 5%:", summary["within_5pct"], "handover <= 6 s:", summary["handover_at_most_6s"])
     return 0
