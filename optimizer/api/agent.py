@@ -169,7 +169,7 @@ def _expected_gbps(attempt: AttemptRecord) -> float | None:
     """The fabric's line rate per instance (Gbit/s), None where unknown (the local cloud's
     processes share this host's loopback, which no fabric figure describes, and a provider
     no longer installed or declaring no hardware facts)."""
-    if _on_host(attempt.provider):
+    if registry.on_host(attempt.provider):
         return None
     entry = registry.find(attempt.provider)
     if entry is None or entry.hardware is None:
@@ -253,7 +253,7 @@ def _probe(state: ApiState, attempt: AttemptRecord, spec_probes: str) -> str:
     if protocol.probe_to_run(spec_probes, True) == spec_probes:  # not a quick: no question
         return spec_probes
     probed = state.store.probes.probed_in_full(
-        attempt.provider, attempt.instance_type, any_source=_on_host(attempt.provider)
+        attempt.provider, attempt.instance_type, any_source=registry.on_host(attempt.provider)
     )
     return protocol.probe_to_run(spec_probes, probed)
 
@@ -264,12 +264,6 @@ def _code(ref: CodeRef | None) -> CodeArchive | None:
     if ref is None:
         return None
     return CodeArchive(sha256=ref.sha256, size=ref.size, url=f"/agent/code/{ref.sha256}")
-
-
-def _on_host(provider: str) -> bool:
-    """Whether the provider's instances run on this host (their probes measure the host)."""
-    entry = registry.find(provider)
-    return entry is not None and entry.capabilities.agent_on_host
 
 
 @router.post("/events")
@@ -288,7 +282,7 @@ def events(
         reports = [e for e in reports if e["id"] not in seen]
     now = state.clock()
     acked = state.store.jobs.record_agent_events(
-        attempt.key, payload, now, on_host=_on_host(attempt.provider)
+        attempt.key, payload, now, on_host=registry.on_host(attempt.provider)
     )
     job = state.store.jobs.get_job_by_id(attempt.job_id) if reports else None
     if job is not None:
