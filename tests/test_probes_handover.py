@@ -128,8 +128,8 @@ def test_the_handover_runs_the_quick_stages_shorter_and_without_the_sustained_st
     assert handover.runs[0].sustained is None and quick.runs[0].sustained is not None
     short, full = argv_of(handover), argv_of(quick)
     assert (option(short, "--sustain-s"), option(full, "--sustain-s")) == ("0.0", "10.0")
-    assert (option(short, "--warmup"), option(short, "--repeats")) == ("3", "10")
-    assert option(full, "--warmup") is None  # the quick probe keeps active.py's 5 and 20
+    assert (option(short, "--repeats"), option(full, "--repeats")) == ("10", None)
+    assert option(short, "--warmup") is option(full, "--warmup") is None  # active.py's 5
     assert (option(short, "--host-bytes"), option(full, "--host-bytes")) == (
         str(256 << 20),
         str(1 << 30),

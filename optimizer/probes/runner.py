@@ -42,9 +42,9 @@ DEFAULT_TIMEOUT_S = {HANDOVER: 30.0, QUICK: 55.0, DEEP: 900.0}
 SUSTAIN_S = {HANDOVER: 0.0, QUICK: 10.0, DEEP: 60.0}
 MEMTEST_FRACTION = {HANDOVER: 0.0, QUICK: 0.0, DEEP: 0.9}
 # The handover probe (a type already probed in full): the quick probe's stages in the same
-# order, with fewer warm-up and timed GEMMs and a smaller pinned host buffer, and no sustained
-# stage. None: active.py's defaults (5 warm-up, 20 timed). docs/probes.md, The handover probe.
-GEMM_WARMUP = {HANDOVER: 3}
+# order, with half the timed GEMMs after the same warm-up and a smaller pinned host buffer,
+# and no sustained stage. Absent: active.py's defaults (5 warm-up, 20 timed; fp32 and fp64
+# half of that). docs/probes.md, The handover probe.
 GEMM_REPEATS = {HANDOVER: 10}
 HOST_BYTES = {HANDOVER: 256 << 20}
 SAMPLE_INTERVAL_S = 0.1
@@ -330,8 +330,8 @@ def _gpu_phase(
             "--memtest-fraction",
             str(MEMTEST_FRACTION[kind]),
         ]
-        if kind in GEMM_WARMUP:
-            argv += ["--warmup", str(GEMM_WARMUP[kind]), "--repeats", str(GEMM_REPEATS[kind])]
+        if kind in GEMM_REPEATS:
+            argv += ["--repeats", str(GEMM_REPEATS[kind])]
         commands.append((argv, _child_env(t.visible)))
     outcomes = run_children(commands, options.limit_s)
     runs = []
