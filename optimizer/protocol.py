@@ -80,7 +80,7 @@ REQUIRED_ENV = (ENV_DAEMON_URL, ENV_AGENT_TOKEN, ENV_ATTEMPT_KEY, ENV_METADATA_K
 PROBE_KINDS = ("quick", "deep", "none")  # a job spec's `probes`
 # What the daemon may tell an agent to run (`RegisterAnswer.probe`): the spec's kind, or the
 # handover probe where the instance type already has a full result (docs/probes.md).
-HANDOVER_PROBE = "handover"
+QUICK_PROBE, HANDOVER_PROBE = "quick", "handover"
 RUN_PROBE_KINDS = (HANDOVER_PROBE, *PROBE_KINDS)
 
 
@@ -88,7 +88,7 @@ def probe_to_run(spec_probes: str, type_probed: bool) -> str:
     """The probe an attempt runs: the spec's `probes`, but `handover` instead of `quick` once
     the attempt's instance type has a usable full (quick or deep) result, so the sustained
     stage runs at a type's first boot and in `deep`, and a later boot is judged in seconds."""
-    return HANDOVER_PROBE if spec_probes == "quick" and type_probed else spec_probes
+    return HANDOVER_PROBE if spec_probes == QUICK_PROBE and type_probed else spec_probes
 
 
 class _Message(BaseModel):

@@ -250,9 +250,7 @@ def _probe(state: ApiState, attempt: AttemptRecord, spec_probes: str) -> str:
     """The probe this attempt runs: `handover` for a `quick` job once its instance type has a
     usable full result on its provider, measured on a GPU (on the local cloud, whose instances
     are all this host, any); else the spec's (docs/probes.md, The handover probe)."""
-    if protocol.probe_to_run(spec_probes, True) == spec_probes:  # not a quick: no question
-        return spec_probes
-    probed = state.store.probes.probed_in_full(
+    probed = spec_probes == protocol.QUICK_PROBE and state.store.probes.probed_in_full(
         attempt.provider, attempt.instance_type, any_source=registry.on_host(attempt.provider)
     )
     return protocol.probe_to_run(spec_probes, probed)
