@@ -34,8 +34,6 @@ from optimizer.probes.schema import (
 # package, and the protocol would load pydantic into every one of them.
 QUICK, DEEP, HANDOVER = "quick", "deep", "handover"
 KINDS = (HANDOVER, QUICK, DEEP)
-
-
 # Per-subprocess hard limits. Quick: the GPUs run side by side, then the all-reduce, so a node
 # finishes in well under 120 s even when one probe has to be killed at 55 s.
 DEFAULT_TIMEOUT_S = {HANDOVER: 30.0, QUICK: 55.0, DEEP: 900.0}
