@@ -520,7 +520,8 @@ class Jobs:
         A new `probe_result` is also stored as a probe result (`store.probes`), and a new
         `gpu_telemetry` as the attempt's GPU spans (`store.telemetry`; the event keeps only
         their count), on the same transaction; `on_host` marks the attempt's instance as one
-        on the daemon's own host (the local cloud), whose figures are simulated.
+        on the daemon's own host (the local cloud), whose probe figures are the host's, not
+        the type's (`store.probes`: source `host`, or `simulated` without a GPU).
 
         What an attempt keeps is bounded: only its newest `heartbeat` and `gpu_telemetry` (a
         newer one replaces the row; the spans are stored per minute anyway), its first

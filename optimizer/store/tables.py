@@ -267,7 +267,9 @@ class ProbeResult(SQLModel, table=True):
     """One probe an attempt's agent reported, with the figures the ranking reads.
 
     `tflops` is JSON: per-GPU TFLOPS by dtype (`{"bf16": 912.0, …}`); bandwidths in GB/s.
-    `simulated` marks results from instances with no real GPU (the local cloud's drills).
+    `simulated` marks results that are not the cloud type's own measurement: no real GPU
+    measured, or measured on the daemon's own host (the local cloud); `store.probes` tells the
+    two apart as the sources `simulated` and `host`.
     """
 
     __tablename__ = "probe_result"
