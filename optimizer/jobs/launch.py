@@ -155,7 +155,8 @@ class Launcher:
             policy,
             ctx.now,
             avoid=launch.avoid,
-            replacing=job.id,
+            # a warm spare adds an instance beside the job's attempt: nothing is replaced
+            replacing=None if launch.spare else job.id,
             window=self.probe_window,
             memo=ctx.memo,
             state=job_state(ctx.store, job, ctx.now, spec=pass_spec(job, ctx.memo)),
