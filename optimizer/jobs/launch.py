@@ -155,8 +155,7 @@ class Launcher:
             policy,
             ctx.now,
             avoid=launch.avoid,
-            # a warm spare adds an instance beside the job's attempt: nothing is replaced
-            replacing=None if launch.spare else job.id,
+            replacing=None if launch.spare else job.id,  # a spare replaces no attempt
             window=self.probe_window,
             memo=ctx.memo,
             state=job_state(ctx.store, job, ctx.now, spec=pass_spec(job, ctx.memo)),

@@ -23,7 +23,7 @@ utilization:                   # optional: rules given here replace the policy's
   idle: {below: 0.05, for: 20m, action: stop}
 max_duration: 72h              # optional: replaces the policy's max_duration (at most 87600h)
 nodes: 2                       # optional: instances launched together (the policy's otherwise)
-warm_spare: false              # optional: keep one booted, probed spare instance (docs/jobs.md)
+warm_spare: false              # optional: keep one booted, probed spare instance (docs/daemon.md)
 deadline: 48h                  # optional: a time (2026-12-04T18:00:00Z) or a duration after submit
 work: 40h                      # optional: the work to do, or {hours: 40, reference: p3.2xlarge}
 ```
