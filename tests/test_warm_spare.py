@@ -186,3 +186,68 @@ def test_the_budget_counts_a_live_spare_even_while_its_job_is_relaunched(store: 
     assert spend.spent_usd == pytest.approx(0.80)
     replaced = job_budget.committed(store, "team", now, offers, replacing=running.id)
     assert replaced.live_attempts == 1  # the spare stays; only the attempt is replaced
+
+
+# -- the fence and what `gpuopt jobs show` prints ----------------------------------------------
+
+
+def test_an_idle_spare_never_starts_the_job_and_a_promoted_one_waits_for_the_old_job(
+    store: Store,
+) -> None:
+    from optimizer.jobs.fence import fence_for
+    from tests.helpers.jobs import Drafter
+
+    job = store.jobs.add_job("train", "team", {"run": "x", "checkpoint_dir": "/c"}, at=T0)
+    offer = make_offer()
+    store.jobs.create_attempt(job, 1, "train-1", offer, "a", T0)
+    store.jobs.update_attempt("train-1", registered_at=T0, job_started_at=at(1))
+    store.jobs.create_attempt(job, 2, "train-2", make_offer(zone="use1-az2"), "b", T0, spare=True)
+    store.jobs.update_attempt("train-2", registered_at=at(1), probe_status="pass")
+    spare = store.jobs.attempt("train-2")
+    assert spare is not None
+    # nothing holds it but being the spare: the running attempt's job is no reason for it
+    assert fence_for(store, Drafter(), spare, now=at(60)) == "attempt 2 is the job's warm spare"
+    # taken over (renumbered after the notice): held until attempt 1's job has exited
+    store.jobs.update_attempt("train-1", notice_at=at(60), state="ended", ended_at=at(60))
+    store.jobs.update_attempt("train-2", number=3, promoted_at=at(60))
+    took = store.jobs.attempt("train-2")
+    assert took is not None
+    assert fence_for(store, Drafter(), took, now=at(61)) == "attempt 1's job has not exited yet"
+    store.jobs.update_attempt("train-1", exit_code=0)
+    assert fence_for(store, Drafter(), took, now=at(62)) is None
+
+
+def test_jobs_show_prints_the_spare_with_its_probe() -> None:
+    from optimizer.answers import AttemptView as Shown
+    from optimizer.cli.jobs import spare_line
+
+    fields: dict[str, object] = {
+        "number": 3,
+        "gang": None,
+        "node_rank": 0,
+        "nodes": 1,
+        "provider": "local",
+        "region": "eu-west",
+        "zone": "eu-west-b",
+        "instance_type": "gpu.a10",
+        "market": "spot",
+        "usd_per_hour": 0.41,
+        "instance_id": "i-3",
+        "state": "launched",
+        "end_reason": None,
+        "started_at": None,
+        "ended_at": None,
+        "launched_at": None,
+        "terminated_at": None,
+        "terminated_by": None,
+        "role": "warm_spare",
+        "registered_at": "2026-03-10T12:01:00Z",
+        "probe_status": "pass",
+        "cost_lines": [],
+    }
+    shown = Shown.model_validate(fields)
+    assert spare_line(shown) == (
+        "warm spare: attempt 3 on local eu-west/eu-west-b gpu.a10 spot at $0.4100/h, probed (pass)"
+    )
+    booting = Shown.model_validate({**fields, "registered_at": None, "probe_status": None})
+    assert spare_line(booting).endswith(", booting")
