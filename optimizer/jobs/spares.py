@@ -87,6 +87,7 @@ class Spares:
     def __init__(self, acting: Acting, *, register_timeout: timedelta = REGISTER_TIMEOUT) -> None:
         self.acting = acting
         self.register_timeout = register_timeout
+        self._unlaunched: dict[int, str] = {}  # job id -> why its spare was not launched (said)
 
     def __call__(self, ctx: ReconcileContext, view: PassView) -> None:
         for job in view.live:
@@ -189,8 +190,12 @@ class Spares:
         )
         new = idle_spare(ctx.store.jobs.attempts(job.id)) if launched else None
         if new is not None:
+            self._unlaunched.pop(job.id, None)
             _event(self.acting, ctx, job, new, "launched", why)
-        else:
+        elif self._unlaunched.get(job.id) != why:  # once per reason, not every pass
+            if len(self._unlaunched) >= 1000:
+                self._unlaunched.clear()
+            self._unlaunched[job.id] = why
             log.info("job %s: no warm spare launched: %s", job.name, why)
 
     def _retry(self, ctx: ReconcileContext, job: JobRecord, spare: AttemptRecord) -> None:
