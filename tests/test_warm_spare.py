@@ -16,7 +16,7 @@ from optimizer.jobs.machine import AttemptView, Launch
 from optimizer.jobs.spare import decide_spare, promotable, spare_order
 from optimizer.jobs.spec import JobSpec, JobSpecError, parse_job_spec
 from optimizer.lifecycle import AttemptEnd, JobState
-from optimizer.model import Market, Pool
+from optimizer.model import EventKind, Market, Pool
 from optimizer.store import Store
 from tests.helpers import make_offer
 from tests.helpers.costs import T0, at, attempt, ended
@@ -251,3 +251,37 @@ def test_jobs_show_prints_the_spare_with_its_probe() -> None:
     )
     booting = Shown.model_validate({**fields, "registered_at": None, "probe_status": None})
     assert spare_line(booting).endswith(", booting")
+
+
+# -- the takeover, in the store ----------------------------------------------------------------
+
+
+def test_a_spare_on_a_moves_target_takes_over_as_the_newest_attempt(store: Store) -> None:
+    from optimizer.jobs.acting import Acting
+    from optimizer.jobs.context import ReconcileContext
+    from optimizer.jobs.spares import promote
+    from tests.helpers.jobs import Drafter
+
+    attempt(store, "train", 1, job_started=at(1))
+    attempt(store, "train", 2, spare=True, **SPARE_POOL)
+    attempt(store, "train", 3, job_started=at(20))  # a move's attempt, after the spare's launch
+    store.jobs.update_attempt("train-1", state="ended", ended_at=at(20), end_reason="migrated")
+    job = store.jobs.get_job("train")
+    assert job is not None
+    now = at(30)
+    ctx = ReconcileContext(now, (job,), {}, store, {}, Drafter(), lambda: now)
+    acting = Acting(lambda: "http://127.0.0.1:1")
+    rows = store.jobs.attempts(job.id)
+    # a move to the running attempt's own zone: the spare (az2) is not among its targets
+    assert promote(acting, ctx, job, Launch(only=frozenset({RUNNING})), rows) is None
+    assert store.jobs.attempt("train-2").idle_spare  # type: ignore[union-attr]
+    walked = promote(acting, ctx, job, Launch(only=frozenset({ELSEWHERE})), rows)
+    assert walked is not None and walked.launched
+    assert "no launch" in walked.why
+    took = store.jobs.attempt("train-2")
+    assert took is not None
+    assert (took.number, took.promoted_at, took.idle_spare) == (4, now, False)
+    assert [a.key for a in store.jobs.attempts(job.id)][-1] == "train-2"  # the newest
+    [event] = acting.take()
+    assert event.kind == EventKind.JOB_SPARE_CHANGED and event.data is not None
+    assert (event.data["action"], event.data["attempt"]) == ("promoted", 4)
