@@ -110,6 +110,19 @@ def test_a_warm_spare_takes_the_job_over_without_a_launch_and_is_replaced(
     )
     assert lines[0]["spend_usd"] > 0
 
+    # A spare that is itself interrupted is ended and replaced; the job runs on untouched.
+    cloud.interrupt(new.instance_id or "", grace_s=30)
+    gone = wait_until(
+        lambda: (a := daemon.store.jobs.attempt(new.key)) and a.ended and a, 60, "its end"
+    )
+    assert gone.end_reason == "preempted" and gone.job_started_at is None
+    again = wait_until(lambda: _spare(daemon, job_id), 240, "another spare")
+    assert again.key not in {new.key, took.key} and again.pool != new.pool
+    still = daemon.store.jobs.attempt(took.key)
+    assert still is not None and not still.ended and still.exit_code is None
+    assert state_of(daemon, "spare")["restarts"] == 1  # a spare's end is not the job's
+    new = again
+
     # A cancel ends the job and its spare.
     with api(daemon) as client:
         assert client.post("/jobs/spare/cancel").status_code == 200
