@@ -302,4 +302,14 @@ def costs_table(
     console.print(table)
     if not totals.get("baseline_known", True):
         console.print("* some attempts had no on-demand price of their type and region")
+    spares = [
+        a for row in groups for a in row.get("attempts") or () if a.get("role") == "warm_spare"
+    ]
+    if spares:  # (attempts are listed by job only)
+        spent = sum(float(a["total_usd"]) for a in spares)
+        hours = sum(float(a["billed_seconds"]) for a in spares) / 3600
+        console.print(
+            f"of which warm spares (idle, beside the running attempts): {_usd(spent)} over "
+            f"{hours:.2f} h billed, {len(spares)} spare attempt(s)"
+        )
     console.print(note)

@@ -113,6 +113,7 @@ def attempts(lines: Iterable[Line]) -> list[dict[str, Any]]:
             {
                 "job": job_label(first.job),
                 "attempt": first.attempt,
+                "role": first.role,  # `job`, or `warm_spare` (docs/costs.md)
                 "provider": first.provider,
                 "region": first.region,
                 "zone": first.zone,

@@ -108,6 +108,9 @@ class Launch:
     avoid: frozenset[Pool] = frozenset()
     markets: tuple[Market, ...] | None = None  # None: the policy's own markets
     only: frozenset[Pool] | None = None  # a move's targets: no other pool (None: any)
+    # The job's warm spare (spares.py), launched apart from the running attempt's pool.
+    spare: bool = False
+    apart_from: Pool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +174,7 @@ class _Relaunch:
     stop_job: bool = False  # let the job checkpoint instead of killing the instance
 
 
-def _relaunch_reason(
+def relaunch_reason(
     attempt: AttemptView, now: datetime, register_timeout: timedelta
 ) -> _Relaunch | None:
     where = Pool(*attempt.pool).label
@@ -303,7 +306,7 @@ def decide(
     if attempt.exit_code is not None and attempt.interruption_notice_at is None:
         return _finished(job, attempt, attempt.exit_code)
 
-    relaunch = _relaunch_reason(attempt, now, register_timeout)
+    relaunch = relaunch_reason(attempt, now, register_timeout)
     if relaunch is None:
         state = _progress(job, attempt)
         if stop is not None and state is JobState.RUNNING and attempt.exit_code is None:

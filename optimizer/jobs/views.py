@@ -65,8 +65,9 @@ class PassView:
 
 
 def current_rows(attempts: list[AttemptRecord]) -> list[AttemptRecord]:
-    """The rows of the job's newest open attempt, rank 0 first ([] when none is open)."""
-    current = next((a for a in reversed(attempts) if not a.ended), None)
+    """The rows of the job's newest open attempt, rank 0 first ([] when none is open); an idle
+    warm spare (spares.py) is not the job's attempt until it takes the job over."""
+    current = next((a for a in reversed(attempts) if not a.ended and not a.idle_spare), None)
     return gang_rows(attempts, current)
 
 

@@ -100,6 +100,13 @@ class AttemptRecord:
     internode_status: str | None = None
     internode_reason: str | None = None
     placement_released_at: datetime | None = None  # a gang's placement deleted (every row)
+    spare: bool = False  # launched as the job's warm spare (optimizer/jobs/spares.py)
+    promoted_at: datetime | None = None  # when the spare took the job over
+
+    @property
+    def idle_spare(self) -> bool:
+        """A warm spare that has not taken the job over: it never runs the job."""
+        return self.spare and self.promoted_at is None
 
     @property
     def pool(self) -> Pool:
@@ -334,10 +341,13 @@ class Jobs:
         gang: int | None = None,
         node_rank: int = 0,
         nodes: int = 1,
+        spare: bool = False,
     ) -> AttemptRecord:
         """Record an attempt before launching it (or return the one with this key); a node of a
-        multi-node attempt names its gang (the rank-0 row's number), rank and the gang's size."""
+        multi-node attempt names its gang (the rank-0 row's number), rank and the gang's size;
+        `spare`: the job's warm spare."""
         values = {
+            "spare": spare,
             "gang": gang,
             "node_rank": node_rank,
             "nodes": nodes,
