@@ -49,7 +49,7 @@ def test_the_default_install_makes_a_venv_and_runs_the_agent_from_it() -> None:
     assert "export GPUOPT_EXPECTED_GPUS=8" in lines
     # installed before the token exists, and the agent runs from the venv
     assert lines.index(install) < next(i for i, x in enumerate(lines) if "AGENT_TOKEN=" in x)
-    assert lines[-1] == "exec /opt/gpuopt/bin/python -m optimizer.cli agent run"
+    assert lines[-1] == "exec /opt/gpuopt/bin/python -m optimizer.agent"
 
 
 def test_a_wheel_an_index_and_a_proxy_are_rendered_for_pip_and_the_agent() -> None:
@@ -74,7 +74,7 @@ def test_a_wheel_an_index_and_a_proxy_are_rendered_for_pip_and_the_agent() -> No
 def test_an_instance_on_this_host_installs_nothing_and_expects_no_gpus() -> None:
     script = render(AgentSettings(install=AgentInstall(version="9.9")), on_host=True)
     assert "pip" not in script and "GPUOPT_EXPECTED_GPUS" not in script
-    assert script.endswith(f"exec {sys.executable} -m optimizer.cli agent run\n")
+    assert script.endswith(f"exec {sys.executable} -m optimizer.agent\n")
 
 
 @pytest.mark.parametrize(

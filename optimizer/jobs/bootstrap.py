@@ -155,7 +155,8 @@ def bootstrap_script(
     runs there (`aws-imds`, `gcp-metadata`: the provider registry's `watcher`).
     `install` runs before the agent starts (None: gpuopt is already there, as on the local
     cloud). `python` None runs the `gpuopt` console script; an interpreter path runs
-    `<python> -m optimizer.cli agent run` instead (the local cloud passes `sys.executable`).
+    `<python> -m optimizer.agent` instead (the local cloud passes `sys.executable`), which
+    loads the agent without the command line's modules.
     `env` adds variables for the agent and the job (e.g. `GPUOPT_PROBE_CPU_N`).
     """
     values = {
@@ -171,7 +172,7 @@ def bootstrap_script(
     command = (
         "gpuopt agent run"
         if python is None
-        else f"{shlex.quote(_check('python', python))} -m optimizer.cli agent run"
+        else f"{shlex.quote(_check('python', python))} -m optimizer.agent"
     )
     lines = [
         "#!/bin/sh",
