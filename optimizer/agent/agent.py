@@ -564,6 +564,9 @@ class Agent:
             err_path=self.config.agent_dir / JOB_ERR_LOG,
             cwd=workdir,
             on_started=started,
+            # wakes `_supervise` at once: the exit is reported (and a replacement's fence
+            # lifted) without waiting out its poll
+            on_exit=lambda: self.inbox.put(("exited", None)),
         ).start()
         return self._supervise()
 
