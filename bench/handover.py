@@ -259,7 +259,7 @@ class Bench:
             "job_ready": after(new_ready["t"] if new_ready else None),
             "first_step": after(first_step["t"] if first_step else None),
         }
-        probe_s = result.get("duration_s") or result.get("elapsed_s")
+        probe_s = result.get("seconds")  # the probe's own figure (optimizer/probes/schema.py)
         if probe_s is None and probe_at is not None and "probe_started" in marks:
             probe_s = probe_at - marks["probe_started"]
         return {
