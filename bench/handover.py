@@ -16,7 +16,9 @@ the job's step log, all on this host's wall clock:
   after the notice): the daemon seeing the notice, the launch call, the agent up (its first
   log line, after its imports), registration, the probe's start and result, the stop sent
   to the old job, the old job's SIGTERM and exit, the fence lifted, the job started;
-- **probe seconds** (and the kind the agent ran);
+- **probe seconds** (and the kind the agent ran), beside the first attempt's probe (a type's
+  first boot runs the quick one; its replacements the handover probe, where the daemon picks
+  it);
 - **the checkpoint window**: the old job's SIGTERM - (power-off - allowance), where the stop
   was due to the window (the replacement was not ready by then); where the replacement was
   ready first, how long after its readiness the stop came;
@@ -28,7 +30,7 @@ the probe measures the CPU (there is no GPU): the figures say what the daemon, t
 the launch path cost, not a GPU's. Writes bench/results/handover.json (handover_gpu.json
 with `--gpu`).
 
-    python bench/handover.py [--interruptions 3] [--notice-s 30,22] [--probes quick|none]
+    python bench/handover.py [--interruptions 4] [--notice-s 30,22] [--probes quick|none]
     python bench/handover.py --gpu [--hold-gib 20]     # on a host with a CUDA GPU and torch
 """
 
@@ -203,6 +205,20 @@ class Bench:
         )
         return self.row(job_id, number, new_no, notice, power_off, notice_s)
 
+    def first_probe(self, job_id: int) -> dict[str, Any] | None:
+        """The first attempt's probe (a type's first boot: the quick one), beside which the
+        replacements' (the handover probe, where the daemon picks it) are read."""
+        first = self.attempt(job_id, 1)
+        event = self._event(first.key, "probe_result") if first else None
+        if event is None:
+            return None
+        result = event["data"].get("result") or {}
+        return {
+            "kind": result.get("kind"),
+            "status": event["data"].get("status"),
+            "seconds": _round(result.get("seconds")),
+        }
+
     def _event(self, key: str, kind: str) -> dict[str, Any] | None:
         return next((e for e in self.store.jobs.agent_events(key) if e["kind"] == kind), None)
 
@@ -307,7 +323,7 @@ def _summary(rows: list[dict[str, Any]], key: str) -> dict[str, float] | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--interruptions", type=int, default=3)
+    parser.add_argument("--interruptions", type=int, default=4)
     parser.add_argument(
         "--notice-s",
         default="30,22",
@@ -323,6 +339,7 @@ def main() -> None:
     notices = [float(x) for x in args.notice_s.split(",") if x.strip()]
 
     rows: list[dict[str, Any]] = []
+    first_probe: dict[str, Any] | None = None
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpuopt-bench-handover-") as tmp:
         bench = Bench(args, Path(tmp))
@@ -332,6 +349,7 @@ def main() -> None:
                 notice_s = notices[(n - 1) % len(notices)]
                 rows.append(bench.interrupt_once(job_id, n, notice_s))
                 print(json.dumps(rows[-1]), flush=True)
+            first_probe = bench.first_probe(job_id)
         finally:
             bench.close()
 
@@ -356,6 +374,7 @@ def main() -> None:
             )
         },
         "probe_s": _summary([r["probe"] for r in rows], "seconds"),
+        "first_attempt_probe": first_probe,
         "window_error_s": _summary([r["stop"] for r in rows], "window_error_s"),
         "steps_lost": sum(r["steps_lost"] or 0 for r in rows),
         "targets_on_an_h200": TARGETS,
