@@ -181,6 +181,7 @@ class Agent:
         self.job: JobRunner | AdoptedJob | None = None
         self.stop_reason: str | None = None
         self._quit = threading.Event()  # stops the watcher and heartbeat threads
+        self._stop_heard = threading.Event()  # a stop command came (ends the handover polls)
         self._notice_at: float | None = None
         self._notice_event: str | None = None
         self._signalled = 0  # the exit status a signal while fenced gives
@@ -199,6 +200,7 @@ class Agent:
     def _on_commands(self, commands: list[Command]) -> None:
         for command in commands:
             if command.kind == "stop":
+                self._stop_heard.set()
                 self.inbox.put(("command", command))
             else:
                 log.warning("ignoring unknown command %r", command.kind)
@@ -208,6 +210,27 @@ class Agent:
         log.warning("interruption notice: %s %s at %s", notice.source, notice.action, notice.time)
         if notice.action in ENDING_ACTIONS and self._notice_at is None:
             self._notice_at, self._notice_event = time.monotonic(), event.id
+            threading.Thread(
+                target=self._handover_polls, name="agent-handover", daemon=True
+            ).start()
+
+    def _handover_polls(self) -> None:
+        """After an ending notice, ask the daemon for commands every `fence_poll_s` until a
+        stop comes (or the agent ends), rather than on the heartbeats' answers alone: the
+        stop that hands the job over (its replacement is ready, or the checkpoint window has
+        come) then reaches the job within that, not within a heartbeat (2 s)."""
+        backoff = Backoff(base=self.config.fence_poll_s, cap=5.0)
+        while not self._stop_heard.is_set():
+            delay = self.config.fence_poll_s
+            try:
+                self._on_commands(self.client.poll().commands)
+            except DaemonError as exc:
+                delay = backoff.next()
+                log.warning("command poll failed (%s); retrying in %.1f s", exc, delay)
+            else:
+                backoff.reset()
+            if self._quit.wait(delay):
+                return
 
     def _install_signal_handlers(self) -> dict[int, Any]:
         """Route SIGTERM/SIGINT to the inbox; the handlers they replace, to put back."""
@@ -541,6 +564,9 @@ class Agent:
             err_path=self.config.agent_dir / JOB_ERR_LOG,
             cwd=workdir,
             on_started=started,
+            # wakes `_supervise` at once: the exit is reported (and a replacement's fence
+            # lifted) without waiting out its poll
+            on_exit=lambda: self.inbox.put(("exited", None)),
         ).start()
         return self._supervise()
 
