@@ -58,7 +58,7 @@ def test_the_go_releases_every_waiter_and_one_that_looks_late(tmp_path: Path) ->
     standby.prepare(go)
     assert not go.is_file() and standby.given(go) is None  # a pipe: no go yet
     waiters = [waiter(tmp_path, f"w{i}", go) for i in range(3)]
-    for proc, ready in waiters:
+    for _, ready in waiters:
         wait_until(ready.exists, 30, "a waiter to be ready")
     assert all(proc.poll() is None for proc, _ in waiters)  # each one waits
     standby.give(go)
@@ -133,9 +133,8 @@ def test_the_spec_field_defaults_to_off_and_travels_to_the_agent() -> None:
     assert spec.standby is True
     assert from_stored(stored_form(spec), name="train", policy="p").standby is True
     # Older stored specs have no key: off.
-    assert (
-        from_stored({"run": "x", "checkpoint": "s3://team-ckpt/x"}, name="t", policy="p").standby is False
-    )
+    older = from_stored({"run": "x", "checkpoint": "s3://team-ckpt/x"}, name="t", policy="p")
+    assert older.standby is False
 
 
 def test_a_bad_standby_value_is_a_located_error() -> None:
@@ -212,3 +211,17 @@ def test_the_example_stopped_in_standby_exits_143_having_trained_nothing(tmp_pat
     out = proc.communicate(timeout=60)[0]
     assert proc.returncode == 143 and "step" not in out
     assert not list((tmp_path / "ckpt").glob("step-*"))
+
+
+def test_gpuopt_standby_wait_exits_0_on_the_go_and_143_on_a_stop(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "optimizer.cli", "standby", "wait"]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("GPUOPT_")}
+    base["PYTHONPATH"] = str(ROOT)
+    assert subprocess.run(argv, env=base, timeout=60).returncode == 0  # not in standby
+    for word, status in ((standby.GO, 0), (standby.STOP, 143)):
+        go = tmp_path / f"go-{word}"
+        standby.prepare(go)
+        env = {**base, "GPUOPT_STANDBY": "1", "GPUOPT_GO_FILE": str(go)}
+        proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+        standby.give(go, word)
+        assert proc.wait(timeout=60) == status
