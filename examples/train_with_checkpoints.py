@@ -29,8 +29,8 @@ attempt's job still runs, and give the go the moment that one has ended and its 
 is restored. Outside standby `wait_for_go()` returns at once. A job without that call simply
 leaves `standby` out of its spec and starts as it always has, once the old job has ended.
 
-`--step-log FILE` (or `$STEP_LOG`) appends `{"step": n, "t": <epoch seconds>}` per step: the
-times a handover is measured by (bench/standby.py).
+`--step-log FILE` (or `$STEP_LOG`) appends `{"step": n, "t": <epoch seconds>, "attempt": ...}`
+per step: the times a handover is measured by (bench/standby.py).
 """
 
 from __future__ import annotations
@@ -370,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         loss_value = engine.step(step)
         step += 1
         if step_log is not None:
-            step_log.write(json.dumps({"step": step, "t": time.time()}) + "\n")
+            line = {"step": step, "t": time.time(), "attempt": run["attempt"]}
+            step_log.write(json.dumps(line) + "\n")
             step_log.flush()
         if step % args.log_every == 0 or step == args.steps:
             print(f"step {step}/{args.steps} loss {loss_value:.5f}", flush=True)

@@ -79,7 +79,9 @@ ENV_CHECKPOINT_URI = "GPUOPT_CHECKPOINT_URI"
 ENV_PROGRESS_FILE = "GPUOPT_PROGRESS_FILE"
 # Standby start (docs/standby.md): ENV_STANDBY and ENV_GO_FILE (imported above from the job's
 # helper, optimizer/standby.py) are set by the agent on a job it starts before the fence
-# lifts, the second naming the go file the job then waits on.
+# lifts, the second naming the go file the job then waits on. The agent reports
+# STANDBY_READY_EVENT once the job waits for its go (or ended before it).
+STANDBY_READY_EVENT = "standby_ready"
 # What the agent cannot run without.
 REQUIRED_ENV = (ENV_DAEMON_URL, ENV_AGENT_TOKEN, ENV_ATTEMPT_KEY, ENV_METADATA_KIND)
 

@@ -4,7 +4,9 @@ does its slow start-up (imports, CUDA, the model, the data loaders), and waits f
 A job spec with `standby: true` asks for it. While the replacement's agent waits at the
 fence (the old attempt's job still runs), it starts the job with `GPUOPT_STANDBY=1` and
 `GPUOPT_GO_FILE` naming the go file; the job builds what does not depend on the checkpoint,
-then calls `wait_for_go()`. When the fence lifts the agent restores the newest checkpoint
+then calls `wait_for_go()`, which says it is ready (`<go file>.ready`: the daemon waits for
+that before it stops the old job, so the old job trains on while the new one starts up).
+When the fence lifts the agent restores the newest checkpoint
 into `GPUOPT_CHECKPOINT_DIR` and only then gives the go: `wait_for_go()` returns and the job
 loads the checkpoint and trains. A stop that comes first is given instead: `wait_for_go()`
 raises `Stopped` (a SystemExit with status 143, what a SIGTERM'd job reports), so the job
@@ -90,10 +92,23 @@ def wait_for_go(timeout: float | None = None, *, path: str | Path | None = None)
             return False
         path = os.environ[ENV_GO_FILE]
     deadline = None if timeout is None else time.monotonic() + timeout
+    mark_ready(path)
     word = _wait(Path(path), deadline)
     if word == STOP:
         raise Stopped()
     return True
+
+
+def ready_file(go_file: str | Path) -> Path:
+    """The file a job in standby creates once it waits (`<go file>.ready`): the agent then
+    reports it ready, and the daemon stops the old job (docs/standby.md)."""
+    return Path(f"{go_file}.ready")
+
+
+def mark_ready(go_file: str | Path) -> None:
+    """Say that this job has started up and waits for the go (`wait_for_go` does it)."""
+    with contextlib.suppress(OSError):  # never fatal: the daemon's wait for it is bounded
+        ready_file(go_file).touch(mode=0o600)
 
 
 def _left(deadline: float | None) -> float:
@@ -149,8 +164,9 @@ def _sleep_on_pipe(path: Path, fd: int, deadline: float | None) -> None:
 def prepare(path: str | Path) -> None:
     """Make the go file a fresh pipe (what a job in standby waits on), owner-only."""
     path = Path(path)
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
+    for old in (path, ready_file(path)):
+        with contextlib.suppress(FileNotFoundError):
+            old.unlink()
     os.mkfifo(path, 0o600)
 
 
@@ -219,7 +235,9 @@ __all__ = [
     "give",
     "given",
     "in_standby",
+    "mark_ready",
     "prepare",
+    "ready_file",
     "wait_for_go",
 ]
 

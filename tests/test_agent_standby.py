@@ -30,6 +30,8 @@ import json, os, signal, sys
 from pathlib import Path
 from optimizer.standby import wait_for_go
 signal.signal(signal.SIGTERM, lambda s, f: None)
+if os.environ.get("CRASH"):
+    sys.exit("could not build the model")
 marks = Path(os.environ["MARKS"])
 (marks / "ready.json").write_text(json.dumps({
     "pid": os.getpid(),
@@ -112,6 +114,10 @@ def test_a_standby_job_starts_at_the_fence_and_loads_the_newest_checkpoint_after
     assert ready["seen"] == []
     assert agent.state == "standby"
     assert "job_started" not in daemon.kinds() and "checkpoint_restored" not in daemon.kinds()
+    # It said it waits: the daemon may now stop the old job.
+    wait_until(lambda: data_of(daemon, "standby_ready"), 30, "standby_ready")
+    [said] = data_of(daemon, "standby_ready")
+    assert said["exited"] is False and said["startup_s"] > 0
     # The old job's final checkpoint arrives after the new job was ready; then the fence lifts.
     old.checkpoint(2)
     assert not (tmp_path / "marks" / "loaded.txt").exists()  # it waits for the go
@@ -231,3 +237,25 @@ def test_a_restarted_agent_ends_the_job_an_earlier_one_left_in_standby(tmp_path:
     daemon.fenced.clear()
     wait_until(lambda: "code" in result, 30, "the agent to finish")
     assert (tmp_path / "marks" / "loaded.txt").read_text() == "weights 1"
+
+
+def test_a_start_up_that_fails_in_standby_is_reported_and_its_exit_once_the_fence_lifts(
+    tmp_path: Path,
+) -> None:
+    store = FakeStore(tmp_path / "bucket")
+    answer = spec(tmp_path, standby=True)
+    answer["job"]["env"]["CRASH"] = "1"
+    daemon = FencedDaemon(answer)
+    agent = agent_on(tmp_path / "i-2", daemon, store)
+    result = start(agent)
+    # The old job need not wait for it: its start-up has failed.
+    wait_until(lambda: data_of(daemon, "standby_ready"), 30, "standby_ready")
+    assert data_of(daemon, "standby_ready")[0]["exited"] is True
+    assert "job_exited" not in daemon.kinds()  # the old job still runs: nothing is said yet
+    daemon.fenced.clear()
+    wait_until(lambda: "code" in result, 30, "the agent to finish")
+    assert result["code"] == 1
+    kinds = daemon.kinds()
+    assert kinds.index("job_started") < kinds.index("job_exited")
+    [exited] = data_of(daemon, "job_exited")
+    assert exited["exit_code"] == 1

@@ -412,6 +412,8 @@ class Agent:
         backoff = Backoff(base=self.config.fence_poll_s, cap=5.0)
         while True:
             delay = self.config.fence_poll_s
+            if self.standby is not None and self.job is not None:
+                self.standby.note_ready(self.job.done(), self.queue)
             try:
                 answer = self.client.poll()
             except DaemonError as exc:

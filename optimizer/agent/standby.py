@@ -6,6 +6,10 @@ waits. `Standby` keeps what that start needs to know: the go file, when the job'
 command started, and whether the go has been given, so `job_started` is reported once, at
 the go (the daemon lifts a fence only for an attempt whose job has not started, so a job in
 standby must not count as started), or when `run` starts if a long `setup` ends after it.
+
+Once the job says it waits (`<go file>.ready`, made by `wait_for_go`), or has ended before
+its go, the agent reports `standby_ready` (once): the daemon waits for it before it stops the
+old attempt's job (`jobs/standby.py`), so that one trains on while the new one starts up.
 """
 
 from __future__ import annotations
@@ -18,10 +22,13 @@ from pathlib import Path
 
 from optimizer import standby
 from optimizer.agent.config import Assignment
-from optimizer.agent.reporter import now_iso
+from optimizer.agent.reporter import EventQueue, now_iso
 from optimizer.agent.runner import AdoptedJob
+from optimizer.protocol import STANDBY_READY_EVENT
 
 log = logging.getLogger(__name__)
+
+READY = STANDBY_READY_EVENT  # the agent's event: the job in standby waits for its go
 
 
 def wanted(assignment: Assignment) -> bool:
@@ -43,12 +50,24 @@ class Standby:
         self.since: str | None = None  # when `run` started (UTC text), for job_started
         self.pid: int | None = None
         self.given: str | None = None  # the word given: go or stop
+        self.reported = False  # standby_ready sent
+        self._began = time.monotonic()
         self._lock = threading.Lock()
 
     def prepare(self) -> dict[str, str]:
         """Make the go file (a pipe the job waits on); the job's extra environment."""
         standby.prepare(self.go_file)
         return {standby.ENV_STANDBY: "1", standby.ENV_GO_FILE: str(self.go_file)}
+
+    def note_ready(self, exited: bool, queue: EventQueue) -> None:
+        """Report `standby_ready` once the job waits for its go, or has `exited` before it
+        (a start-up that failed: the old job need not wait for it)."""
+        if self.reported or not (exited or standby.ready_file(self.go_file).exists()):
+            return
+        self.reported = True
+        startup_s = round(time.monotonic() - self._began, 3)
+        queue.put(READY, {"exited": exited, "startup_s": startup_s})
+        log.info("the job in standby %s after %.1f s", "ended" if exited else "is ready", startup_s)
 
     def run_started(
         self, pid: int, *, waiting: Callable[[], object], report: Callable[[], object]
@@ -95,4 +114,4 @@ def end_orphan(record: dict[str, object], go_file: Path, grace_s: float) -> None
     job.wait(grace_s + 5.0)
 
 
-__all__ = ["Standby", "end_orphan", "wanted"]
+__all__ = ["READY", "Standby", "end_orphan", "wanted"]

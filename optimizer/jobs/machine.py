@@ -83,6 +83,9 @@ class AttemptView:
     # Its agent reported the job's final checkpoint committed to the job's bucket (a job with
     # `checkpoint`): the job's last state is safe there, so it no longer holds the fence.
     final_checkpoint: bool = False
+    # A replacement whose job runs in standby (docs/standby.md): that job has started up and
+    # waits for its go (jobs/standby.py); True for any other attempt, which has nothing to wait for.
+    standby_ready: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,46 @@
+"""Standby start in the daemon (docs/standby.md): an interrupted attempt's job keeps training
+until its replacement's job, started in standby, has started up (its agent's `standby_ready`),
+within a bound; the power-off less the allowance still stops it in time."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+from optimizer.jobs.handover import handover
+from optimizer.jobs.machine import Stop
+from optimizer.jobs.standby import STANDBY_READY_WAIT, standby_ready
+from optimizer.store import Store
+from optimizer.store.jobs import token_sha256
+from tests.helpers import make_offer
+from tests.helpers.offers import T0
+from tests.test_jobs_machine import NOW, attempt
+
+NOTICE = T0 + timedelta(minutes=10)
+
+
+def test_the_old_job_runs_on_until_the_job_in_standby_is_ready() -> None:
+    old = attempt(interruption_notice_at=NOW, power_off_at=NOW + timedelta(minutes=2))
+    starting = attempt(number=2, key="7-2", standby_ready=False)
+    ready = Stop("7-1", "interrupted; attempt 2 is ready to take over")
+    assert handover(old, starting, now=NOW, probes="quick") is None
+    assert handover(old, replace(starting, standby_ready=True), now=NOW, probes="quick") == ready
+    # The power-off less the allowance stops it all the same.
+    near = handover(old, starting, now=NOW + timedelta(seconds=100), probes="quick")
+    assert near == Stop("7-1", "interrupted; the power-off is near")
+
+
+def test_ready_is_the_agents_report_or_the_bound_after_registration(store: Store) -> None:
+    job = store.jobs.add_job("train", "p", {"run": "x", "checkpoint_dir": "/c"}, at=T0)
+    store.jobs.create_attempt(job, 2, f"{job}-2", make_offer(), token_sha256("new"), NOTICE)
+    new = store.jobs.attempt(f"{job}-2")
+    assert new is not None
+    assert not standby_ready(store, new, now=NOTICE)  # not even registered
+    store.jobs.update_attempt(f"{job}-2", registered_at=NOTICE)
+    new = store.jobs.attempt(f"{job}-2")
+    assert new is not None
+    assert not standby_ready(store, new, now=NOTICE + timedelta(seconds=5))
+    assert standby_ready(store, new, now=NOTICE + STANDBY_READY_WAIT)  # never said: bounded
+    ready = {"id": "r1", "kind": "standby_ready", "data": {"exited": False, "startup_s": 3.1}}
+    store.jobs.record_agent_events(f"{job}-2", [ready], NOTICE + timedelta(seconds=4))
+    assert standby_ready(store, new, now=NOTICE + timedelta(seconds=5))
