@@ -14,7 +14,11 @@ step's wall-clock time) and the daemon's records (the agents' events):
   `standby_since`) → its go (`job_started`'s time): the start-up standby hid;
 - **go → first step**: the time between the go (or, without standby, the process start) and
   the first step: what the job still does after it (loading the checkpoint; without standby,
-  its imports and model too).
+  its imports and model too); and before it, the old job's last step → its final checkpoint
+  committed to the bucket (its SIGTERM, save and upload), and that → the go (the fence
+  lifting, the agent's next fence poll, the restore);
+- **the go's wake-up**: three processes waiting in `wait_for_go`, the go given, each one's
+  wake-up after it (milliseconds; 5 rounds).
 
 The issue's target (on an H200, torch import and CUDA init included): last step → first step
 <= 0.5 s with standby. Here torch runs on the CPU of a loaded host and the daemon, the local
@@ -156,10 +160,24 @@ class Run:
         since = _epoch((started.get("data") or {}).get("standby_since"))
         hidden = None if since is None or go_at is None else go_at - since
         exit_at = _epoch(exited["at"])
+        finals = [
+            e
+            for e in self.store.jobs.agent_events(old.key)
+            if e["kind"] == "checkpoint_committed" and (e.get("data") or {}).get("final")
+        ]
+        final_at = _epoch(finals[0]["at"]) if finals else None
         return {
             "attempt": new_no,
             "standby": bool((started.get("data") or {}).get("standby")),
             "last_step_to_first_step_s": _round(first["t"] - last["t"]),
+            # The stages: the old job's SIGTERM, checkpoint and its upload; the fence lifting
+            # on it, the agent seeing that, the restore; the go (or process start) onwards.
+            "last_step_to_final_checkpoint_s": _round(
+                None if final_at is None else final_at - last["t"]
+            ),
+            "final_checkpoint_to_go_s": _round(
+                None if final_at is None or go_at is None else go_at - final_at
+            ),
             "exit_to_first_step_s": _round(None if exit_at is None else first["t"] - exit_at),
             "process_before_go_s": _round(hidden),
             "go_to_first_step_s": _round(None if go_at is None else first["t"] - go_at),
@@ -173,13 +191,20 @@ class Run:
 
 
 def measure(
-    standby: bool, interruptions: int, *, notice_s: float = 30.0, step_sleep: float = 0.05
+    standby: bool,
+    interruptions: int,
+    *,
+    notice_s: float = 30.0,
+    step_sleep: float = 0.05,
+    keep: Path | None = None,
 ) -> list[dict[str, Any]]:
     """Run the example job under a daemon on the local cloud and interrupt it `interruptions`
-    times; a row per handover (see the module's docstring)."""
+    times; a row per handover (see the module's docstring). `keep`: a folder to run in and
+    leave behind (the daemon's data, the agents' logs), instead of a temporary one."""
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="gpuopt-bench-standby-") as tmp:
-        run = Run(Path(tmp), standby=standby, step_sleep=step_sleep)
+        base = Path(tmp) if keep is None else keep / ("standby" if standby else "plain")
+        run = Run(base, standby=standby, step_sleep=step_sleep)
         try:
             job_id = run.submit()
             for n in range(1, interruptions + 1):
@@ -188,6 +213,39 @@ def measure(
         finally:
             run.close()
     return rows
+
+
+def go_wakeups(rounds: int = 5, waiters: int = 3) -> list[float]:
+    """Milliseconds from `give` to each waiter's return from `wait_for_go`, real processes."""
+    import subprocess
+
+    from optimizer import standby
+
+    code = (
+        "import sys, time; from optimizer.standby import wait_for_go; "
+        "open(sys.argv[2], 'w').close(); wait_for_go(path=sys.argv[1]); print(time.time())"
+    )
+    out: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="gpuopt-bench-go-") as tmp:
+        for n in range(rounds):
+            go = Path(tmp) / f"go-{n}"
+            standby.prepare(go)
+            marks = [Path(tmp) / f"ready-{n}-{i}" for i in range(waiters)]
+            procs = [
+                subprocess.Popen(
+                    [sys.executable, "-c", code, str(go), str(mark)],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    env={**os.environ, "PYTHONPATH": str(ROOT)},
+                )
+                for mark in marks
+            ]
+            wait_until(lambda: all(m.exists() for m in marks), 60, "the waiters")  # noqa: B023
+            time.sleep(0.2)  # into their poll() (the ready mark comes just before it)
+            given = time.time()
+            standby.give(go)
+            out += [(float(p.communicate()[0]) - given) * 1000 for p in procs]
+    return [round(x, 2) for x in out]
 
 
 def _summary(rows: list[dict[str, Any]], key: str) -> dict[str, float] | None:
@@ -206,6 +264,7 @@ def main() -> None:
     parser.add_argument("--interruptions", type=int, default=2)
     parser.add_argument("--notice-s", type=float, default=30.0)
     parser.add_argument("--step-sleep", type=float, default=0.05)
+    parser.add_argument("--keep", type=Path, help="run in this folder and leave it (logs)")
     parser.add_argument(
         "--gpu", action="store_true", help="name the results for a GPU host (torch uses CUDA)"
     )
@@ -214,14 +273,25 @@ def main() -> None:
     sides: dict[str, Any] = {}
     for standby in (False, True):
         rows = measure(
-            standby, args.interruptions, notice_s=args.notice_s, step_sleep=args.step_sleep
+            standby,
+            args.interruptions,
+            notice_s=args.notice_s,
+            step_sleep=args.step_sleep,
+            keep=args.keep,
         )
-        keys = ("last_step_to_first_step_s", "exit_to_first_step_s", "go_to_first_step_s")
+        keys = (
+            "last_step_to_first_step_s",
+            "exit_to_first_step_s",
+            "last_step_to_final_checkpoint_s",
+            "final_checkpoint_to_go_s",
+            "go_to_first_step_s",
+        )
         sides["standby" if standby else "without_standby"] = {
             "handovers": rows,
             **{key: _summary(rows, key) for key in (*keys, "process_before_go_s")},
             "steps_lost": sum(r["steps_lost"] for r in rows),
         }
+    wakeups = go_wakeups()
     result = {
         "bench": "standby_gpu" if args.gpu else "standby",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -229,6 +299,11 @@ def main() -> None:
         "cores": len(os.sched_getaffinity(0)),
         "load_average_1m": round(os.getloadavg()[0], 2),
         **sides,
+        "go_wakeup_ms": {
+            "each": wakeups,
+            "median": round(statistics.median(wakeups), 2),
+            "max": max(wakeups),
+        },
         "target_on_an_h200_s": TARGET_S,
         "wall_s": round(time.monotonic() - began, 1),
         "command": "python bench/standby.py " + " ".join(sys.argv[1:]),
