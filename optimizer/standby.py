@@ -22,10 +22,9 @@ latency for wake-ups. The go itself is the path becoming a regular file holding 
 `stop`), put in place atomically (`os.replace`), and the agent writes the same word into the
 pipe for whoever waits on it. So a process that looks only after the go (a late rank of a
 torchrun job), or many processes at once (a pipe's bytes go to one reader, a regular file is
-there for all), or a shell loop on `[ -f "$GPUOPT_GO_FILE" ]`, all see it. A shell job can
-also block on `cat "$GPUOPT_GO_FILE"`, which prints the word. The one race a pipe leaves (a
-waiter that opened the pipe just after the agent had looked for waiters) is closed by
-looking at the path again every `RECHECK_S`.
+there for all), or a shell loop on `[ -f "$GPUOPT_GO_FILE" ]`, all see it. The one race a
+pipe leaves (a waiter that opened the pipe just after the agent had looked for waiters) is
+closed by looking at the path again every `RECHECK_S`.
 
 This module is for jobs as much as for gpuopt: it imports nothing beyond the standard
 library (as optimizer/progress.py), so a job pays nothing for it. `python -m

@@ -16,11 +16,13 @@ from typing import Any
 
 from optimizer import standby
 from optimizer.agent import Agent
+from optimizer.agent.reporter import DaemonError
 from optimizer.checkpoints import Uploader, commit
 from optimizer.common.procs import proc_start_ticks
 from tests.helpers import wait_until
 from tests.helpers.fake_store import FakeStore
 from tests.test_agent_checkpoints import URI, FencedDaemon, agent_on, data_of
+from tests.test_agent_code import archive
 
 # Builds "the model", says it is ready (pid, and what it saw of standby), waits for the go,
 # then loads the newest checkpoint in its folder and says which. SIGTERM only sets a flag (as a
@@ -259,3 +261,29 @@ def test_a_start_up_that_fails_in_standby_is_reported_and_its_exit_once_the_fenc
     assert kinds.index("job_started") < kinds.index("job_exited")
     [exited] = data_of(daemon, "job_exited")
     assert exited["exit_code"] == 1
+
+
+class RefusingFencedDaemon(FencedDaemon):
+    """Fenced, and its code route refuses the agent."""
+
+    def download(self, url: str, dest: Path, *, timeout_s: float = 300.0) -> None:
+        raise DaemonError(f"{url} answered 403: not this job's code", retryable=False, status=403)
+
+
+def test_code_that_cannot_be_fetched_for_a_standby_start_is_tried_again_after_the_fence(
+    tmp_path: Path,
+) -> None:
+    code, _ = archive(tmp_path)
+    answer = spec(tmp_path, standby=True)
+    answer["job"]["code"] = code.wire()
+    daemon = RefusingFencedDaemon(answer)
+    agent = agent_on(tmp_path / "i-2", daemon, FakeStore(tmp_path / "bucket"))
+    result = start(agent)
+    # Not the attempt's end while the old job runs: it waits at the fence as without standby.
+    wait_until(lambda: agent.state == "fenced" and agent.standby is None, 30, "the fallback")
+    assert "code_failed" not in daemon.kinds() and "job_exited" not in daemon.kinds()
+    daemon.fenced.clear()
+    wait_until(lambda: "code" in result, 30, "the agent to finish")
+    assert result["code"] == 1
+    said = [k for k in daemon.kinds() if k not in ("gpu_telemetry", "checkpoint_failed")]
+    assert said == ["code_failed", "job_exited"]  # no standby_ready, no job_started

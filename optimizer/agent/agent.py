@@ -380,11 +380,17 @@ class Agent:
                 sync.start_prefetch()  # the restore after the fence fetches only what changed
             if wanted(assignment):
                 return self._start_job(assignment, standby=True)
-            lifted = self._await_fence(assignment.fence)
-            if sync is not None:
-                sync.end_prefetch(self.config.flush_s)
-            if not lifted:
-                return self._stopped() if self.stop_reason is not None else self._signalled
+            return self._start_after_fence(assignment)
+        return self._start_job(assignment)
+
+    def _start_after_fence(self, assignment: Assignment) -> int:
+        """Wait for the fence to lift, then start the job."""
+        assert assignment.fence is not None
+        lifted = self._await_fence(assignment.fence)
+        if self.checkpoints is not None:
+            self.checkpoints.end_prefetch(self.config.flush_s)
+        if not lifted:
+            return self._stopped() if self.stop_reason is not None else self._signalled
         return self._start_job(assignment)
 
     def _checkpoint_sync(self, assignment: Assignment) -> CheckpointSync | None:
@@ -545,6 +551,10 @@ class Agent:
             except Interrupted:
                 return self._stopped() if self.stop_reason is not None else self._signalled
             except CodeUnavailable as exc:
+                if standby:  # tried again once the fence lifts, as without standby
+                    log.warning("no code for a standby start (%s): starting after the fence", exc)
+                    self.standby = None
+                    return self._start_after_fence(assignment)
                 return self._code_failed(job.code, str(exc))
             workdir = folder / job.workdir if job.workdir else folder
 
