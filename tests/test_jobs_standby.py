@@ -54,6 +54,7 @@ def test_ready_is_the_agents_report_or_the_bound_after_registration(store: Store
     ready = {"id": "r1", "kind": "standby_ready", "data": {"exited": False, "startup_s": 3.1}}
     store.jobs.record_agent_events(f"{job}-2", [ready], NOTICE + timedelta(seconds=4))
     assert standby_ready(store, new, now=NOTICE + timedelta(seconds=5))
+    assert standby_ready(store, replace(new, nodes=2, registered_at=None), now=NOTICE)  # a gang
 
 
 @pytest.fixture

@@ -23,7 +23,10 @@ STANDBY_READY_WAIT = timedelta(minutes=2)
 
 def standby_ready(store: Store, attempt: AttemptRecord, *, now: datetime) -> bool:
     """Whether the replacement attempt's job, started in standby, has started up (or ended:
-    its start-up failed), or has been waited for long enough."""
+    its start-up failed), or has been waited for long enough. A gang's nodes start their job
+    as without standby (the rendezvous is part of the fence): nothing to wait for."""
+    if attempt.nodes > 1:
+        return True
     if attempt.registered_at is None:
         return False
     if now - attempt.registered_at >= STANDBY_READY_WAIT:
