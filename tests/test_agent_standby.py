@@ -17,6 +17,7 @@ from typing import Any
 from optimizer import standby
 from optimizer.agent import Agent
 from optimizer.agent.reporter import DaemonError
+from optimizer.agent.standby import READY_POLL_S
 from optimizer.checkpoints import Uploader, commit
 from optimizer.common.procs import proc_start_ticks
 from tests.helpers import wait_until
@@ -120,6 +121,7 @@ def test_a_standby_job_starts_at_the_fence_and_loads_the_newest_checkpoint_after
     wait_until(lambda: data_of(daemon, "standby_ready"), 30, "standby_ready")
     [said] = data_of(daemon, "standby_ready")
     assert said["exited"] is False and said["startup_s"] > 0
+    assert agent.standby is not None and agent.standby.poll_s(0.25) == READY_POLL_S  # asks faster
     # The old job's final checkpoint arrives after the new job was ready; then the fence lifts.
     old.checkpoint(2)
     assert not (tmp_path / "marks" / "loaded.txt").exists()  # it waits for the go

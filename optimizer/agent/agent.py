@@ -420,6 +420,7 @@ class Agent:
             delay = self.config.fence_poll_s
             if self.standby is not None and self.job is not None:
                 self.standby.note_ready(self.job.done(), self.queue)
+                delay = self.standby.poll_s(delay)
             try:
                 answer = self.client.poll()
             except DaemonError as exc:

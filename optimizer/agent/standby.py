@@ -29,6 +29,11 @@ from optimizer.protocol import STANDBY_READY_EVENT
 log = logging.getLogger(__name__)
 
 READY = STANDBY_READY_EVENT  # the agent's event: the job in standby waits for its go
+# How often an agent whose job waits in standby, and has said so, asks whether the fence has
+# lifted: the daemon stops the old job on that word, so the lift is seconds away, and the go
+# should follow it closely (the fence's usual poll is 0.25 s). A bounded window: the old
+# job's checkpoint, at most its allowance.
+READY_POLL_S = 0.05
 
 
 def wanted(assignment: Assignment) -> bool:
@@ -68,6 +73,10 @@ class Standby:
         startup_s = round(time.monotonic() - self._began, 3)
         queue.put(READY, {"exited": exited, "startup_s": startup_s})
         log.info("the job in standby %s after %.1f s", "ended" if exited else "is ready", startup_s)
+
+    def poll_s(self, usual: float) -> float:
+        """How long to wait before the next fence poll: shorter once `standby_ready` went."""
+        return min(usual, READY_POLL_S) if self.reported else usual
 
     def run_started(
         self, pid: int, *, waiting: Callable[[], object], report: Callable[[], object]
@@ -114,4 +123,4 @@ def end_orphan(record: dict[str, object], go_file: Path, grace_s: float) -> None
     job.wait(grace_s + 5.0)
 
 
-__all__ = ["READY", "Standby", "end_orphan", "wanted"]
+__all__ = ["READY", "READY_POLL_S", "Standby", "end_orphan", "wanted"]
