@@ -91,11 +91,8 @@ def start(agent: Agent) -> dict[str, int]:
 
 
 def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    """Whether the process runs (a zombie, exited and not yet reaped, does not)."""
+    return proc_start_ticks(pid) is not None
 
 
 def test_a_standby_job_starts_at_the_fence_and_loads_the_newest_checkpoint_after_the_go(
