@@ -238,7 +238,7 @@ def bad_input_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         ),
         "probe": (
             ["probe", "--quick", "--deep"],
-            "gpuopt: error: --quick and --deep exclude each other",
+            "gpuopt: error: --quick, --deep and --handover exclude each other",
         ),
         "config": (
             ["config", "check", str(tmp / "bad-config.yaml")],
