@@ -434,8 +434,11 @@ ROW_FIELDS = frozenset({"api_version", "kind", "name", "policy"})
 
 def stored_form(spec: JobSpec) -> dict[str, Any]:
     """What the store keeps of a submitted spec: its JSON (durations in seconds), less the
-    fields the job's row holds."""
-    return spec.model_dump(mode="json", exclude=set(ROW_FIELDS))
+    fields the job's row holds (and the resources not given)."""
+    out = spec.model_dump(mode="json", exclude=set(ROW_FIELDS))
+    if out.get("resources") is not None:
+        out["resources"] = {k: v for k, v in out["resources"].items() if v is not None}
+    return out
 
 
 def from_stored(stored: Mapping[str, Any], *, name: str, policy: str) -> JobSpec:
