@@ -20,7 +20,8 @@ from typing import Any, TextIO
 import typer
 
 from optimizer.cli.client import call
-from optimizer.cli.code import ship
+from optimizer.cli.code import ShipError, ship, shipping
+from optimizer.cli.common import fail
 
 PLAN_OFFERS = 5
 
@@ -174,7 +175,13 @@ def submit_planned(
     show_job: Callable[[dict[str, Any]], None],
     terminal: Callable[[], bool] = is_terminal,
 ) -> None:
-    """Plan, ask where a person can answer, then ship the code and submit (docs/cli.md)."""
+    """Plan, ask where a person can answer, then ship the code and submit (docs/cli.md).
+    On a terminal the plan comes before the question; elsewhere it is printed (on stderr)
+    once the daemon took the job, so that a refusal's output is the refusal alone."""
+    try:  # a code folder that is not there is refused before anything is asked
+        shipping(spec.workdir, spec_file.resolve().parent, code)
+    except ShipError as exc:
+        fail(str(exc))
     body = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
     plan = call("POST", "/jobs/plan", api, json=body, params={"limit": PLAN_OFFERS})
     if dry_run:
@@ -184,13 +191,16 @@ def submit_planned(
             print_plan(plan, sys.stdout)
             print("dry run: nothing submitted")
         return
-    if not as_json:
+    asking = not yes and terminal()
+    if asking or (yes and not as_json):
         print_plan(plan, sys.stderr)
-    if not yes and terminal() and not ask():
+    if asking and not ask():
         print("not submitted", file=sys.stderr)
         raise typer.Exit(1)
     spec = ship(spec, spec_file, code, api, out=sys.stderr if as_json else sys.stdout)
     answer = call("POST", "/jobs", api, json=spec.model_dump(mode="json", by_alias=True))
+    if not asking and not yes and not as_json:
+        print_plan(plan, sys.stderr)
     if as_json:
         print(json.dumps(answer, indent=2))
     else:
