@@ -196,3 +196,22 @@ def test_a_terminal_is_asked_and_no_stops_it(daemon: DaemonProcess) -> None:
     assert code == 0, out
     assert "Launch? [Y/n] " in out and "asked: pending (policy job-asked" in out
     assert shown(daemon, "asked") is not None
+
+
+def test_echo_hi_runs_without_a_policy_file_or_a_checkpoint(daemon: DaemonProcess) -> None:
+    # The one job here that launches: a local instance, its agent, `echo hi`, exit 0.
+    done = gpuopt(daemon, "run", "-y", "--gpu", "T4", "--provider", "local", "--name", "hi",
+                  "--", "echo", "hi")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (
+        "note: no checkpoint or checkpoint_dir: after an interruption the job restarts "
+        "from the beginning" in done.stderr
+    )
+    ended = wait_until(
+        lambda: (job := shown(daemon, "hi")) and job["state"] in {"succeeded", "failed"} and job,
+        120,
+        "the job to end",
+    )
+    assert ended["state"] == "succeeded", ended["reason"]
+    logs = gpuopt(daemon, "jobs", "logs", "hi")
+    assert "\nhi\n" in logs.stdout
