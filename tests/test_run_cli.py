@@ -68,7 +68,7 @@ def test_dry_run_prints_the_ranked_plan_and_submits_nothing(daemon: DaemonProces
     assert header.split() == [
         "#",
         "PROVIDER",
-        "REGION",
+        "WHERE",
         "TYPE",
         "GPUS",
         "MARKET",
@@ -149,7 +149,32 @@ def test_a_bad_inline_value_is_located_at_its_flag_or_line(
     located = gpuopt(daemon, "jobs", "submit", str(spec), "--dry-run")
     assert located.returncode == 2
     assert located.stderr.startswith(f"{spec}:4:15: resources.compliance: unknown compliance")
-    assert flag.stdout == located.stdout == ""
+    named = gpuopt(daemon, "run", "--name", "Bad_Name", "--", "echo", "hi")
+    assert named.returncode == 2
+    assert named.stderr.startswith("gpuopt: error: --name 'Bad_Name': a job name is 1-63")
+    assert flag.stdout == located.stdout == named.stdout == ""
+
+
+def test_the_plan_gives_the_cost_to_finish_from_the_specs_work(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    spec = tmp_path / "work.yaml"
+    spec.write_text(
+        "name: work\nrun: python train.py\ncheckpoint_dir: /tmp/c\nwork: 10h\n"
+        "deadline: 48h\nresources: {gpu: T4, market: spot}\n"
+    )
+    done = gpuopt(daemon, "jobs", "submit", str(spec), "--dry-run", "--json")
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    assert plan["work_hours"] == 10 and plan["restarts_from_beginning"] is False
+    assert plan["notes"] == [] and len(plan["candidates"]) == 5
+    for c in plan["candidates"]:
+        assert c["expected_usd_to_finish"] == round(10 * c["expected_usd_per_hour"], 2)
+    text = gpuopt(daemon, "jobs", "submit", str(spec), "--dry-run")
+    rows = [line.split() for line in text.stdout.splitlines() if line[:2] == "1 "]
+    assert rows[0][-1] == f"${plan['candidates'][0]['expected_usd_to_finish']:,.2f}"
+    assert "cost to finish: unknown" not in text.stdout
+    assert "restarts from the beginning" not in text.stdout
 
 
 def _on_a_terminal(daemon: DaemonProcess, answer: bytes, *args: str) -> tuple[int, str]:

@@ -43,6 +43,19 @@ def _job(answer: Any) -> JobView:
     return client.read(JobView, answer)
 
 
+def check_name(name: str) -> None:
+    """End the command (exit 2) when `--name` is no job name."""
+    import re
+
+    from policies.schema import NAME_PATTERN
+
+    if not re.fullmatch(NAME_PATTERN, name):
+        fail(
+            f"--name {name!r}: a job name is 1-63 lowercase letters, digits and dashes, "
+            "starting and ending with a letter or digit"
+        )
+
+
 def print_job_answer(answer: Any) -> None:
     """The API's job answer, read and printed as `_print_job` does."""
     _print_job(_job(answer))
@@ -181,17 +194,11 @@ def submit(
     """Check a job spec, print the plan (the offers its launch would walk, the rejections
     by rule), ask "Launch?" on a terminal, and hand it to the daemon with its code
     (docs/cli.md, "The plan"; docs/code.md)."""
-    import re
-
     from optimizer.cli.plan import submit_planned
     from optimizer.jobs.spec import JobSpecError, load_job_spec
-    from policies.schema import NAME_PATTERN
 
-    if name is not None and not re.fullmatch(NAME_PATTERN, name):
-        fail(
-            f"--name {name!r}: a job name is 1-63 lowercase letters, digits and dashes, "
-            "starting and ending with a letter or digit"
-        )
+    if name is not None:
+        check_name(name)
     try:
         spec = load_job_spec(file)
     except JobSpecError as exc:

@@ -31,9 +31,10 @@ def _usd(value: Any, digits: int = 4) -> str:
 
 
 def plan_rows(plan: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """The plan's offers as a table: rank, where, type, market, price, expected USD/h and the
-    expected cost to finish (where the spec gives its work)."""
-    headers = ["#", "PROVIDER", "REGION", "TYPE", "GPUS", "MARKET", "$/H", "EXP $/H", "TO FINISH"]
+    """The plan's offers as a table: rank, where (the zone, else the region), type,
+    market, price, expected USD/h and the expected cost to finish (where the spec gives its
+    work)."""
+    headers = ["#", "PROVIDER", "WHERE", "TYPE", "GPUS", "MARKET", "$/H", "EXP $/H", "TO FINISH"]
     rows = []
     for c in plan.get("candidates", []):
         o = c.get("offer", {})

@@ -134,12 +134,14 @@ def run(
     on a terminal."""
     from pydantic import ValidationError
 
-    from optimizer.cli.jobs import print_job_answer
+    from optimizer.cli.jobs import check_name, print_job_answer
     from optimizer.cli.plan import located, submit_planned
     from optimizer.jobs.spec import JobSpec
 
     if not command:
         fail("give the command to run after `--` (gpuopt run --gpu T4 -- python train.py)")
+    if name is not None:
+        check_name(name)
     resources: dict[str, Any] = {
         "gpu": gpu,
         "gpus": gpus,
