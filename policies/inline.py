@@ -31,8 +31,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from optimizer.common.bounds import Usd
 from policies.loader import parse_policy
-from policies.schema import Bid, Placement, Policy, RegionGlob, Workload
+from policies.schema import Placement, Policy, RegionGlob, Workload
 
 SHIPPED_DEFAULT_TEXT = """\
 apiVersion: gpuopt/v1
@@ -58,7 +59,7 @@ def shipped_default() -> Policy:
     return parse_policy(SHIPPED_DEFAULT_TEXT, path="<gpuopt's default policy>")
 
 
-def _first_problem(exc: ValidationError) -> str:
+def _problems(exc: ValidationError) -> str:
     return "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
 
 
@@ -79,8 +80,8 @@ class Resources(BaseModel):
     market: Literal["spot", "on_demand", "any"] | None = Field(
         None, description="spot, on_demand or any (both): the policy's markets."
     )
-    max_price: float | None = Field(
-        None, gt=0, le=100_000, description="USD per hour, whole instance: bid.max_usd_per_hour."
+    max_price: Usd | None = Field(
+        None, gt=0, description="USD per hour, whole instance: bid.max_usd_per_hour."
     )
     regions: list[RegionGlob] | None = Field(
         None,
@@ -103,7 +104,7 @@ class Resources(BaseModel):
         try:
             return Workload(gpu_models=[value]).gpu_models[0]
         except ValidationError as exc:
-            raise ValueError(_first_problem(exc)) from None
+            raise ValueError(_problems(exc)) from None
 
     @field_validator("compliance")
     @classmethod
@@ -113,7 +114,7 @@ class Resources(BaseModel):
         try:
             return Placement(compliance=value).compliance
         except ValidationError as exc:
-            raise ValueError(_first_problem(exc)) from None
+            raise ValueError(_problems(exc)) from None
 
     @field_validator("providers")
     @classmethod
@@ -123,14 +124,7 @@ class Resources(BaseModel):
         try:
             return list(Placement.model_validate({"providers": value}).providers)
         except ValidationError as exc:
-            raise ValueError(_first_problem(exc)) from None
-
-    @field_validator("max_price")
-    @classmethod
-    def _price(cls, value: float | None) -> float | None:
-        if value is not None:
-            Bid(max_usd_per_hour=value)
-        return value
+            raise ValueError(_problems(exc)) from None
 
     def overrides(self) -> dict[str, Any]:
         """The policy keys this sets, as dotted paths (`workload.gpus`) to their values."""

@@ -103,7 +103,7 @@ def submit_job(spec: JobSpec, state: StateDep) -> dict[str, Any]:
     """Store a job to run under a loaded policy, or under its own: its inline `resources`
     over the policy it names or the daemon's default (optimizer/api/plan.py); 409 if the
     name is taken. The answer carries the job's effective policy."""
-    name, policy, _ = effective_policy(state, spec)
+    name, policy, base = effective_policy(state, spec)
     inline = spec.inline
     spec, unknown = _with_region(state, spec)
     spec = spec.model_copy(update={"policy": name})
@@ -126,9 +126,10 @@ def submit_job(spec: JobSpec, state: StateDep) -> dict[str, Any]:
     assert spec.policy is not None
     event = state.emitter.draft(
         EventKind.JOB_SUBMITTED,
-        f"job {spec.name} submitted under policy {spec.policy}",
+        f"job {spec.name} submitted under policy {spec.policy}"
+        + (f" (inline resources over policy {base})" if inline else ""),
         policy=spec.policy,
-        data={"job": spec.name},
+        data={"job": spec.name, **({"base_policy": base} if inline else {})},
     )
     try:
         job_id = state.store.jobs.add_job(spec.name, spec.policy, body, event=event)
