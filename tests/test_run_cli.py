@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import select
 import subprocess
 from collections.abc import Iterator
@@ -240,3 +241,19 @@ def test_echo_hi_runs_without_a_policy_file_or_a_checkpoint(daemon: DaemonProces
     assert ended["state"] == "succeeded", ended["reason"]
     logs = gpuopt(daemon, "jobs", "logs", "hi")
     assert "\nhi\n" in logs.stdout
+
+
+def test_yes_on_a_terminal_does_not_ask(daemon: DaemonProcess) -> None:
+    code, out = _on_a_terminal(daemon, b"", "run", "-y", "--gpu", "T4", *CHEAP, "--name",
+                               "sure", "--", "echo", "hi")  # fmt: skip
+    assert code == 0, out
+    assert "plan for job sure" in out and "Launch?" not in out
+    assert "sure: pending (policy job-sure" in out
+
+
+def test_the_default_name_is_the_scripts_made_unique() -> None:
+    from optimizer.cli.run import default_name
+
+    first, second = default_name(["python", "Train_v2.py", "--x"]), default_name(["python", "t.py"])
+    assert re.fullmatch(r"train-v2-[0-9a-f]{4}", first) and re.fullmatch(r"t-[0-9a-f]{4}", second)
+    assert re.fullmatch(r"echo-[0-9a-f]{4}", default_name(["echo", "hi"]))
