@@ -66,22 +66,11 @@ def test_dry_run_prints_the_ranked_plan_and_submits_nothing(daemon: DaemonProces
     assert out.startswith("plan for job dry: policy job-dry (inline resources over default)\n")
     assert "  runs on: 1 GPU (T4); markets spot\n" in out
     header = next(line for line in out.splitlines() if line.startswith("#"))
-    assert header.split() == [
-        "#",
-        "PROVIDER",
-        "WHERE",
-        "TYPE",
-        "GPUS",
-        "MARKET",
-        "$/H",
-        "EXP",
-        "$/H",
-        "TO",
-        "FINISH",
-    ]
+    assert header.split() == ["#", "WHERE", "MARKET", "$/H", "EXP", "$/H", "GPUS", "TYPE"]
     rows = [line.split() for line in out.splitlines() if line[:2] in {"1 ", "2 ", "3 "}]
-    assert len(rows) == 3 and all(r[4] == "1xT4" and r[5] == "spot" for r in rows)
-    prices = [float(r[6].lstrip("$")) for r in rows]
+    assert len(rows) == 3 and all(r[1].startswith("local/") for r in rows)
+    assert all(r[2] == "spot" and r[5] == "1xT4" for r in rows)
+    prices = [float(r[3].lstrip("$")) for r in rows]
     assert prices == sorted(prices)
     # Every rule that rejected offers, with its count; the other markets and GPUs are out.
     rejected = next(line for line in out.splitlines() if line.startswith("rejected: "))
@@ -173,7 +162,9 @@ def test_the_plan_gives_the_cost_to_finish_from_the_specs_work(
         assert c["expected_usd_to_finish"] == round(10 * c["expected_usd_per_hour"], 2)
     text = gpuopt(daemon, "jobs", "submit", str(spec), "--dry-run")
     rows = [line.split() for line in text.stdout.splitlines() if line[:2] == "1 "]
-    assert rows[0][-1] == f"${plan['candidates'][0]['expected_usd_to_finish']:,.2f}"
+    header = next(line for line in text.stdout.splitlines() if line.startswith("#"))
+    assert header.split()[5:8] == ["$/H", "TO", "FINISH"]
+    assert rows[0][5] == f"${plan['candidates'][0]['expected_usd_to_finish']:,.2f}"
     assert "cost to finish: unknown" not in text.stdout
     assert "restarts from the beginning" not in text.stdout
 

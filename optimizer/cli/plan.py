@@ -31,26 +31,30 @@ def _usd(value: Any, digits: int = 4) -> str:
 
 
 def plan_rows(plan: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """The plan's offers as a table: rank, where (the zone, else the region), type,
-    market, price, expected USD/h and the expected cost to finish (where the spec gives its
-    work)."""
-    headers = ["#", "PROVIDER", "WHERE", "TYPE", "GPUS", "MARKET", "$/H", "EXP $/H", "TO FINISH"]
+    """The plan's offers as a table: rank, where (provider/zone, else region), market,
+    price, expected USD/h, the expected cost to finish (only when the spec gives its work),
+    GPUs and the instance type last (the column that wraps on a narrow terminal, so the
+    prices are never cut)."""
+    finish = plan.get("work_hours") is not None
+    headers = ["#", "WHERE", "MARKET", "$/H", "EXP $/H"]
+    headers += ["TO FINISH"] if finish else []
+    headers += ["GPUS", "TYPE"]
     rows = []
     for c in plan.get("candidates", []):
         o = c.get("offer", {})
-        rows.append(
-            [
-                str(c.get("rank", "-")),
-                str(o.get("provider", "-")),
-                str(o.get("zone") or o.get("region") or "-"),
-                str(o.get("instance_type", "-")),
-                f"{o.get('gpu_count', '-')}x{o.get('gpu_model', '?')}",
-                str(o.get("market", "-")),
-                _usd(o.get("usd_per_hour")),
-                _usd(c.get("expected_usd_per_hour")),
-                _usd(c.get("expected_usd_to_finish"), 2),
-            ]
-        )
+        row = [
+            str(c.get("rank", "-")),
+            f"{o.get('provider', '-')}/{o.get('zone') or o.get('region') or '-'}",
+            str(o.get("market", "-")),
+            _usd(o.get("usd_per_hour")),
+            _usd(c.get("expected_usd_per_hour")),
+        ]
+        row += [_usd(c.get("expected_usd_to_finish"), 2)] if finish else []
+        row += [
+            f"{o.get('gpu_count', '-')}x{o.get('gpu_model', '?')}",
+            str(o.get("instance_type", "-")),
+        ]
+        rows.append(row)
     return headers, rows
 
 
