@@ -95,7 +95,11 @@ def test_the_daemons_default_policy_is_written_over_and_kept_with_the_job(
     assert doc["workload"]["gpu_models"] == ["T4"] and doc["markets"] == ["spot"]
     assert doc["budget"]["monthly_usd"] == 900 and doc["recovery"]["max_restarts"] == 7
     assert plan["restarts_from_beginning"] is True
-    assert any("restarts from the beginning" in n for n in plan["notes"])
+    assert plan["notes"] == [
+        "no checkpoint or checkpoint_dir: after an interruption the job restarts from the "
+        "beginning, and after a move too (the policy's migration is on)",
+        "no offer meets the policy now: the job would wait, pending",  # no offers polled
+    ]
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][:3] == [
         "body",
         "resources",

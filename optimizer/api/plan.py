@@ -99,6 +99,11 @@ def plan(
         notes.append(
             "no checkpoint or checkpoint_dir: after an interruption the job restarts from "
             "the beginning"
+            + (
+                ", and after a move too (the policy's migration is on)"
+                if policy.migration.enabled
+                else ""
+            )
         )
     taken = state.store.jobs.get_job(spec.name)
     if taken is not None:
