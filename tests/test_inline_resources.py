@@ -126,3 +126,20 @@ def test_a_default_that_is_not_loaded_is_refused_naming_the_setting(tmp_path: Pa
     [problem] = refused.json()["detail"]
     assert problem["loc"] == ["body", "policy"]
     assert problem["msg"].startswith("the daemon's policies.default names it, but no policy")
+
+
+def test_policies_default_is_a_policy_name_in_the_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from optimizer.daemon.config import ConfigError, load_config
+
+    path = tmp_path / "gpuopt.yaml"
+    path.write_text("policies:\n  default: Bad_Name\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    [problem] = [str(p) for p in caught.value.problems]
+    assert problem.startswith(f"{path}:2:12: policies.default: must be 1-63 lowercase")
+    path.write_text("policies: {default: team}\n")
+    assert load_config(path).policies.default == "team"
+    monkeypatch.setenv("GPUOPT_POLICIES__DEFAULT", "other")
+    assert load_config(path).policies.default == "other"
