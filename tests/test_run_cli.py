@@ -230,6 +230,9 @@ def test_echo_hi_runs_without_a_policy_file_or_a_checkpoint(daemon: DaemonProces
         "the job to end",
     )
     assert ended["state"] == "succeeded", ended["reason"]
+    # Launched where the job's own policy allows: a T4 (g4dn.*, or GCP's n1 with a T4).
+    [attempt] = ended["attempts"]
+    assert re.match(r"g4dn\.|n1-.*nvidia-tesla-t4", attempt["instance_type"]), attempt
     logs = gpuopt(daemon, "jobs", "logs", "hi")
     assert "\nhi\n" in logs.stdout
 
