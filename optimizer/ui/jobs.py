@@ -135,7 +135,7 @@ def job_page(state: ApiState, job: JobRecord) -> JobPage:
 
 
 def _deadline(state: ApiState, job: JobRecord, now: datetime) -> DeadlineView | None:
-    loaded = state.policies.get(job.policy)
+    loaded = state.policies.for_job(job)
     found = deadline_view(state.store, job, None if loaded is None else loaded.policy, now)
     return None if found is None else DeadlineView.model_validate(found)
 
