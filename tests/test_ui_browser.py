@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 from fnmatch import fnmatchcase
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,19 @@ def _text(driver: Any, css: str) -> str:
         return str(driver.find_element("css selector", css).text)
     except (NoSuchElementException, StaleElementReferenceException):
         return ""
+
+
+def _handover_drawn(driver: Any) -> bool:
+    """Whether the timeline draws attempt 1's last bar ending after attempt 2's first began."""
+    edges = driver.execute_script(
+        "function bars(n) { return Array.from(document.querySelectorAll("
+        "'#timeline [data-attempt=\"' + n + '\"] rect')).map(function (r) {"
+        "return [r.x.baseVal.value, r.x.baseVal.value + r.width.baseVal.value]; }); }"
+        "var one = bars(1), two = bars(2);"
+        "if (!one.length || !two.length) { return null; }"
+        "return [Math.max.apply(null, one.map(function (b) { return b[1]; })), two[0][0]];"
+    )
+    return edges is not None and edges[0] > edges[1]
 
 
 def test_the_console_follows_a_job_through_an_interruption_and_a_cancel(tmp_path: Path) -> None:
@@ -149,6 +163,8 @@ def test_the_console_follows_a_job_through_an_interruption_and_a_cancel(tmp_path
         cloud.inject_telemetry(second, util=0.55, memory=0.45, memory_gib=16.0, interval_s=1.0)
         assert "job.interrupted" in _text(driver, "#job-events")
         wait_until(lambda: "attempt 2" in _text(driver, "#logs"), 60, "attempt 2's output")
+        # the hot handover: attempt 1's job ran on past attempt 2's start, until it exited
+        wait_until(lambda: _handover_drawn(driver), 30, "attempt 1 drawn until its job's exit")
         shot("04-job-interrupted")
 
         # -- cancel from the page --------------------------------------------------------
@@ -156,7 +172,14 @@ def test_the_console_follows_a_job_through_an_interruption_and_a_cancel(tmp_path
         driver.switch_to.alert.accept()
         wait_until(lambda: "Cancel requested" in _text(driver, ".flash"), 10, "the request")
         wait_until(lambda: "cancelled" in _text(driver, "#job-state"), 60, "the cancel")
+        # ended while the page is open: the output is no longer followed
+        ended = "Output (last 200 lines)"
+        wait_until(lambda: _text(driver, "#logs-h") == ended, 10, "the output's heading")
+        assert "GPU now" not in _text(driver, "dl.facts")
         shot("05-job-cancelled")
+        driver.get(f"{daemon.url}/ui/jobs/nobody")
+        assert _text(driver, "h1") == "Not Found" and "No job named" in _text(driver, "#error")
+        assert _text(driver, 'nav a[aria-current="page"]') == "Jobs"
 
         driver.get(f"{daemon.url}/ui/jobs")
         assert "cancelled" in _text(driver, f'#jobs tr[data-job="{JOB}"]')
@@ -225,6 +248,26 @@ def test_the_console_follows_a_job_through_an_interruption_and_a_cancel(tmp_path
         wait_until(lambda: _text(driver, "h1") == "Overview", 10, "the overview")
         assert driver.execute_script("return document.documentElement.scrollWidth") <= 390 + 1
         shot("11-overview-phone")
+        # the job's page: the timeline keeps legible text and scrolls sideways in its box
+        driver.get(f"{daemon.url}/ui/jobs/{JOB}")
+        wait_until(lambda: _text(driver, "#timeline"), 10, "the timeline")
+        assert driver.execute_script("return document.documentElement.scrollWidth") <= 390 + 1
+        box = driver.execute_script(
+            "var t = document.getElementById('timeline');"
+            "return [t.scrollWidth, t.clientWidth, Array.from("
+            "t.querySelectorAll('.axis text, .row-label, .marker-label')).map(function (e) {"
+            "var r = e.getBoundingClientRect(); return [r.left, r.right, r.top, r.height]; })];"
+        )
+        scroll_w, client_w, texts = box
+        assert scroll_w > client_w and texts and all(h >= 9.5 for *_, h in texts)
+        rows: dict[float, list[tuple[float, float]]] = {}
+        for left, right, top, _ in texts:
+            rows.setdefault(round(top), []).append((left, right))
+        for spans in rows.values():  # labels on one line do not overlap
+            spans.sort()
+            assert all(a[1] <= b[0] for a, b in pairwise(spans)), spans
+        driver.execute_script("document.getElementById('timeline-h').scrollIntoView()")
+        shot("12-job-phone")
         viewport(driver, WIDTH, HEIGHT)
 
         # -- signing out -------------------------------------------------------------------

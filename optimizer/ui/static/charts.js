@@ -176,7 +176,11 @@
     await draw();
     // an ended job's readings are all there are: no data-every, no polling
     if (el.dataset.every) {
-      setInterval(function () { if (!document.hidden) { draw().catch(function () {}); } }, parseInt(el.dataset.every, 10));
+      var timer = setInterval(function () { if (!document.hidden) { draw().catch(function () {}); } }, parseInt(el.dataset.every, 10));
+      // the job ended while its page is open (console.js's refreshed fragment says so)
+      document.addEventListener("refreshed", function () {
+        if (timer !== null && document.querySelector("[data-job-ended]")) { clearInterval(timer); timer = null; draw().catch(function () {}); }
+      });
     }
   }
   function init() {
