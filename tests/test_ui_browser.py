@@ -22,9 +22,10 @@ from typing import Any
 
 import pytest
 
-from optimizer.clock import SteadyClock
+from optimizer.clock import SteadyClock, utc_text
 from optimizer.model import Offer
 from optimizer.ui import console_app
+from optimizer.ui.timeline import job_end
 from providers.local.prices import STEP_S, local_offers
 from providers.snapshot import load_snapshot
 from tests.helpers import TOKEN, api, make_config, running, wait_until, write_policy
@@ -154,6 +155,11 @@ def test_the_console_follows_a_job_through_an_interruption_and_a_cancel(tmp_path
         wait_until(lambda: util.get_attribute("data-points") not in (None, "0"), 30, "util chart")
         wait_until(lambda: _text(driver, "#probes"), 30, "probe results")
         shot("03-job-running")
+        # a minute or two of readings: the time axis spans minutes (10 at least), not years
+        wait_until(lambda: util.get_attribute("data-span"), 10, "the chart's time axis")
+        assert 600 <= int(util.get_attribute("data-span") or 0) <= 3600
+        driver.execute_script("document.getElementById('util-h').scrollIntoView()")
+        shot("03b-job-chart-output")
         cloud.interrupt(first)
         label = '#timeline [data-attempt="1"] .marker-label'
         wait_until(lambda: "interrupted" in _text(driver, label), 60, "the interruption")
@@ -163,8 +169,21 @@ def test_the_console_follows_a_job_through_an_interruption_and_a_cancel(tmp_path
         cloud.inject_telemetry(second, util=0.55, memory=0.45, memory_gib=16.0, interval_s=1.0)
         assert "job.interrupted" in _text(driver, "#job-events")
         wait_until(lambda: "attempt 2" in _text(driver, "#logs"), 60, "attempt 2's output")
-        # the hot handover: attempt 1's job ran on past attempt 2's start, until it exited
-        wait_until(lambda: _handover_drawn(driver), 30, "attempt 1 drawn until its job's exit")
+        # the hot handover: attempt 1 is drawn until its job stopped (the agent's exit
+        # report, else its instance's termination), not its row's end; where that is past
+        # attempt 2's start, the bars overlap
+        job_id = daemon.store.jobs.get_job(JOB).id  # type: ignore[union-attr]
+
+        def settled() -> tuple[Any, Any, Any] | None:
+            old, new = daemon.store.jobs.attempts(job_id)[:2]
+            exited = daemon.store.costs.exits([old.key]).get(old.key)
+            return (old, new, exited) if exited or old.instance_gone else None
+
+        old, new, exited = wait_until(settled, 60, "attempt 1's job to stop")
+        stopped = job_end(old, exited, old.ended_at)  # settled: the time now plays no part
+        until = f'#timeline [data-attempt="1"][data-until="{utc_text(stopped)}"]'
+        wait_until(lambda: driver.find_elements("css selector", until), 30, "drawn to its stop")
+        assert _handover_drawn(driver) == (stopped > new.started_at)
         shot("04-job-interrupted")
 
         # -- cancel from the page --------------------------------------------------------

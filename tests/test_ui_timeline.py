@@ -202,7 +202,10 @@ def test_the_charts_times_are_utc_24_hour_and_one_reading_spans_minutes() -> Non
         f"return {{ticks: c.utcTicks([{t - 3600}, {t + 3600 * 2}, {t + 3600 * 13}], 3600),"
         f" seconds: c.utcTicks([{t + 30}], 30), days: c.utcTicks([{t}, {t + 86400}], 86400),"
         f" stamp: c.utcStamp({t + 3600 * 13}), none: c.utcStamp(null),"
-        f" one: c.timeRange({t}, {t}), wide: c.timeRange({t}, {t + 7200})}}"
+        f" one: c.timeRange({t}, {t}), wide: c.timeRange({t}, {t + 7200}),"
+        # what uPlot asks for one reading: its own thousand days after it
+        f" widened: c.xRange([{t}], {t}, {t + 86_400_000}),"
+        f" zoomed: c.xRange([{t}, {t + 60}], {t}, {t + 7200})}}"
     )
     assert found == {
         # the day under the first tick and under the first of a new day; 24-hour UTC
@@ -213,4 +216,6 @@ def test_the_charts_times_are_utc_24_hour_and_one_reading_spans_minutes() -> Non
         "none": "\u2013",
         "one": [t - 300, t + 300],  # ten minutes around one reading, not years
         "wide": [t, t + 7200],
+        "widened": [t - 300, t + 300],
+        "zoomed": [t, t + 7200],
     }

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 
 from markupsafe import Markup, escape
 
+from optimizer.clock import utc_text
 from optimizer.store.jobs import AttemptRecord
 
 WIDTH = 1000
@@ -127,7 +128,10 @@ def svg(
     for row, a in enumerate(attempts):
         top = AXIS_H + row * ROW_H
         mid = top + ROW_H / 2
-        parts.append(f'<g class="attempt" data-attempt="{a.number}">')
+        until = job_end(a, exits.get(a.key), now)
+        parts.append(
+            f'<g class="attempt" data-attempt="{a.number}" data-until="{utc_text(until)}">'
+        )
         parts.append(f'<text class="row-label" x="4" y="{mid + 4:.1f}">attempt {a.number}</text>')
         for seg in segments(a, now, exits.get(a.key)):
             x0, x1 = x(seg.start), x(seg.end)

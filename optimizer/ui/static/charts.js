@@ -38,15 +38,21 @@
     var mid = (min + max) / 2;
     return [mid - MIN_SPAN_S / 2, mid + MIN_SPAN_S / 2];
   }
+  // uPlot widens one distinct time by a thousand days itself before asking the range: the
+  // data's own times decide then.
+  function xRange(xs, min, max) {
+    if (xs && xs.length && xs[0] === xs[xs.length - 1]) { return timeRange(xs[0], xs[0]); }
+    return timeRange(min, max);
+  }
   function timeScale() {
-    return {time: true, range: function (u, min, max) { return timeRange(min, max); }};
+    return {time: true, range: function (u, min, max) { return xRange(u.data[0], min, max); }};
   }
   function timeAxis() {
     return {label: "UTC", values: function (u, splits, axis, space, step) { return utcTicks(splits, step); }};
   }
   function timeSeries() { return {value: function (u, t) { return utcStamp(t); }}; }
   function utc(ts) { return uPlot.tzDate(new Date(ts * 1000), "Etc/UTC"); }
-  window.gpuoptCharts = {utcTicks: utcTicks, utcStamp: utcStamp, timeRange: timeRange};
+  window.gpuoptCharts = {utcTicks: utcTicks, utcStamp: utcStamp, timeRange: timeRange, xRange: xRange};
   async function load(src) {
     var r = await fetch(src, {credentials: "same-origin"});
     if (r.status === 401) { window.location.reload(); return null; }
@@ -157,6 +163,8 @@
   }
   async function utilization(el) {
     var plot = null, note = document.getElementById("util-note");
+    // the time axis's span in seconds, for the page's readers and tests
+    function spanned(u, key) { if (key === "x") { el.dataset.span = String(Math.round(u.scales.x.max - u.scales.x.min)); } }
     async function draw() {
       var d = await load(el.dataset.src);
       if (!d) { return; }
@@ -170,7 +178,8 @@
         tzDate: utc,
         scales: {x: timeScale(), y: {range: [0, 100]}},
         axes: [timeAxis(), {label: "%", values: function (u, vals) { return vals.map(function (v) { return v + "%"; }); }}],
-        series: [timeSeries(), {label: "utilization", stroke: "#2a8a4a", width: 2, points: {show: true}}, {label: "memory used", stroke: "#0a55a3", width: 2, dash: [6, 4], points: {show: true}}]
+        series: [timeSeries(), {label: "utilization", stroke: "#2a8a4a", width: 2, points: {show: true}}, {label: "memory used", stroke: "#0a55a3", width: 2, dash: [6, 4], points: {show: true}}],
+        hooks: {setScale: [spanned]}
       }), data, el);
     }
     await draw();
