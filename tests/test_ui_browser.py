@@ -160,6 +160,7 @@ def test_the_console_follows_a_job_through_an_interruption_and_a_cancel(tmp_path
         assert 600 <= int(util.get_attribute("data-span") or 0) <= 3600
         driver.execute_script("document.getElementById('util-h').scrollIntoView()")
         shot("03b-job-chart-output")
+        driver.execute_script("window.scrollTo(0, 0)")
         cloud.interrupt(first)
         label = '#timeline [data-attempt="1"] .marker-label'
         wait_until(lambda: "interrupted" in _text(driver, label), 60, "the interruption")
@@ -183,7 +184,8 @@ def test_the_console_follows_a_job_through_an_interruption_and_a_cancel(tmp_path
         stopped = job_end(old, exited, old.ended_at)  # settled: the time now plays no part
         until = f'#timeline [data-attempt="1"][data-until="{utc_text(stopped)}"]'
         wait_until(lambda: driver.find_elements("css selector", until), 30, "drawn to its stop")
-        assert _handover_drawn(driver) == (stopped > new.started_at)
+        if stopped > new.started_at:  # the cloud may also take the job down with its row's end
+            assert _handover_drawn(driver)
         shot("04-job-interrupted")
 
         # -- cancel from the page --------------------------------------------------------

@@ -48,7 +48,8 @@
     return {time: true, range: function (u, min, max) { return xRange(u.data[0], min, max); }};
   }
   function timeAxis() {
-    return {label: "UTC", values: function (u, splits, axis, space, step) { return utcTicks(splits, step); }};
+    // ticks 80 px apart at least: a label with seconds is about 60 px wide
+    return {label: "UTC", space: 80, values: function (u, splits, axis, space, step) { return utcTicks(splits, step); }};
   }
   function timeSeries() { return {value: function (u, t) { return utcStamp(t); }}; }
   function utc(ts) { return uPlot.tzDate(new Date(ts * 1000), "Etc/UTC"); }
