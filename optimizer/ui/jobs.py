@@ -124,7 +124,7 @@ def job_page(state: ApiState, job: JobRecord) -> JobPage:
         job=job,
         attempts=attempts,
         costs=[AttemptView.model_validate(a) for a in job_attempts(state, job.id)],
-        timeline=timeline.svg(attempts, now),
+        timeline=timeline.svg(attempts, now, state.store.costs.exits([a.key for a in attempts])),
         probes=probes,
         gpu=_gpu(state, job),
         events=state.store.events.list_events(job_id=job.id, limit=EVENTS),
