@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 LIST_COLUMNS = [
     Column("NAME", key=True),
     Column("STATE", key=True),
-    Column("PLACEMENT", cut=True, drop=0),
+    Column("PLACEMENT", cut=True, drop=0, least=24),
     Column("MARKET", drop=2),
     Column("$/h", right=True, key=True),
     Column("AGE", right=True, drop=3),
@@ -24,6 +24,7 @@ LIST_COLUMNS = [
     Column("RESTARTS", right=True, drop=3),
     Column("SPEND $", right=True, key=True),
     Column("PROGRESS", cut=True, drop=4),
+    Column("REASON", cut=True, drop=5),
 ]
 
 
@@ -67,6 +68,7 @@ def list_rows(jobs: Sequence[JobView], progress: Any) -> list[list[str]]:
                 str(job.restarts),
                 usd(job.spend_usd),
                 progress(job.progress),
+                job.reason or "-",
             ]
         )
     return rows
@@ -84,10 +86,10 @@ ATTEMPT_COLUMNS = [
     Column("PLACEMENT", key=True),
     Column("MARKET", drop=2),
     Column("$/h", right=True, key=True),
-    Column("STARTED (UTC)", drop=3),
+    Column("STARTED (UTC)", drop=2),
     Column("ENDED (UTC)", drop=3),
-    Column("RAN", right=True, drop=1),
-    Column("END", cut=True, drop=0),
+    Column("RAN", right=True, drop=4),
+    Column("STATUS", cut=True, drop=0),
     Column("COST $", right=True, key=True),
 ]
 
@@ -110,7 +112,7 @@ def attempt_rows(attempts: Sequence[AttemptView]) -> list[list[str]]:
     for a in attempts:
         number = str(a.number) if a.nodes <= 1 else f"{a.gang or a.number}/n{a.node_rank}"
         where = f"{a.provider} {a.zone or a.region} {a.instance_type}"
-        end = a.state if a.end_reason is None else a.end_reason
+        end = a.state if a.end_reason is None else a.end_reason  # live: its state
         if a.terminated_by:
             end += f" (terminated by {a.terminated_by})"
         cost = sum(float(line.total_usd) for line in a.cost_lines)
@@ -173,10 +175,11 @@ def print_show(job: JobDetail, events: Sequence[EventView], *, head: Any, wide: 
     p = job.placement
     if p is not None:
         print(f"  now on: {placement_text(p)}, {p.market} at ${price(p.usd_per_hour)}/h")
-    print(
-        f"  age {duration(job.age_s)}, ran {duration(job.running_s)}, "
-        f"spend so far ${usd(job.spend_usd)}"
-    )
+    if job.age_s is not None:  # a daemon from before the queue's fields gives none
+        print(
+            f"  age {duration(job.age_s)}, ran {duration(job.running_s)}, "
+            f"spend so far ${usd(job.spend_usd)}"
+        )
     for line in policy_lines(job):
         print("  " + line)
     print()

@@ -37,13 +37,15 @@ class Column:
 
     `key`: never dropped nor cut (names, states, prices). `drop`: the order non-key columns
     are dropped in, higher first (ties: the rightmost first). `cut`: long cells may be
-    shortened with an ellipsis (text such as reasons and notes; never a price or a name)."""
+    shortened with an ellipsis (text such as reasons and notes; never a price or a name),
+    down to `least` characters (or its header's width, if wider)."""
 
     header: str
     right: bool = False
     key: bool = False
     drop: int = 1
     cut: bool = False
+    least: int = MIN_CUT
 
 
 Row = Sequence[str]
@@ -107,7 +109,7 @@ def fit(columns: Sequence[Column], rows: Sequence[Row], width: int | None) -> Fi
     widest first, until it fits or they are at their minimum."""
     natural = [_natural(c, i, rows) for i, c in enumerate(columns)]
     floor = [
-        min(natural[i], max(MIN_CUT, len(c.header))) if c.cut and not c.key else natural[i]
+        min(natural[i], max(c.least, len(c.header))) if c.cut and not c.key else natural[i]
         for i, c in enumerate(columns)
     ]
     shown = list(range(len(columns)))
