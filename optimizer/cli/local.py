@@ -122,7 +122,7 @@ def list_instances(
     spec = [
         Column("INSTANCE", key=True),
         Column("STATE", key=True),
-        Column("TYPE", key=True),
+        Column("TYPE", drop=1),
         Column("ZONE", drop=2),
         Column("MARKET", drop=1),
         Column("$/h", right=True, key=True),

@@ -231,6 +231,17 @@ def table(
         print(text, file=stream)
 
 
+def say(text: str, *, wide: bool = False, indent: str = "") -> None:
+    """A line of prose under a table, filled to the width a table would fit (whole when
+    piped without COLUMNS, or wide); `indent` starts each line."""
+    width = target_width(wide=wide)
+    if width is None:
+        print(indent + text)
+        return
+    for line in textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent):
+        print(line)
+
+
 def columns(
     headers: Sequence[str | Column],
     rows: Sequence[Sequence[str]],

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from optimizer.cli.render import Column, table
@@ -14,20 +15,23 @@ if TYPE_CHECKING:
     from policies.engine import Candidate
 
 
+# Key columns whose widest values (a GCP type such as `n1-standard-8+nvidia-tesla-t4:1`)
+# would not fit 80 columns together give way last (drop 1): the provider (its type and region
+# name it), the GPU count and the per-GPU price.
 OFFER_COLUMNS = [
-    Column("provider", key=True),
+    Column("provider", drop=1),
     Column("region", key=True),
     Column("zone", drop=4),
     Column("instance type", key=True),
     Column("GPU", drop=2),
-    Column("GPUs", right=True, key=True),
+    Column("GPUs", right=True, drop=1),
     Column("GiB/GPU", right=True, drop=3),
     Column("vCPUs", right=True, drop=5),
     Column("RAM GiB", right=True, drop=5),
     Column("link", drop=5),
     Column("market", key=True),
     Column("$/h", right=True, key=True),
-    Column("$/GPU-h", right=True, key=True),
+    Column("$/GPU-h", right=True, drop=1),
 ]
 
 
@@ -62,11 +66,11 @@ _RANKED: dict[str, Column] = {
     c.header: c
     for c in (
         Column("#", right=True, key=True),
-        Column("provider", key=True),
+        Column("provider", drop=1),
         Column("region", key=True),
         Column("zone", drop=5),
         Column("instance type", key=True),
-        Column("GPUs", key=True),
+        Column("GPUs", drop=1),
         Column("GiB/GPU", right=True, drop=4),
         Column("headroom", right=True, drop=4),
         Column("market", key=True),
@@ -93,6 +97,25 @@ def _ranked_column(header: str) -> Column:
     if header.endswith(" TFLOPS"):  # `bf16 TFLOPS`: the dtype's
         return Column(header, right=True, drop=3)
     return _RANKED[header]
+
+
+def _score_header(shown: Sequence[Candidate]) -> str | None:
+    """The column the candidates are ranked by (their score): kept whole at any width."""
+
+    def close(a: float | None, b: float) -> bool:
+        return a is not None and abs(a - b) <= 1e-9 * max(1.0, abs(b))
+
+    figures = (
+        ("exp $/h", lambda c: c.expected_usd_per_hour),
+        ("$/1k steps", lambda c: c.usd_per_step),
+        ("$/TFLOP-h", lambda c: c.usd_per_tflop_hour),
+        ("$/TB/s-h", lambda c: c.usd_per_tbps_hour),
+        ("$/GPU-h", lambda c: c.usd_per_gpu_hour),
+    )
+    for header, value in figures:
+        if all(close(value(c), c.score) for c in shown):
+            return header
+    return None
 
 
 def ranking_table(
@@ -169,7 +192,10 @@ def ranking_table(
             if sources:
                 row.append(figures(c))
             rows.append(row)
-        table([_ranked_column(h) for h in headers], rows, title=title, wide=wide)
+        ranked_by = _score_header(shown)
+        spec = [_ranked_column(h) for h in headers]
+        spec = [replace(c, key=True) if c.header == ranked_by else c for c in spec]
+        table(spec, rows, title=title, wide=wide)
     if explain:
         _rejections(ranking, wide=wide)
 

@@ -227,7 +227,7 @@ def _usd(value: float) -> str:
 
 
 def _table(result: Comparison, source: str, assumptions: Path | None, wide: bool = False) -> None:
-    from optimizer.cli.render import Column, table
+    from optimizer.cli.render import Column, say, table
 
     u = result.usage
     title = (
@@ -265,10 +265,12 @@ def _table(result: Comparison, source: str, assumptions: Path | None, wide: bool
     if crossings:
         print("Break-even usage:")
         for b in crossings:
-            print(
-                f"  {b.a} = {b.b} at {b.hours_per_month:,.0f} h/month "
-                f"({b.below} cheaper below, {b.above} above)"
+            say(
+                f"{b.a} = {b.b} at {b.hours_per_month:,.0f} h/month "
+                f"({b.below} cheaper below, {b.above} above)",
+                wide=wide,
+                indent="  ",
             )
     for note in result.notes:
-        print(f"note: {note}")
-    print(result.recommendation)
+        say(f"note: {note}", wide=wide)
+    say(result.recommendation, wide=wide)
