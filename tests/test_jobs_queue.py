@@ -1,4 +1,4 @@
-"""The queue (docs/jobs.md): `GET /jobs` answers where each job runs now, its age, running
+"""The queue (docs/daemon.md): `GET /jobs` answers where each job runs now, its age, running
 time and spend so far, and takes `live=true`; `gpuopt jobs list` prints them as a table
 that fits 80 columns, `--all` adds ended jobs, `-o wide` every column; `gpuopt jobs show`
 prints the attempts, the policy and the latest events. On a real loopback daemon with a

@@ -91,7 +91,7 @@ def list_jobs(
     limit: Annotated[Page, Query()] = 100,
 ) -> dict[str, Any]:
     """Jobs newest first, each with where it runs now, how long it ran and its spend so far
-    (`placement`, `age_s`, `running_s`, `spend_usd`: docs/jobs.md, the queue)."""
+    (`placement`, `age_s`, `running_s`, `spend_usd`: optimizer/jobs/queue.py, docs/daemon.md)."""
     jobs = state.store.jobs.jobs_page(
         state=job_state.value if job_state else None, before_id=before, limit=limit, live=live
     )
