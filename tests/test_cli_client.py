@@ -159,7 +159,7 @@ def test_json_prints_what_the_daemon_sent_and_fields_it_does_not_know_pass(
     # A daemon from before the queue's fields (placement, age, spend): those cells are `-`.
     done = _gpuopt(httpserver, "jobs", "list")
     assert done.exit_code == 0, done.output
-    header = ["NAME", "STATE", "PLACEMENT", "MARKET", "$/h", "AGE", "RUNNING", "RESTARTS"]
+    header = ["NAME", "STATE", "PLACEMENT", "MARKET", "$/h", "AGE", "RAN", "RESTARTS"]
     assert [line.split() for line in done.stdout.splitlines()] == [
         [*header, "SPEND", "$", "PROGRESS", "REASON"],
         ["b", "running", "-", "-", "-", "-", "-", "2", "-", "-", "waiting"],

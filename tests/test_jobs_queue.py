@@ -28,7 +28,7 @@ from tests.helpers.offers import P4DE_24XLARGE, T0
 pytestmark = pytest.mark.usefixtures("daemon_env")
 
 NOW = T0 + timedelta(hours=2)
-LIST_HEADERS = "NAME STATE PLACEMENT MARKET $/h AGE RUNNING RESTARTS SPEND $ PROGRESS REASON"
+LIST_HEADERS = "NAME STATE PLACEMENT MARKET $/h AGE RAN RESTARTS SPEND $ PROGRESS REASON"
 
 
 @pytest.fixture

@@ -4,10 +4,12 @@ out by optimizer/cli/render.py so that both fit a terminal."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from optimizer.cli.render import Column, table
+from optimizer.cli.render import Column, say, table
 from optimizer.common.units import duration_text
 
 if TYPE_CHECKING:
@@ -20,7 +22,7 @@ LIST_COLUMNS = [
     Column("MARKET", drop=2),
     Column("$/h", right=True, key=True),
     Column("AGE", right=True, drop=3),
-    Column("RUNNING", right=True, drop=2),
+    Column("RAN", right=True, drop=2),
     Column("RESTARTS", right=True, drop=3),
     Column("SPEND $", right=True, key=True),
     Column("PROGRESS", cut=True, drop=4),
@@ -167,21 +169,31 @@ def _yaml_lines(data: dict[str, Any], indent: str = "") -> list[str]:
     return out
 
 
+def _in(wide: bool) -> dict[str, Any]:
+    return {"wide": wide, "indent": "  ", "hang": True}
+
+
 def print_show(job: JobDetail, events: Sequence[EventView], *, head: Any, wide: bool) -> None:
     """One job: `head` prints its summary lines (state, reason, progress, GPU, deadline:
     optimizer/cli/jobs.py), then its placement, time and spend, its policy, its attempts
     and its latest events."""
-    head(job)
+    told = io.StringIO()
+    with contextlib.redirect_stdout(told):
+        head(job)
+    for line in told.getvalue().splitlines():
+        text = line.lstrip(" ")
+        say(text, wide=wide, indent=line[: len(line) - len(text)], hang=True)
     p = job.placement
     if p is not None:
-        print(f"  now on: {placement_text(p)}, {p.market} at ${price(p.usd_per_hour)}/h")
+        say(f"now on: {placement_text(p)}, {p.market} at ${price(p.usd_per_hour)}/h", **_in(wide))
     if job.age_s is not None:  # a daemon from before the queue's fields gives none
-        print(
-            f"  age {duration(job.age_s)}, ran {duration(job.running_s)}, "
-            f"spend so far ${usd(job.spend_usd)}"
+        say(
+            f"age {duration(job.age_s)}, ran {duration(job.running_s)}, "
+            f"spend so far ${usd(job.spend_usd)}",
+            **_in(wide),
         )
     for line in policy_lines(job):
-        print("  " + line)
+        say(line.lstrip(" "), indent="  " + line[: len(line) - len(line.lstrip(" "))], wide=wide)
     print()
     if job.attempts:
         table(ATTEMPT_COLUMNS, attempt_rows(job.attempts), title="Attempts", wide=wide)

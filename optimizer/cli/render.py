@@ -231,14 +231,23 @@ def table(
         print(text, file=stream)
 
 
-def say(text: str, *, wide: bool = False, indent: str = "") -> None:
-    """A line of prose under a table, filled to the width a table would fit (whole when
-    piped without COLUMNS, or wide); `indent` starts each line."""
+def say(text: str, *, wide: bool = False, indent: str = "", hang: bool = False) -> None:
+    """A line of prose beside a table, filled to the width a table would fit (whole when
+    piped without COLUMNS, or wide); `indent` starts each line, and `hang` indents the
+    lines after the first two spaces more."""
     width = target_width(wide=wide)
     if width is None:
         print(indent + text)
         return
-    for line in textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent):
+    lines = textwrap.wrap(
+        text,
+        width,
+        initial_indent=indent,
+        subsequent_indent=indent + "  " if hang else indent,
+        break_long_words=False,  # a path or a URI stays whole, past the edge if it must
+        break_on_hyphens=False,
+    )
+    for line in lines or [indent.rstrip()]:
         print(line)
 
 

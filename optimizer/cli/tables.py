@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from optimizer.cli.render import Column, table
+from optimizer.cli.render import Column, say, table
 from optimizer.model import Offer
 
 if TYPE_CHECKING:
@@ -128,11 +128,12 @@ def ranking_table(
         f"qualify, best first (source: {source})"
     )
     if ranking.window is not None:
-        print(f"Ranked under schedule window {ranking.window}, in force at {ranking.at}.")
+        say(f"Ranked under schedule window {ranking.window}, in force at {ranking.at}.", wide=wide)
     if ranking.cooling_down:
-        print(
+        say(
             f"{ranking.cooling_down} offers left out: their pools are in cooldown after a "
-            "failed or interrupted launch, and a launch would not use them now."
+            "failed or interrupted launch, and a launch would not use them now.",
+            wide=wide,
         )
     if not shown:
         why = "the rejections by rule follow." if explain else "run with --explain to see why."
@@ -328,5 +329,5 @@ def costs_table(
         wide=wide,
     )
     if not totals.get("baseline_known", True):
-        print("* some attempts had no on-demand price of their type and region")
-    print(note)
+        say("* some attempts had no on-demand price of their type and region", wide=wide)
+    say(note, wide=wide)
