@@ -150,7 +150,7 @@ def test_jobs_list_is_a_table_that_fits_the_terminal(daemon: Daemon, columns: in
     assert f"{spend['hot']:,.2f}" in by_name["hot"]
     if columns == 80:
         note = " ".join(rows[len(table) :])
-        assert note.startswith("(4 columns hidden to fit 80 columns: AGE, RESTARTS, PROGRESS, ")
+        assert note.startswith("(3 columns hidden to fit 80 columns: RESTARTS, PROGRESS, ")
         assert note.endswith("-o wide shows all)")
     everything = cli("jobs", "list", "--all", "--api", daemon.url, columns=columns)
     assert any(line.startswith("done ") for line in everything)
