@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 LIST_COLUMNS = [
     Column("NAME", key=True),
     Column("STATE", key=True),
-    Column("PLACEMENT", cut=True, drop=0, least=24),
+    Column("PLACEMENT", key=True),
     Column("MARKET", drop=2),
     Column("$/h", right=True, key=True),
     Column("AGE", right=True, drop=3),

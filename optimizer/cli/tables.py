@@ -130,9 +130,13 @@ def ranking_table(
     if ranking.window is not None:
         say(f"Ranked under schedule window {ranking.window}, in force at {ranking.at}.", wide=wide)
     if ranking.cooling_down:
+        n = ranking.cooling_down
         say(
-            f"{ranking.cooling_down} offers left out: their pools are in cooldown after a "
-            "failed or interrupted launch, and a launch would not use them now.",
+            f"{n} offers left out: their pools are in cooldown after a failed or interrupted "
+            "launch, and a launch would not use them now."
+            if n > 1
+            else "1 offer left out: its pool is in cooldown after a failed or interrupted "
+            "launch, and a launch would not use it now.",
             wide=wide,
         )
     if not shown:
