@@ -187,3 +187,32 @@ def test_jobs_show_prints_attempts_policy_and_latest_events(daemon: Daemon) -> N
         "1", "aws", "use1-az1", "g5.xlarge", "spot", "0.5000", "01-15", "12:00", "01-15",
         "12:30", "30", "min", "succeeded", "(terminated", "by", "gpuopt)", row.split()[-1],
     ]  # fmt: skip
+
+
+def test_the_effective_policy_is_printed_when_the_api_gives_one() -> None:
+    """`jobs show`'s policy block: the name, and the effective policy (the job's inline
+    resources merged over its policy) one `key: value` a line once the API answers one."""
+    from optimizer.answers import JobDetail
+    from optimizer.cli.queue import policy_lines
+
+    base: dict[str, Any] = {
+        "id": 1, "name": "a", "policy": "default", "state": "pending", "reason": None,
+        "restarts": 0, "created_at": None, "updated_at": None, "cancel_requested_at": None,
+        "removed_at": None, "spec": {}, "attempts": [], "gpu": None,
+    }  # fmt: skip
+    assert policy_lines(JobDetail.model_validate(base)) == ["policy: default"]
+    effective = {
+        "markets": ["spot", "on_demand"],
+        "workload": {"gpus": 1, "gpu_model": "T4"},
+        "bid": {"max_usd_per_hour": 0.5},
+    }
+    shown = policy_lines(JobDetail.model_validate({**base, "effective_policy": effective}))
+    assert shown == [
+        "policy: default",
+        "  markets: [spot, on_demand]",
+        "  workload:",
+        "    gpus: 1",
+        "    gpu_model: T4",
+        "  bid:",
+        "    max_usd_per_hour: 0.5",
+    ]
