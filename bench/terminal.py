@@ -8,8 +8,9 @@ in a local bucket): `train-example`, long, and `eval-short`, which finishes. Onc
 `train-example` has reported progress it interrupts its instance (`gpuopt local interrupt`),
 waits for the job to run again on its second attempt, and captures each command with
 `COLUMNS=80` and `COLUMNS=120` (piped output fits COLUMNS: optimizer/cli/render.py) into
-bench/results/terminal/<command>-<width>.txt, each under the command line it ran. Then it
-cancels the job and stops the daemon.
+bench/results/terminal/<command>-<width>.txt, each under the command line it ran (the
+temporary data directory written as `$GPUOPT_DATA_DIR`). Then it cancels the job and stops
+the daemon.
 
     python bench/terminal.py
 """
@@ -145,7 +146,8 @@ def main() -> None:
         RESULTS.mkdir(parents=True, exist_ok=True)
         for name, args in COMMANDS.items():
             for width in WIDTHS:
-                out = gpuopt(*args, columns=width)
+                # the data directory is a fresh temporary folder: named as its setting
+                out = gpuopt(*args, columns=width).replace(str(data), "$GPUOPT_DATA_DIR")
                 text = f"$ COLUMNS={width} gpuopt {' '.join(args)}\n{out}"
                 (RESULTS / f"{name}-{width}.txt").write_text(text)
                 widest = max(len(line) for line in out.splitlines())

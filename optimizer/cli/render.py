@@ -2,7 +2,9 @@
 
 A table is a list of `Column`s and rows of text cells. At a given width it drops its least
 important columns first (a `Column`'s `drop` rank: higher goes first, then the rightmost),
-then shortens long text cells with an ellipsis (only columns marked `cut`), until it fits.
+as long as the table would not fit even with its long text shortened, then shortens long
+text cells with an ellipsis (only columns marked `cut`, the widest first, each down to its
+`least`), until it fits.
 Key columns (names, prices) are never dropped and never cut: a table whose key columns alone
 are wider than the terminal runs past its edge rather than lose a digit. When something was
 hidden or shortened, a note under the table says so and that `-o wide` shows it all.
