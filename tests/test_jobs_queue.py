@@ -185,7 +185,7 @@ def test_jobs_show_prints_attempts_policy_and_latest_events(daemon: Daemon) -> N
     row = done[done.index("Attempts") + 2]
     assert row.split() == [
         "1", "aws", "use1-az1", "g5.xlarge", "spot", "0.5000", "01-15", "12:00", "01-15",
-        "12:30", "30", "min", "succeeded", "(terminated", "by", "gpuopt)", row.split()[-1],
+        "12:30", "30", "min", "succeeded", "(by", "gpuopt)", row.split()[-1],
     ]  # fmt: skip
 
 

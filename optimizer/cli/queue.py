@@ -116,7 +116,7 @@ def attempt_rows(attempts: Sequence[AttemptView]) -> list[list[str]]:
         where = f"{a.provider} {a.zone or a.region} {a.instance_type}"
         end = a.state if a.end_reason is None else a.end_reason  # live: its state
         if a.terminated_by:
-            end += f" (terminated by {a.terminated_by})"
+            end += f" (by {a.terminated_by})"  # who ended its instance: cloud, gpuopt
         cost = sum(float(line.total_usd) for line in a.cost_lines)
         rows.append(
             [
