@@ -87,7 +87,7 @@ class PlacementView(Answer):
 class JobView(Answer):
     """A job. The queue's fields (optimizer/jobs/queue.py): `placement` (null: on no
     instance now), `age_s` since it was submitted, `running_s` it ran over all its attempts,
-    `spend_usd` so far (the ledger's total of its lines)."""
+    `spend_usd` so far (its instances' cost, the cost report's `spend_usd`)."""
 
     id: int
     name: str

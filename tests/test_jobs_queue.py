@@ -124,9 +124,9 @@ def test_the_queue_answers_where_each_job_runs_now_and_what_it_cost(daemon: Daem
     assert (hot["age_s"], hot["running_s"]) == (7200, 105 * 60)
     assert listed["waiting"]["placement"] is None and listed["waiting"]["running_s"] == 0
     assert listed["done"]["placement"] is None and listed["done"]["running_s"] == 25 * 60
-    # Spend so far is the cost report's total for the job: one definition.
+    # Spend so far is the cost report's spend for the job: one definition.
     for name in ("hot", "done"):
-        assert listed[name]["spend_usd"] == pytest.approx(costs[name]["total_usd"], abs=1e-6)
+        assert listed[name]["spend_usd"] == pytest.approx(costs[name]["spend_usd"], abs=1e-6)
         assert listed[name]["spend_usd"] > 0
     assert listed["waiting"]["spend_usd"] == 0
     assert {k: shown[k] for k in ("placement", "age_s", "running_s", "spend_usd")} == {

@@ -27,11 +27,14 @@ markets: [spot, on_demand]
 """
 
 
-def gpuopt(*args: str, columns: int | None, env: dict[str, str] | None = None) -> list[str]:
+def run(*args: str, columns: int | None, env: dict[str, str] | None = None) -> list[str]:
     given = dict(env or {}) | ({} if columns is None else {"COLUMNS": str(columns)})
     done = CliRunner().invoke(app, list(args), env=given)
     assert done.exit_code == 0, done.output
     return done.stdout.splitlines()
+
+
+gpuopt = run
 
 
 def fits(lines: list[str], width: int) -> None:
@@ -46,7 +49,10 @@ def no_daemon(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_offers_fit_with_every_price_whole(width: int) -> None:
+def test_offers_fit_with_every_price_whole(width: int, no_daemon: dict[str, str]) -> None:
+    def gpuopt(*args: str, columns: int | None) -> list[str]:
+        return run(*args, columns=columns, env=no_daemon)
+
     lines = gpuopt("offers", "--limit", "15", columns=width)
     fits(lines, width)
     offers = json.loads("\n".join(gpuopt("offers", "--limit", "15", "--json", columns=width)))

@@ -68,7 +68,7 @@ def job_view(
 def _view(state: ApiState, job: JobRecord) -> dict[str, Any]:
     """The job object with its progress, placement and spend now."""
     now = state.clock()
-    spend = Ledger(state.store, state.clock).total(job_id=job.id, now=now).total_usd
+    spend = Ledger(state.store, state.clock).total(job_id=job.id, now=now).spend_usd
     fields = queue_fields(job.created_at, state.store.jobs.attempts(job.id), spend, now)
     return job_view(job, job_progress(state.store, job, now), fields)
 

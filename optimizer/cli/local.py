@@ -169,6 +169,49 @@ def _state(record: InstanceRecord) -> str:
     return f"{record.state} ({who or record.end_reason})"
 
 
+@app.command("history")
+def history(
+    days: Annotated[
+        int, typer.Option("--days", min=1, max=90, help="Days of history before the store's first.")
+    ] = 7,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", help="The daemon config whose store to write.", dir_okay=False),
+    ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option("--until", help="ISO 8601 time the days end at (default: now)."),
+    ] = None,
+) -> None:
+    """Write the local cloud's simulated prices of the last --days into the daemon's store,
+    one point per pool and hour before its first local price (a function of the seed, the
+    pool and the time, labelled simulated), for backtests and charts from the first minute."""
+    from datetime import UTC, datetime
+
+    from optimizer.cli.db import _sqlite_file_missing, configured_database_url
+    from optimizer.store import Store
+    from providers.local.history import backfill
+
+    end = datetime.now(UTC)
+    if until is not None:
+        from optimizer.cli.ranked import parse_at
+
+        end = parse_at(until, option="--until")
+    url = configured_database_url(config)
+    if _sqlite_file_missing(url):
+        fail("no store yet: start the daemon once (it creates it, and writes this history)")
+    cloud = _cloud(default_state_dir())
+    with Store(url) as store:
+        done = backfill(
+            cloud,
+            store.prices.record_history,
+            store.prices.earliest_observation("local"),
+            now=end,
+            days=days,
+        )
+    print(done.summary())
+
+
 @app.command("interrupt")
 def interrupt(
     instance: Annotated[str, typer.Argument(help="Instance id, e.g. i-local-0001.")],

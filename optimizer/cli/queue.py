@@ -92,7 +92,7 @@ ATTEMPT_COLUMNS = [
     Column("ENDED (UTC)", drop=3),
     Column("RAN", right=True, drop=4),
     Column("STATUS", cut=True, drop=0),
-    Column("COST $", right=True, key=True),
+    Column("SPEND $", right=True, key=True),
 ]
 
 
@@ -117,7 +117,7 @@ def attempt_rows(attempts: Sequence[AttemptView]) -> list[list[str]]:
         end = a.state if a.end_reason is None else a.end_reason  # live: its state
         if a.terminated_by:
             end += f" (by {a.terminated_by})"  # who ended its instance: cloud, gpuopt
-        cost = sum(float(line.total_usd) for line in a.cost_lines)
+        cost = sum(float(line.spend_usd) for line in a.cost_lines)
         rows.append(
             [
                 number,

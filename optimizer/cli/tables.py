@@ -52,13 +52,15 @@ def offers_table(offers: Sequence[Offer], *, total: int, source: str, wide: bool
             f"{o.ram_gib:g}",
             o.interconnect.value,
             o.market.value,
-            f"{o.usd_per_hour:.4f}",
+            f"{o.usd_per_hour:.4f}" + (" sim" if o.source == "simulated" else ""),
             f"{o.usd_per_gpu_hour:.4f}",
         ]
         for o in offers
     ]
     title = f"{len(offers)} of {total} offers, cheapest first (source: {source})"
     table(OFFER_COLUMNS, rows, title=title, wide=wide)
+    if any(o.source == "simulated" for o in offers):
+        say("sim: a simulated price (the local cloud's), not a quote", wide=wide)
 
 
 # The ranking's columns beyond the first ones, by header: how each gives way.

@@ -126,7 +126,12 @@ def tco(
     if from_history:
         from optimizer.cli.tco_history import read_history
 
-        history = read_history(api, policy_name)
+        history = read_history(
+            api,
+            policy_name,
+            capacity=f"{gpus}x {spec.name}",
+            default_overhead=values.spot.overhead_fraction,
+        )
         notes.extend(history.notes)
         if history.overhead_fraction is not None:
             values = values.model_copy(
@@ -190,9 +195,11 @@ def _offers(catalog: Path | None, providers: list[str]) -> tuple[list[Offer], st
     from optimizer.cli.sources import gather
 
     gathered = gather(names, (), commitments=True)
+    lacking = [str(g) for g in gathered.lacking]
     for note in gathered.notes:
-        print(f"gpuopt: {note}", file=sys.stderr)
-    return gathered.offers, ", ".join(gathered.names), [str(g) for g in gathered.lacking]
+        if note not in lacking:  # those are the comparison's notes, printed once under it
+            print(f"gpuopt: {note}", file=sys.stderr)
+    return gathered.offers, ", ".join(gathered.names), lacking
 
 
 def _under_policy(path: Path, offers: list[Offer]) -> tuple[list[Offer], str]:
@@ -261,6 +268,7 @@ def _table(result: Comparison, source: str, assumptions: Path | None, wide: bool
             ]
         )
     table(spec, rows, title=title, wide=wide)
+    say(f"* the cheapest option at {h:g} h/month", wide=wide)
     crossings = [b for b in result.break_evens if b.hours_per_month is not None]
     if crossings:
         print("Break-even usage:")

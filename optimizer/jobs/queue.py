@@ -8,9 +8,9 @@ for how long it has run, and what it has cost so far.
 - **running_s**: the time the job ran, over all its attempts (the union of each attempt's
   span from its job's start to the attempt's end, or now), so a handover's overlap counts
   once.
-- **spend_usd**: the cost ledger's total of the job's lines (instances, their root volumes
-  and the job's state: checkpoints at rest, restores' egress; `Cost.total_usd`, the
-  console's spend), live attempts priced up to now.
+- **spend_usd**: the job's spend so far as every surface means it (`Cost.spend_usd`: its
+  instances' cost, what the on-demand baseline and the savings compare with; the cost
+  report's and the console's `spend`), live attempts priced up to now.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def spend_by_job(lines: Iterable[Line]) -> dict[int, float]:
     by: dict[int, list[Line]] = {}
     for line in lines:
         by.setdefault(line.job_id, []).append(line)
-    return {job_id: total(line.cost for line in items).total_usd for job_id, items in by.items()}
+    return {job_id: total(line.cost for line in items).spend_usd for job_id, items in by.items()}
 
 
 def queue_fields(

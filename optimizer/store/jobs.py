@@ -19,6 +19,7 @@ from sqlalchemy import Connection, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from optimizer.clock import parse_utc
+from optimizer.common.jobnames import REMOVED_MARK
 from optimizer.lifecycle import TERMINAL_JOB_STATES, AttemptState
 from optimizer.model import Offer, Pool
 from optimizer.store.engine import (
@@ -32,7 +33,7 @@ from optimizer.store.engine import (
 )
 from optimizer.store.events import commit_time, write_event, write_events
 from optimizer.store.probes import write_probe_result
-from optimizer.store.records import REMOVED_MARK, JobRecord, NewEvent
+from optimizer.store.records import JobRecord, NewEvent
 from optimizer.store.tables import AgentEvent, Attempt, Job, PoolCooldown
 from optimizer.store.telemetry import GPU_TELEMETRY, write_telemetry
 

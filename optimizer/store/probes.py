@@ -28,8 +28,8 @@ from typing import Any
 from sqlalchemy import Connection, func, insert, select
 
 from optimizer.clock import utc_text
+from optimizer.common.jobnames import given_name
 from optimizer.store.engine import Database, table
-from optimizer.store.records import given_name
 from optimizer.store.tables import Attempt, Job, ProbeResult
 
 _PROBE = table(ProbeResult)

@@ -163,16 +163,25 @@ class LocalCloud:
 
     # --- Provider ----------------------------------------------------------------------
 
-    def fetch_offers(self, regions: Sequence[str] | None = None) -> list[Offer]:
+    def offers_at(self, t: float) -> list[Offer]:
+        """Every region's offers as they were at epoch time `t` (no pins: a price history,
+        `providers/local/history.py`)."""
+        return local_offers(self._load_snapshot(), self.walk, t)
+
+    def _load_snapshot(self) -> list[Offer]:
         if self._snapshot is None:
             from providers.snapshot import load_snapshot
 
             self._snapshot = load_snapshot()
+        return self._snapshot
+
+    def fetch_offers(self, regions: Sequence[str] | None = None) -> list[Offer]:
+        snapshot = self._load_snapshot()
         now = self.clock()
         if self._server is not None:  # the running cloud starts pins' clocks
             market.stamp(self.state, now)
         pins = market.load(self.state).prices(now)
-        return local_offers(self._snapshot, self.walk, now, regions, pins)
+        return local_offers(snapshot, self.walk, now, regions, pins)
 
     def launch(self, offer: Offer, spec: LaunchSpec, idempotency_key: str) -> InstanceRef:
         if offer.provider != self.name:
