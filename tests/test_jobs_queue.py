@@ -216,3 +216,18 @@ def test_the_effective_policy_is_printed_when_the_api_gives_one() -> None:
         "  bid:",
         "    max_usd_per_hour: 0.5",
     ]
+
+
+def test_the_progress_cell_gives_no_eta_once_the_job_reached_its_total() -> None:
+    from optimizer.answers import ProgressView
+    from optimizer.cli.jobs import progress_cell
+
+    def view(step: int, eta: str | None) -> ProgressView:
+        return ProgressView(
+            step=step, total=600, at=None, fraction_done=step / 600, steps_per_hour=3600.0,
+            instance_type="g5.xlarge", by_type={}, eta=eta,
+        )  # fmt: skip
+
+    assert progress_cell(view(150, "2026-12-05T00:10:00Z")) == "25% ETA 12-05 00:10"
+    assert progress_cell(view(600, "2026-12-04T23:59:00Z")) == "100%"
+    assert progress_cell(None) == "-"

@@ -99,7 +99,9 @@ def progress_cell(p: ProgressView | None) -> str:
     if p is None:
         return "-"
     done = f"{p.step / p.total:.0%}" if p.total else f"step {p.step:,}"
-    return f"{done} ETA {p.eta[5:10]} {p.eta[11:16]}" if p.eta else done
+    if not p.eta or (p.total is not None and p.step >= p.total):  # no ETA once it is done
+        return done
+    return f"{done} ETA {p.eta[5:10]} {p.eta[11:16]}"
 
 
 def _print_code(spec: Any) -> None:
