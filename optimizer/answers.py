@@ -67,7 +67,28 @@ class ProgressView(Answer):
     eta: str | None
 
 
+class PlacementView(Answer):
+    """Where a job runs now (optimizer/jobs/queue.py): its attempt, pool and launch price,
+    node count, whether the job runs there yet (false while it launches or probes) and
+    since when."""
+
+    attempt: int
+    provider: str
+    region: str
+    zone: str | None
+    instance_type: str
+    market: str
+    usd_per_hour: Number | None
+    nodes: int
+    running: bool
+    since: str | None
+
+
 class JobView(Answer):
+    """A job. The queue's fields (optimizer/jobs/queue.py): `placement` (null: on no
+    instance now), `age_s` since it was submitted, `running_s` it ran over all its attempts,
+    `spend_usd` so far (its instances' cost, the cost report's `spend_usd`)."""
+
     id: int
     name: str
     policy: str
@@ -80,6 +101,10 @@ class JobView(Answer):
     removed_at: str | None
     spec: Object
     progress: ProgressView | None = None
+    placement: PlacementView | None = None
+    age_s: Number | None = None
+    running_s: Number | None = None
+    spend_usd: Number | None = None
     # The policy the job runs under, as a policy document (its own for inline resources):
     # in a submit's answer and in GET /jobs/{name}; null in lists, and where not loaded.
     effective_policy: Object | None = None

@@ -78,6 +78,14 @@ def shared_catalog_dir() -> Path:
 # -- the environment -------------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def no_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No `COLUMNS` but the one a test sets: pytest-xdist's workers carry COLUMNS=80, and a
+    piped table fits COLUMNS when it is set (optimizer/cli/render.py), so a test that reads a
+    whole table would see it cut under xdist only. The one autouse environment fixture."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
 @pytest.fixture
 def daemon_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """No GPUOPT_* setting from the developer's shell leaks into a test's config (the

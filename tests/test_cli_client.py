@@ -156,11 +156,14 @@ def test_json_prints_what_the_daemon_sent_and_fields_it_does_not_know_pass(
     done = _gpuopt(httpserver, "jobs", "list", "--json")
     assert done.exit_code == 0, done.output
     assert done.stdout == json.dumps(jobs, indent=2) + "\n"
+    # A daemon from before the queue's fields (placement, age, spend): those cells are `-`.
     done = _gpuopt(httpserver, "jobs", "list")
     assert done.exit_code == 0, done.output
-    assert done.stdout.splitlines() == [
-        f"{'b':<24} {'running':<13} restarts 2   {'-':<20} waiting",
-        f"{'a':<24} {'running':<13} restarts 1   {'-':<20} ",
+    header = ["NAME", "STATE", "PLACEMENT", "MARKET", "$/h", "AGE", "RAN", "RESTARTS"]
+    assert [line.split() for line in done.stdout.splitlines()] == [
+        [*header, "SPEND", "$", "PROGRESS", "REASON"],
+        ["b", "running", "-", "-", "-", "-", "-", "2", "-", "-", "waiting"],
+        ["a", "running", "-", "-", "-", "-", "-", "1", "-", "-", "-"],
     ]
 
 
@@ -210,6 +213,15 @@ def test_jobs_show_and_events_print_what_they_printed_from_dicts(
         "  cancel requested at 2026-03-01T12:05:00Z; the daemon is stopping it",
         "  GPU: utilization 3% now (12:04 UTC), 5% average since 11:58 UTC; peak memory 16.0"
         " of 80.0 GiB (20%) [simulated]",
+        "  policy: train",
+        "",
+        "Attempts: none yet",
+        "",
+        "Latest 3 events (gpuopt jobs events a shows all)",
+        "AT (UTC)     SEVERITY  KIND           MESSAGE",
+        "03-01 12:01  info      job.submitted  job.submitted happened",
+        "03-01 12:02  info      job.launching  job.launching happened",
+        "03-01 12:03  info      job.running    job.running happened",
     ]
     done = _gpuopt(httpserver, "jobs", "events", "a")
     assert done.exit_code == 0, done.output

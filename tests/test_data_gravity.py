@@ -169,7 +169,7 @@ def test_the_offers_table_shows_the_move_beside_each_candidate(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from optimizer.cli.ranking_view import RankingView
-    from optimizer.cli.render import ranking_table
+    from optimizer.cli.tables import ranking_table
 
     ranked = evaluate(policy(), [ACROSS, BESIDE], T0, state=BIG)
     ranking_table(RankingView.of(ranked), limit=0, explain=False, source="test")

@@ -131,7 +131,8 @@ def test_reports_become_progress_speeds_and_an_eta_on_every_face(
         "g6.xlarge; ETA 2026-01-15 15:48 UTC"
     ) in lines
     assert "  steps/h by instance type: g5.xlarge 1,000, g6.xlarge 3,000" in lines
-    [row] = cli(daemon, "jobs", "list").splitlines()
+    header, row = cli(daemon, "jobs", "list").splitlines()
+    assert header.split()[0] == "NAME" and row.startswith("train ")
     assert "21% ETA 01-15 15:48" in row
 
     with httpx.Client(base_url=daemon.url, timeout=10) as page:

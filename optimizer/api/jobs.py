@@ -21,7 +21,9 @@ from optimizer.daemon.policies import POLICY_DOCUMENT
 from optimizer.jobs.advice import job_advice
 from optimizer.jobs.deadlines import deadline_view
 from optimizer.jobs.gang import head_number
+from optimizer.jobs.ledger import Ledger
 from optimizer.jobs.progress import JobProgress, job_progress, jobs_progress
+from optimizer.jobs.queue import queue_fields, spend_by_job
 from optimizer.jobs.spec import JobSpec, bucket_provider, stored_form
 from optimizer.jobs.state import BucketRefused, BucketUnreachable
 from optimizer.lifecycle import TERMINAL_JOB_STATES, JobState
@@ -41,9 +43,12 @@ from policies.schema import Policy
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 
-def job_view(job: JobRecord, progress: JobProgress | None = None) -> dict[str, Any]:
+def job_view(
+    job: JobRecord, progress: JobProgress | None = None, queue: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The API's job object; `progress` as `optimizer.jobs.progress` works it out (null
-    before the job reported any, docs/progress.md)."""
+    before the job reported any, docs/progress.md); `queue`: where it runs now, for how long
+    it ran and its spend so far (`optimizer.jobs.queue`)."""
     return {
         "id": job.id,
         "name": job.given_name,
@@ -59,12 +64,16 @@ def job_view(job: JobRecord, progress: JobProgress | None = None) -> dict[str, A
         "removed_at": None if job.removed_at is None else utc_text(job.removed_at),
         "spec": {k: v for k, v in job.spec.items() if k != POLICY_DOCUMENT},
         "progress": None if progress is None else progress.to_dict(),
+        **(queue or {}),
     }
 
 
 def _view(state: ApiState, job: JobRecord) -> dict[str, Any]:
-    """The job object with its progress now."""
-    return job_view(job, job_progress(state.store, job, state.clock()))
+    """The job object with its progress, placement and spend now."""
+    now = state.clock()
+    spend = Ledger(state.store, state.clock).total(job_id=job.id, now=now).spend_usd
+    fields = queue_fields(job.created_at, state.store.jobs.attempts(job.id), spend, now)
+    return job_view(job, job_progress(state.store, job, now), fields)
 
 
 def _detail_view(state: ApiState, job: JobRecord) -> dict[str, Any]:
@@ -87,15 +96,31 @@ def _job(state: ApiState, name: str) -> JobRecord:
 def list_jobs(
     state: StateDep,
     job_state: Annotated[JobState | None, Query(alias="state")] = None,
+    live: Annotated[
+        bool, Query(description="Only the jobs that have not ended (the queue).")
+    ] = False,
     before: Annotated[Id | None, Query(description="Only jobs with an id below this.")] = None,
     limit: Annotated[Page, Query()] = 100,
 ) -> dict[str, Any]:
-    """Jobs newest first."""
+    """Jobs newest first, each with where it runs now, how long it ran and its spend so far
+    (`placement`, `age_s`, `running_s`, `spend_usd`: optimizer/jobs/queue.py, docs/daemon.md)."""
     jobs = state.store.jobs.jobs_page(
-        state=job_state.value if job_state else None, before_id=before, limit=limit
+        state=job_state.value if job_state else None, before_id=before, limit=limit, live=live
     )
-    found = jobs_progress(state.store, jobs, state.clock())
-    return {"jobs": [job_view(j, found.get(j.id)) for j in jobs]}
+    now = state.clock()
+    found = jobs_progress(state.store, jobs, now)
+    attempts = state.store.jobs.attempts_of(j.id for j in jobs)
+    spend = spend_by_job(Ledger(state.store, state.clock).lines(now=now)) if jobs else {}
+    return {
+        "jobs": [
+            job_view(
+                j,
+                found.get(j.id),
+                queue_fields(j.created_at, attempts.get(j.id, []), spend.get(j.id, 0.0), now),
+            )
+            for j in jobs
+        ]
+    }
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=answers.JobView)

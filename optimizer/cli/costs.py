@@ -17,6 +17,7 @@ import typer
 
 from optimizer.cli.client import ApiOption, NoDaemon, call, check, request
 from optimizer.cli.common import fail
+from optimizer.cli.render import WideOption
 from optimizer.costs.lines import GroupBy
 from optimizer.costs.report import FIGURES, TimeError, add_up, parse_time, summary, utc_text
 
@@ -75,11 +76,16 @@ def costs(
         typer.Option("--focus", help="Print the selected lines as a FinOps FOCUS 1.1 CSV."),
     ] = False,
     output: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
-            "--output", "-o", help="With --focus: write the CSV to this file instead of stdout."
+            "--output",
+            "-o",
+            help="wide: every column, nothing cut; json: as --json; with --focus: write the "
+            "CSV to this file instead of stdout.",
+            show_default=False,
         ),
     ] = None,
+    wide: WideOption = False,
     notify: Annotated[
         bool,
         typer.Option(
@@ -107,8 +113,10 @@ def costs(
     chosen = [name for name, on in given.items() if on]
     if len(chosen) > 1:
         fail(f"{' and '.join(chosen)}: choose one")
-    if output is not None and not focus:
-        fail("--output: only with --focus")
+    if output is not None and not focus and output not in ("wide", "json"):
+        fail(f"--output {output}: expected wide or json (a file only with --focus)")
+    as_json = as_json or (output == "json" and not focus)
+    wide = wide or (output == "wide" and not focus)
     if notify:
         if job is not None or policy is not None or by != "job":
             fail("--notify: summarizes every job; only --since and --until apply")
@@ -118,7 +126,7 @@ def costs(
         if value is not None:
             params[name] = value
     if focus:
-        _focus(params, output, api)
+        _focus(params, None if output is None else Path(output), api)
         return
     groups: list[dict[str, Any]] = call("GET", "/costs", api, params=params)
     if as_json:
@@ -129,6 +137,6 @@ def costs(
         writer.writeheader()
         writer.writerows(groups)
         return
-    from optimizer.cli.render import costs_table
+    from optimizer.cli.tables import costs_table
 
-    costs_table(groups, add_up(groups), by=by, note=summary(groups))
+    costs_table(groups, add_up(groups), by=by, note=summary(groups), wide=wide)

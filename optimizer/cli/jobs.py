@@ -20,6 +20,7 @@ from optimizer.cli.client import ApiOption
 from optimizer.cli.client import call as _call
 from optimizer.cli.common import error, fail
 from optimizer.cli.plan import effective_policy_lines
+from optimizer.cli.render import OutputOption, WideOption, wants_wide
 
 if TYPE_CHECKING:
     from optimizer.answers import AttemptView, DeadlineView, GpuView, JobView, ProgressView
@@ -151,7 +152,9 @@ def progress_cell(p: ProgressView | None) -> str:
     if p is None:
         return "-"
     done = f"{p.step / p.total:.0%}" if p.total else f"step {p.step:,}"
-    return f"{done} ETA {p.eta[5:10]} {p.eta[11:16]}" if p.eta else done
+    if not p.eta or (p.total is not None and p.step >= p.total):  # no ETA once it is done
+        return done
+    return f"{done} ETA {p.eta[5:10]} {p.eta[11:16]}"
 
 
 def _print_code(spec: Any) -> None:
@@ -236,33 +239,51 @@ def submit(
 
 
 @app.command("list")
-def list_jobs(api: ApiOption = None, as_json: JsonOption = False) -> None:
-    """Jobs, newest first."""
+def list_jobs(
+    all_: Annotated[bool, typer.Option("--all", help="Include ended jobs.")] = False,
+    api: ApiOption = None,
+    as_json: JsonOption = False,
+    output: OutputOption = None,
+    wide: WideOption = False,
+) -> None:
+    """The queue, newest first: each job's state, where it runs now, its price, age, running
+    time, restarts, spend so far and progress (live jobs unless --all)."""
     from optimizer.answers import JobList
+    from optimizer.cli.queue import print_list
 
-    answer = _call("GET", "/jobs", api)
+    params = {} if all_ else {"live": "true"}
+    answer = _call("GET", "/jobs", api, params=params)
     jobs = client.read(JobList, answer).jobs
-    if as_json:
+    if as_json or output == "json":
         print(json.dumps(answer["jobs"], indent=2))
         return
-    for job in jobs:
-        print(
-            f"{job.name:<24} {job.state:<13} restarts {job.restarts:<3} "
-            f"{progress_cell(job.progress):<20} {job.reason or ''}"
-        )
+    print_list(jobs, progress_cell, everything=all_, wide=wants_wide(output, wide))
+
+
+EVENTS_SHOWN = 10
 
 
 @app.command("show")
-def show(name: str, api: ApiOption = None, as_json: JsonOption = False) -> None:
-    """One job: its state and why."""
-    from optimizer.answers import JobDetail
+def show(
+    name: str,
+    api: ApiOption = None,
+    as_json: JsonOption = False,
+    output: OutputOption = None,
+    wide: WideOption = False,
+) -> None:
+    """One job: its state and why, where it runs, its policy, its attempts (placement, times,
+    end reason, cost) and its latest events."""
+    from optimizer.answers import EventList, JobDetail
+    from optimizer.cli.queue import print_show
 
     answer = _call("GET", f"/jobs/{name}", api)
     job = client.read(JobDetail, answer)
-    if as_json:
+    if as_json or output == "json":
         print(json.dumps(answer, indent=2))
-    else:
-        _print_job(job)
+        return
+    found = _call("GET", "/events", api, params={"job": name, "limit": EVENTS_SHOWN})
+    latest = sorted(client.read(EventList, found).events, key=lambda e: e.id)
+    print_show(job, latest, head=_print_job, wide=wants_wide(output, wide))
 
 
 @app.command("checkpoints")

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from optimizer.cli.common import fail
+from optimizer.cli.render import OutputOption, WideOption, wants_wide
 from optimizer.clock import utc_text
 from optimizer.daemon.settings import DATA_DIR_ENV
 
@@ -88,9 +89,13 @@ def list_instances(
     state_dir: StateDirOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list.")] = False,
     all_: Annotated[bool, typer.Option("--all", help="Include ended instances.")] = False,
+    output: OutputOption = None,
+    wide: WideOption = False,
 ) -> None:
     """List the local cloud's instances (running ones unless --all)."""
-    from optimizer.cli.render import columns
+    from optimizer.cli.render import Column, table
+
+    as_json = as_json or output == "json"
 
     root = _existing(state_dir)
     records = [r for r in _cloud(root).instances() if all_ or not r.ended]
@@ -114,8 +119,17 @@ def list_instances(
         price = f"{r.usd_per_hour:.4f}" + (" sim" if r.market == "spot" else "")
         job = labels[r.id]
         rows.append([r.id, _state(r), r.instance_type, r.zone, r.market, price, job, detail or "-"])
-    headers = ["INSTANCE", "STATE", "TYPE", "ZONE", "MARKET", "$/h", "JOB", "DETAIL"]
-    columns(headers, rows, right=["$/h"])
+    spec = [
+        Column("INSTANCE", key=True),
+        Column("STATE", key=True),
+        Column("TYPE", drop=1),
+        Column("ZONE", drop=2),
+        Column("MARKET", drop=1),
+        Column("$/h", right=True, key=True),
+        Column("JOB", key=True),
+        Column("DETAIL", cut=True, drop=0),
+    ]
+    table(spec, rows, wide=wants_wide(output, wide))
 
 
 def _job_id(key: str) -> int | None:

@@ -14,6 +14,7 @@ import typer
 
 from optimizer.cli.client import ApiOption
 from optimizer.cli.common import fail
+from optimizer.cli.render import OutputOption, WideOption, wants_wide
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -98,8 +99,12 @@ def offers(
         ),
     ] = None,
     api: ApiOption = None,
+    output: OutputOption = None,
+    wide_flag: WideOption = False,
 ) -> None:
     """List GPU offers, cheapest first, from the configured providers or a catalog file."""
+    wide = wants_wide(output, wide_flag)
+    as_json = as_json or output == "json"
     from optimizer import hardware
     from optimizer.catalog import CatalogError
     from optimizer.model import Market
@@ -146,7 +151,7 @@ def offers(
         arg = ranked.job_policy_arg(policy)
         ranked.show(
             arg, query, limit=limit, explain=explain, as_json=as_json, api=api,
-            gather=lambda: ([], ""), at=when, job=job,
+            gather=lambda: ([], ""), at=when, job=job, wide=wide,
         )  # fmt: skip
         return
     if policy is not None and catalog is None:
@@ -166,6 +171,7 @@ def offers(
                 asked, region or (), commitments=wants, snapshot_for_rest=rest, at=when
             ),
             at=when,
+            wide=wide,
         )
         return
     if catalog is not None:
@@ -188,7 +194,9 @@ def offers(
         if arg.policy is None:
             fail(f"--policy {policy}: no such file")
         view = ranked.view_here(arg.policy, chosen, at=when)
-        ranked.render(view, limit=limit, explain=explain, as_json=as_json, source=source_name)
+        ranked.render(
+            view, limit=limit, explain=explain, as_json=as_json, source=source_name, wide=wide
+        )
         return
     if explain:
         fail("--explain needs --policy FILE")
@@ -198,9 +206,9 @@ def offers(
         json.dump([o.to_dict() for o in shown], sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
-    from optimizer.cli.render import offers_table
+    from optimizer.cli.tables import offers_table
 
-    offers_table(shown, total=len(chosen), source=source_name)
+    offers_table(shown, total=len(chosen), source=source_name, wide=wide)
 
 
 DAEMON_PAGE = 1000  # the API's largest page

@@ -10,6 +10,14 @@ import typer
 
 from optimizer.cli.client import ApiOption, call, read
 from optimizer.cli.common import fail
+from optimizer.cli.render import (
+    Column,
+    OutputOption,
+    WideOption,
+    render_lines,
+    target_width,
+    wants_wide,
+)
 
 app = typer.Typer(
     help="The GPU probe results agents reported (through the daemon's API).",
@@ -29,8 +37,11 @@ def list_probes(
     limit: Annotated[int, typer.Option(help="Show at most this many results.")] = 50,
     api: ApiOption = None,
     as_json: JsonOption = False,
+    output: OutputOption = None,
+    wide: WideOption = False,
 ) -> None:
     """Probe results, newest first: verdict, measured TFLOPS and bandwidth per GPU."""
+    as_json = as_json or output == "json"
     if limit < 1:
         fail(f"--limit: expected a positive number of results, got {limit}")
     from optimizer.answers import ProbeList
@@ -53,7 +64,7 @@ def list_probes(
     if as_json:
         print(json.dumps(found, indent=2))
         return
-    for line in lines(found):
+    for line in lines(found, width=target_width(wide=wants_wide(output, wide))):
         print(line)
 
 
@@ -64,24 +75,43 @@ def _figure(value: float | None, unit: str) -> str:
 _SOURCE_NOTE = {"host": "host GPU", "simulated": "simulated"}
 _KIND_NOTE = {"handover": "handover"}
 
+COLUMNS = [
+    Column("AT", key=True),
+    Column("PROVIDER", drop=2),
+    Column("INSTANCE TYPE", key=True),
+    Column("ZONE", drop=3),
+    Column("STATUS", key=True),
+    Column("BF16/GPU", right=True, drop=1),
+    Column("COPY/GPU", right=True, drop=1),
+    Column("JOB", key=True),
+]
 
-def lines(found: list[dict[str, Any]]) -> list[str]:
-    """The results as the terminal shows them, one line each under a header."""
+
+def _notes(p: dict[str, Any]) -> str:
+    """` (host GPU)`, ` (simulated)`, ` (handover)`: where the figures come from, and a
+    handover probe's (which has no TFLOPS of its own)."""
+    # Older daemons send `simulated` alone.
+    source = p.get("source") or ("simulated" if p["simulated"] else "measured")
+    notes = [n for n in (_SOURCE_NOTE.get(source), _KIND_NOTE.get(str(p.get("kind")))) if n]
+    return "".join(f" ({n})" for n in notes)
+
+
+def lines(found: list[dict[str, Any]], *, width: int | None = None) -> list[str]:
+    """The results as the terminal shows them, one line each under a header, fitted to
+    `width` (None: every column)."""
     if not found:
         return ["no probe results"]
-    out = [
-        f"{'AT':<20} {'PROVIDER':<8} {'INSTANCE TYPE':<16} {'ZONE':<14} {'STATUS':<6} "
-        f"{'BF16/GPU':>14} {'COPY/GPU':>14} {'JOB':<20}"
+    rows = [
+        [
+            p["at"],
+            p["provider"],
+            p["instance_type"],
+            p["zone"] or "-",
+            p["status"],
+            _figure(p["tflops"].get("bf16"), "TFLOPS"),
+            _figure(p["copy_gbps"], "GB/s"),
+            p["job"] + _notes(p),
+        ]
+        for p in found
     ]
-    for p in found:
-        bf16 = p["tflops"].get("bf16")
-        # Older daemons send `simulated` alone; a handover result has no TFLOPS of its own.
-        source = p.get("source") or ("simulated" if p["simulated"] else "measured")
-        notes = [n for n in (_SOURCE_NOTE.get(source), _KIND_NOTE.get(str(p.get("kind")))) if n]
-        simulated = "".join(f" ({n})" for n in notes)
-        out.append(
-            f"{p['at']:<20} {p['provider']:<8} {p['instance_type']:<16} {p['zone'] or '-':<14} "
-            f"{p['status']:<6} {_figure(bf16, 'TFLOPS'):>14} "
-            f"{_figure(p['copy_gbps'], 'GB/s'):>14} {p['job']:<20}{simulated}"
-        )
-    return out
+    return render_lines(COLUMNS, rows, width=width)

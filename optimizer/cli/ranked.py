@@ -74,6 +74,7 @@ def show(
     gather: Callable[[], tuple[list[Offer], str]],
     at: datetime | None = None,
     job: str | None = None,
+    wide: bool = False,
 ) -> None:
     """Rank and print: the daemon's ranking when it answers, else this command's own; `at`:
     under the policy in force at that instant (its schedule window); `job`: as that job's
@@ -91,18 +92,26 @@ def show(
         print(f"gpuopt: {note}", file=sys.stderr)
         chosen = [o for o in offers if query.matches(o)]
         view = view_here(arg.policy, chosen, at=at)
-    render(view, limit=limit, explain=explain, as_json=as_json, source=source)
+    render(view, limit=limit, explain=explain, as_json=as_json, source=source, wide=wide)
 
 
-def render(view: RankingView, *, limit: int, explain: bool, as_json: bool, source: str) -> None:
+def render(
+    view: RankingView,
+    *,
+    limit: int,
+    explain: bool,
+    as_json: bool,
+    source: str,
+    wide: bool = False,
+) -> None:
     """Print the ranking: a table (rejections by rule with `explain`), or JSON."""
     if as_json:
         json.dump(view.to_dict(limit=limit, explain=explain, source=source), sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
-    from optimizer.cli.render import ranking_table
+    from optimizer.cli.tables import ranking_table
 
-    ranking_table(view, limit=limit, explain=explain, source=source)
+    ranking_table(view, limit=limit, explain=explain, source=source, wide=wide)
 
 
 def evaluate_here(

@@ -1,315 +1,281 @@
-"""Rich tables for the CLI."""
+"""Tables that fit a terminal: one mechanism for every listing the CLI prints.
+
+A table is a list of `Column`s and rows of text cells. At a given width it drops its least
+important columns first (a `Column`'s `drop` rank: higher goes first, then the rightmost),
+as long as the table would not fit even with its long text shortened, then shortens long
+text cells with an ellipsis (only columns marked `cut`, the widest first, each down to its
+`least`), until it fits.
+Key columns (names, prices) are never dropped and never cut: a table whose key columns alone
+are wider than the terminal runs past its edge rather than lose a digit. When something was
+hidden or shortened, a note under the table says so and that `-o wide` shows it all.
+
+The width: a terminal's own (which honours `COLUMNS`); piped output honours `COLUMNS` when it
+is set, else it is printed in its wide form, every column, nothing cut (a script or a file
+gets the whole table). `--wide` / `-o wide` asks for that form anywhere; `--json` prints the
+data itself.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
+import textwrap
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Annotated, TextIO
 
-from rich.console import Console
-from rich.table import Table
+import typer
 
-from optimizer.model import Offer
-
-if TYPE_CHECKING:
-    from optimizer.cli.ranking_view import RankingView
-    from policies.engine import Candidate
-
-
-def offers_table(offers: Sequence[Offer], *, total: int, source: str) -> None:
-    console = Console()
-    if not console.is_terminal:
-        # Piped or captured output has no width to fit; never truncate a price or a name.
-        console = Console(width=250)
-    if not offers:
-        console.print(f"No offers match (source: {source}).")
-        return
-    table = Table(title=f"{len(offers)} of {total} offers, cheapest first (source: {source})")
-    for header, justify in (
-        ("provider", "left"),
-        ("region", "left"),
-        ("zone", "left"),
-        ("instance type", "left"),
-        ("GPU", "left"),
-        ("GPUs", "right"),
-        ("GiB/GPU", "right"),
-        ("vCPUs", "right"),
-        ("RAM GiB", "right"),
-        ("link", "left"),
-        ("market", "left"),
-        ("$/h", "right"),
-        ("$/GPU-h", "right"),
-    ):
-        table.add_column(
-            header,
-            justify="right" if justify == "right" else "left",
-            no_wrap=header in ("instance type", "$/h"),
-        )
-    for o in offers:
-        table.add_row(
-            o.provider,
-            o.region,
-            o.zone or "-",
-            o.instance_type,
-            o.gpu_model,
-            str(o.gpu_count),
-            f"{o.gpu_memory_gib:.1f}",
-            str(o.vcpus),
-            f"{o.ram_gib:g}",
-            o.interconnect.value,
-            o.market.value,
-            f"{o.usd_per_hour:.4f}" + (" sim" if o.source == "simulated" else ""),
-            f"{o.usd_per_gpu_hour:.4f}",
-        )
-    console.print(table)
-    if any(o.source == "simulated" for o in offers):
-        console.print("sim: a simulated price (the local cloud's), not a quote")
+GAP = 2  # spaces between columns
+ELLIPSIS = "…"
+MIN_CUT = 12  # a shortened column keeps at least this many characters (or its header's)
 
 
-def ranking_table(ranking: RankingView, *, limit: int, explain: bool, source: str) -> None:
-    """Ranked candidates of a policy evaluation and, with `explain`, its rejections by rule."""
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=250)
-    shown = ranking.candidates[:limit] if limit else ranking.candidates
-    title = (
-        f"policy {ranking.policy_name}: {ranking.candidate_count} of {ranking.total} offers "
-        f"qualify, best first (source: {source})"
-    )
-    if ranking.window is not None:
-        console.print(f"Ranked under schedule window {ranking.window}, in force at {ranking.at}.")
-    if ranking.cooling_down:
-        console.print(
-            f"{ranking.cooling_down} offers left out: their pools are in cooldown after a "
-            "failed or interrupted launch, and a launch would not use them now."
-        )
-    if not shown:
-        why = "the rejections by rule follow." if explain else "run with --explain to see why."
-        console.print(f"{title}\nNo offer meets the policy; {why}")
-    else:
-        table = Table(title=title)
-        per_tflop = any(c.usd_per_tflop_hour is not None for c in shown)
-        per_tbps = any(
-            c.usd_per_tbps_hour is not None and c.score == c.usd_per_tbps_hour for c in shown
-        )
-        sources = per_tflop or per_tbps or any(_measured(c) or c.probe_failures for c in shown)
-        headers = [
-            "#", "provider", "region", "zone", "instance type", "GPUs", "GiB/GPU", "headroom",
-            "market", "$/h", "$/GPU-h",
-        ]  # fmt: skip
-        if per_tflop:
-            headers += [f"{ranking.dtype} TFLOPS", "$/TFLOP-h"]
-        if per_tbps:
-            headers += ["mem TB/s", "$/TB/s-h"]
-        risky = any(c.expected_usd_per_hour is not None for c in shown)
-        if risky:
-            headers += ["p/h", "p from", "exp $/h"]
-        moving = any(c.move is not None for c in shown)
-        if moving:
-            headers += ["move $/h", "moving the job's state"]
-        stepping = any(c.speed_basis is not None for c in shown)
-        if stepping:
-            headers += ["steps/h", "$/1k steps", "speed from"]
-        if sources:
-            headers += ["figures"]
-        for header in headers:
-            table.add_column(header, justify="left" if header[0].isalpha() else "right")
-        for c in shown:
-            o = c.offer
-            headroom = "-" if c.memory_headroom is None else f"{c.memory_headroom:+.0%}"
-            row = [
-                str(c.rank), o.provider, o.region, o.zone or "-", o.instance_type,
-                f"{o.gpu_count}x {o.gpu_model}", f"{o.gpu_memory_gib:.1f}", headroom,
-                o.market.value, f"{o.usd_per_hour:.4f}", f"{c.usd_per_gpu_hour:.4f}",
-            ]  # fmt: skip
-            if per_tflop:
-                row += [
-                    "-"
-                    if c.node_tflops is None
-                    else f"{c.node_tflops:,.{0 if c.node_tflops >= 100 else 1}f}",
-                    "-" if c.usd_per_tflop_hour is None else f"{c.usd_per_tflop_hour:.5f}",
-                ]
-            if per_tbps:
-                row += [
-                    "-" if c.node_tbps is None else f"{c.node_tbps:,.2f}",
-                    "-" if c.usd_per_tbps_hour is None else f"{c.usd_per_tbps_hour:.4f}",
-                ]
-            if risky:
-                row += expected_cells(c)
-            if moving:
-                row += move_cells(c)
-            if stepping:
-                row += step_cells(c)
-            if sources:
-                row.append(figures(c))
-            table.add_row(*row)
-        console.print(table)
-    if explain:
-        _rejections(console, ranking)
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One column: its header, alignment, and how it gives way on a narrow terminal.
+
+    `key`: never dropped nor cut (names, states, prices). `drop`: the order non-key columns
+    are dropped in, higher first (ties: the rightmost first). `cut`: long cells may be
+    shortened with an ellipsis (text such as reasons and notes; never a price or a name),
+    down to `least` characters (or its header's width, if wider)."""
+
+    header: str
+    right: bool = False
+    key: bool = False
+    drop: int = 1
+    cut: bool = False
+    least: int = MIN_CUT
 
 
-def expected_cells(c: Candidate) -> list[str]:
-    """p per hour, where it came from (and a recent interruption), and the expected $/h."""
-    if c.expected_usd_per_hour is None or c.interruption_p is None:
-        return ["-", "-", "-"]
-    source = c.interruption_source or "-"
-    if c.risk:
-        source += f"; {c.risk}"
-    return [f"{c.interruption_p:.3g}", source, f"{c.expected_usd_per_hour:.4f}"]
+Row = Sequence[str]
 
 
-def move_cells(c: Candidate) -> list[str]:
-    """The move of the job's state to the offer, spread per hour, and in words."""
-    if c.move_usd_per_hour is None:
-        return ["-", "-"]
-    return [f"{c.move_usd_per_hour:.4f}", c.move or "-"]
+class Output(StrEnum):
+    wide = "wide"
+    json = "json"
 
 
-def step_cells(c: Candidate) -> list[str]:
-    """The job's steps per hour on the offer, USD per thousand steps, and where the speed
-    came from (`job`, `probe`, `datasheet`) with its basis in words."""
-    if c.steps_per_hour is None or c.usd_per_step is None:
-        return ["-", "-", c.speed_basis or "-"]
-    return [
-        f"{c.steps_per_hour:,.0f}",
-        f"{c.usd_per_step * 1000:.4f}",
-        f"{c.speed_source}: {c.speed_basis}",
+OutputOption = Annotated[
+    Output | None,
+    typer.Option(
+        "--output",
+        "-o",
+        help="wide: every column, nothing cut; json: as --json.",
+        show_default=False,
+    ),
+]
+WideOption = Annotated[bool, typer.Option("--wide", help="Every column, nothing cut.")]
+
+
+def wants_wide(output: Output | str | None, wide: bool) -> bool:
+    return wide or output == "wide"
+
+
+def target_width(*, wide: bool = False, stream: TextIO | None = None) -> int | None:
+    """The width to fit, or None for the wide form: `--wide`, or piped with no `COLUMNS`."""
+    if wide:
+        return None
+    out = stream or sys.stdout
+    try:
+        tty = out.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    if tty:
+        return shutil.get_terminal_size().columns
+    given = os.environ.get("COLUMNS", "").strip()
+    return int(given) if given.isdigit() and int(given) > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class Fitted:
+    """A table laid out: the columns kept (their indices), each one's width, the headers of
+    the columns dropped, and whether any cell was shortened."""
+
+    shown: list[int]
+    widths: list[int]
+    hidden: list[str]
+    cut: bool
+
+
+def _natural(column: Column, index: int, rows: Sequence[Row]) -> int:
+    cells = (line for row in rows for line in row[index].split("\n"))
+    return max([len(column.header), *(len(c) for c in cells)])
+
+
+def fit(columns: Sequence[Column], rows: Sequence[Row], width: int | None) -> Fitted:
+    """Lay the table out in `width` characters (None: no limit): drop the least important
+    columns while even the shortest layout is too wide, then shorten `cut` columns, the
+    widest first, until it fits or they are at their minimum."""
+    natural = [_natural(c, i, rows) for i, c in enumerate(columns)]
+    floor = [
+        min(natural[i], max(c.least, len(c.header))) if c.cut and not c.key else natural[i]
+        for i, c in enumerate(columns)
     ]
+    shown = list(range(len(columns)))
+
+    def total(widths: Sequence[int]) -> int:
+        return sum(widths[i] for i in shown) + GAP * max(0, len(shown) - 1)
+
+    if width is None:
+        return Fitted(shown, [natural[i] for i in shown], [], False)
+    droppable = sorted(
+        (i for i, c in enumerate(columns) if not c.key),
+        key=lambda i: (columns[i].drop, i),
+        reverse=True,
+    )
+    hidden: list[int] = []
+    for i in droppable:
+        if total(floor) <= width:
+            break
+        shown.remove(i)
+        hidden.append(i)
+    widths = list(natural)
+    while total(widths) > width:
+        cuttable = [i for i in shown if widths[i] > floor[i]]
+        if not cuttable:
+            break
+        widest = max(cuttable, key=lambda i: (widths[i], i))
+        widths[widest] -= 1
+    cut = any(widths[i] < natural[i] for i in shown)
+    return Fitted(
+        shown, [widths[i] for i in shown], [columns[i].header for i in sorted(hidden)], cut
+    )
 
 
-def _measured(c: Candidate) -> bool:
-    return "measured" in (c.throughput, c.bandwidth)
+def _cell(text: str, width: int, right: bool) -> str:
+    if len(text) > width:
+        text = text[: max(0, width - 1)] + ELLIPSIS
+    return text.rjust(width) if right else text.ljust(width)
 
 
-def figures(c: Candidate) -> str:
-    """Where a candidate's throughput figures came from: `measured (n=5, 2.0 h old)` when its
-    type's probes measured them, else `datasheet`; `demoted` when its probes keep failing."""
-    if _measured(c) and c.measured_n is not None and c.measured_age_s is not None:
-        text = f"measured (n={c.measured_n}, {c.measured_age_s / 3600:.1f} h old)"
-    elif _measured(c):
-        text = "measured"
-    else:
-        text = "datasheet" if c.throughput or c.bandwidth else "-"
-    return f"{text}; demoted: probes failing" if c.probe_failures else text
+def render_lines(
+    columns: Sequence[Column],
+    rows: Sequence[Row],
+    *,
+    width: int | None,
+    title: str | None = None,
+    footer: Sequence[Row] = (),
+) -> list[str]:
+    """The table's lines at `width` (None: the wide form): the title (filled to the width),
+    the headers, the rows (a cell may hold several lines), a rule and the `footer` rows (a
+    totals row), then a note when columns were hidden or cells shortened. No line carries
+    trailing spaces."""
+    fitted = fit(columns, [*rows, *footer], width)
+    out: list[str] = []
+    if title:
+        out += textwrap.wrap(title, width) if width else [title]
 
-
-def _rejections(console: Console, ranking: RankingView, examples: int = 3) -> None:
-    by_rule = ranking.rejections_by_rule()
-    if not by_rule:
-        console.print("No offer was rejected.")
-        return
-    total = sum(ranking.rejection_counts.values())
-    table = Table(title=f"{total} rejected offers, by the first rule they failed")
-    table.add_column("rule")
-    table.add_column("offers", justify="right")
-    table.add_column("examples")
-    for rule, rejected in by_rule.items():
-        count = ranking.rejection_counts.get(rule, len(rejected))
-        lines = [
-            f"{r.offer.instance_type} {r.offer.region} {r.offer.market.value}: {r.reason}"
-            for r in rejected[:examples]
+    def line(cells: Sequence[str]) -> None:
+        parts = [
+            _cell(cells[i], w, columns[i].right)
+            for i, w in zip(fitted.shown, fitted.widths, strict=True)
         ]
-        if count > examples:
-            lines.append(f"… and {count - min(examples, len(rejected))} more")
-        table.add_row(rule, str(count), "\n".join(lines))
-    console.print(table)
+        out.append((" " * GAP).join(parts).rstrip())
+
+    def row_lines(row: Row) -> None:
+        split = [cell.split("\n") for cell in row]
+        for n in range(max(len(s) for s in split)):
+            line([s[n] if n < len(s) else "" for s in split])
+
+    line([c.header for c in columns])
+    for row in rows:
+        row_lines(row)
+    if footer:
+        out.append("-" * (sum(fitted.widths) + GAP * max(0, len(fitted.widths) - 1)))
+        for row in footer:
+            row_lines(row)
+    note = hidden_note(fitted, width)
+    if note:
+        out += _wrap(note, width)
+    return out
+
+
+def _wrap(text: str, width: int | None) -> list[str]:
+    """The text filled to `width`, never broken inside `-o wide`."""
+    if not width:
+        return [text]
+    kept = text.replace("-o wide", "-o\u00a0wide")
+    return [line.replace("\u00a0", " ") for line in textwrap.wrap(kept, width)]
+
+
+def hidden_note(fitted: Fitted, width: int | None) -> str | None:
+    """`(2 columns hidden to fit 80 columns: zone, vCPUs; -o wide shows all)`."""
+    parts = []
+    if fitted.hidden:
+        n = len(fitted.hidden)
+        parts.append(
+            f"{n} column{'s' if n > 1 else ''} hidden to fit {width} columns: "
+            + ", ".join(fitted.hidden)
+        )
+    if fitted.cut:
+        parts.append(f"long text shortened with {ELLIPSIS}")
+    if not parts:
+        return None
+    return f"({'; '.join(parts)}; -o wide shows all)"
+
+
+def table(
+    columns: Sequence[Column],
+    rows: Sequence[Row],
+    *,
+    title: str | None = None,
+    footer: Sequence[Row] = (),
+    wide: bool = False,
+    out: TextIO | None = None,
+) -> None:
+    """Print a table fitted to the terminal (see the module's docstring)."""
+    stream = out or sys.stdout
+    width = target_width(wide=wide, stream=stream)
+    for text in render_lines(columns, rows, width=width, title=title, footer=footer):
+        print(text, file=stream)
+
+
+def say(text: str, *, wide: bool = False, indent: str = "", hang: bool = False) -> None:
+    """A line of prose beside a table, filled to the width a table would fit (whole when
+    piped without COLUMNS, or wide); `indent` starts each line, and `hang` indents the
+    lines after the first two spaces more."""
+    width = target_width(wide=wide)
+    if width is None:
+        print(indent + text)
+        return
+    lines = textwrap.wrap(
+        text,
+        width,
+        initial_indent=indent,
+        subsequent_indent=indent + "  " if hang else indent,
+        break_long_words=False,  # a path or a URI stays whole, past the edge if it must
+        break_on_hyphens=False,
+    )
+    for line in lines or [indent.rstrip()]:
+        print(line)
 
 
 def columns(
-    headers: Sequence[str], rows: Sequence[Sequence[str]], *, right: Sequence[str] = ()
+    headers: Sequence[str | Column],
+    rows: Sequence[Sequence[str]],
+    *,
+    right: Sequence[str] = (),
+    keys: Sequence[str] = (),
+    title: str | None = None,
+    wide: bool = False,
 ) -> None:
-    """Rows under upper-case headers in aligned columns without borders (a listing, as
-    `kubectl get` prints one). On a terminal the last column wraps to fit; piped output is
-    never wrapped or cut, and carries no trailing spaces."""
-    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
-    for i, header in enumerate(headers):
-        last = i == len(headers) - 1
-        table.add_column(
-            header,
-            justify="right" if header in right else "left",
-            no_wrap=not last,
-            overflow="fold" if last else "ellipsis",
+    """Rows under headers in aligned columns without borders (a listing, as `kubectl get`
+    prints one), fitted as `table` fits: headers given as text are columns that are dropped
+    from the right (`keys` never), the last one shortened rather than dropped; a `Column`
+    says for itself."""
+    spec = [
+        h
+        if isinstance(h, Column)
+        else Column(
+            h,
+            right=h in right,
+            key=h in keys or i == 0,
+            cut=i == len(headers) - 1,
+            drop=0 if i == len(headers) - 1 else 1,
         )
-    for row in rows:
-        table.add_row(*row)
-    console = Console()
-    if console.is_terminal:
-        console.print(table)
-        return
-    wide = Console(width=10_000, color_system=None)
-    with wide.capture() as captured:
-        wide.print(table)
-    for line in captured.get().splitlines():
-        print(line.rstrip())
-
-
-def _usd(value: float) -> str:
-    return f"{value:,.2f}"
-
-
-def _share(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0%}"
-
-
-def _hours(seconds: float) -> str:
-    return f"{seconds / 3600:,.2f}"
-
-
-def costs_table(
-    groups: Sequence[dict[str, Any]], totals: dict[str, Any], *, by: str, note: str
-) -> None:
-    """`gpuopt costs`: one row per group, a totals row, and the savings line under it."""
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=250)
-    if not groups:
-        console.print("No costs in this window.")
-        return
-    table = Table(title=f"Costs by {by} (USD; hours billed)", show_footer=False)
-    table.add_column(by, no_wrap=True)
-    for header in (
-        "spend",
-        "storage",
-        "on-demand",
-        "saved",
-        "saved %",
-        "net %",
-        "billed h",
-        "overhead h",
-        "overhead",
-        "attempts",
-    ):
-        table.add_column(header, justify="right", no_wrap=True)
-
-    def cells(row: dict[str, Any]) -> list[str]:
-        known = "" if row.get("baseline_known", True) else "*"
-        return [
-            _usd(row["spend_usd"]),
-            _usd(row["storage_usd"]),
-            _usd(row["on_demand_usd"]) + known,
-            _usd(row["savings_usd"]),
-            _share(row["savings_fraction"]),
-            _share(row["net_savings_fraction"]),
-            _hours(row["billed_seconds"]),
-            _hours(row["overhead_seconds"]),
-            _usd(row["overhead_usd"]),
-            str(row.get("attempt_count", "")),
-        ]
-
-    for row in groups:
-        table.add_row(str(row["group"]), *cells(row))
-    table.add_section()
-    table.add_row("total", *cells(totals), style="bold")
-    console.print(table)
-    if not totals.get("baseline_known", True):
-        console.print("* some attempts had no on-demand price of their type and region")
-    spares = [
-        a for row in groups for a in row.get("attempts") or () if a.get("role") == "warm_spare"
+        for i, h in enumerate(headers)
     ]
-    if spares:  # (attempts are listed by job only)
-        spent = sum(float(a["total_usd"]) for a in spares)
-        hours = sum(float(a["billed_seconds"]) for a in spares) / 3600
-        console.print(
-            f"of which warm spares (idle, beside the running attempts): {_usd(spent)} over "
-            f"{hours:.2f} h billed, {len(spares)} spare attempt(s)"
-        )
-    console.print(note)
+    table(spec, rows, title=title, wide=wide)

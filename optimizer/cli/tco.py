@@ -12,6 +12,7 @@ import typer
 
 from optimizer.cli.client import ApiOption
 from optimizer.cli.common import fail
+from optimizer.cli.render import OutputOption, WideOption, wants_wide
 
 if TYPE_CHECKING:
     from optimizer.costs.tco import Comparison
@@ -81,6 +82,8 @@ def tco(
         ),
     ] = None,
     api: ApiOption = None,
+    output: OutputOption = None,
+    wide: WideOption = False,
 ) -> None:
     """Compare on-demand, spot, 1- and 3-year commitments, a spot + commitment mix and
     on-premises servers for the same capacity and usage, over years."""
@@ -161,7 +164,7 @@ def tco(
     result.notes.extend(notes)
     if chart is not None:
         _write_chart(result, chart)
-    if as_json:
+    if as_json or output == "json":
         out = result.to_dict()
         out["source"] = source
         out["assumptions"] = described(values, given)
@@ -170,7 +173,7 @@ def tco(
         json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
-    _table(result, source, assumptions)
+    _table(result, source, assumptions, wants_wide(output, wide))
 
 
 def _offers(catalog: Path | None, providers: list[str]) -> tuple[list[Offer], str, list[str]]:
@@ -230,45 +233,52 @@ def _usd(value: float) -> str:
     return f"${value:,.0f}"
 
 
-def _table(result: Comparison, source: str, assumptions: Path | None) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def _table(result: Comparison, source: str, assumptions: Path | None, wide: bool = False) -> None:
+    from optimizer.cli.render import Column, say, table
 
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=200)
     u = result.usage
-    table = Table(
-        title=f"{u.gpus}x {u.gpu_model}, {u.hours_per_month:g} h/month, {u.years} year(s) "
+    title = (
+        f"{u.gpus}x {u.gpu_model}, {u.hours_per_month:g} h/month, {u.years} year(s) "
         f"(prices: {source}; assumptions: {assumptions or 'defaults, docs/tco.md'})"
     )
-    for header in ("option", "where", "total", "per month", "$/GPU-h used", "fixed", "notes"):
-        numeric = header in ("total", "per month", "$/GPU-h used", "fixed")
-        table.add_column(header, justify="right" if numeric else "left")
+    spec = [
+        Column("option", key=True),
+        Column("where", drop=2, cut=True),
+        Column("total", right=True, key=True),
+        Column("per month", right=True, key=True),
+        Column("$/GPU-h used", right=True, drop=1),
+        Column("fixed", right=True, drop=1),
+        Column("notes", drop=3, cut=True),
+    ]
+    rows = []
     h = u.hours_per_month
     for option in sorted(result.options, key=lambda o: o.total(h)):
         data: dict[str, Any] = option.to_dict(u)
         mark = " *" if option is result.cheapest else ""
         per_gpu = data["usd_per_gpu_hour"]
-        table.add_row(
-            option.name + mark,
-            option.where,
-            _usd(data["total_usd"]),
-            _usd(data["monthly_usd"]),
-            "-" if per_gpu is None else f"${per_gpu:,.2f}",
-            _usd(option.fixed_usd),
-            "; ".join(option.notes),
+        rows.append(
+            [
+                option.name + mark,
+                option.where,
+                _usd(data["total_usd"]),
+                _usd(data["monthly_usd"]),
+                "-" if per_gpu is None else f"${per_gpu:,.2f}",
+                _usd(option.fixed_usd),
+                "; ".join(option.notes),
+            ]
         )
-    console.print(table)
-    console.print(f"* the cheapest option at {h:g} h/month")
+    table(spec, rows, title=title, wide=wide)
+    say(f"* the cheapest option at {h:g} h/month", wide=wide)
     crossings = [b for b in result.break_evens if b.hours_per_month is not None]
     if crossings:
-        console.print("Break-even usage:")
+        print("Break-even usage:")
         for b in crossings:
-            console.print(
-                f"  {b.a} = {b.b} at {b.hours_per_month:,.0f} h/month "
-                f"({b.below} cheaper below, {b.above} above)"
+            say(
+                f"{b.a} = {b.b} at {b.hours_per_month:,.0f} h/month "
+                f"({b.below} cheaper below, {b.above} above)",
+                wide=wide,
+                indent="  ",
             )
     for note in result.notes:
-        console.print(f"note: {note}")
-    console.print(result.recommendation)
+        say(f"note: {note}", wide=wide)
+    say(result.recommendation, wide=wide)

@@ -197,14 +197,22 @@ class Jobs:
             return [job_record(row) for row in conn.execute(query)]
 
     def jobs_page(
-        self, *, state: str | None = None, before_id: int | None = None, limit: int = 100
+        self,
+        *,
+        state: str | None = None,
+        before_id: int | None = None,
+        limit: int = 100,
+        live: bool = False,
     ) -> list[JobRecord]:
-        """Jobs not removed, newest first, optionally in one state; page with `before_id`."""
+        """Jobs not removed, newest first, optionally in one state or only those that have
+        not ended (`live`); page with `before_id`."""
         query = (
             select(_JOB).where(_JOB.c.removed_at.is_(None)).order_by(_JOB.c.id.desc()).limit(limit)
         )
         if state is not None:
             query = query.where(_JOB.c.state == state)
+        if live:
+            query = query.where(_JOB.c.state.not_in(_TERMINAL_STATES))
         if before_id is not None:
             query = query.where(_JOB.c.id < before_id)
         with self._db.connect() as conn:
