@@ -190,8 +190,8 @@ def test_jobs_show_prints_attempts_policy_and_latest_events(daemon: Daemon) -> N
 
 
 def test_the_effective_policy_is_printed_when_the_api_gives_one() -> None:
-    """`jobs show`'s policy block: the name, and the effective policy (the job's inline
-    resources merged over its policy) one `key: value` a line once the API answers one."""
+    """`jobs show`'s policy block: the name, or the effective policy (the job's inline
+    resources merged over its policy) in the plan's words once the API answers one."""
     from optimizer.answers import JobDetail
     from optimizer.cli.queue import policy_lines
 
@@ -208,13 +208,11 @@ def test_the_effective_policy_is_printed_when_the_api_gives_one() -> None:
     }
     shown = policy_lines(JobDetail.model_validate({**base, "effective_policy": effective}))
     assert shown == [
-        "policy: default",
-        "  markets: [spot, on_demand]",
-        "  workload:",
-        "    gpus: 1",
-        "    gpu_model: T4",
-        "  bid:",
-        "    max_usd_per_hour: 0.5",
+        "effective policy default:",
+        "  runs on: 1 GPU; markets spot, on_demand",
+        "  where: providers ; regions *",
+        "  bid: $0.5/h; no budget",
+        "  recovery: up to 20 restarts; migration off",
     ]
 
 

@@ -62,7 +62,9 @@ def print_job_answer(answer: Any) -> None:
     _print_job(_job(answer))
 
 
-def _print_job(job: JobView) -> None:
+def _print_job(job: JobView, *, with_policy: bool = True) -> None:
+    """The job's summary lines; `with_policy`: its effective policy too (`jobs show` prints
+    it in its own section)."""
     from optimizer.answers import JobDetail
 
     print(f"{job.name}: {job.state} (policy {job.policy}, restarts {job.restarts})")
@@ -87,7 +89,7 @@ def _print_job(job: JobView) -> None:
         for a in job.attempts:
             if a.role == "warm_spare" and a.state != "ended":
                 print("  " + spare_line(a))
-    if isinstance(job, JobDetail) and job.effective_policy:
+    if with_policy and isinstance(job, JobDetail) and job.effective_policy:
         print("  " + effective_policy_header(job))
         for line in effective_policy_lines(job.effective_policy):
             print("    " + line)
@@ -283,7 +285,9 @@ def show(
         return
     found = _call("GET", "/events", api, params={"job": name, "limit": EVENTS_SHOWN})
     latest = sorted(client.read(EventList, found).events, key=lambda e: e.id)
-    print_show(job, latest, head=_print_job, wide=wants_wide(output, wide))
+    print_show(
+        job, latest, head=lambda j: _print_job(j, with_policy=False), wide=wants_wide(output, wide)
+    )
 
 
 @app.command("checkpoints")

@@ -147,27 +147,19 @@ def event_rows(events: Sequence[EventView]) -> list[list[str]]:
 
 
 def policy_lines(job: JobDetail) -> list[str]:
-    """The job's policy: its name, and the effective policy where the API gives one (the
-    policy with the job's inline resources merged over it), one `key: value` a line, unless
-    the summary above printed it (`jobs._print_job` does for JobDetail answers)."""
-    out = [f"policy: {job.policy}"]
-    effective = (job.model_extra or {}).get("effective_policy")
-    if isinstance(effective, dict) and getattr(job, "effective_policy", None) is None:
-        out += ["  " + line for line in _yaml_lines(effective)]
-    return out
+    """The job's policy: its name, or where the API gives the effective policy (the policy
+    with the job's inline resources merged over it) its header and summary lines, as the
+    plan prints them (optimizer/cli/plan.py)."""
+    from optimizer.cli.jobs import effective_policy_header
+    from optimizer.cli.plan import effective_policy_lines
 
-
-def _yaml_lines(data: dict[str, Any], indent: str = "") -> list[str]:
-    out = []
-    for key, value in data.items():
-        if isinstance(value, dict) and value:
-            out.append(f"{indent}{key}:")
-            out += _yaml_lines(value, indent + "  ")
-        elif isinstance(value, list):
-            out.append(f"{indent}{key}: [{', '.join(str(v) for v in value)}]")
-        else:
-            out.append(f"{indent}{key}: {value}")
-    return out
+    effective = getattr(job, "effective_policy", None) or (job.model_extra or {}).get(
+        "effective_policy"
+    )
+    if not isinstance(effective, dict) or not effective:
+        return [f"policy: {job.policy}"]
+    header = effective_policy_header(job.model_copy(update={"effective_policy": effective}))
+    return [header, *("  " + line for line in effective_policy_lines(effective))]
 
 
 def _in(wide: bool) -> dict[str, Any]:
