@@ -1,10 +1,11 @@
 """The agent's main loop: register, probe, run the job, watch for interruptions, obey `stop`.
 
 The agent reports facts and follows the daemon's commands (docs/agent-protocol.md); the one
-thing it decides alone is to stop the job when the cloud has announced the end of the
+things it decides alone are to stop the job when the cloud has announced the end of the
 instance and the daemon cannot be reached to say so (`self_stop_s` after the notice), so a
-job still gets its chance to checkpoint. Nothing here kills the job because the daemon is
-gone: reports wait in the queue and are retried.
+job still gets its chance to checkpoint, and to stop it at the power-off less its checkpoint
+allowance should the daemon's stop be late (window.py). Nothing here kills the job because the
+daemon is gone: reports wait in the queue and are retried.
 
 Threads: the reporter sends events; the log shipper sends the job's output; the watcher polls
 the metadata endpoint; a heartbeat thread queues heartbeats; the job runner waits for the
@@ -29,6 +30,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +51,9 @@ from optimizer.agent.telemetry import (
     local_injection,
     open_nvml,
 )
+from optimizer.agent.window import WINDOW_REASON, CheckpointWindow, CommandPoller
 from optimizer.checkpoints import NoSpace
+from optimizer.clock import machine_now
 from optimizer.common.files import append_private, private_dir
 from optimizer.common.procs import proc_start_ticks
 from optimizer.common.retry import Backoff
@@ -153,6 +157,7 @@ class Agent:
         send_backoff: Backoff | None = None,
         telemetry_source: Callable[[], ReadingSource | None] | None = None,
         store_factory: StoreFactory | None = None,
+        wall: Callable[[], datetime] = machine_now,
     ) -> None:
         self.config = config
         private_dir(config.agent_dir)
@@ -190,6 +195,9 @@ class Agent:
         self.checkpoints: CheckpointSync | None = None  # a job with a checkpoint location
         self._stop_deadline: float | None = None  # when a stop's grace runs out
         self.progress: ProgressTail | None = None  # reads the job's progress file
+        # The checkpoint window (the stop at the power-off less the allowance), on `wall`.
+        self.window = CheckpointWindow(wall)
+        self._handover_poll: CommandPoller | None = None  # asks for a stop after a notice
 
     # --- inputs ----------------------------------------------------------------------
 
@@ -209,6 +217,13 @@ class Agent:
         log.warning("interruption notice: %s %s at %s", notice.source, notice.action, notice.time)
         if notice.action in ENDING_ACTIONS and self._notice_at is None:
             self._notice_at, self._notice_event = time.monotonic(), event.id
+            self.window.notice(notice.to_data())
+            log.info("the job's stop is due at %s at the latest", self.window.due)
+            # The daemon's stop now rides on a poll every handover_poll_s, not a heartbeat.
+            self._handover_poll = CommandPoller(
+                self.client.poll, self._on_commands, poll_s=self.config.handover_poll_s
+            )
+            self._handover_poll.start()
 
     def _install_signal_handlers(self) -> dict[int, Any]:
         """Route SIGTERM/SIGINT to the inbox; the handlers they replace, to put back."""
@@ -233,6 +248,7 @@ class Agent:
         answer = self._register()
         if isinstance(answer, int):
             return answer
+        self.window.allowance_s = answer.job.checkpoint_allowance_s
         threading.Thread(target=self._heartbeats, args=(answer,), daemon=True).start()
         threading.Thread(
             target=watch, args=(self.watcher, self._on_notice, self._quit), daemon=True
@@ -244,6 +260,8 @@ class Agent:
             code = self._work(answer)
         finally:
             self._quit.set()
+            if self._handover_poll is not None:
+                self._handover_poll.stop()
             if self.telemetry is not None:
                 self.telemetry.stop(flush=True)  # the minute in progress goes out too
         deadline = time.monotonic() + self.config.flush_s
@@ -596,7 +614,7 @@ class Agent:
         job = self.job
         assert job is not None
         while not job.done():
-            item = self._next(0.2)
+            item = self._next(self._window_wait(0.2))
             if item is not None:
                 kind, value = item
                 if kind == "command" and value.kind == "stop":
@@ -605,6 +623,7 @@ class Agent:
                     log.info("forwarding signal %s to the job", value)
                     job.signal(int(value))
             self._maybe_self_stop()
+            self._maybe_window_stop()
         end = job.wait()
         assert end is not None
         if self.progress is not None:
@@ -654,6 +673,21 @@ class Agent:
         log.warning("stopping the job (%s): SIGTERM, SIGKILL after %.0f s", reason, grace_s)
         self.state = "stopping"
         self.job.stop(grace_s)
+
+    def _window_wait(self, most: float) -> float:
+        """How long the supervising loop may wait: `most`, or less when the window's stop
+        falls due sooner, so the stop comes at its instant and not a wait late."""
+        left = self.window.left() if self.stop_reason is None else None
+        return most if left is None else min(max(left, 0.0), most)
+
+    def _maybe_window_stop(self) -> None:
+        """Stop the job at the power-off less its allowance if no stop has come by then (one
+        that came first wins: `_stop_job` stops once)."""
+        if self.stop_reason is not None:
+            return
+        left = self.window.left()
+        if left is not None and left <= 0:
+            self._stop_job(f"{WINDOW_REASON} (the agent's own stop at the window)", None)
 
     def _maybe_self_stop(self) -> None:
         if self._notice_at is None or self.stop_reason is not None:
