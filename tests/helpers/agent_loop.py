@@ -7,7 +7,7 @@ from typing import Any
 
 from optimizer.agent import Notice
 from optimizer.agent.reporter import DaemonError
-from optimizer.protocol import Command
+from optimizer.protocol import Command, EventsAnswer
 from tests.helpers.agent import counter_job
 
 
@@ -23,6 +23,7 @@ class ScriptedDaemon:
         self.commands: list[dict[str, Any]] = []
         self.chunks: dict[int, dict[str, Any]] = {}  # seq -> chunk
         self.chunks_at_exit: int | None = None  # chunks held when job_exited arrived
+        self.polls = 0  # empty calls for commands
 
     def register(self, body: dict[str, Any]) -> dict[str, Any]:
         self.registrations += 1
@@ -39,6 +40,14 @@ class ScriptedDaemon:
         self.events += events
         commands, self.commands = self.commands, []
         return [e.id for e in events], [Command.model_validate(c) for c in commands]
+
+    def poll(self) -> EventsAnswer:
+        """An empty call: the commands waiting (the agent polls for them after a notice)."""
+        if self.down:
+            raise DaemonError("connection refused", retryable=True)
+        self.polls += 1
+        commands, self.commands = self.commands, []
+        return EventsAnswer(commands=[Command.model_validate(c) for c in commands])
 
     def send_logs(self, chunks: list[dict[str, Any]]) -> list[int]:
         if self.down:
