@@ -5,12 +5,17 @@ Runs, each in its own process with a time limit, so one failure does not stop th
    10000^2 matmul, no warm-up), then the same product measured properly, for docs/probes.md;
 2. ../shared/bench/gpu_reference.py (REFERENCE 5.2's calibration figures) -> calibration.json;
 3. `gpuopt probe --quick` on the first GPU, then on every GPU (2-GPU all-reduce);
-4. the `gpu`-marked tests; 5. `gpuopt probe --deep` if the time budget allows.
+4. the `gpu`-marked tests; 5. the handover probe beside the quick probe on the first GPU,
+`--handover-pairs` times (each pair in alternating order): gpu_probe_handover.json holds each
+figure's handover/quick ratio, both probes' seconds and whether their verdicts agree;
+6. `gpuopt probe --deep` if the time budget allows.
 Writes the probe results, the calibration, the seed-script figures and gpu_probe.json (each
 probe figure over the same-run calibration figure and over the issue's reference figure) to
 --out, and prints the ratio table last.
 
     python3 bench/gpu_probe.py --reference ../shared/bench/gpu_reference.py --out bench/results
+    python3 bench/gpu_probe.py --only-handover --handover-pairs 5     # step 5 alone
+    python3 bench/gpu_probe.py --only-handover --cpu --out /tmp/dry   # a dry run with no GPU
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ TARGETS = {
 }
 TARGET_RATIO = 0.95
 QUICK_WALL_LIMIT_S = 120.0
+HANDOVER_LIMIT_S = 6.0  # issue 31's goal for one H200
+HANDOVER_TOLERANCE = 0.05  # each handover figure within 5% of the quick probe's, same run
 
 SEED_SCRIPT = r"""
 import json, statistics, sys, time
@@ -175,6 +182,86 @@ def probe_figures(result: dict[str, Any], gpu: int = 0) -> dict[str, float]:
     return figures
 
 
+def cpu_figures(result: dict[str, Any]) -> dict[str, float]:
+    """A CPU-only run's figures (the dry run): its GEMMs by dtype."""
+    return {
+        f"gemm.{g['dtype']}": g["tflops"]
+        for run in result.get("runs") or ()
+        if run.get("device") == "cpu" and run.get("ok")
+        for g in run.get("gemm") or ()
+    }
+
+
+def verdicts(result: dict[str, Any]) -> dict[str, str]:
+    """Each check's status by name and GPU, but the sustained check the handover has not."""
+    return {
+        f"{c['name']}@{c['gpu']}": c["status"]
+        for c in result.get("checks") or ()
+        if c["name"] != "gemm.bf16.sustained"
+    }
+
+
+def handover_vs_quick(out: Path, pairs: int, env: dict[str, str], cpu: bool) -> dict[str, Any]:
+    """The handover and the quick probe side by side on one GPU, `pairs` times, alternating
+    which goes first; per figure the handover/quick ratio of each pair, and both probes' own
+    seconds (`seconds` in the result: what an agent waits) and the CLI's wall time."""
+    py = sys.executable
+    env = {**env, "CUDA_VISIBLE_DEVICES": "" if cpu else "0"}
+    figures = cpu_figures if cpu else probe_figures
+    runs: list[dict[str, Any]] = []
+    for i in range(pairs):
+        pair: dict[str, Any] = {}
+        order = ("handover", "quick") if i % 2 == 0 else ("quick", "handover")
+        for kind in order:
+            path = out / f"gpu_probe_{'cpu_' if cpu else ''}{kind}_{i}.json"
+            path.unlink(missing_ok=True)
+            argv = [py, "-m", "optimizer.cli", "probe", f"--{kind}", "-o", str(path)]
+            wall = step(f"{kind} probe {i + 1} of {pairs}", argv, 180, env)
+            result = _load(path)
+            pair[kind] = {
+                "wall_s": wall["wall_s"],
+                "seconds": result.get("seconds"),
+                "status": result.get("status"),
+                "gpu_model": result.get("gpu_model"),
+                "figures": figures(result),
+                "verdicts": verdicts(result),
+            }
+        h, q = pair["handover"], pair["quick"]
+        pair["first"] = order[0]
+        pair["ratios"] = {
+            k: round(v / q["figures"][k], 4) for k, v in h["figures"].items() if q["figures"].get(k)
+        }
+        pair["same_verdicts"] = h["verdicts"] == q["verdicts"] and h["status"] == q["status"]
+        runs.append(pair)
+    ratios: dict[str, list[float]] = {}
+    for pair in runs:
+        for k, v in pair["ratios"].items():
+            ratios.setdefault(k, []).append(v)
+    seconds = {k: [p[k]["seconds"] for p in runs if p[k]["seconds"]] for k in ("handover", "quick")}
+    quick: dict[str, list[float]] = {}
+    for pair in runs:
+        for k, v in pair["quick"]["figures"].items():
+            quick.setdefault(k, []).append(v)
+    return {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "device": "cpu (a dry run: CPU matmuls, not a GPU figure)" if cpu else _gpu_name(runs),
+        "pairs": pairs,
+        "ratio_range": {k: [min(v), max(v)] for k, v in sorted(ratios.items())},
+        # The quick probe against itself: highest over lowest of each figure over the pairs.
+        "quick_spread": {k: round(max(v) / min(v), 4) for k, v in sorted(quick.items()) if min(v)},
+        "within_5pct": all(abs(r - 1) <= HANDOVER_TOLERANCE for v in ratios.values() for r in v),
+        "seconds": {k: [round(x, 2) for x in v] for k, v in seconds.items()},
+        "handover_at_most_6s": bool(seconds["handover"])
+        and max(seconds["handover"]) <= HANDOVER_LIMIT_S,
+        "same_verdicts": all(p["same_verdicts"] for p in runs),
+        "runs": runs,
+    }
+
+
+def _gpu_name(runs: list[dict[str, Any]]) -> str | None:
+    return next((p[k]["gpu_model"] for p in runs for k in p if k in ("handover", "quick")), None)
+
+
 def calibration_figures(cal: dict[str, Any]) -> dict[str, float]:
     figures = {f"gemm.{k}": v for k, v in (cal.get("gemm_tflops") or {}).items()}
     for ours, theirs in (("copy_gbps", "d2d_copy_GBps"), ("h2d_gbps", "h2d"), ("d2h_gbps", "d2h")):
@@ -224,6 +311,20 @@ def compare(out: Path, walls: dict[str, dict]) -> dict[str, Any]:
     }
 
 
+def write_handover(out: Path, pairs: int, env: dict[str, str], cpu: bool) -> int:
+    """Run the side by side, write gpu_probe_handover[_cpu].json and print its figures."""
+    summary = handover_vs_quick(out, pairs, env, cpu)
+    name = "gpu_probe_handover_cpu.json" if cpu else "gpu_probe_handover.json"
+    (out / name).write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"\nhandover / quick on {summary['device']}, {pairs} pairs (min..max ratio):")
+    for metric, (low, high) in summary["ratio_range"].items():
+        spread = summary["quick_spread"].get(metric)
+        print(f"  {metric:<16} {low:.3f} .. {high:.3f}   quick's own spread {spread}")
+    print("seconds:", summary["seconds"], "same verdicts:", summary["same_verdicts"])
+    print("within 5%:", summary["within_5pct"], "handover <= 6 s:", summary["handover_at_most_6s"])
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -233,12 +334,23 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=540, help="seconds for every step together")
     parser.add_argument("--no-deep", action="store_true")
     parser.add_argument("--fp64-check", action="store_true", help="fp64 GEMM at two sizes")
+    parser.add_argument(
+        "--handover-pairs", type=int, default=3, help="handover and quick probes side by side"
+    )
+    parser.add_argument(
+        "--only-handover", action="store_true", help="only the handover/quick side by side"
+    )
+    parser.add_argument(
+        "--cpu", action="store_true", help="with --only-handover: a dry run where no GPU is"
+    )
     args = parser.parse_args()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     py = sys.executable
     env = {"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    if args.only_handover:
+        return write_handover(out, args.handover_pairs, env, args.cpu)
     walls: dict[str, dict] = {}
     probe = [py, "-m", "optimizer.cli", "probe", "-o"]
 
@@ -275,6 +387,8 @@ def main() -> int:
         180,
         env,
     )
+    if args.handover_pairs > 0:
+        write_handover(out, args.handover_pairs, env, cpu=False)
     left = args.budget - (time.monotonic() - began)
     if not args.no_deep and left > 200:
         walls["deep"] = step(

@@ -136,6 +136,11 @@ class AttemptView(Answer):
     launched_at: str | None
     terminated_at: str | None
     terminated_by: str | None
+    # `job`, or `warm_spare` for a spare that has not taken the job over (docs/jobs.md)
+    role: str = "job"
+    promoted_at: str | None = None  # when a warm spare took the job over
+    registered_at: str | None = None
+    probe_status: str | None = None
     cost_lines: list[CostLineView]
 
 

@@ -69,6 +69,8 @@ class AttemptEnd(StrEnum):
     MOVE_ABANDONED = "move_abandoned"  # the move's new attempt, given up before it took over
     # the job finished on an earlier attempt during its handover: this one never needed to run
     FINISHED_EARLIER = "finished_earlier"
+    # a warm spare that never took the job over: the job ended, or no longer wants one
+    SPARE_RELEASED = "spare_released"
     # the launch walk: the launch did not give an instance
     GANG_INCOMPLETE = "gang_incomplete"
     PROVIDER_UNAVAILABLE = "provider unavailable"

@@ -295,6 +295,7 @@ class EventKind(StrEnum):
     JOB_UNDERUSED = "job.underused"
     JOB_STOPPED = "job.stopped"
     JOB_MIGRATED = "job.migrated"
+    JOB_SPARE_CHANGED = "job.spare_changed"
     JOB_DEADLINE_AT_RISK = "job.deadline_at_risk"
     JOB_DEADLINE_MISSED = "job.deadline_missed"
     BUDGET_THRESHOLD_CROSSED = "budget.threshold_crossed"

@@ -81,7 +81,18 @@ ENV_PROGRESS_FILE = "GPUOPT_PROGRESS_FILE"
 # What the agent cannot run without.
 REQUIRED_ENV = (ENV_DAEMON_URL, ENV_AGENT_TOKEN, ENV_ATTEMPT_KEY, ENV_METADATA_KIND)
 
-PROBE_KINDS = ("quick", "deep", "none")
+PROBE_KINDS = ("quick", "deep", "none")  # a job spec's `probes`
+# What the daemon may tell an agent to run (`RegisterAnswer.probe`): the spec's kind, or the
+# handover probe where the instance type already has a full result (docs/probes.md).
+QUICK_PROBE, HANDOVER_PROBE = "quick", "handover"
+RUN_PROBE_KINDS = (HANDOVER_PROBE, *PROBE_KINDS)
+
+
+def probe_to_run(spec_probes: str, type_probed: bool) -> str:
+    """The probe an attempt runs: the spec's `probes`, but `handover` instead of `quick` once
+    the attempt's instance type has a usable full (quick or deep) result, so the sustained
+    stage runs at a type's first boot and in `deep`, and a later boot is judged in seconds."""
+    return HANDOVER_PROBE if spec_probes == QUICK_PROBE and type_probed else spec_probes
 
 
 class _Message(BaseModel):
@@ -125,6 +136,7 @@ class JobExitedData(BaseModel):
     exit_code: StrictInt | None = Field(None, ge=-(2**31), le=2**31 - 1)
     signal: StrictInt | None = Field(None, ge=1, le=127)
     phase: str | None = Field(None, max_length=20)
+    error: str | None = Field(None, max_length=2000)  # why it failed: stderr's last line
     stopped: StrictBool | None = None
     adopted: StrictBool | None = None
     log_chunks: StrictInt | None = Field(None, ge=0, le=2**31 - 1)
@@ -364,6 +376,11 @@ class _Answer(_Optional):
 
 
 class RegisterAnswer(_Answer):
+    """`probe`: the probe this attempt runs (the daemon's choice from `job.probes`, which
+    keeps the spec's value); absent from an older daemon, then `job.probes` is run."""
+
+    OMITTED = _Answer.OMITTED | {"probe"}
+
     job: Job
     attempt: int = 1  # a gang's: its rank 0's number
     restarts: int = 0
@@ -372,6 +389,7 @@ class RegisterAnswer(_Answer):
     fence: Wait | None = None
     gang: Gang | None = None
     internode: Internode | None = None
+    probe: str | None = None
 
 
 class EventsAnswer(_Answer):

@@ -49,6 +49,7 @@ class Sample(NamedTuple):
     memory_used_gib_max: float | None
     gpus: int
     simulated: bool = False  # injected by the local cloud, not read from a GPU
+    host: bool = False  # read from the GPU of the host a local-cloud instance runs on
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,7 @@ class Usage:
     gpus: int | None  # the GPUs of the sample with the peak (else the most any covered)
     node_peak_gib: float | None = None  # that sample's memory used, summed over its GPUs
     simulated: bool = False  # some sample was injected by the local cloud
+    host: bool = False  # some sample read the host's GPU (the local cloud), not the type's
 
 
 def usage(samples: Iterable[Sample]) -> Usage:
@@ -71,10 +73,11 @@ def usage(samples: Iterable[Sample]) -> Usage:
     node_peak: float | None = None
     gpus: int | None = None
     peak_gpus: int | None = None
-    simulated = False
+    simulated = host = False
     for sample in samples:
         count += 1
         simulated = simulated or sample.simulated
+        host = host or (sample.host and not sample.simulated)
         span = max(float(sample.span_s), 0.0)
         seconds += span
         if sample.util_mean is not None and span > 0:
@@ -87,7 +90,7 @@ def usage(samples: Iterable[Sample]) -> Usage:
                 peak, node_peak, peak_gpus = per_gpu, sample.memory_used_gib_max, n_gpus
         gpus = max(gpus or 0, n_gpus)
     util = weighted / util_seconds if util_seconds else None
-    return Usage(count, seconds / 3600, peak, util, peak_gpus or gpus, node_peak, simulated)
+    return Usage(count, seconds / 3600, peak, util, peak_gpus or gpus, node_peak, simulated, host)
 
 
 class Interval(NamedTuple):
@@ -209,6 +212,7 @@ class Advice:
                 "utilization": u.util,
                 "gpus": u.gpus,
                 "simulated": u.simulated,
+                "host": u.host,
             },
             "duty_cycle": {
                 "running_hours": d.running_hours,
@@ -332,6 +336,11 @@ def _notes(usage: Usage, current: Current | None, buffer: float) -> tuple[str, .
     notes = []
     if usage.simulated:
         notes.append("simulated telemetry: some readings were injected by the local cloud")
+    if usage.host:
+        notes.append(
+            "host GPU telemetry: the local cloud's instances read the GPU of the daemon's "
+            "host, not one of the type they name"
+        )
     if usage.gpus is not None and usage.gpus > 1:
         notes.append(
             f"GPU count kept at the job's {usage.gpus}: the samples hold memory summed "

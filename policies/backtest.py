@@ -11,7 +11,7 @@ the job's walk from snapshot to snapshot is a Python loop, one step per snapshot
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
@@ -510,14 +510,20 @@ class CapAdvice:
 
 @dataclass(frozen=True, slots=True)
 class BidAdvice:
-    """The lowest caps under which `policy` had a candidate in `target` of snapshots."""
+    """The lowest caps under which `policy` had a candidate in `target` of snapshots.
+
+    Where a cap is None, `usd_why`/`fraction_why` say why no value of it reaches the target;
+    `warnings` say when the history is too short to judge a cap at all."""
 
     policy: str
     target: float
     snapshots: int
     current: CapAdvice
-    usd_per_hour: CapAdvice | None  # None: no cap reaches the target
-    fraction_of_on_demand: CapAdvice | None  # None: no fraction <= 1 reaches it
+    usd_per_hour: CapAdvice | None  # None: no cap reaches the target (usd_why says why)
+    fraction_of_on_demand: CapAdvice | None  # None: no fraction <= 1 reaches it (fraction_why)
+    usd_why: str = ""
+    fraction_why: str = ""
+    warnings: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -529,7 +535,42 @@ class BidAdvice:
             "max_fraction_of_on_demand": None
             if self.fraction_of_on_demand is None
             else self.fraction_of_on_demand.to_dict(),
+            "why_none": {
+                k: v
+                for k, v in (
+                    ("max_usd_per_hour", self.usd_why),
+                    ("max_fraction_of_on_demand", self.fraction_why),
+                )
+                if v
+            },
+            "warnings": list(self.warnings),
         }
+
+
+# Too short a history to judge a cap (`advise_bid`'s warnings): spot prices move with the day
+# and the week, so less than a day says little; and a target is only resolved by enough
+# snapshots that one of them is at most a fifth of the misses it allows (0.95: 100 snapshots).
+SHORTEST_SPAN = timedelta(days=1)
+SNAPSHOTS_PER_MISS = 5
+
+
+def _too_short(times: np.ndarray, target: float) -> tuple[str, ...]:
+    span = timedelta(seconds=float(times[-1] - times[0])) if len(times) else timedelta(0)
+    said = []
+    if span < SHORTEST_SPAN:
+        said.append(
+            f"the history covers {span.total_seconds() / 3600:.1f} h: too short to judge a cap "
+            f"(spot prices move with the day and the week; give at least "
+            f"{SHORTEST_SPAN.total_seconds() / 3600:.0f} h)"
+        )
+    if target < 1:
+        needed = math.ceil(SNAPSHOTS_PER_MISS / (1 - target) - 1e-9)
+        if len(times) < needed:
+            said.append(
+                f"{len(times)} snapshots cannot resolve a target of {target:.1%} "
+                f"(at least {needed} are needed)"
+            )
+    return tuple(said)
 
 
 # A cap is above zero (the policy schema's rule); where the history's lowest need is a free
@@ -550,10 +591,14 @@ def advise_bid(
     target: float,
     since: datetime | None = None,
     until: datetime | None = None,
+    *,
+    mover: Callable[[], Mover] | None = None,
 ) -> BidAdvice:
     """The lowest `max_usd_per_hour` (and `max_fraction_of_on_demand`) that gives the policy
     a candidate in at least `target` of the snapshots, each replayed in place of the
-    policy's bid caps, next to the policy as written (docs/backtest.md)."""
+    policy's bid caps, next to the policy as written (docs/backtest.md). `mover` makes a
+    fresh `Mover` for each replay, so the costs include the policy's migration block as
+    `gpuopt backtest` replays it."""
     if not 0 < target <= 1:
         raise BacktestError(f"target availability must be within (0, 1], got {target}")
     current = market(policy, history, since, until, advice=True)
@@ -562,18 +607,48 @@ def advise_bid(
     def availability(found: Market_) -> float:
         return float((found.best >= 0).mean())
 
+    def run(found: Market_) -> Backtest:
+        return replay(policy, history, since, until, found=found, mover=mover() if mover else None)
+
     def weigh(cap: dict[str, float]) -> CapAdvice:
         found = market(policy, history, since, until, bid=cap)
-        return CapAdvice(
-            cap, availability(found), replay(policy, history, since, until, found=found)
-        )
+        return CapAdvice(cap, availability(found), run(found))
 
-    ran = replay(policy, history, since, until, found=current)
-    mine = CapAdvice({}, availability(current), ran)
+    mine = CapAdvice({}, availability(current), run(current))
     usd = _lowest(current.cheapest_allowed, target)
     by_usd = None if usd is None else weigh({"max_usd_per_hour": max(usd, SMALLEST_CAP)})
     fraction = _lowest(current.share_allowed, target)
     by_fraction = None
     if fraction is not None and fraction <= 1:
         by_fraction = weigh({"max_fraction_of_on_demand": max(fraction, SMALLEST_CAP)})
-    return BidAdvice(policy.name, target, snapshots_n, mine, by_usd, by_fraction)
+    reachable = float(np.isfinite(current.cheapest_allowed).mean())
+    usd_why = (
+        ""
+        if by_usd is not None
+        else (
+            f"at any price, the policy's other rules left a candidate in only {reachable:.1%} "
+            f"of snapshots"
+        )
+    )
+    fraction_why = ""
+    if by_fraction is None:
+        priced = float(np.isfinite(current.share_allowed).mean())
+        if fraction is not None:
+            fraction_why = f"it would take {fraction:.2f}x on-demand, a cap above on-demand"
+        elif priced < reachable:
+            fraction_why = (
+                f"only {priced:.1%} of snapshots had an on-demand price to compare against"
+            )
+        else:
+            fraction_why = usd_why
+    return BidAdvice(
+        policy.name,
+        target,
+        snapshots_n,
+        mine,
+        by_usd,
+        by_fraction,
+        usd_why,
+        fraction_why,
+        _too_short(current.times, target),
+    )

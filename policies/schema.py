@@ -253,24 +253,44 @@ class Bid(_Strict):
     )
 
 
-def region_globs(value: list[str]) -> list[str]:
-    """The globs unchanged; raises naming one that is empty or not a region glob."""
-    for glob in value:
-        if not glob.strip():
-            raise ValueError("a region glob must not be empty")
-        if not re.fullmatch(r"[A-Za-z0-9*?\[\]!-]+", glob):
-            raise ValueError(f"{glob!r} is not a region glob (letters, digits, -, *, ?, [])")
-    return value
+# A zone's name, which a region list does not take: AWS `us-east-1a` (and Local Zones
+# `us-east-1-bos-1a`), GCP `europe-west4-a`.
+_ZONE = re.compile(r"[a-z]{2}(-[a-z]+)+-\d+(-[a-z]+-\d+)?[a-z]|[a-z]+-[a-z]+\d+-[a-z]")
+
+
+def region_glob(glob: str) -> str:
+    """The glob unchanged; raises naming it when it is empty, not a region glob (a malformed
+    one: an unclosed `[`), a zone's name, or one that matches no region gpuopt knows (the
+    bundled region table: regions are lower case, and `*` alone is every region)."""
+    known = [r.name for r in regions.all_regions()]  # each item checked (and located) alone
+    if not glob.strip():
+        raise ValueError("a region glob must not be empty")
+    if not re.fullmatch(r"[A-Za-z0-9*?\[\]!-]+", glob):
+        raise ValueError(f"{glob!r} is not a region glob (letters, digits, -, *, ?, [])")
+    if not re.fullmatch(r"([^\[\]]|\[!?[^\[\]]+\])*", glob):
+        raise ValueError(f"{glob!r} is not a region glob: a [ without its ] (or an empty [])")
+    if _ZONE.fullmatch(glob):
+        region = glob[:-1] if glob[-2].isdigit() else glob[:-2]
+        raise ValueError(f"{glob!r} is a zone; a region list takes regions ({region})")
+    if not any(fnmatchcase(name, glob) for name in known):
+        lower = glob.lower()
+        hint = (
+            f" (globs are case-sensitive: {lower}?)"
+            if lower != glob and any(fnmatchcase(n, lower) for n in known)
+            else " (AWS and GCP regions, e.g. eu-west-1, europe-west4)"
+        )
+        raise ValueError(f"{glob!r} matches no region gpuopt knows{hint}")
+    return glob
+
+
+RegionGlob = Annotated[str, AfterValidator(region_glob)]
 
 
 class RegionRules(_Strict):
-    allow: list[str] = Field(default_factory=lambda: ["*"], min_length=1, examples=[["eu-*"]])
-    deny: list[str] = Field(default_factory=list, examples=[["eu-south-*"]])
-
-    @field_validator("allow", "deny")
-    @classmethod
-    def _globs(cls, value: list[str]) -> list[str]:
-        return region_globs(value)
+    allow: list[RegionGlob] = Field(
+        default_factory=lambda: ["*"], min_length=1, examples=[["eu-*"]]
+    )
+    deny: list[RegionGlob] = Field(default_factory=list, examples=[["eu-south-*"]])
 
 
 class Placement(_Strict):
@@ -303,17 +323,12 @@ class Placement(_Strict):
 
 
 class DataRegions(_Strict):
-    allow: list[str] = Field(
+    allow: list[RegionGlob] = Field(
         default_factory=lambda: ["*"],
         min_length=1,
         description="Region globs the job's state may be moved to (default every region).",
         examples=[["eu-*", "europe-*"]],
     )
-
-    @field_validator("allow")
-    @classmethod
-    def _globs(cls, value: list[str]) -> list[str]:
-        return region_globs(value)
 
     def allows(self, region: str) -> bool:
         """Whether `region` matches one of the globs (the rule data.regions reads the same)."""

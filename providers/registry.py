@@ -196,6 +196,13 @@ def find(name: str) -> ProviderEntry | None:
     return _load().get(name)
 
 
+def on_host(name: str) -> bool:
+    """Whether the provider's instances run on this host (`agent_on_host`): what they measure
+    and read is this host's GPU, not the type they name. False for an unknown provider."""
+    entry = find(name)
+    return entry is not None and entry.capabilities.agent_on_host
+
+
 def get(name: str) -> ProviderEntry:
     """The provider's entry; RegistryError naming the installed ones otherwise."""
     entry = _load().get(name)

@@ -86,6 +86,10 @@ def test_usage_skips_missing_readings_and_says_none_without_any() -> None:
     assert advise("x", policy(), drill, DUTY, None, None).notes == (
         "simulated telemetry: some readings were injected by the local cloud",
     )
+    host = usage([Sample(60, 0.9, 20.0, 1, host=True)])  # the local cloud's host GPU, read
+    assert (host.simulated, host.host, host.util) == (False, True, pytest.approx(0.9))
+    assert advise("x", policy(), host, DUTY, None, None).notes[0].startswith("host GPU telemetry")
+    assert not usage([Sample(60, 0.9, 20.0, 1, simulated=True, host=True)]).host  # injected
     empty = usage([])
     assert (empty.samples, empty.util, empty.peak_gib, empty.gpus) == (0, None, None, None)
 

@@ -73,3 +73,22 @@ def test_a_pool_in_cooldown_is_left_out_as_a_launch_leaves_it(store: Store) -> N
     got = job_advice(store, job, POLICY, T0 + 10 * H)
     assert got.advised is not None and got.advised.offer.market == Market.ON_DEMAND
     assert got.usd_per_hour_saving == pytest.approx(3.00 - 1.86)
+
+
+def test_real_readings_of_a_local_instance_advise_and_are_marked_the_hosts(store: Store) -> None:
+    """A local-cloud instance on a host with a GPU reads that GPU: not simulated, so the
+    advice works from it, and it says whose GPU it was."""
+    local = make_offer(provider="local", instance_type="g6e.xlarge", gpu_model="L40S")
+    store.prices.record_offers([A100, L40S, L40S_OD])
+    job_id = store.jobs.add_job("demo", "train", {"run": "x"}, at=T0)
+    attempt = store.jobs.create_attempt(job_id, 1, "demo-1", local, "sha-1", T0)
+    minute = GpuMinute(start=T0 + H, samples=6, gpus=1, util_mean=0.9, memory_used_gib_max=20.0)
+    store.telemetry.add(attempt.id, [minute])
+    job = store.jobs.get_job("demo")
+    assert job is not None
+    got = job_advice(store, job, POLICY, T0 + 2 * H)
+    assert got.usage.samples == 1 and got.usage.peak_gib == pytest.approx(20.0)
+    assert (got.usage.simulated, got.usage.host) == (False, True)
+    assert got.to_dict()["usage"]["host"] is True
+    assert any(n.startswith("host GPU telemetry") for n in got.notes)
+    assert not any(n.startswith("simulated") for n in got.notes)

@@ -189,3 +189,45 @@ def test_the_job_inherits_only_allow_listed_variables_from_the_agent() -> None:
         "GPUOPT_ATTEMPT": "1",
         "MINE": "spec",
     }
+
+
+def test_a_failure_reports_the_last_line_of_its_stderr(tmp_path: Path) -> None:
+    runner = JobRunner(
+        setup="echo installing; echo 'ERROR: No matching distribution for torch==9' >&2; "
+        "echo '' >&2; exit 1",
+        run="echo should-not-run",
+        env=dict(os.environ),
+        log_path=tmp_path / "job.log",
+        err_path=tmp_path / "job.err",
+    ).start()
+    end = runner.wait(10)
+    assert end is not None and (end.phase, end.exit_code) == ("setup", 1)
+    assert end.error == "ERROR: No matching distribution for torch==9"
+    assert end.to_data()["error"] == end.error
+
+
+def test_a_long_or_binary_last_line_is_cut_and_made_printable(tmp_path: Path) -> None:
+    runner = JobRunner(
+        setup="true",
+        run="printf 'x\\001y%.0s' $(seq 1 200) >&2; exit 2",
+        env=dict(os.environ),
+        log_path=tmp_path / "job.log",
+        err_path=tmp_path / "job.err",
+    ).start()
+    end = runner.wait(10)
+    assert end is not None and (end.phase, end.exit_code) == ("run", 2)
+    assert end.error is not None and len(end.error) == 300 and end.error.endswith("…")
+    assert "\x01" not in end.error and end.error.startswith("x y")
+
+
+def test_a_success_or_a_stop_reports_no_error(tmp_path: Path) -> None:
+    runner = JobRunner(
+        setup="echo warn >&2",
+        run="echo done",
+        env=dict(os.environ),
+        log_path=tmp_path / "job.log",
+        err_path=tmp_path / "job.err",
+    ).start()
+    end = runner.wait(10)
+    assert end is not None and end.succeeded and end.error is None
+    assert "error" not in end.to_data()

@@ -11,11 +11,15 @@ import pytest
 
 from optimizer.agent.telemetry import (
     GIB,
+    IDLE_POLL_S,
     GpuReading,
+    LocalSource,
     MinuteAggregator,
     SimulatedReading,
     SimulatedSource,
     TelemetrySampler,
+    local_source,
+    open_nvml,
 )
 from optimizer.clock import ManualClock
 
@@ -183,3 +187,124 @@ def test_an_agent_without_gpu_readings_says_so_once_and_one_with_them_reports_th
     minutes = [m for e in gpu.events if e.kind == "gpu_telemetry" for m in e.data["minutes"]]
     assert minutes and sum(m["samples"] for m in minutes) >= 1
     assert all(m["util_mean"] == 0.95 and m["simulated"] is False for m in minutes)
+
+
+class HostGpu:
+    """The host's GPU as NvmlSource reads it: busy, 40 of 80 GiB used."""
+
+    simulated = False
+    source = "measured"
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def read(self) -> list[GpuReading]:
+        return [gpu(0, 0.9, 40.0)]
+
+    def xids(self) -> list[int]:
+        return [79]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_local_instance_reads_the_hosts_gpu_labelled_host_until_an_injection() -> None:
+    injected: list[SimulatedReading | None] = [None]
+    host = HostGpu()
+    source = LocalSource(lambda: injected[0], host)
+    clock = ManualClock(T0)
+    sent: list[list[dict[str, Any]]] = []
+    sampler = TelemetrySampler(source, sent.append, interval_s=10, now=clock)
+    sampler.tick()
+    # The host's GPU: read often enough to see an injection at once, reported per minute.
+    assert sampler.next_wait() == IDLE_POLL_S and sent == []
+    clock.advance(60)
+    sampler.tick()
+    [[host_minute]] = sent
+    assert (host_minute["source"], host_minute["simulated"]) == ("host", False)
+    assert (host_minute["util_mean"], host_minute["xids"]) == (0.9, [79])
+    injected[0] = SimulatedReading(util=0.03, memory=0.2, gpus=1, memory_gib=80, interval_s=2)
+    clock.advance(60)
+    sampler.tick()  # an injection wins over the host's GPU: simulated, live
+    assert sampler.next_wait() == 2
+    drill = sent[-1][-1]
+    assert (drill["source"], drill["simulated"], drill["util_mean"]) == ("simulated", True, 0.03)
+    assert drill["xids"] == []  # the host's XIDs are not the drill's
+    sampler.stop()
+    assert host.closed
+
+
+def test_a_minute_with_any_injected_reading_is_simulated() -> None:
+    agg = MinuteAggregator(source="host")
+    agg.add(T0, [gpu(0, 0.9, 40.0)])
+    agg.add(T0 + timedelta(seconds=5), [gpu(0, 0.1, 1.0)], source="simulated")
+    agg.add(T0 + timedelta(seconds=70), [gpu(0, 0.9, 40.0)])
+    first, second = agg.finished(T0 + timedelta(minutes=5))
+    assert (first["source"], first["simulated"]) == ("simulated", True)
+    assert (second["source"], second["simulated"]) == ("host", False)
+    plain = MinuteAggregator()
+    plain.add(T0, [gpu(0, 0.5, 1.0)])
+    assert [(m["source"], m["simulated"]) for m in plain.finished(T0, all_open=True)] == [
+        ("measured", False)
+    ]
+
+
+def test_without_a_gpu_on_the_host_a_local_instance_waits_for_an_injection_as_before() -> None:
+    source = LocalSource(lambda: None, None)
+    sent: list[list[dict[str, Any]]] = []
+    sampler = TelemetrySampler(source, sent.append, interval_s=10, now=ManualClock(T0))
+    sampler.tick()
+    assert sent == [] and sampler.next_wait() == IDLE_POLL_S
+    assert source.simulated and source.live
+
+
+@pytest.fixture
+def scripted_nvml(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """pynvml answering for one H200 with 30 of its 140 GiB in use (no driver needed)."""
+    pynvml = pytest.importorskip("pynvml")
+    handle = object()
+
+    def no_events() -> Any:
+        raise pynvml.NVMLError_NotSupported(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    fakes: dict[str, Any] = {
+        "nvmlInit": lambda: None,
+        "nvmlShutdown": lambda: None,
+        "nvmlDeviceGetCount": lambda: 1,
+        "nvmlDeviceGetHandleByIndex": lambda i: handle,
+        "nvmlDeviceGetUUID": lambda h: "GPU-host",
+        "nvmlDeviceGetUtilizationRates": lambda h: type("U", (), {"gpu": 85})(),
+        "nvmlDeviceGetMemoryInfo": lambda h: type("M", (), {"used": 30 << 30, "total": 140 << 30}),
+        "nvmlDeviceGetPowerUsage": lambda h: 350_000,
+        "nvmlDeviceGetTemperatureV": lambda h, sensor: 55,
+        "nvmlDeviceGetClockInfo": lambda h, kind: 1700,
+        "nvmlDeviceGetCurrentClocksEventReasons": lambda h: 4,
+        "nvmlEventSetCreate": no_events,
+    }
+    for name, fake in fakes.items():
+        monkeypatch.setattr(pynvml, name, fake)
+    return pynvml
+
+
+def test_on_a_host_with_a_gpu_the_local_source_reads_nvml_as_the_hosts(
+    scripted_nvml: Any,
+) -> None:
+    source = LocalSource(lambda: None, open_nvml(None))  # nothing injected
+    [reading] = source.read()
+    assert (reading.util, reading.memory_used_bytes, reading.power_w) == (0.85, 30 << 30, 350.0)
+    assert (source.source, source.simulated, source.live) == ("host", False, False)
+    source.close()
+
+
+def test_where_nvml_cannot_start_the_local_source_has_no_host_gpu(
+    scripted_nvml: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_driver() -> None:
+        raise scripted_nvml.NVMLError_LibraryNotFound(scripted_nvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    monkeypatch.setattr(scripted_nvml, "nvmlInit", no_driver)
+    assert open_nvml(None) is None
+    source = local_source("http://127.0.0.1:9/metadata")  # NVML's answer decides, not the URL
+    assert (source.source, source.simulated, source.live) == ("simulated", True, True)
+    source = LocalSource(lambda: None, open_nvml(None))
+    assert source.read() == [] and (source.source, source.simulated) == ("simulated", True)

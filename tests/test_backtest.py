@@ -320,3 +320,52 @@ def test_prices_export_and_backtest_from_the_store_through_the_cli(tmp_path: Pat
             2,
             1.0,
         )
+
+
+def test_advise_bid_replays_the_migration_block_as_backtest_does(tmp_path: Path) -> None:
+    """The same policy and history cost the same in `backtest` and in `advise-bid`'s row for
+    the caps as written: the advisor keeps the policy's migration block (it once dropped it)."""
+    points = [
+        point("use1-az1", 0, 2.0),
+        point("use1-az2", 0, 3.0),
+        point("use1-az1", 1, 2.0),
+        point("use1-az2", 1, 1.0),
+        point("use1-az1", 2, 2.0),
+        point("use1-az2", 2, 1.0),
+    ]
+    history_file = tmp_path / "history.csv"
+    with history_file.open("w") as stream:
+        write_catalog(points, stream)
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(
+        "apiVersion: gpuopt/v1\nkind: Policy\nname: bt\nmarkets: [spot]\n"
+        "migration: {enabled: true, min_savings: 0.25, min_stable: 3600}\n"
+    )
+    until = ["--until", (T0 + 3 * H).isoformat()]
+    runner = CliRunner()
+    ran = runner.invoke(
+        app, ["backtest", str(policy_file), "--history", str(history_file), "--json", *until]
+    )
+    advised = runner.invoke(
+        app, ["advise-bid", str(policy_file), "--history", str(history_file), "--json", *until]
+    )
+    assert ran.exit_code == 0 and advised.exit_code == 0, ran.output + advised.output
+    cost = json.loads(ran.output)["cost_usd"]
+    assert round(cost, 2) == 5.00  # with the move (6.00 without: the test above)
+    assert json.loads(advised.output)["current"]["cost_usd"] == round(cost, 2)
+
+
+def test_advise_bid_says_why_no_value_reaches_the_target_and_when_the_history_is_short() -> None:
+    # 40 GiB per GPU: the A10G's 24 GiB never passes, whatever the cap.
+    big = policy(workload={"type": "training", "gpus": 1, "gpu_memory_gib": 40})
+    out = advise_bid(big, History.from_offers(POINTS), 0.5, until=T0 + 4 * H).to_dict()
+    assert out["max_usd_per_hour"] is None and out["max_fraction_of_on_demand"] is None
+    said = "at any price, the policy's other rules left a candidate in only 0.0% of snapshots"
+    assert out["why_none"] == {"max_usd_per_hour": said, "max_fraction_of_on_demand": said}
+    # Three hours of points: too short to judge, and said so.
+    assert any("too short to judge" in w for w in out["warnings"])
+    reachable = advise_bid(policy(), History.from_offers(POINTS[:3]), 0.5, until=T0 + H)
+    assert reachable.to_dict()["why_none"].get("max_usd_per_hour") is None
+    assert reachable.usd_per_hour is not None
+    shy = advise_bid(policy(), History.from_offers(POINTS[:3]), 0.95, until=T0 + H).to_dict()
+    assert any("cannot resolve a target of 95.0%" in w for w in shy["warnings"])

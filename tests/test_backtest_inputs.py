@@ -241,3 +241,39 @@ def test_the_gpuopt_process_prints_no_traceback(
     )
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.startswith(f"gpuopt: error: {history}") and says in done.stderr
+
+
+def test_times_with_fractions_of_a_second_as_gpuopt_writes_them_are_read(
+    tmp_path: Path, policy_file: Path
+) -> None:
+    """`prices export` and the store write times with microseconds: a history holding them
+    replays exactly like one whose times are whole seconds (they are floored to the second)."""
+    whole, fractional = tmp_path / "whole.csv", tmp_path / "fractional.csv"
+    whole.write_text(catalog_text())
+    fractional.write_text(
+        catalog_text()
+        .replace("T00:00:00Z", "T00:00:00.250000+00:00")
+        .replace("T01:00:00Z", "T01:00:00.999999Z")
+    )
+    assert ".250000+00:00" in fractional.read_text()
+    runner = CliRunner()
+    for command in ("backtest", "advise-bid"):
+        answers = [
+            runner.invoke(app, [command, str(policy_file), "--history", str(f), "--json"])
+            for f in (whole, fractional)
+        ]
+        assert [a.exit_code for a in answers] == [0, 0], [a.output for a in answers]
+        assert answers[0].output == answers[1].output
+
+
+def test_a_bad_value_is_named_by_file_line_and_column_without_arrows_words(
+    tmp_path: Path, policy_file: Path
+) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes(b"# exported\n" + csv_with("observed_at", "2026-03-02 noon", row=2))
+    result = CliRunner().invoke(app, ["backtest", str(policy_file), "--history", str(bad)])
+    assert result.exit_code == 2
+    header = catalog_text().splitlines()[0].split(",")
+    column = header.index("observed_at") + 1
+    assert f"{bad}:4:{column}: observed_at: '2026-03-02 noon' is not a time" in result.output
+    assert "CSV conversion" not in result.output and "Row #" not in result.output

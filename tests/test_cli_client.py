@@ -221,3 +221,39 @@ def test_jobs_show_and_events_print_what_they_printed_from_dicts(
     done = _gpuopt(httpserver, "jobs", "events", "a", "--json")
     oldest_first = sorted(events, key=lambda e: e["id"])
     assert done.stdout == json.dumps(oldest_first, indent=2) + "\n"
+
+
+def test_a_401_says_where_the_token_came_from_and_never_the_token(
+    httpserver: HTTPServer, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from optimizer.cli import app
+
+    httpserver.expect_request("/jobs").respond_with_json(
+        {"detail": "missing or wrong bearer token"}, 401
+    )
+    runner, url = CliRunner(), httpserver.url_for("/")
+
+    monkeypatch.setenv("GPUOPT_API_TOKEN", "tok-from-the-variable")
+    got = runner.invoke(app, ["jobs", "list", "--api", url])
+    assert got.exit_code == 2
+    assert "401: missing or wrong bearer token: the token came from GPUOPT_API_TOKEN" in (
+        got.output
+    )
+    assert "tok-from-the-variable" not in got.output
+
+    monkeypatch.delenv("GPUOPT_API_TOKEN")
+    monkeypatch.setenv("GPUOPT_DATA_DIR", str(tmp_path))
+    (tmp_path / "api-token").write_text("tok-from-the-file\n")
+    got = runner.invoke(app, ["jobs", "list", "--api", url])
+    assert got.exit_code == 2
+    assert f"the token came from {tmp_path / 'api-token'} (its folder from GPUOPT_DATA_DIR)" in (
+        " ".join(got.output.split())
+    )
+    assert "tok-from-the-file" not in got.output
+
+    monkeypatch.delenv("GPUOPT_DATA_DIR")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".local/share/gpuopt").mkdir(parents=True)
+    (tmp_path / ".local/share/gpuopt/api-token").write_text("tok-home\n")
+    got = runner.invoke(app, ["jobs", "list", "--api", url])
+    assert "(the default folder: GPUOPT_DATA_DIR is unset)" in " ".join(got.output.split())

@@ -62,6 +62,24 @@ def test_the_daemon_serves_and_exits_cleanly_on_sigterm(tmp_path: Path) -> None:
     assert any(m.startswith("SIGTERM received") for m in messages)
     assert messages[-1] == "stopped"
     assert {"ts", "level", "logger", "msg"} <= set(logged[0])
+    # A clean stop is no trouble: nothing above INFO (giving up leadership included).
+    assert [e for e in logged if e["level"] not in ("debug", "info")] == []
+
+
+def test_a_ctrl_c_stops_the_daemon_cleanly_without_a_warning(tmp_path: Path) -> None:
+    proc = start(tmp_path, "--port", "0", "--log-format", "json")
+    try:
+        stdout = lines(proc.stdout)
+        wait_until(lambda: stdout.get(timeout=30), timeout=30, what="the API line")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    logged = [json.loads(line) for line in proc.stderr.read().splitlines() if line.strip()]
+    assert any(e["msg"].startswith("SIGINT received") for e in logged)
+    assert [e for e in logged if e["level"] not in ("debug", "info")] == []
+    assert logged[-1]["msg"] == "stopped"
 
 
 # `gpuopt daemon` with an object whose finaliser writes a line to stderr: it runs only if

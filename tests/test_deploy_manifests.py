@@ -28,6 +28,8 @@ CHART = DEPLOY / "helm" / "gpuopt"
 TEMPLATES = CHART / "templates"
 DASHBOARD = DEPLOY / "grafana" / "gpuopt-dashboard.json"
 METRICS_SOURCE = ROOT / "optimizer" / "daemon" / "metrics.py"
+# The cost ledger's series (spend, savings, overhead, budgets), exported by their collector.
+COST_METRICS_SOURCE = ROOT / "optimizer" / "daemon" / "spend.py"
 
 # Enough for compose's ${VAR:?…} interpolation when `compose config` runs.
 COMPOSE_ENV = {"POSTGRES_PASSWORD": "test-password", "GPUOPT_API_TOKEN": "t" * 32}
@@ -724,7 +726,8 @@ def test_deploy_doc_names_only_values_the_chart_has() -> None:
 
 
 def _source_metric_names() -> set[str]:
-    return set(re.findall(r'"(gpuopt_[a-z_]+)"', METRICS_SOURCE.read_text()))
+    text = METRICS_SOURCE.read_text() + COST_METRICS_SOURCE.read_text()
+    return set(re.findall(r'"(gpuopt_[a-z_]+)"', text))
 
 
 def _dashboard_exprs() -> list[str]:
@@ -773,6 +776,21 @@ def test_dashboard_counters_use_total_suffix() -> None:
     for expr in _dashboard_exprs():
         for name in re.findall(r"gpuopt_[a-z_]+", expr):
             assert name not in counters, f"{name} is exported as {name}_total: {expr}"
+
+
+def test_the_dashboard_has_money_on_it() -> None:
+    """Spend, savings, overhead and budget panels over the cost series the daemon exports."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    titles = {p["title"]: p for p in dashboard["panels"]}
+    for title, series in (
+        ("Spend", "gpuopt_spend_usd_total"),
+        ("Savings vs on-demand", "gpuopt_savings_usd_total"),
+        ("Overhead", "gpuopt_overhead_usd_total"),
+        ("Budget used (projected), by policy", "gpuopt_budget_used_ratio"),
+    ):
+        exprs = [t["expr"] for t in titles[title]["targets"]]
+        assert any(series in e for e in exprs), (title, exprs)
+    assert titles["Spend"]["fieldConfig"]["defaults"]["unit"] == "currencyUSD"
 
 
 def test_dashboard_shape() -> None:

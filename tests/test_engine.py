@@ -94,12 +94,20 @@ def test_region_deny_glob_wins_over_allow() -> None:
 
 
 def test_region_must_match_an_allow_glob_case_sensitively() -> None:
-    pol = policy(placement={"regions": {"allow": ["EU-*", "europe-*"]}})
+    pol = policy(placement={"regions": {"allow": ["eu-west-*", "europe-*"]}})
     rejection = only_rejection(evaluate(pol, [offer()], T0))
     assert (rejection.rule, rejection.reason) == (
         "region",
-        "eu-central-1 matches no allow glob (EU-*, europe-*)",
+        "eu-central-1 matches no allow glob (eu-west-*, europe-*)",
     )
+    # A glob in capitals matches no region (they are lower case): refused when the policy is
+    # read, saying so, rather than rejecting every offer.
+    with pytest.raises(
+        ValueError,
+        match=r"'EU-\*' matches no region gpuopt knows \(globs are "
+        r"case-sensitive: eu-\*\?\)",
+    ):
+        policy(placement={"regions": {"allow": ["EU-*", "europe-*"]}})
 
 
 def test_gdpr_rejects_london_and_accepts_frankfurt() -> None:

@@ -160,7 +160,7 @@ def test_logfmt_keeps_one_event_on_one_line() -> None:
 
 
 @pytest.mark.parametrize("fmt", ["text", "json"])
-def test_event_lines_are_info_and_redact_secrets_in_every_field(fmt: str) -> None:
+def test_event_lines_follow_the_severity_and_redact_secrets_in_every_field(fmt: str) -> None:
     secret = "hunter2-webhook-secret"
     out = io.StringIO()
     root = logging.getLogger()
@@ -173,18 +173,35 @@ def test_event_lines_are_info_and_redact_secrets_in_every_field(fmt: str) -> Non
             {"job": "train", "attempt": 1},
             severity="warning",
         )
-        JobEventLog()([failed, record("policy.loaded", "m", None, job_id=None)])
+        JobEventLog()(
+            [
+                failed,
+                record("policy.loaded", "m", None, job_id=None),
+                record(
+                    "job.failed", "job train: setup exited 1", {"job": "train"}, severity="error"
+                ),
+                record("job.succeeded", "job train finished", {"job": "train"}),
+            ]
+        )
     finally:
         root.handlers[:] = handlers
         root.setLevel(level)
-    [line] = out.getvalue().splitlines()
+    line, failed_line, done_line = out.getvalue().splitlines()
+    levels = [
+        json.loads(x)["level"] if fmt == "json" else x.split()[2]
+        for x in (line, failed_line, done_line)
+    ]
+    assert levels == (
+        ["warning", "error", "info"] if fmt == "json" else ["WARNING", "ERROR", "INFO"]
+    )
     assert secret not in line and "***" in line
     if fmt == "json":
         entry = json.loads(line)
-        assert entry["level"] == "info" and entry["logger"] == "optimizer.daemon.eventlog"
+        assert entry["level"] == "warning" and entry["logger"] == "optimizer.daemon.eventlog"
         assert entry["event"] == "job.launch_failed" and entry["attempt"] == 1
         assert entry["reason"] == "launch on local eu-west-1 failed: bad credential ***"
     else:
-        assert " INFO optimizer.daemon.eventlog: event=job.launch_failed event_id=7 job=train " in (
-            line
+        assert (
+            " WARNING optimizer.daemon.eventlog: event=job.launch_failed event_id=7 job=train "
+            in (line)
         )

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from pytest_httpserver import HTTPServer
 
@@ -20,7 +21,7 @@ from optimizer.clock import Clock
 from optimizer.daemon.service import Daemon
 from optimizer.model import EventKind
 from providers.local import LocalCloud
-from tests.helpers import api, make_offer, wait_until, write_policy
+from tests.helpers import TOKEN, api, make_offer, wait_until, write_policy
 from tests.helpers.code import ship_files
 from tests.helpers.jobs import (
     E2E_FIXTURES,
@@ -469,3 +470,30 @@ def test_an_interrupted_spot_instance_is_ended_by_the_cloud_at_its_power_off(
     assert own.terminated_at is not None
     assert last.terminated_at == datetime.fromtimestamp(own.terminated_at, UTC)
     assert last.disk_gib == old.disk_gib == 200
+
+
+def test_a_failing_setup_is_said_as_such_with_its_last_stderr_line(
+    tmp_path: Path, daemon: Daemon, httpserver: HTTPServer
+) -> None:
+    """Not "job exited 1": the state reason, the alert and the console say the setup failed,
+    and quote the last line it wrote to stderr."""
+    error = "ERROR: No matching distribution found for nosuchpkg"
+    setup = f"echo collecting nosuchpkg; echo '{error}' >&2; exit 1"
+    with api(daemon) as client:
+        body = job_body("nosetup", tmp_path / "ckpt-nosetup", steps=10, setup=setup)
+        assert client.post("/jobs", json=body).status_code == 201
+    job = wait_until(
+        lambda: (j := state_of(daemon, "nosetup"))["state"] == "failed" and j, 60, "the failure"
+    )
+    said = f"setup exited 1: {error}"
+    assert job["reason"] == said
+    alerts = wait_until(
+        lambda: [a for a in hook_alerts(httpserver) if a.get("kind") == "job.failed"],
+        10,
+        "the alert",
+    )
+    assert said in alerts[0]["message"]
+    with httpx.Client(base_url=daemon.url, timeout=30) as page:
+        assert page.post("/ui/login", data={"token": TOKEN}).status_code == 303
+        html = page.get("/ui/jobs/nosetup").text
+    assert f'<span id="job-reason">{said}</span>' in html

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from optimizer.clock import ManualClock
+from optimizer.jobs.gang import fold
 from optimizer.jobs.handover import (
     FENCE_CLOCK_MARGIN,
     LeaveToCloud,
@@ -105,6 +106,38 @@ def test_nonzero_exit_fails_the_job_without_relaunch() -> None:
     d = decide(job(), attempt(exit_code=2), now=NOW, strategy=REC)
     assert d.state is JobState.FAILED and not d.launches
     assert any(isinstance(a, Alert) and a.severity == "error" for a in d.actions)
+
+
+@pytest.mark.parametrize(
+    ("phase", "error", "said"),
+    [
+        ("setup", "ERROR: No module named 'x'", "setup exited 1: ERROR: No module named 'x'"),
+        (
+            "run",
+            "RuntimeError: CUDA out of memory",
+            "job exited 1: RuntimeError: CUDA out of memory",
+        ),
+        (None, None, "job exited 1"),
+        ("setup", None, "setup exited 1"),
+        ("code", "sha256 mismatch", "code failed: sha256 mismatch"),
+    ],
+)
+def test_a_failure_says_which_phase_failed_and_its_last_stderr_line(
+    phase: str | None, error: str | None, said: str
+) -> None:
+    d = decide(
+        job(), attempt(exit_code=1, exit_phase=phase, exit_error=error), now=NOW, strategy=REC
+    )
+    assert d.state is JobState.FAILED and d.reason == said
+    alerts = [a for a in d.actions if isinstance(a, Alert)]
+    assert [a.message for a in alerts] == [f"job {job().name}: {said}"]
+
+
+def test_a_gang_fails_with_the_failing_nodes_phase_and_error() -> None:
+    ok = attempt(exit_code=0)
+    bad = replace(attempt(exit_code=1, exit_phase="setup", exit_error="boom"), key="7-1-1")
+    folded = fold([ok, bad])
+    assert (folded.exit_code, folded.exit_phase, folded.exit_error) == (1, "setup", "boom")
 
 
 def test_interruption_notice_cools_the_pool_and_relaunches_elsewhere_hot() -> None:

@@ -427,3 +427,27 @@ def test_a_plain_terminate_and_an_exit_report_their_own_times(
     assert record is not None and record.ended_at is not None
     assert exited.terminated_at == datetime.fromtimestamp(record.ended_at, UTC)
     assert T0 + timedelta(seconds=3) <= exited.terminated_at <= T0 + timedelta(seconds=9)
+
+
+def test_injected_telemetry_defaults_to_the_instance_types_gpus(cloud: LocalCloud) -> None:
+    """`gpuopt local telemetry` without --gpus/--memory-gib reports the instance's own GPUs
+    (a g5.12xlarge: 4 x A10G of its offer's memory), not one 80 GiB GPU."""
+    big = offer(cloud, "g5.12xlarge")
+    assert (big.gpu_count, big.gpu_memory_gib) != (1, 80.0)
+    ref = cloud.launch(big, spec(), "k-telemetry")
+    record = cloud.inject_telemetry(ref.instance_id, util=0.5, memory=0.1, interval_s=1)
+    shown = record.extra["telemetry"]
+    assert (shown["gpus"], shown["memory_gib"]) == (big.gpu_count, big.gpu_memory_gib)
+    # Told otherwise, it reports what it is told; an instance recorded before its launch kept
+    # its GPUs finds them in its type's offer.
+    record = cloud.inject_telemetry(ref.instance_id, util=0.5, gpus=1, memory_gib=16.0)
+    assert (record.extra["telemetry"]["gpus"], record.extra["telemetry"]["memory_gib"]) == (1, 16.0)
+    with cloud.state.locked():
+        old = cloud.state.load(ref.instance_id)
+        assert old is not None
+        old.extra.pop("gpus")
+        cloud.state.save(old)
+    record = cloud.inject_telemetry(ref.instance_id, util=0.5)
+    shown = record.extra["telemetry"]
+    assert (shown["gpus"], shown["memory_gib"]) == (big.gpu_count, big.gpu_memory_gib)
+    cloud.terminate(ref)

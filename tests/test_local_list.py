@@ -118,3 +118,31 @@ def test_local_list_is_aligned_and_says_gpuopt_ended_what_the_daemon_terminated(
     state, job, detail = rows[preempted]
     assert (state, job) == ("terminated (preempted)", "preempted #1")
     assert detail.startswith("spot terminate at ")
+
+
+def test_a_removed_jobs_instances_are_labelled_with_the_removed_job() -> None:
+    """`train` was removed and submitted again: the old job's instances (job 3 in their launch
+    keys) say they belong to the removed job, and only the new job's (job 8) read `train`."""
+    from optimizer.cli.local import job_labels
+    from providers.local.state import InstanceRecord
+
+    def rec(iid: str, key: str, job: str, attempt: int) -> InstanceRecord:
+        return InstanceRecord(
+            id=iid, key=key, region="eu-west-1", zone="eu-west-1a", instance_type="g5.xlarge",
+            market="spot", usd_per_hour=1.0, launched_at=0.0, job=job, attempt=attempt,
+        )  # fmt: skip
+
+    records = [
+        rec("i-1", "3-1", "train", 1),
+        rec("i-2", "3-2", "train", 2),
+        rec("i-3", "8-1", "train", 1),
+        rec("i-4", "5-1-n1", "other", 1),
+        rec("i-5", "odd-key", "", 0),
+    ]
+    assert job_labels(records) == {
+        "i-1": "train #1 (removed job 3)",
+        "i-2": "train #2 (removed job 3)",
+        "i-3": "train #1",
+        "i-4": "other #1",
+        "i-5": "odd-key",
+    }

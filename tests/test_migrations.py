@@ -161,7 +161,7 @@ def drop_later_columns(engine: Engine) -> None:
             *("launched_at", "terminated_at", "terminated_by", "disk_gib"),
             *("log_bytes", "log_dropped_bytes"),
             *("gang", "node_rank", "nodes", "address", "internode_status", "internode_reason"),
-            "placement_released_at",
+            *("placement_released_at", "spare", "promoted_at"),
         ):
             conn.execute(text(f"ALTER TABLE attempt DROP COLUMN {column}"))
         for column in ("fabric", "fabric_interfaces"):
@@ -184,7 +184,7 @@ def cli(*args: str, url: str) -> Any:
 # -- head against the table definitions --------------------------------------------------------
 
 
-HEAD = "0012"
+HEAD = "0013"
 
 
 def test_head_and_history_are_the_hand_written_revisions() -> None:
@@ -201,6 +201,7 @@ def test_head_and_history_are_the_hand_written_revisions() -> None:
         "0009",
         "0010",
         "0011",
+        "0012",
         HEAD,
     ]
 
@@ -285,6 +286,12 @@ def test_0004_adds_the_cancel_request_to_jobs_and_the_downgrade_drops_it(store: 
     with store.engine.connect() as conn:
         rows = conn.execute(text("SELECT id, name, state FROM job")).all()
     assert [tuple(r) for r in rows] == [(job, "train", "pending")]
+
+
+def attempt_keys(engine: Engine) -> set[str]:
+    """The attempts' keys, read as any revision has them (the store reads today's columns)."""
+    with engine.connect() as conn:
+        return set(conn.execute(text("SELECT idempotency_key FROM attempt")).scalars())
 
 
 def columns(engine: Engine, table: str) -> set[str]:
@@ -445,7 +452,7 @@ def test_0010_indexes_the_agent_token_and_the_downgrade_drops_it(store: Store) -
 
     migrate.downgrade(store.engine, "0009")
     assert "ix_attempt_token_sha256" not in indexes(store.engine, "attempt")
-    assert store.jobs.attempt("train-2") is not None
+    assert "train-2" in attempt_keys(store.engine)
 
 
 def test_0011_adds_the_checkpoint_tables_and_the_downgrade_drops_them(store: Store) -> None:
@@ -492,7 +499,7 @@ def test_0011_adds_the_checkpoint_tables_and_the_downgrade_drops_them(store: Sto
 
     migrate.downgrade(store.engine, "0010")
     assert not {"checkpoint", "checkpoint_restore"} & tables(store.engine)
-    assert store.jobs.attempt("train-1") is not None
+    assert "train-1" in attempt_keys(store.engine)
 
 
 def test_0012_adds_attempt_progress_and_the_downgrade_drops_it(store: Store) -> None:
@@ -534,14 +541,59 @@ def test_0012_adds_attempt_progress_and_the_downgrade_drops_it(store: Store) -> 
 
     migrate.downgrade(store.engine, "0011")
     assert "attempt_progress" not in tables(store.engine)
-    assert store.jobs.attempt("train-1") is not None
+    assert "train-1" in attempt_keys(store.engine)
+
+
+def test_0013_adds_the_warm_spare_columns_and_the_downgrade_drops_them(store: Store) -> None:
+    migrate.upgrade(store.engine)
+    migrate.downgrade(store.engine, "0012")
+    assert {"spare", "promoted_at"}.isdisjoint(columns(store.engine, "attempt"))
+    job = seed(store)
+    with store.engine.begin() as conn:  # an attempt as 0012 wrote it
+        conn.execute(
+            text(
+                "INSERT INTO attempt (job_id, number, idempotency_key, provider, region, zone,"
+                " instance_type, market, usd_per_hour, state, started_at, token_sha256,"
+                " instance_gone, preempted, log_bytes, log_dropped_bytes, node_rank, nodes)"
+                " VALUES (:job, 1, 'train-1', 'aws', 'us-east-1', '', 'g5.xlarge', 'spot', 1.0,"
+                " 'launched', :at, '', false, false, 0, 0, 0, 1)"
+            ),
+            {"job": job, "at": T0},
+        )
+
+    migrate.upgrade(store.engine)
+    old = store.jobs.attempt("train-1")
+    assert old is not None
+    assert (old.spare, old.promoted_at, old.idle_spare) == (False, None, False)
+    with store.engine.begin() as conn:  # a spare as 0013 writes it
+        conn.execute(
+            text(
+                "INSERT INTO attempt (job_id, number, idempotency_key, provider, region, zone,"
+                " instance_type, market, usd_per_hour, state, started_at, token_sha256,"
+                " instance_gone, preempted, spare)"
+                " VALUES (:job, 2, 'train-2', 'aws', 'us-east-1', 'b', 'g5.xlarge', 'spot', 1.0,"
+                " 'launched', :at, '', false, false, true)"
+            ),
+            {"job": job, "at": T0},
+        )
+    spare = store.jobs.attempt("train-2")
+    assert spare is not None and spare.idle_spare
+    store.jobs.update_attempt("train-2", promoted_at=T0 + timedelta(minutes=5))
+    promoted = store.jobs.attempt("train-2")
+    assert promoted is not None
+    assert (promoted.spare, promoted.promoted_at) == (True, T0 + timedelta(minutes=5))
+    assert not promoted.idle_spare
+
+    migrate.downgrade(store.engine, "0012")
+    assert {"spare", "promoted_at"}.isdisjoint(columns(store.engine, "attempt"))
+    assert attempt_keys(store.engine) == {"train-1", "train-2"}
 
 
 def test_a_failed_migration_leaves_nothing_behind(store: Store) -> None:
     with store.engine.begin() as conn:  # a stranger's index takes the name 0002 needs
         conn.execute(text("CREATE TABLE squatter (x INTEGER)"))
         conn.execute(text("CREATE INDEX ix_replica_heartbeat_at ON squatter (x)"))
-    with pytest.raises(SchemaError, match="the migration to 0012 failed and was rolled back"):
+    with pytest.raises(SchemaError, match="the migration to 0013 failed and was rolled back"):
         migrate.upgrade(store.engine)
     assert tables(store.engine) - {migrate.VERSION_TABLE} == {"squatter"}
     assert not versions(store.engine)
@@ -562,12 +614,12 @@ def test_an_unversioned_database_is_refused_then_upgraded_with_its_rows(store: S
         migrate.ensure_ready(store.engine)
     assert str(refused.value) == (
         "the database has no schema revision (an earlier gpuopt made its tables), this gpuopt "
-        "needs 0012: run gpuopt db upgrade"
+        "needs 0013: run gpuopt db upgrade"
     )
     assert catalog(store.engine) == before and versions(store.engine) is None
 
     done = migrate.upgrade(store.engine)
-    assert (done.found.state, done.adopted, done.revision) == (State.UNVERSIONED, "0001", "0012")
+    assert (done.found.state, done.adopted, done.revision) == (State.UNVERSIONED, "0001", HEAD)
     assert migrate.ensure_ready(store.engine).state is State.CURRENT
     assert schema_diff(store.engine) == []
     assert store.jobs.get_job("train").id == job  # type: ignore[union-attr]
@@ -581,8 +633,8 @@ def test_an_unversioned_database_with_the_replica_table_is_recognised_as_0002(
     drop_later_columns(store.engine)
     seed(store)
     done = migrate.upgrade(store.engine)
-    assert (done.adopted, done.revision) == ("0002", "0012")
-    assert versions(store.engine) == ["0012"]
+    assert (done.adopted, done.revision) == ("0002", HEAD)
+    assert versions(store.engine) == [HEAD]
     assert store.jobs.get_job("train") is not None
 
 
@@ -613,16 +665,16 @@ def test_a_database_at_0001_is_refused_until_gpuopt_db_upgrade(database: Databas
         with pytest.raises(SchemaError) as refused:
             migrate.ensure_ready(db.engine)
         assert str(refused.value) == (
-            "the database is at revision 0001, this gpuopt needs 0012: run gpuopt db upgrade"
+            "the database is at revision 0001, this gpuopt needs 0013: run gpuopt db upgrade"
         )
         assert "replica" not in tables(db.engine)
 
     done = cli("upgrade", url=database.url)
     assert done.exit_code == 0, done.output
-    assert done.stdout.endswith(": upgraded from 0001 to 0012\n")
+    assert done.stdout.endswith(": upgraded from 0001 to 0013\n")
 
     with database.open() as db:
-        assert migrate.ensure_ready(db.engine).revision == "0012"
+        assert migrate.ensure_ready(db.engine).revision == HEAD
         assert db.jobs.get_job("train").id == job  # type: ignore[union-attr]
         assert schema_diff(db.engine) == []
 
@@ -639,7 +691,7 @@ def test_a_newer_database_is_refused_and_left_alone(store: Store) -> None:
     before = (catalog(store.engine), versions(store.engine))
     newer = (
         "the database was migrated by a newer gpuopt: revision 0099 is unknown to this version "
-        "(head 0012); upgrade gpuopt"
+        "(head 0013); upgrade gpuopt"
     )
     for attempt in (migrate.ensure_ready, migrate.upgrade, Store.create_all):
         target = store if attempt is Store.create_all else store.engine
@@ -670,7 +722,7 @@ def test_the_daemon_refuses_a_newer_database_in_one_line(
     errors = [line for line in done.stderr.splitlines() if line.startswith("gpuopt: error:")]
     assert errors == [
         "gpuopt: error: the database was migrated by a newer gpuopt: revision 0099 is unknown "
-        "to this version (head 0012); upgrade gpuopt"
+        "to this version (head 0013); upgrade gpuopt"
     ]
     assert "Traceback" not in done.stderr
     assert "gpuopt: API at" not in done.stdout
@@ -680,9 +732,9 @@ def test_the_daemon_refuses_a_newer_database_in_one_line(
 
 def test_the_daemon_creates_an_empty_database_through_the_migrations(store: Store) -> None:
     assert migrate.ensure_ready(store.engine).state is State.CURRENT
-    assert versions(store.engine) == ["0012"]
+    assert versions(store.engine) == [HEAD]
     assert schema_diff(store.engine) == []
-    assert migrate.ensure_ready(store.engine).revision == "0012"  # and again: nothing to do
+    assert migrate.ensure_ready(store.engine).revision == HEAD  # and again: nothing to do
 
 
 # -- the command line --------------------------------------------------------------------------
@@ -691,24 +743,24 @@ def test_the_daemon_creates_an_empty_database_through_the_migrations(store: Stor
 def test_db_current_says_revision_head_and_status(database: Database) -> None:
     empty = cli("current", url=database.url)
     assert empty.exit_code == 0, empty.output
-    assert "revision  none\nhead      0012\nstatus    empty:" in empty.stdout
+    assert "revision  none\nhead      0013\nstatus    empty:" in empty.stdout
 
     created = cli("upgrade", url=database.url)
-    assert created.stdout.endswith(": created at 0012\n")
+    assert created.stdout.endswith(": created at 0013\n")
     again = cli("upgrade", url=database.url)
-    assert again.stdout.endswith(": already at 0012; nothing to do\n")
+    assert again.stdout.endswith(": already at 0013; nothing to do\n")
 
     shown = cli("current", "--json", url=database.url)
     assert json.loads(shown.stdout) == {
         "database": migrate.display_url(database.url),
-        "revision": "0012",
-        "head": "0012",
+        "revision": HEAD,
+        "head": HEAD,
         "state": "current",
-        "message": "the database is at 0012, the newest revision this gpuopt knows",
+        "message": "the database is at 0013, the newest revision this gpuopt knows",
     }
 
     down = cli("downgrade", "0001", url=database.url)
-    assert down.stdout.endswith(": downgraded from 0012 to 0001\n")
+    assert down.stdout.endswith(": downgraded from 0013 to 0001\n")
     older = cli("current", url=database.url)
     assert "status    older: the database is at revision 0001" in older.stdout
 
@@ -746,6 +798,7 @@ def test_db_history_lists_the_revisions_with_the_head_marked() -> None:
         "0010",
         "0011",
         "0012",
+        HEAD,
     ]
     assert lines[-1].endswith("(head)") and not lines[0].endswith("(head)")
 
@@ -759,9 +812,10 @@ def test_db_downgrade_refuses_base_and_unknown_revisions(database: Database) -> 
     assert unknown.exit_code == 2
     assert unknown.stderr == (
         "gpuopt: error: unknown revision '0042'; "
-        "this gpuopt knows 0001, 0002, 0003, 0004, 0005, 0006, 0007, 0008, 0009, 0010, 0011, 0012\n"
+        "this gpuopt knows 0001, 0002, 0003, 0004, 0005, 0006, 0007, 0008, 0009, 0010, 0011, "
+        "0012, 0013\n"
     )
-    assert cli("current", "--json", url=database.url).stdout.count('"0012"') == 2
+    assert cli("current", "--json", url=database.url).stdout.count(f'"{HEAD}"') == 2
 
 
 def test_an_unreachable_database_is_one_line_without_its_password() -> None:
@@ -824,7 +878,7 @@ def test_concurrent_upgrades_take_turns(database: Database) -> None:
     try:
         assert not [r for r in results if isinstance(r, Exception)], results
         assert sorted(r.found.state.value for r in results) == ["current", "empty"]
-        assert versions(stores[0].engine) == ["0012"]
+        assert versions(stores[0].engine) == [HEAD]
         assert schema_diff(stores[0].engine) == []
     finally:
         for db in stores:
@@ -838,6 +892,6 @@ def test_two_gpuopt_db_upgrade_processes_at_once(database: Database, tmp_path: P
     outs = [proc.communicate(timeout=60) for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], outs
     said = sorted(out.rsplit(": ", 1)[-1] for out, _err in outs)
-    assert said == ["already at 0012; nothing to do\n", "created at 0012\n"]
+    assert said == ["already at 0013; nothing to do\n", "created at 0013\n"]
     with database.open() as db:
-        assert versions(db.engine) == ["0012"]
+        assert versions(db.engine) == [HEAD]

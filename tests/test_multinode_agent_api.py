@@ -141,7 +141,8 @@ def test_the_answers_bytes_are_what_agents_have_always_read(daemon: Daemon) -> N
         '"checkpoint_dir":"/c","probes":"quick","expected_gpus":null},"attempt":1,'
         '"restarts":0,"heartbeat_s":2,"commands":[],'
         '"fence":"waiting for node 1 of 2 to register",'
-        '"gang":{"rank":0,"nodes":2,"master_addr":"10.0.0.1","master_port":29500}}'
+        '"gang":{"rank":0,"nodes":2,"master_addr":"10.0.0.1","master_port":29500},'
+        '"probe":"quick"}'  # added last: the probe this node runs (older agents ignore it)
     )
     assert raw(daemon, second, "events", events=[]) == (
         '{"ack":[],"commands":[],"fence":"waiting for node 1 of 2 to register",'

@@ -152,17 +152,24 @@ def test_without_a_daemon_the_file_is_ranked_here_with_a_note(tmp_path: Path) ->
     (data / "api-token").write_text("a-token-no-daemon-holds")
     nobody = f"http://127.0.0.1:{free_port()}"
     args = ("offers", "--policy", str(POLICY), "--explain")
-    snapshot = gpuopt(data, *args, api=nobody)
-    assert snapshot.returncode == 0, snapshot.stderr
-    assert snapshot.stderr == (
-        f"gpuopt: {POLICY} ranked here (source: snapshot), not by the daemon: cannot reach "
-        f"the daemon at {nobody}: connection refused (is it running?)\n"
+    here = gpuopt(data, *args, api=nobody)
+    assert here.returncode == 0, here.stderr
+    assert here.stderr == (
+        f"gpuopt: {POLICY} ranked here (source: local, snapshot), not by the daemon: cannot "
+        f"reach the daemon at {nobody}: connection refused (is it running?)\n"
     )
-    # Every snapshot row is another cloud's: the example policy takes none, and says why
-    # without asking for the --explain it was given.
-    assert "0 of 425 offers qualify" in snapshot.stdout
-    assert "run with --explain" not in snapshot.stdout
-    assert "the rejections by rule follow" in snapshot.stdout
+    # The policy names the local cloud: its own offers are ranked (computed here, as the
+    # daemon's local cloud lists them) beside the snapshot's clouds, which it rejects.
+    ranked = gpuopt(data, *args, "--json", api=nobody)
+    answer = json.loads(ranked.stdout)
+    assert answer["candidate_count"] > 0
+    assert {c["offer"]["provider"] for c in answer["candidates"]} == {"local"}
+    # At a given time, the local cloud's prices are those of that time, the same each run.
+    at = ("--at", "2026-03-02T10:00:00Z")
+    first, again = (json.loads(gpuopt(data, *args, "--json", *at, api=nobody).stdout) for _ in "ab")
+    assert first["candidates"] == again["candidates"]
+    assert {c["offer"]["observed_at"] for c in first["candidates"]} == {"2026-03-02T10:00:00Z"}
+    assert not (data / "local-cloud").exists()  # reading its offers creates nothing
 
     local = gpuopt(data, *args, "--provider", "local", "--json", api=nobody)
     assert local.returncode == 0, local.stderr
@@ -247,3 +254,33 @@ def test_offers_for_a_job_rank_with_what_moving_its_checkpoint_costs(
     other = gpuopt(data, "offers", "--job", "moving", "--policy", "other", api=daemon.url)
     assert other.returncode == 2
     assert "job moving runs under policy local-train, not other" in other.stderr
+
+
+def test_offers_lists_what_the_daemon_polls_with_simulated_prices_marked(
+    data: Path, daemon: DaemonProcess
+) -> None:
+    """Without --provider or --catalog, `gpuopt offers` lists the daemon's latest offers (here
+    the local cloud's, which the snapshot does not hold); simulated prices are marked."""
+    table = gpuopt(data, "offers", "--market", "spot", "--limit", "5", api=daemon.url)
+    assert table.returncode == 0 and table.stderr == "", table.stderr
+    text = " ".join(table.stdout.split())
+    assert f"(source: daemon at {daemon.url}: local)" in text
+    rows = [line for line in table.stdout.splitlines() if "│ local" in line]
+    assert len(rows) == 5 and all(" sim " in row for row in rows)
+    assert "sim: a simulated price (the local cloud's), not a quote" in text
+    listed = gpuopt(data, "offers", "--json", "--limit", "0", api=daemon.url)
+    offers = json.loads(listed.stdout)
+    assert {o["provider"] for o in offers} == {"local"} and len(offers) > 1000  # past a page
+    assert offers == sorted(offers, key=lambda o: o["usd_per_hour"])
+
+
+def test_without_a_daemon_offers_shows_the_snapshot_and_says_so(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "api-token").write_text("a-token-no-daemon-holds")
+    nobody = f"http://127.0.0.1:{free_port()}"
+    listed = gpuopt(data, "offers", "--limit", "2", api=nobody)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stderr.startswith("gpuopt: no daemon (cannot reach the daemon at ")
+    assert listed.stderr.rstrip().endswith("showing the bundled snapshot")
+    assert "(source: snapshot)" in " ".join(listed.stdout.split())

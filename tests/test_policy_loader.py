@@ -148,7 +148,7 @@ BAD: list[tuple[str, str, str]] = [
     (
         "empty region glob",
         "placement: {regions: {allow: ['']}}\n",
-        "placement.regions.allow: a region glob must not be empty",
+        "placement.regions.allow[0]: a region glob must not be empty",
     ),
     (
         "unknown compliance preset",
@@ -312,7 +312,7 @@ def test_every_problem_in_a_file_is_reported() -> None:
     assert found == [
         "p.yaml:4:9: buffer: must be < 1",
         "p.yaml:5:10: markets: must not be empty",
-        "p.yaml:6:7: bid.max_usd_per_hr: unknown field",
+        "p.yaml:6:7: bid.max_usd_per_hr: unknown field; did you mean 'max_usd_per_hour'?",
     ]
 
 
@@ -430,3 +430,60 @@ def test_policy_check_cli_reports_a_directory_or_fifo_named_yaml(tmp_path: Path)
     assert f"{folder}: is a directory, not a policy file" in done.stderr
     assert f"{fifo}: is a FIFO, not a policy file" in done.stderr
     assert "2 of 2 policy file(s) invalid" in done.stderr
+
+
+def test_a_misspelt_or_misplaced_key_says_what_it_likely_means() -> None:
+    found = problems(
+        MINIMAL
+        + "regoins: {allow: [eu-*]}\nworkload: {type: training, gpu_memroy_gib: 24}\n"
+        + "budget: {monthly_usd: 10, alert_at: [0.5]}\n"
+    )
+    assert found[0] == (
+        "p.yaml:4:1: regoins: unknown field; it belongs at 'placement.regions' or 'data.regions'"
+    )
+    assert found[1] == (
+        "p.yaml:5:28: workload.gpu_memroy_gib: unknown field; did you mean 'gpu_memory_gib'?"
+    )
+    # Nothing close: the plain words alone.
+    (plain,) = problems(MINIMAL + "zzzzzz: 1\n")
+    assert plain == "p.yaml:4:1: zzzzzz: unknown field"
+
+
+@pytest.mark.parametrize(
+    ("glob", "said"),
+    [
+        ("us-east-1a", "'us-east-1a' is a zone; a region list takes regions (us-east-1)"),
+        (
+            "europe-west4-a",
+            "'europe-west4-a' is a zone; a region list takes regions (europe-west4)",
+        ),
+        ("mars-*", "'mars-*' matches no region gpuopt knows (AWS and GCP regions"),
+        ("EU-*", "'EU-*' matches no region gpuopt knows (globs are case-sensitive: eu-*?)"),
+        ("eu-[west", "'eu-[west' is not a region glob: a [ without its ]"),
+        ("eu-[]", "'eu-[]' is not a region glob: a [ without its ]"),
+    ],
+)
+def test_a_region_glob_that_can_match_nothing_is_an_error_located_at_it(
+    glob: str, said: str
+) -> None:
+    quoted = f"'{glob}'"
+    for where in (
+        f"placement:\n  regions: {{allow: [eu-*, {quoted}]}}\n",
+        f"data: {{regions: {{allow: [{quoted}]}}}}\n",
+    ):
+        (found,) = problems(MINIMAL + where)
+        assert said in found, found
+        assert "allow[1]" in found or "data.regions.allow[0]" in found
+    (found,) = problems(MINIMAL + f"placement:\n  regions: {{deny: [{quoted}]}}\n")
+    assert "placement.regions.deny[0]: " in found and said in found
+
+
+def test_region_globs_that_match_known_regions_pass() -> None:
+    for globs in (
+        "['*']",
+        "[eu-*, europe-*]",
+        "[us-east-1, europe-west4]",
+        "['eu-[wc]*']",
+        "['asia-east?']",
+    ):
+        parse_policy(MINIMAL + f"placement: {{regions: {{allow: {globs}}}}}\n")

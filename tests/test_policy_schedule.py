@@ -155,7 +155,9 @@ def test_unknown_days_duplicate_names_and_keys_are_located() -> None:
     ]
     unknown = ISSUE_EXAMPLE.replace("      markets: [on_demand]", "      budget: {monthly_usd: 1}")
     (found,) = problems(unknown)
-    assert found == "team.yaml:12:7: schedule.windows[0].budget: unknown field"
+    assert found == (
+        "team.yaml:12:7: schedule.windows[0].budget: unknown field; it belongs at 'budget'"
+    )
 
 
 def test_a_window_can_set_placement_and_rank_by() -> None:

@@ -120,14 +120,16 @@ def test_reported_probes_are_listed_and_rank_the_offers_on_their_figures(daemon:
         assert report(daemon, key, "pass", probe_json(300.0)).status_code == 200
     sick = attempt(daemon, "sick", A100)
     report(daemon, sick, "fail", probe_json(20.0))
-    # An instance on the daemon's own host (the local cloud) measures the host: simulated.
+    # An instance on the daemon's own host (the local cloud) measures the host's GPU: listed as
+    # measured on the host, never as the type's figures.
     host = attempt(daemon, "host", node("p5.48xlarge", "H100-80GB", 40.0, provider="local"))
     report(daemon, host, "pass", probe_json(900.0))
 
     with api(daemon) as client:
         listed = client.get("/probes").json()["probes"]
         assert [p["job"] for p in listed] == ["host", "sick", "slow-b", "slow-a"]
-        assert [p["simulated"] for p in listed] == [True, False, False, False]
+        assert [p["simulated"] for p in listed] == [False, False, False, False]
+        assert [p["source"] for p in listed] == ["host", "measured", "measured", "measured"]
         assert listed[2]["tflops"] == {"bf16": 300.0} and listed[2]["status"] == "pass"
         page = client.get("/probes", params={"instance_type": "p5.48xlarge", "limit": 2}).json()
         rest = client.get(
@@ -154,7 +156,7 @@ def test_reported_probes_are_listed_and_rank_the_offers_on_their_figures(daemon:
     assert rows[0].split()[:4] == ["AT", "PROVIDER", "INSTANCE", "TYPE"]
     assert len(rows) == 5
     assert "sick" in rows[2] and " fail " in rows[2] and "20.0 TFLOPS" in rows[2]
-    assert rows[1].endswith("(simulated)") and not rows[3].endswith("(simulated)")
+    assert rows[1].endswith("(host GPU)") and not rows[3].endswith(")")
     only = json.loads(cli(daemon, "--instance-type", "p4de.24xlarge", "--json").output)
     assert [(p["job"], p["status"]) for p in only] == [("sick", "fail")]
     limited = json.loads(cli(daemon, "--limit", "1", "--json").output)

@@ -31,8 +31,9 @@ def test_importing_the_probes_loads_neither_torch_nor_pynvml() -> None:
     assert done.stdout.strip() == "[]"
 
 
-def test_quick_and_deep_together_is_bad_usage() -> None:
-    done = gpuopt("probe", "--quick", "--deep")
+@pytest.mark.parametrize("kinds", [("--quick", "--deep"), ("--handover", "--quick")])
+def test_two_kinds_together_is_bad_usage(kinds: tuple[str, str]) -> None:
+    done = gpuopt("probe", *kinds)
     assert done.returncode == 2
     assert "exclude each other" in done.stderr
 

@@ -41,7 +41,7 @@ def test_a_probe_result_is_stored_once_with_its_figures_even_when_sent_again(
     assert store.jobs.attempt(a.key).probe_status == "pass"  # type: ignore[union-attr]
 
 
-def test_results_without_a_gpu_or_on_the_host_are_simulated_and_never_measured(
+def test_results_without_a_gpu_are_simulated_on_the_host_host_and_neither_is_the_types(
     store: Store,
 ) -> None:
     cpu = attempt_of(store, "cpu")
@@ -56,13 +56,16 @@ def test_results_without_a_gpu_or_on_the_host_are_simulated_and_never_measured(
     crashed = attempt_of(store, "crashed", kind="g5.xlarge")
     report(store, crashed, "x1", "fail", {"error": "probe crashed"}, T0)
     by_job = {p.job: p for p in store.probes.page()}
-    assert {j: p.simulated for j, p in by_job.items()} == {
-        "cpu": True,
-        "host": True,
-        "crashed": True,
+    # A real GPU on the daemon's host is measured on the host, not simulated...
+    assert {j: (p.source, p.simulated) for j, p in by_job.items()} == {
+        "cpu": ("simulated", True),
+        "host": ("host", False),
+        "crashed": ("simulated", True),
     }
+    assert by_job["host"].to_dict()["source"] == "host" and by_job["host"].kind == "quick"
     assert by_job["cpu"].tflops == {"bf16": 0.4} and by_job["cpu"].gpu_count is None
     assert by_job["crashed"].tflops == {} and by_job["crashed"].copy_gbps is None
+    # ...but neither it nor a simulated one is taken as the cloud type's figures.
     assert store.probes.figures() == {}
     # A failure counts against its type all the same.
     assert set(store.probes.streaks()) == {("aws", "g5.xlarge")}
@@ -126,3 +129,39 @@ def test_the_history_pages_newest_first_and_filters_by_type_and_provider(store: 
     assert [p.at for p in first + rest] == [T0 + timedelta(minutes=m) for m in (2, 1, 0)]
     assert store.probes.page(provider="gcp") == []
     assert every[0].to_dict()["at"] == "2026-01-15T12:00:00Z"
+
+
+def test_a_handover_stores_no_tflops_and_the_types_tflops_come_from_its_full_results(
+    store: Store,
+) -> None:
+    a = attempt_of(store, "train")
+    report(store, a, "q1", "pass", probe_json(650.0, copy=4000.0), T0)
+    report(store, a, "q2", "pass", probe_json(660.0, copy=4100.0), T0 + timedelta(hours=1))
+    for i in range(3):  # burst bf16 figures far above the sustained ones
+        late = T0 + timedelta(hours=2 + i)
+        report(store, a, f"h{i}", "pass", probe_json(800.0, copy=4300.0, kind="handover"), late)
+    newest = store.probes.page()[0]
+    assert (newest.kind, newest.tflops, newest.copy_gbps) == ("handover", {}, 4300.0)
+    p5 = store.probes.figures(last=3)[("aws", "p5.48xlarge")]
+    # Bandwidths over the last three usable results; TFLOPS over the last three with TFLOPS.
+    assert (p5.n, p5.copy_gbps, p5.tflops) == (3, 4300.0, {"bf16": 655.0})
+    assert p5.newest_at == T0 + timedelta(hours=4)
+
+
+def test_a_type_is_probed_in_full_by_a_usable_quick_or_deep_result_measured_on_a_gpu(
+    store: Store,
+) -> None:
+    probed = store.probes.probed_in_full
+    a = attempt_of(store, "train")
+    assert not probed("aws", "p5.48xlarge", any_source=False)  # first boot
+    report(store, a, "f", "fail", probe_json(650.0), T0)
+    report(store, a, "h", "pass", probe_json(800.0, kind="handover"), T0)
+    assert not probed("aws", "p5.48xlarge", any_source=False)  # a failure, a handover
+    report(store, a, "d", "warn", probe_json(650.0, kind="deep"), T0)
+    assert probed("aws", "p5.48xlarge", any_source=False)
+    assert not probed("gcp", "p5.48xlarge", any_source=False)  # per provider
+    cpu = attempt_of(store, "cpu", kind="g5.xlarge")
+    report(store, cpu, "c", "warn", probe_json(0.4, backend="cpu", gpus=1), T0)
+    # No GPU measured: a cloud type is not probed by it; the local cloud's (this host) is.
+    assert not probed("aws", "g5.xlarge", any_source=False)
+    assert probed("aws", "g5.xlarge", any_source=True)

@@ -112,6 +112,19 @@ def test_table_names_the_cheapest_and_the_break_evens(files: tuple[Path, Path]) 
     assert "$291,341" in out.output
     assert "on-demand = committed 3y all upfront at 328 h/month" in out.output
     assert "on-premises is cheapest at 500 h/month" in out.output
+    assert "* the cheapest option at 500 h/month" in out.output  # the mark explained
+
+
+def test_the_snapshots_note_is_printed_once_and_a_tie_is_said(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("GPUOPT_DATA_DIR", str(tmp_path))
+    out = run("--gpu", "H100", "--gpus", "8", "--hours-per-month", "300")
+    assert out.exit_code == 0, out.output
+    text = " ".join(out.output.split())
+    assert text.count("the snapshot has no committed rows for aws or gcp") == 1
+    # All spot in the mix ties with spot: said, and the runner-up is the next that costs more.
+    assert "spot is cheapest at 300 h/month" in text and "(spot + committed ties with it)" in text
 
 
 def test_policy_chooses_the_capacity_where_it_allows(

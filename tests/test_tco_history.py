@@ -107,7 +107,10 @@ def test_the_policys_ledger_sets_the_spot_overhead_and_the_usage(
     assert data["policy"] == "team"
     assert data["hours_per_month"] == pytest.approx(10.5)  # (11 + 10) / 2 months
     assert data["assumptions"]["spot.overhead_fraction"]["value"] == pytest.approx(0.05)
-    said = "spot overhead 5.0% from the ledger (1.0 h of 21.0 h billed did no work)"
+    said = (
+        "spot overhead 5.0% from the ledger: 1.0 h billed without a job running for 20.0 h of "
+        "work (21.0 spot hours billed in all)"
+    )
     assert said in data["notes"]
     totals = {o["name"]: o["total_usd"] for o in data["options"]}
     # spot: (0.8 x 16 x 1.05 + 0.2 x 40) = 21.44 $/h, x 10.5 h x 36 months
@@ -136,5 +139,6 @@ def test_a_policy_without_spot_hours_keeps_the_assumed_overhead(
     night.write_text(policy.read_text().replace("name: team", "name: night"))
     data = tco(daemon, catalog, "--policy", str(night))
     assert data["hours_per_month"] == pytest.approx(5.0)  # its one month
-    assert "the ledger has no spot hours: spot.overhead_fraction kept" in data["notes"]
+    said = "the ledger has no spot hours yet: the assumptions' spot.overhead_fraction (10%) is used"
+    assert said in data["notes"]
     assert data["assumptions"]["spot.overhead_fraction"]["value"] == pytest.approx(0.10)

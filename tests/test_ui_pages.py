@@ -298,6 +298,61 @@ def test_a_job_page_lists_its_checkpoints_their_restores_and_the_states_cost(
     assert "5.6 GiB" in rows and "#2" in rows and "final" in rows and "pruned" in rows
     # one day of 4 GB and one of 6 GB at $0.023/GB-month, plus 6 GB to another cloud at $0.09
     storage = (4 + 6) * 24 / 730 * 0.023
-    assert f"storage and egress so far ${storage + 6 * 0.09:.4f}" in page
+    assert f"storage and egress so far ${storage + 6 * 0.09:.2f}" in page  # to the cent
     # the newest live checkpoint's move, along each path out of its region
     assert "5.6 GiB in aws eu-central-1; moving it costs $0.12 (same-continent)" in page
+
+
+def test_amounts_round_to_the_cent_alike_and_prices_keep_four_decimals() -> None:
+    from optimizer.ui.render import NONE, price, usd
+
+    # Rows and their total round alike: 0.124 + 0.124 + 0.124 shows as 0.12 each and 0.37.
+    assert [usd(0.124), usd(0.372), usd(1234.5), usd(0.0), usd(-2.5)] == [
+        "$0.12", "$0.37", "$1,234.50", "$0.00", "-$2.50",
+    ]  # fmt: skip
+    assert usd(0.003) == "<$0.01" and usd(None) == NONE
+    assert [price(0.1713), price(3.06), price(0.0)] == ["$0.1713", "$3.06", "$0.00"]
+
+
+def test_spend_is_the_instances_everywhere_and_a_removed_job_keeps_its_name(
+    client: httpx.Client, daemon: Daemon
+) -> None:
+    """One definition: "spend" is the instances' cost on the console (overview, jobs list,
+    job page) as in GET /costs and `gpuopt costs`, so spend + savings = the on-demand
+    baseline; disks and storage are in the total billed beside it. A removed job's costs read
+    `spent (removed job N)`, never the row's `spent~removed~N`."""
+    store = daemon.store
+    job = store.jobs.add_job("spent", "small", {"run": "x", "checkpoint_dir": "/x"})
+    start = NOW - timedelta(hours=3)
+    store.prices.record_offers([replace(ON_DEMAND, observed_at=start - timedelta(hours=1))])
+    attempt = store.jobs.create_attempt(job, 1, "spent-1", SPOT, "0" * 64, start)
+    store.jobs.update_attempt(
+        attempt.key, instance_id="i-1", launched_at=start, disk_gib=100.0,
+        terminated_at=NOW - timedelta(hours=1), ended_at=NOW - timedelta(hours=1),
+        state="ended", end_reason="succeeded",
+    )  # fmt: skip
+    assert store.jobs.transition_job(
+        job, expected="pending", state="succeeded", reason="done", at=NOW - timedelta(hours=1)
+    )
+    with httpx.Client(base_url=daemon.url, timeout=10) as api_client:
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        by_job = api_client.get("/costs", params={"by": "job"}, headers=headers).json()
+    [row] = [g for g in by_job if g["group"] == "spent"]
+    assert row["storage_usd"] > 0 and row["total_usd"] > row["spend_usd"] > 0
+    assert row["on_demand_usd"] > row["spend_usd"]
+    page = client.get("/ui/jobs/spent").text
+    assert f'id="job-spend">${row["spend_usd"]:,.2f} (instances)</dd>' in page
+    listed = client.get("/ui/jobs?state=succeeded").text
+    assert f"${row['spend_usd']:,.2f}" in listed.split('data-job="spent"')[1].split("</tr>")[0]
+    overview = client.get("/ui/").text
+    from optimizer.costs.report import add_up
+
+    total = add_up(by_job)
+    assert f'id="mtd-spend">${total["spend_usd"]:,.2f}</span>' in overview
+    assert f'id="mtd-total">${total["total_usd"]:,.2f}</span>' in overview
+    assert round(total["spend_usd"] + total["savings_usd"], 6) == round(total["on_demand_usd"], 6)
+
+    assert store.jobs.remove_job("spent", at=NOW) is not None
+    with httpx.Client(base_url=daemon.url, timeout=10) as api_client:
+        after = api_client.get("/costs", params={"by": "job"}, headers=headers).json()
+    assert [g["group"] for g in after] == [f"spent (removed job {job})"]

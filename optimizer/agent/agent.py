@@ -46,9 +46,8 @@ from optimizer.agent.runner import AdoptedJob, JobExit, JobRunner, job_env
 from optimizer.agent.telemetry import EVENT_KIND as GPU_TELEMETRY
 from optimizer.agent.telemetry import (
     ReadingSource,
-    SimulatedSource,
     TelemetrySampler,
-    local_injection,
+    local_source,
     open_nvml,
 )
 from optimizer.agent.window import WINDOW_REASON, CheckpointWindow, CommandPoller
@@ -280,11 +279,12 @@ class Agent:
     # --- GPU telemetry -----------------------------------------------------------------
 
     def _default_telemetry_source(self) -> ReadingSource | None:
-        """The local cloud's injected readings on a local instance; else NVML, or None where
-        NVML cannot start (no GPU, no driver)."""
+        """On a local instance the local cloud's injected readings, else the host's GPUs
+        (labelled host); elsewhere NVML, or None where NVML cannot start (no GPU, no driver)."""
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         if self.config.cloud == "local":
-            return SimulatedSource(local_injection(self.config.metadata_url))
-        return open_nvml(os.environ.get("CUDA_VISIBLE_DEVICES"))
+            return local_source(self.config.metadata_url, visible)
+        return open_nvml(visible)
 
     def _start_telemetry(self) -> None:
         """Start the sampler thread; without GPU readings say so once (a log line and one
@@ -371,7 +371,7 @@ class Agent:
                     sync.start_uploads()
                 self._start_progress(assignment)
                 return self._supervise()
-        probes = assignment.job.probes or "none"
+        probes = assignment.probe  # the daemon's choice: a type probed in full gets `handover`
         if probes != "none":
             self.state = "probing"
             # The job's own count, else the GPUs the offer sold (set by the bootstrap).

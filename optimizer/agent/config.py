@@ -29,6 +29,7 @@ from optimizer.protocol import (
     ENV_PROGRESS_FILE,
     PROBE_KINDS,
     REQUIRED_ENV,
+    RUN_PROBE_KINDS,
     STOP_GRACE_S,
     Gang,
     Internode,
@@ -170,6 +171,7 @@ class Assignment:
     fence: Wait | None = None  # why the job must not start yet (None: it may)
     gang: Gang | None = None  # a multi-node attempt: rank, nodes, rank 0's address
     internode: Internode | None = None  # run the inter-node probe now, with these
+    probe: str = "none"  # the probe to run: the daemon's choice, else the spec's `probes`
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> Assignment:
@@ -177,6 +179,9 @@ class Assignment:
         answer = RegisterAnswer.model_validate(raw)
         if answer.job.probes not in PROBE_KINDS:
             raise ValueError(f"unknown probes value {answer.job.probes!r}")
+        probe = answer.probe or answer.job.probes
+        if probe not in RUN_PROBE_KINDS:
+            raise ValueError(f"unknown probe value {probe!r}")
         return cls(
             job=answer.job,
             attempt=answer.attempt or 1,
@@ -185,6 +190,7 @@ class Assignment:
             fence=answer.fence,
             gang=answer.gang,
             internode=answer.internode,
+            probe=probe,
         )
 
     def protocol_env(

@@ -48,6 +48,7 @@ class JobExit:
     exit_code: int | None
     signal: int | None
     stopped: bool  # ended after stop() was called
+    error: str | None = None  # a failure's last line of stderr (ERROR_LINE_CHARS at most)
 
     @property
     def succeeded(self) -> bool:
@@ -59,7 +60,30 @@ class JobExit:
             "signal": self.signal,
             "phase": self.phase,
             "stopped": self.stopped,
+            **({"error": self.error} if self.error else {}),
         }
+
+
+ERROR_LINE_CHARS = 300  # of the last stderr line a failure reports
+_TAIL_BYTES = 8192
+
+
+def last_line(path: Path | None) -> str | None:
+    """The last non-blank line of a job's output file, printable and cut to ERROR_LINE_CHARS
+    (what a failure's reason quotes); None when there is none or it cannot be read."""
+    if path is None:
+        return None
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - _TAIL_BYTES))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    for line in reversed(tail.splitlines()):
+        text = "".join(c if c.isprintable() else " " for c in line).strip()
+        if text and not text.startswith("[gpuopt agent "):
+            return text if len(text) <= ERROR_LINE_CHARS else text[: ERROR_LINE_CHARS - 1] + "…"
+    return None
 
 
 def job_env(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
@@ -207,8 +231,13 @@ class JobRunner:
         code = proc.wait()
         self._sweep(proc.pid)
         exit_code, signum = (code, None) if code >= 0 else (None, -code)
+        error = None
+        if code != 0 and not self._stopping:
+            with contextlib.suppress(OSError):
+                (err_file or log_file).flush()
+            error = last_line(self.err_path or self.log_path)
         self._note(log_file, f"{phase}: exited with {exit_code if signum is None else -signum}")
-        return JobExit(phase, exit_code, signum, self._stopping)
+        return JobExit(phase, exit_code, signum, self._stopping, error)
 
     def _sweep(self, pgid: int) -> None:
         """What the command left running in its group gets SIGTERM, then SIGKILL."""

@@ -5,6 +5,8 @@ minute across the GPUs, handed to the reporter as `gpu_telemetry` events
 Three parts, so each can be tested alone:
 - `GpuReading` / `ReadingSource`: one reading of each GPU now. `NvmlSource` reads NVML;
   `SimulatedSource` gives the readings the local cloud injects for drills (labelled simulated);
+  `LocalSource`, a local-cloud instance's: the injection while there is one, else the host's
+  GPUs through NVML (labelled host), else nothing;
 - `MinuteAggregator` (pure): readings in, finished minutes out;
 - `TelemetrySampler`: a daemon thread that reads, aggregates and emits. A reading that fails is
   skipped and logged once; nothing it does can block, fail or end the job.
@@ -14,7 +16,9 @@ A minute's figures, across the GPUs (the wire form, `GpuMinute` in the store):
 `util_max` the highest one GPU read; `memory_used_gib_max` the highest sum over the GPUs of
 memory used; `memory_total_gib` their summed memory; `power_w_mean` the mean summed power;
 `temperature_c_max` the hottest GPU; `sm_clock_mhz_mean` the mean SM clock; `throttle_reasons`
-NVML's clock-event bits ORed; `xids` the XIDs seen.
+NVML's clock-event bits ORed; `xids` the XIDs seen; `source` where the readings came from:
+`measured` (this instance's GPUs), `host` (the GPUs of the host a local-cloud instance runs on)
+or `simulated` (injected by the local cloud), with `simulated` true only for the last.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ log = logging.getLogger(__name__)
 GIB = float(1 << 30)
 SAMPLE_INTERVAL_S = 10.0
 EVENT_KIND = "gpu_telemetry"
+MEASURED, HOST, SIMULATED = "measured", "host", "simulated"  # a minute's `source`
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +56,11 @@ class GpuReading:
 
 
 class ReadingSource(Protocol):
-    """Where readings come from."""
+    """Where readings come from. `simulated`: the last `read` gave injected readings;
+    `source` (optional, read after each `read`): measured | host | simulated."""
 
-    simulated: bool
+    @property
+    def simulated(self) -> bool: ...
 
     def read(self) -> list[GpuReading]: ...
     def xids(self) -> list[int]: ...  # XIDs seen since the last call
@@ -74,6 +81,7 @@ class _Minute:
     clocks: list[float] = field(default_factory=list)
     throttle: int = 0
     xids: set[int] = field(default_factory=set)
+    sources: set[str] = field(default_factory=set)
 
 
 def _max(a: float | None, b: float | None) -> float | None:
@@ -89,12 +97,21 @@ def _floor_minute(at: datetime) -> datetime:
 class MinuteAggregator:
     """Readings in (`add`), finished minutes out (`finished`), as wire dicts."""
 
-    def __init__(self, *, simulated: bool = False) -> None:
+    def __init__(self, *, simulated: bool = False, source: str | None = None) -> None:
         self.simulated = simulated
+        self.source = source or (SIMULATED if simulated else MEASURED)
         self._open: dict[datetime, _Minute] = {}
 
-    def add(self, at: datetime, readings: Sequence[GpuReading], xids: Sequence[int] = ()) -> None:
-        """One reading of every GPU taken at `at` (aware)."""
+    def add(
+        self,
+        at: datetime,
+        readings: Sequence[GpuReading],
+        xids: Sequence[int] = (),
+        *,
+        source: str | None = None,
+    ) -> None:
+        """One reading of every GPU taken at `at` (aware); `source` labels it (default: the
+        aggregator's own)."""
         if not readings and not xids:
             return
         start = _floor_minute(at)
@@ -102,6 +119,7 @@ class MinuteAggregator:
         m.xids.update(int(x) for x in xids)
         if not readings:
             return
+        m.sources.add(source or self.source)
         m.samples += 1
         m.gpus = max(m.gpus, len(readings))
         utils = [r.util for r in readings if r.util is not None]
@@ -163,7 +181,9 @@ class MinuteAggregator:
             "sm_clock_mhz_mean": mean(m.clocks),
             "throttle_reasons": m.throttle,
             "xids": sorted(m.xids),
-            "simulated": self.simulated,
+            # A minute with any injected reading is simulated; else the host's or measured.
+            "simulated": SIMULATED in m.sources,
+            "source": next((k for k in (SIMULATED, HOST) if k in m.sources), MEASURED),
         }
 
 
@@ -172,6 +192,7 @@ class NvmlSource:
     `optimizer.probes.nvml.NvmlUnavailable` from the constructor where NVML cannot start."""
 
     simulated = False
+    source = MEASURED
 
     def __init__(self, visible: str | None = None) -> None:
         from optimizer.probes.nvml import PynvmlSource
@@ -272,6 +293,7 @@ class SimulatedSource:
     so drills with windows of seconds see them at once."""
 
     simulated = True
+    source = SIMULATED
     live = True
 
     def __init__(self, fetch: Callable[[], SimulatedReading | None]) -> None:
@@ -299,6 +321,64 @@ class SimulatedSource:
 
     def close(self) -> None:
         pass
+
+
+class LocalSource:
+    """A local-cloud instance's readings: the local cloud's injection while there is one
+    (simulated, live, at the injection's interval, as `SimulatedSource`); else, on a host
+    with a GPU, that GPU through NVML, labelled `host` (the instance shares the host's GPUs;
+    read every `IDLE_POLL_S` so an injection is seen at once, reported per finished minute);
+    else nothing, as `SimulatedSource` with no injection."""
+
+    def __init__(
+        self, fetch: Callable[[], SimulatedReading | None], nvml: ReadingSource | None
+    ) -> None:
+        self._injected = SimulatedSource(fetch)
+        self._nvml = nvml
+        self._simulated = nvml is None  # until the first read: as the source it will use
+
+    @property
+    def simulated(self) -> bool:
+        return self._simulated
+
+    @property
+    def source(self) -> str:
+        return SIMULATED if self._simulated else HOST
+
+    @property
+    def live(self) -> bool:
+        return self._simulated
+
+    @property
+    def interval_s(self) -> float | None:
+        if self._simulated:
+            return self._injected.interval_s
+        return IDLE_POLL_S
+
+    def read(self) -> list[GpuReading]:
+        readings = self._injected.read()
+        self._simulated = bool(readings) or self._nvml is None
+        if readings or self._nvml is None:
+            return readings
+        return self._nvml.read()
+
+    def xids(self) -> list[int]:
+        return [] if self._simulated or self._nvml is None else self._nvml.xids()
+
+    def close(self) -> None:
+        if self._nvml is not None:
+            self._nvml.close()
+
+
+def local_source(
+    metadata_url: str,
+    visible: str | None = None,
+    *,
+    open_host: Callable[[str | None], ReadingSource | None] | None = None,
+) -> LocalSource:
+    """The telemetry of an instance on the local cloud: injections from its metadata URL, and
+    the host's NVML where the host has a GPU (`open_host`, default `open_nvml`)."""
+    return LocalSource(local_injection(metadata_url), (open_host or open_nvml)(visible))
 
 
 class TelemetrySampler:
@@ -332,7 +412,8 @@ class TelemetrySampler:
                 now = self._now()
                 readings = self.source.read()
                 xids = self.source.xids()
-                self.aggregator.add(now, readings, xids)
+                label = getattr(self.source, "source", None)  # after the read: LocalSource's
+                self.aggregator.add(now, readings, xids, source=label)
                 if readings:
                     self.readings += 1
                 out = self.aggregator.finished(now)
@@ -417,6 +498,7 @@ __all__ = [
     "EVENT_KIND",
     "SAMPLE_INTERVAL_S",
     "GpuReading",
+    "LocalSource",
     "MinuteAggregator",
     "NvmlSource",
     "ReadingSource",
@@ -424,5 +506,6 @@ __all__ = [
     "SimulatedSource",
     "TelemetrySampler",
     "local_injection",
+    "local_source",
     "open_nvml",
 ]

@@ -53,6 +53,7 @@ TITLES: dict[str, str] = {
     EventKind.JOB_UNDERUSED: "GPU underused",
     EventKind.JOB_STOPPED: "Job stopped by a policy rule",
     EventKind.JOB_MIGRATED: "Job moved to other capacity",
+    EventKind.JOB_SPARE_CHANGED: "Job's warm spare changed",
     EventKind.JOB_DEADLINE_AT_RISK: "Job's deadline at risk",
     EventKind.JOB_DEADLINE_MISSED: "Job's deadline missed",
     EventKind.BUDGET_THRESHOLD_CROSSED: "Budget nearly spent",

@@ -169,7 +169,7 @@ def _expected_gbps(attempt: AttemptRecord) -> float | None:
     """The fabric's line rate per instance (Gbit/s), None where unknown (the local cloud's
     processes share this host's loopback, which no fabric figure describes, and a provider
     no longer installed or declaring no hardware facts)."""
-    if _on_host(attempt.provider):
+    if registry.on_host(attempt.provider):
         return None
     entry = registry.find(attempt.provider)
     if entry is None or entry.hardware is None:
@@ -243,7 +243,18 @@ def register(
         commands=_commands(attempt),
         fence=Wait.of(_fence(state, attempt)),
         **_rendezvous(state, state.store.jobs.attempt(attempt.key) or attempt),
+        probe=_probe(state, attempt, spec.probes),
     )
+
+
+def _probe(state: ApiState, attempt: AttemptRecord, spec_probes: str) -> str:
+    """The probe this attempt runs: `handover` for a `quick` job once its instance type has a
+    usable full result on its provider, measured on a GPU (on the local cloud, whose instances
+    are all this host, any); else the spec's (docs/probes.md, The handover probe)."""
+    probed = spec_probes == protocol.QUICK_PROBE and state.store.probes.probed_in_full(
+        attempt.provider, attempt.instance_type, any_source=registry.on_host(attempt.provider)
+    )
+    return protocol.probe_to_run(spec_probes, probed)
 
 
 def _code(ref: CodeRef | None) -> CodeArchive | None:
@@ -252,12 +263,6 @@ def _code(ref: CodeRef | None) -> CodeArchive | None:
     if ref is None:
         return None
     return CodeArchive(sha256=ref.sha256, size=ref.size, url=f"/agent/code/{ref.sha256}")
-
-
-def _on_host(provider: str) -> bool:
-    """Whether the provider's instances run on this host (their probes measure the host)."""
-    entry = registry.find(provider)
-    return entry is not None and entry.capabilities.agent_on_host
 
 
 @router.post("/events")
@@ -276,7 +281,7 @@ def events(
         reports = [e for e in reports if e["id"] not in seen]
     now = state.clock()
     acked = state.store.jobs.record_agent_events(
-        attempt.key, payload, now, on_host=_on_host(attempt.provider)
+        attempt.key, payload, now, on_host=registry.on_host(attempt.provider)
     )
     job = state.store.jobs.get_job_by_id(attempt.job_id) if reports else None
     if job is not None:

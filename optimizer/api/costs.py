@@ -22,7 +22,7 @@ from optimizer.costs.lines import totals_by
 from optimizer.costs.report import TimeError, line_figures, parse_time, report
 from optimizer.costs.summary import message, months, previous_month
 from optimizer.jobs.gang import head_number
-from optimizer.jobs.ledger import Filters, Ledger
+from optimizer.jobs.ledger import Filters, Ledger, attempt_role
 from optimizer.jobs.summary import REQUEST, raise_summary
 from optimizer.model import EventKind, Market
 
@@ -125,6 +125,10 @@ def job_attempts(state: ApiState, job_id: int) -> list[dict[str, Any]]:
             "launched_at": utc_text(a.launched_at),
             "terminated_at": utc_text(a.terminated_at),
             "terminated_by": a.terminated_by,
+            "role": attempt_role(a),
+            "promoted_at": utc_text(a.promoted_at),
+            "registered_at": utc_text(a.registered_at),
+            "probe_status": a.probe_status,
             "cost_lines": [
                 {
                     "month": line.month,

@@ -35,6 +35,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain help text: a docstring's lines are joined into sentences that wrap to the
+    # terminal (rich markup would keep the source's line breaks in the middle of them).
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 100},  # wrap to the terminal, up to 100 columns
 )
 
 app.add_typer(policy.app, name="policy")
@@ -61,4 +65,32 @@ __all__ = ["app", "main"]
 
 
 def main() -> None:
-    app()
+    """`gpuopt`: the app, with the command line's own complaints (a missing argument, an
+    unknown option) said in gpuopt's one error style, `gpuopt: error: …` and the help to see;
+    exit 2 as before."""
+    import sys
+
+    from optimizer.cli.common import error
+
+    try:
+        code = app(standalone_mode=False, prog_name="gpuopt")
+    except Exception as exc:
+        # Typer's click (vendored or not) raises these: known by their class names, so no
+        # private module is imported.
+        names = {c.__name__ for c in type(exc).__mro__}
+        if "NoArgsIsHelpError" in names:  # a group alone: its help, as before
+            exc.show()  # type: ignore[attr-defined]
+            code = exc.exit_code  # type: ignore[attr-defined]
+        elif "UsageError" in names:
+            words = exc.format_message()  # type: ignore[attr-defined]
+            ctx = getattr(exc, "ctx", None)
+            command = ctx.command_path if ctx is not None else "gpuopt"
+            words = words.rstrip(".")
+            error(f"{words[:1].lower()}{words[1:]} (see '{command} --help')")
+            code = exc.exit_code  # type: ignore[attr-defined]
+        elif "Abort" in names:  # Ctrl-C at a prompt
+            print(file=sys.stderr)
+            code = 130
+        else:
+            raise
+    sys.exit(code if isinstance(code, int) else 0)

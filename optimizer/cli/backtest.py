@@ -173,13 +173,16 @@ def advise_bid(
     until: UntilOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """The lowest bid cap that kept a candidate in the target share of snapshots."""
+    """The lowest bid cap that kept a candidate in the target share of snapshots, each cap
+    replayed as `gpuopt backtest` replays the policy (its migration block included)."""
+    from optimizer.jobs.backtest import Migrations
     from policies.backtest import BacktestError, advise_bid
 
     start, end = parse_time(since, "--since"), parse_time(until, "--until")
     policy, points = _inputs(policy_file, history, from_store, config, start, end)
+    mover = (lambda: Migrations(policy, points)) if policy.migration.enabled else None
     try:
-        advice = advise_bid(policy, points, target_availability, start, end)
+        advice = advise_bid(policy, points, target_availability, start, end, mover=mover)
     except BacktestError as exc:
         fail(exc)
     out = advice.to_dict()
@@ -194,11 +197,14 @@ def advise_bid(
     rows.append(("max_fraction_of_on_demand", out["max_fraction_of_on_demand"]))
     for name, row in rows:
         if row is None:
-            print(f"  {name:<27} no value reaches the target")
+            why = out["why_none"].get(name, "")
+            print(f"  {name:<27} no value reaches the target" + (f": {why}" if why else ""))
             continue
         cap = ", ".join(f"{k}={v:g}" for k, v in row["bid"].items()) or "as written"
         cost = "n/a" if row["cost_usd"] is None else f"${row['cost_usd']:,.2f}"
         print(f"  {name:<27} {cap:<34} available {row['availability']:.1%}  cost {cost}")
+    for warning in out["warnings"]:
+        print(f"  warning: {warning}")
 
 
 # --- `backtest --traces`: a deadline strategy replayed over spot traces (docs/deadlines.md)

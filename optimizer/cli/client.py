@@ -70,6 +70,21 @@ def _find_token() -> str | None:
         return None
 
 
+def token_origin() -> str:
+    """Where the CLI's token came from, for a refusal (401) to say: the variable, or the file
+    and where its folder came from. Never the token itself."""
+    if os.environ.get("GPUOPT_API_TOKEN", "").strip():
+        return "the token came from GPUOPT_API_TOKEN"
+    from optimizer.daemon.settings import DATA_DIR_ENV
+
+    folder = (
+        f"its folder from {DATA_DIR_ENV}"
+        if os.environ.get(DATA_DIR_ENV)
+        else f"the default folder: {DATA_DIR_ENV} is unset"
+    )
+    return f"the token came from {_token_file()} ({folder})"
+
+
 def _no_token() -> str:
     return f"no API token: set GPUOPT_API_TOKEN or start the daemon (it writes {_token_file()})"
 
@@ -285,6 +300,11 @@ def check(response: Response) -> Any:
         if response.status_code >= 500:  # the daemon failed, not the request
             error(f"{response.status_code}: {detail(response)}")
             raise typer.Exit(1)
+        if response.status_code == 401:
+            fail(
+                f"401: {detail(response)}: {token_origin()}; it is not the token of the daemon "
+                "at this address (--api, GPUOPT_API_URL)"
+            )
         fail(f"{response.status_code}: {detail(response)}")
     try:
         return response.json()

@@ -22,7 +22,7 @@ from optimizer.cli.code import ship
 from optimizer.cli.common import error, fail
 
 if TYPE_CHECKING:
-    from optimizer.answers import DeadlineView, GpuView, JobView, ProgressView
+    from optimizer.answers import AttemptView, DeadlineView, GpuView, JobView, ProgressView
 
 app = typer.Typer(
     help="Submit and follow managed jobs (through the daemon's API).", no_args_is_help=True
@@ -58,6 +58,24 @@ def _print_job(job: JobView) -> None:
         print("  " + gpu_line(job.gpu))
     if isinstance(job, JobDetail) and job.deadline:
         print("  " + deadline_line(job.deadline))
+    if isinstance(job, JobDetail):
+        for a in job.attempts:
+            if a.role == "warm_spare" and a.state != "ended":
+                print("  " + spare_line(a))
+
+
+def spare_line(a: AttemptView) -> str:
+    """`warm spare: attempt 3 on local eu-west/b gpu.a10 spot at $0.4100/h, probed (pass)`."""
+    zone = f"/{a.zone}" if a.zone else ""
+    where = f"{a.provider} {a.region}{zone} {a.instance_type} {a.market}"
+    price = "" if a.usd_per_hour is None else f" at ${a.usd_per_hour:.4f}/h"
+    if a.probe_status is not None:
+        status = f"probed ({a.probe_status})"
+    elif a.registered_at is not None:
+        status = "registered, probing"
+    else:
+        status = "booting"
+    return f"warm spare: attempt {a.number} on {where}{price}, {status}"
 
 
 def deadline_line(d: DeadlineView) -> str:

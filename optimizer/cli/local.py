@@ -106,15 +106,43 @@ def list_instances(
         )
         return
     rows = []
+    labels = job_labels(records)
     for r in records:
         detail = r.detail
         if r.interruption is not None and not r.ended:
             detail = f"interrupted: power-off at {_when(r.interruption.kill_at)}"
         price = f"{r.usd_per_hour:.4f}" + (" sim" if r.market == "spot" else "")
-        job = f"{r.job} #{r.attempt}" if r.job else r.key
+        job = labels[r.id]
         rows.append([r.id, _state(r), r.instance_type, r.zone, r.market, price, job, detail or "-"])
     headers = ["INSTANCE", "STATE", "TYPE", "ZONE", "MARKET", "$/h", "JOB", "DETAIL"]
     columns(headers, rows, right=["$/h"])
+
+
+def _job_id(key: str) -> int | None:
+    """The daemon's job id in an instance's launch key (`<job id>-<attempt>[-n<rank>]`)."""
+    head = key.split("-", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def job_labels(records: list[InstanceRecord]) -> dict[str, str]:
+    """Each instance's JOB cell: `name #attempt`. Job names are unique among the daemon's
+    jobs until one is removed, so where instances of two jobs share a name, every job but the
+    newest (the highest id in the launch keys) was removed: its instances say so, with its id,
+    and are never taken for the new job's."""
+    newest: dict[str, int] = {}
+    for r in records:
+        jid = _job_id(r.key)
+        if r.job and jid is not None:
+            newest[r.job] = max(newest.get(r.job, jid), jid)
+    labels = {}
+    for r in records:
+        if not r.job:
+            labels[r.id] = r.key
+            continue
+        jid = _job_id(r.key)
+        removed = jid is not None and jid < newest.get(r.job, jid)
+        labels[r.id] = f"{r.job} #{r.attempt}" + (f" (removed job {jid})" if removed else "")
+    return labels
 
 
 def _state(record: InstanceRecord) -> str:
@@ -125,6 +153,49 @@ def _state(record: InstanceRecord) -> str:
     # as the user's are the instance shutting itself down.
     who = "by gpuopt" if record.end_reason == "user" and record.stop_at is not None else None
     return f"{record.state} ({who or record.end_reason})"
+
+
+@app.command("history")
+def history(
+    days: Annotated[
+        int, typer.Option("--days", min=1, max=90, help="Days of history before the store's first.")
+    ] = 7,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", help="The daemon config whose store to write.", dir_okay=False),
+    ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option("--until", help="ISO 8601 time the days end at (default: now)."),
+    ] = None,
+) -> None:
+    """Write the local cloud's simulated prices of the last --days into the daemon's store,
+    one point per pool and hour before its first local price (a function of the seed, the
+    pool and the time, labelled simulated), for backtests and charts from the first minute."""
+    from datetime import UTC, datetime
+
+    from optimizer.cli.db import _sqlite_file_missing, configured_database_url
+    from optimizer.store import Store
+    from providers.local.history import backfill
+
+    end = datetime.now(UTC)
+    if until is not None:
+        from optimizer.cli.ranked import parse_at
+
+        end = parse_at(until, option="--until")
+    url = configured_database_url(config)
+    if _sqlite_file_missing(url):
+        fail("no store yet: start the daemon once (it creates it, and writes this history)")
+    cloud = _cloud(default_state_dir())
+    with Store(url) as store:
+        done = backfill(
+            cloud,
+            store.prices.record_history,
+            store.prices.earliest_observation("local"),
+            now=end,
+            days=days,
+        )
+    print(done.summary())
 
 
 @app.command("interrupt")
@@ -169,10 +240,14 @@ def telemetry(
     memory: Annotated[
         float, typer.Option("--memory", help="GPU memory used, a fraction 0..1 of the total.")
     ] = 0.0,
-    gpus: Annotated[int, typer.Option("--gpus", min=1, help="How many GPUs to report.")] = 1,
+    gpus: Annotated[
+        int | None,
+        typer.Option("--gpus", min=1, help="How many GPUs to report (default: the type's)."),
+    ] = None,
     memory_gib: Annotated[
-        float, typer.Option("--memory-gib", help="Memory of each simulated GPU, GiB.")
-    ] = 80.0,
+        float | None,
+        typer.Option("--memory-gib", help="Memory of each GPU, GiB (default: the type's)."),
+    ] = None,
     every: Annotated[
         float, typer.Option("--every", help="Seconds between the agent's readings.")
     ] = 10.0,
@@ -184,7 +259,7 @@ def telemetry(
         fail("give --util (and --memory), or --clear")
     cloud = _cloud(_existing(state_dir))
     try:
-        cloud.inject_telemetry(
+        record = cloud.inject_telemetry(
             instance,
             util=None if clear else util,
             memory=memory,
@@ -197,9 +272,12 @@ def telemetry(
     if clear:
         print(f"{instance}: simulated GPU telemetry cleared")
     else:
+        from providers.local.cloud import TELEMETRY
+
+        shown = record.extra[TELEMETRY]
         print(
             f"{instance}: simulated GPU telemetry: utilization {util:.0%}, memory {memory:.0%} "
-            f"of {gpus} x {memory_gib:g} GiB, every {every:g} s"
+            f"of {shown['gpus']} x {shown['memory_gib']:g} GiB, every {every:g} s"
         )
 
 

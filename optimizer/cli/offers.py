@@ -16,7 +16,10 @@ from optimizer.cli.client import ApiOption
 from optimizer.cli.common import fail
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from optimizer.model import Offer
+    from optimizer.offers import OfferQuery
     from policies.schema import Policy
 
 
@@ -151,6 +154,7 @@ def offers(
 
         arg = ranked.policy_arg(policy)
         wants = commitments or (arg.policy is not None and _allows_committed(arg.policy))
+        asked, rest = _policy_sources(providers, arg.policy)
         ranked.show(
             arg,
             query,
@@ -158,7 +162,9 @@ def offers(
             explain=explain,
             as_json=as_json,
             api=api,
-            gather=lambda: _gather(providers, region or (), commitments=wants),
+            gather=lambda: _gather(
+                asked, region or (), commitments=wants, snapshot_for_rest=rest, at=when
+            ),
             at=when,
         )
         return
@@ -169,6 +175,8 @@ def offers(
         except CatalogError as exc:
             fail(str(exc))
         source_name = file_source.name
+    elif not providers and policy is None:
+        rows, source_name = _daemon_or_snapshot(api, query, commitments=commitments)
     else:
         rows, source_name = _gather(providers, region or (), commitments=commitments)
 
@@ -195,6 +203,36 @@ def offers(
     offers_table(shown, total=len(chosen), source=source_name)
 
 
+DAEMON_PAGE = 1000  # the API's largest page
+
+
+def _daemon_or_snapshot(
+    api: str | None, query: OfferQuery, *, commitments: bool
+) -> tuple[list[Offer], str]:
+    """What `gpuopt offers` lists without --provider or --catalog: the latest offers of every
+    provider the daemon polls (the local cloud included) when one answers; else the bundled
+    snapshot, saying so on stderr."""
+    from optimizer.cli.client import NoDaemon, base_url, check, request
+    from optimizer.model import Offer
+
+    rows: list[Offer] = []
+    params: dict[str, object] = {"limit": DAEMON_PAGE, "offset": 0}
+    if query.market is not None:
+        params["market"] = query.market.value
+    try:
+        while True:
+            page = check(request("GET", "/offers", api, params=params))
+            rows.extend(Offer.from_dict(o) for o in page["offers"])
+            params["offset"] = int(str(params["offset"])) + DAEMON_PAGE
+            if int(str(params["offset"])) >= page["count"] or not page["offers"]:
+                break
+    except NoDaemon as exc:
+        print(f"gpuopt: no daemon ({exc}); showing the bundled snapshot", file=sys.stderr)
+        return _gather([], (), commitments=commitments)
+    polled = ", ".join(sorted({o.provider for o in rows})) or "no provider"
+    return rows, f"daemon at {base_url(api)}: {polled}"
+
+
 def _allows_committed(policy: Policy) -> bool:
     """Whether the policy lists the committed market, itself or in a schedule window."""
     windows = policy.schedule.windows if policy.schedule is not None else []
@@ -203,15 +241,31 @@ def _allows_committed(policy: Policy) -> bool:
     )
 
 
+def _policy_sources(providers: list[str], policy: Policy | None) -> tuple[list[str], bool]:
+    """What a policy ranked here (no daemon) is ranked over, when no --provider says: the
+    local cloud's own offers where the policy may use it (computed here, as the daemon's local
+    cloud lists them), beside the snapshot for the clouds (never called unasked)."""
+    if providers or policy is None or "local" not in policy.placement.providers:
+        return providers, False
+    return ["local"], True
+
+
 def _gather(
-    providers: list[str], regions: Sequence[str], *, commitments: bool = False
+    providers: list[str],
+    regions: Sequence[str],
+    *,
+    commitments: bool = False,
+    snapshot_for_rest: bool = False,
+    at: datetime | None = None,
 ) -> tuple[list[Offer], str]:
     """The offers of the providers asked for (the snapshot when none), each source that
     could not run said in one line on stderr; committed offers are asked for only when
     `commitments` (the committed market is wanted): they take calls of their own."""
     from optimizer.cli.sources import gather
 
-    gathered = gather(providers, regions, commitments=commitments)
+    gathered = gather(
+        providers, regions, commitments=commitments, snapshot_for_rest=snapshot_for_rest, at=at
+    )
     for note in gathered.notes:
         print(f"gpuopt: {note}", file=sys.stderr)
     return gathered.offers, ", ".join(gathered.names)

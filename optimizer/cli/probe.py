@@ -24,13 +24,20 @@ def probe(
             help="Also a sustained load, a memory pattern test and an all-reduce sweep (minutes).",
         ),
     ] = False,
+    handover: Annotated[
+        bool,
+        typer.Option(
+            "--handover",
+            help="The quick probe's stages with shorter timing and no sustained load (seconds).",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     timeout: Annotated[
         float | None,
         typer.Option(
             "--timeout",
             min=1,
-            help="Hard limit per probe subprocess, seconds (quick 55, deep 900).",
+            help="Hard limit per probe subprocess, seconds (handover 30, quick 55, deep 900).",
             show_default=False,
         ),
     ] = None,
@@ -56,15 +63,15 @@ def probe(
 
     With no CUDA device it says so and times CPU matmuls instead.
     """
-    if quick and deep:
-        fail("--quick and --deep exclude each other")
+    if quick + deep + handover > 1:
+        fail("--quick, --deep and --handover exclude each other")
     if output is not None and not output.parent.is_dir():  # before minutes of probing
         fail(f"--output {output}: no such directory {output.parent}")
-    from optimizer.probes import DEEP, QUICK, ProbeOptions, Status, run_probe
+    from optimizer.probes import DEEP, HANDOVER, QUICK, ProbeOptions, Status, run_probe
 
     earlier = _read_history(history or [])
     options = ProbeOptions(
-        kind=DEEP if deep else QUICK,
+        kind=DEEP if deep else HANDOVER if handover else QUICK,
         timeout_s=timeout,
         expected_gpus=expect_gpus,
         visible=os.environ.get("CUDA_VISIBLE_DEVICES"),

@@ -61,6 +61,10 @@ def _figure(value: float | None, unit: str) -> str:
     return "-" if value is None else f"{value:,.1f} {unit}"
 
 
+_SOURCE_NOTE = {"host": "host GPU", "simulated": "simulated"}
+_KIND_NOTE = {"handover": "handover"}
+
+
 def lines(found: list[dict[str, Any]]) -> list[str]:
     """The results as the terminal shows them, one line each under a header."""
     if not found:
@@ -71,7 +75,10 @@ def lines(found: list[dict[str, Any]]) -> list[str]:
     ]
     for p in found:
         bf16 = p["tflops"].get("bf16")
-        simulated = " (simulated)" if p["simulated"] else ""
+        # Older daemons send `simulated` alone; a handover result has no TFLOPS of its own.
+        source = p.get("source") or ("simulated" if p["simulated"] else "measured")
+        notes = [n for n in (_SOURCE_NOTE.get(source), _KIND_NOTE.get(str(p.get("kind")))) if n]
+        simulated = "".join(f" ({n})" for n in notes)
         out.append(
             f"{p['at']:<20} {p['provider']:<8} {p['instance_type']:<16} {p['zone'] or '-':<14} "
             f"{p['status']:<6} {_figure(bf16, 'TFLOPS'):>14} "

@@ -57,10 +57,12 @@ def offers_table(offers: Sequence[Offer], *, total: int, source: str) -> None:
             f"{o.ram_gib:g}",
             o.interconnect.value,
             o.market.value,
-            f"{o.usd_per_hour:.4f}",
+            f"{o.usd_per_hour:.4f}" + (" sim" if o.source == "simulated" else ""),
             f"{o.usd_per_gpu_hour:.4f}",
         )
     console.print(table)
+    if any(o.source == "simulated" for o in offers):
+        console.print("sim: a simulated price (the local cloud's), not a quote")
 
 
 def ranking_table(ranking: RankingView, *, limit: int, explain: bool, source: str) -> None:
@@ -300,4 +302,14 @@ def costs_table(
     console.print(table)
     if not totals.get("baseline_known", True):
         console.print("* some attempts had no on-demand price of their type and region")
+    spares = [
+        a for row in groups for a in row.get("attempts") or () if a.get("role") == "warm_spare"
+    ]
+    if spares:  # (attempts are listed by job only)
+        spent = sum(float(a["total_usd"]) for a in spares)
+        hours = sum(float(a["billed_seconds"]) for a in spares) / 3600
+        console.print(
+            f"of which warm spares (idle, beside the running attempts): {_usd(spent)} over "
+            f"{hours:.2f} h billed, {len(spares)} spare attempt(s)"
+        )
     console.print(note)

@@ -9,7 +9,8 @@ cloud lists (the spot walk is a function of the seed, the pool and the time).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from fnmatch import fnmatchcase
 
 from optimizer.model import Market, Offer
@@ -46,13 +47,16 @@ def expand_regions(provider: str, globs: Sequence[str]) -> list[str] | None:
     return sorted(set(matched) | set(exact))
 
 
-def _live(provider: str, commitments: bool) -> tuple[OfferSource | None, str | None]:
+def _live(
+    provider: str, commitments: bool, at: datetime | None = None
+) -> tuple[OfferSource | None, str | None]:
     """A live source for the provider, or (None, why it cannot run here).
 
     Built as the daemon builds it (the registry's builder, the same settings and endpoints,
     the daemon's data directory, where the local cloud would keep its state: reading its
     offers creates nothing there), without a spec cache; with `commitments`, asking for
-    committed offers too where the provider has them.
+    committed offers too where the provider has them; `at`: offers as of that time where the
+    provider can tell (the local cloud's simulated prices are a function of the time).
     """
     from optimizer.daemon.settings import data_dir
 
@@ -63,21 +67,32 @@ def _live(provider: str, commitments: bool) -> tuple[OfferSource | None, str | N
         settings = ProviderSettings(
             data_dir=data_dir(), commitments=commitments and entry.capabilities.commitments
         )
+        if at is not None:
+            settings = replace(settings, clock=lambda: at)
         return entry.build(settings), None
     except ProviderDisabled as exc:
         return None, str(exc)
 
 
 def gather(
-    providers: Sequence[str], region_globs: Sequence[str], *, commitments: bool = False
+    providers: Sequence[str],
+    region_globs: Sequence[str],
+    *,
+    commitments: bool = False,
+    snapshot_for_rest: bool = False,
+    at: datetime | None = None,
 ) -> Gathered:
     """Offers for `gpuopt offers`: the snapshot by default, live clouds when named (with their
-    committed offers when `commitments`: those take calls of their own)."""
+    committed offers when `commitments`: those take calls of their own). `snapshot_for_rest`:
+    the snapshot's rows of every provider not asked live are added too (a policy that names
+    the local cloud beside clouds gpuopt does not call unasked)."""
     out = Gathered()
     live = [p for p in providers if p in live_providers()]
     fallback: set[str] = set()
+    if snapshot_for_rest:
+        fallback = set(registry.names()) - set(live)
     for provider in live:
-        source, why = _live(provider, commitments)
+        source, why = _live(provider, commitments, at)
         if source is None:
             out.notes.append(f"{provider}: disabled ({why}); showing the bundled snapshot")
             fallback.add(provider)

@@ -123,7 +123,12 @@ def tco(
     if from_history:
         from optimizer.cli.tco_history import read_history
 
-        history = read_history(api, policy_name)
+        history = read_history(
+            api,
+            policy_name,
+            capacity=f"{gpus}x {spec.name}",
+            default_overhead=values.spot.overhead_fraction,
+        )
         notes.extend(history.notes)
         if history.overhead_fraction is not None:
             values = values.model_copy(
@@ -187,9 +192,11 @@ def _offers(catalog: Path | None, providers: list[str]) -> tuple[list[Offer], st
     from optimizer.cli.sources import gather
 
     gathered = gather(names, (), commitments=True)
+    lacking = [str(g) for g in gathered.lacking]
     for note in gathered.notes:
-        print(f"gpuopt: {note}", file=sys.stderr)
-    return gathered.offers, ", ".join(gathered.names), [str(g) for g in gathered.lacking]
+        if note not in lacking:  # those are the comparison's notes, printed once under it
+            print(f"gpuopt: {note}", file=sys.stderr)
+    return gathered.offers, ", ".join(gathered.names), lacking
 
 
 def _under_policy(path: Path, offers: list[Offer]) -> tuple[list[Offer], str]:
@@ -253,6 +260,7 @@ def _table(result: Comparison, source: str, assumptions: Path | None) -> None:
             "; ".join(option.notes),
         )
     console.print(table)
+    console.print(f"* the cheapest option at {h:g} h/month")
     crossings = [b for b in result.break_evens if b.hours_per_month is not None]
     if crossings:
         console.print("Break-even usage:")

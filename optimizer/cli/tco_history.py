@@ -21,8 +21,16 @@ class History:
     notes: list[str] = field(default_factory=list)
 
 
-def from_groups(by_market: list[dict[str, Any]], by_month: list[dict[str, Any]]) -> History:
-    """What the ledger's groups say (pure: the two `/costs` answers in, the figures out)."""
+def from_groups(
+    by_market: list[dict[str, Any]],
+    by_month: list[dict[str, Any]],
+    *,
+    capacity: str = "the compared capacity",
+    default_overhead: float | None = None,
+) -> History:
+    """What the ledger's groups say (pure: the two `/costs` answers in, the figures out);
+    `capacity` names what the usage is read as hours of (`8x H100-80GB`), `default_overhead`
+    the spot overhead used when the ledger has none."""
     out = History()
     for group in by_market:
         if group.get("group") != "spot":
@@ -32,25 +40,37 @@ def from_groups(by_market: list[dict[str, Any]], by_month: list[dict[str, Any]])
         if billed > overhead:
             out.overhead_fraction = overhead / (billed - overhead)
             out.notes.append(
-                f"spot overhead {out.overhead_fraction:.1%} from the ledger "
-                f"({overhead / 3600:,.1f} h of {billed / 3600:,.1f} h billed did no work)"
+                f"spot overhead {out.overhead_fraction:.1%} from the ledger: "
+                f"{overhead / 3600:,.1f} h billed without a job running for "
+                f"{(billed - overhead) / 3600:,.1f} h of work ({billed / 3600:,.1f} spot hours "
+                "billed in all)"
             )
     if out.overhead_fraction is None:
-        out.notes.append("the ledger has no spot hours: spot.overhead_fraction kept")
+        kept = "" if default_overhead is None else f" ({default_overhead:.0%})"
+        out.notes.append(
+            f"the ledger has no spot hours yet: the assumptions' spot.overhead_fraction{kept} "
+            "is used"
+        )
     months = [float(g.get("billed_seconds") or 0) / 3600 for g in by_month]
     months = [h for h in months if h > 0]
     if months:
         out.hours_per_month = sum(months) / len(months)
         out.notes.append(
-            f"usage {out.hours_per_month:,.1f} h/month: the ledger's mean over {len(months)} "
-            "month(s) with billed hours"
+            f"usage {out.hours_per_month:,.1f} h/month: the mean instance-hours billed per "
+            f"month over the {len(months)} month(s) the ledger has, read as hours of {capacity}"
         )
     return out
 
 
-def read_history(api: str | None, policy: str | None) -> History:
+def read_history(
+    api: str | None,
+    policy: str | None,
+    *,
+    capacity: str = "the compared capacity",
+    default_overhead: float | None = None,
+) -> History:
     """Ask the daemon's ledger (the policy's lines only, when one is named)."""
     params: dict[str, str] = {} if policy is None else {"policy": policy}
     by_market = call("GET", "/costs", api, params={**params, "by": "market"})
     by_month = call("GET", "/costs", api, params={**params, "by": "month"})
-    return from_groups(by_market, by_month)
+    return from_groups(by_market, by_month, capacity=capacity, default_overhead=default_overhead)

@@ -157,6 +157,43 @@ def expected(model: type[BaseModel], loc: tuple[str | int, ...], shape: Shape) -
     return f"{message}; for example: {shown}" if shown else message
 
 
+def _paths(model: type[BaseModel], prefix: FieldPath = (), depth: int = 3) -> Iterator[FieldPath]:
+    """Every key path `model` takes, through nested models, `depth` levels down."""
+    for key in keys_of(model):
+        path = (*prefix, key)
+        yield path
+        annotation, _ = _resolve(model, (key,))
+        inner = _model(annotation)
+        if inner is not None and depth > 1:
+            yield from _paths(inner, path, depth - 1)
+
+
+def did_you_mean(model: type[BaseModel], loc: FieldPath) -> str:
+    """For an unknown key at `loc`: `did you mean …?` with a close spelling among its
+    mapping's keys, else `it belongs at …` where the key (or a close spelling) is one of the
+    document's elsewhere (`regions` at the top of a policy: `placement.regions`); "" when
+    nothing is close."""
+    import difflib
+
+    if not loc or not isinstance(loc[-1], str):
+        return ""
+    key, parent = loc[-1], loc[:-1]
+    annotation, _ = _resolve(model, parent)
+    inner = _model(annotation)
+    if inner is None:
+        return ""
+    close = difflib.get_close_matches(key, keys_of(inner), n=1, cutoff=0.75)
+    if close:
+        return f"did you mean {close[0]!r}?"
+    paths = [path for path in _paths(model) if path != loc]
+    leaves = {str(path[-1]) for path in paths}
+    near = set(difflib.get_close_matches(key, leaves, n=3, cutoff=0.75))
+    elsewhere = [".".join(map(str, p)) for p in paths if p[-1] == key or p[-1] in near]
+    if not elsewhere or len(elsewhere) > 3:
+        return ""
+    return "it belongs at " + " or ".join(repr(e) for e in elsewhere)
+
+
 def findings(error: ValidationError, model: type[BaseModel]) -> Iterator[Finding]:
     """Each of `error`'s errors, worded for the person who wrote the document for `model`."""
     for item in error.errors(include_url=False):
@@ -176,6 +213,9 @@ def findings(error: ValidationError, model: type[BaseModel]) -> Iterator[Finding
             ctx = {k: _plain_number(v) for k, v in item.get("ctx", {}).items()}
             message = _MESSAGES.get(item["type"], message).format(**ctx)
             message = message.replace("Input should be", "must be")
+            if item["type"] == "extra_forbidden":
+                hint = did_you_mean(model, field)
+                message = f"{message}; {hint}" if hint else message
         yield Finding(field, message, on_key)
 
 

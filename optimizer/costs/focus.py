@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from optimizer.clock import utc_text
-from optimizer.costs.lines import CHECKPOINT_STORAGE, INSTANCE, Line
+from optimizer.costs.lines import CHECKPOINT_STORAGE, INSTANCE, WARM_SPARE, Line
 from providers import registry
 
 FOCUS_VERSION = "1.1"
@@ -122,6 +122,10 @@ def rows(lines: Iterable[Line], *, account: str | None = None) -> Iterator[dict[
             "gpuopt/attempt": line.attempt,
             "gpuopt/market": line.market,
         }
+        spare = ""
+        if line.role == WARM_SPARE:  # a job's warm spare idling beside its attempt
+            tags["gpuopt/role"] = line.role
+            spare = " (warm spare)"
         c = line.cost
         base = {
             "BillingAccountId": account or f"gpuopt:{line.provider}",
@@ -155,7 +159,7 @@ def rows(lines: Iterable[Line], *, account: str | None = None) -> Iterator[dict[
             "ListCost": focus_number(list_cost),
             "ListUnitPrice": focus_number(list_cost / hours) if hours > 0 else None,
             "ChargeDescription": (
-                f"{line.instance_type} {line.market.replace('_', '-')} instance{credit}"
+                f"{line.instance_type} {line.market.replace('_', '-')} instance{spare}{credit}"
             ),
             "PricingQuantity": focus_number(hours),
             "PricingUnit": "Hours",
@@ -165,7 +169,7 @@ def rows(lines: Iterable[Line], *, account: str | None = None) -> Iterator[dict[
             "ServiceSubcategory": "Virtual Machines",
             "ServiceName": compute,
             "ResourceId": resource,
-            "ResourceName": f"{line.job} attempt {line.attempt}",
+            "ResourceName": f"{line.job} attempt {line.attempt}{spare}",
             "ResourceType": "Virtual Machine",
             "SkuId": line.instance_type,
             "x_OnDemandCost": focus_number(c.on_demand_usd) if c.baseline_known else None,

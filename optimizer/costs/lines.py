@@ -19,6 +19,10 @@ from optimizer.costs.ledger import NONE, Cost, total
 INSTANCE = "instance"
 CHECKPOINT_STORAGE = "checkpoint-storage"
 EGRESS = "egress"
+# Whose instance time a line prices: the job's attempt, or the job's warm spare while it idles
+# (a spare that took the job over is the job's attempt; its wait before is its overhead).
+JOB_ROLE = "job"
+WARM_SPARE = "warm_spare"
 
 
 class GroupBy(StrEnum):
@@ -54,6 +58,7 @@ class Line:
     kind: str = "instance"  # INSTANCE | CHECKPOINT_STORAGE | EGRESS
     quantity: float = 0.0  # GB-months (checkpoint storage) or GB (egress); 0 for instances
     resource: str | None = None  # the checkpoint's name or URI (state lines)
+    role: str = JOB_ROLE  # JOB_ROLE | WARM_SPARE (an instance line)
 
     @property
     def month(self) -> str:

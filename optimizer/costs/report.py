@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from optimizer import clock
+from optimizer.common.jobnames import job_label
 from optimizer.common.times import TimeRangeError, in_span
 from optimizer.costs.ledger import Cost, total
 from optimizer.costs.lines import INSTANCE, Line, Totals
@@ -110,8 +111,9 @@ def attempts(lines: Iterable[Line]) -> list[dict[str, Any]]:
         first = items[0]
         out.append(
             {
-                "job": first.job,
+                "job": job_label(first.job),
                 "attempt": first.attempt,
+                "role": first.role,  # `job`, or `warm_spare` (docs/costs.md)
                 "provider": first.provider,
                 "region": first.region,
                 "zone": first.zone,
@@ -138,7 +140,7 @@ def report(groups: Sequence[Totals], lines: Sequence[Line] | None = None) -> lis
     out = []
     for group in groups:
         row: dict[str, Any] = {
-            "group": group.key,
+            "group": job_label(group.key),  # a removed job's name as people know it
             **figures(group.cost, group.priced),
             "attempt_count": group.attempts,
         }

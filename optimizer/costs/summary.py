@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from optimizer.common.jobnames import job_label
 from optimizer.costs.ledger import month_windows
 from optimizer.costs.lines import GroupBy, Line, group_lines
 from optimizer.costs.report import line_figures, utc_text
@@ -81,7 +82,7 @@ def summarize(
         figures_of = line_figures(group.lines)
         top_jobs.append(
             {
-                "job": group.key,
+                "job": job_label(group.key),
                 "total_usd": figures_of["total_usd"],
                 "spend_usd": figures_of["spend_usd"],
                 "savings_usd": figures_of["savings_usd"],

@@ -489,7 +489,11 @@ def recommend(usage: Usage, ranked: Sequence[Option], budget: float | None) -> s
         f"{best.name} is cheapest at {h:g} h/month for {usage.gpus}x {usage.gpu_model}: "
         f"${best.total(h):,.0f} over {usage.years} year(s) (${best.total(h) / months:,.0f}/month)"
     )
-    # The runner-up: the next option that costs more (a mix that is all spot ties with spot).
+    # The runner-up: the next option that costs more (a mix that is all spot ties with spot,
+    # and is said to tie).
+    ties = [o.name for o in ranked[1:] if o.total(h) - best.total(h) < 0.5]
+    if ties:
+        text += f" ({', '.join(ties)} {'ties' if len(ties) == 1 else 'tie'} with it)"
     others = [o for o in ranked[1:] if o.total(h) - best.total(h) >= 0.5]
     if others:
         second = others[0]

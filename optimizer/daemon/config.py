@@ -496,7 +496,8 @@ def _provider_model(name: Any, section: Any) -> type[ProviderConfig]:
 
 
 def _default_providers() -> dict[str, ProviderConfig]:
-    return {"local": ProviderConfig()}
+    """The embedded local cloud, with its own section's defaults."""
+    return {"local": _provider_model("local", None)()}
 
 
 class ConfigSchema(BaseModel):

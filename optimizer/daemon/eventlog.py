@@ -2,7 +2,9 @@
 
 Every event recorded about a job (submitted, launched, probing, running, interrupted,
 relaunched, failed over, succeeded, failed, cancelled, removed, and the launch errors and
-budget warnings on its way) becomes one INFO line, written by `JobEventLog` once the
+budget warnings on its way) becomes one line at the level of the event's severity (info:
+INFO, warning: WARNING, error: ERROR; `job.interrupted` is a warning, `job.failed` an
+error), written by `JobEventLog` once the
 transaction that recorded it has committed (the store tells its listeners then, so a write
 that rolled back logs nothing). The fields are stable, in this order, each only when known:
 
@@ -87,6 +89,14 @@ def logfmt(fields: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+def level_of(severity: str) -> int:
+    """The log level of an event's severity (INFO for one this table does not know)."""
+    return LEVELS.get(severity, logging.INFO)
+
+
 class JobEventLog:
     """A store event listener (`store.events.listen`) that logs jobs' events."""
 
@@ -97,7 +107,7 @@ class JobEventLog:
         for record in records:
             fields = job_event_fields(record)
             if fields is not None:
-                self.logger.info("%s", logfmt(fields), extra=fields)
+                self.logger.log(level_of(record.severity), "%s", logfmt(fields), extra=fields)
 
 
-__all__ = ["FIELDS", "JobEventLog", "job_event_fields", "logfmt"]
+__all__ = ["FIELDS", "LEVELS", "JobEventLog", "job_event_fields", "level_of", "logfmt"]

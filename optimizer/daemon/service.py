@@ -328,6 +328,20 @@ class Daemon:
             self._lead(poll.name, self._polling(poll), every)
         for queue in self.queues:  # back to back: each run is one long poll
             self._lead(queue.name, queue.run_once, 0.5)
+        local = self.handles.get("local")
+        if local is not None and int(getattr(local.config, "history_days", 0) or 0) > 0:
+            from optimizer.daemon.local_history import LocalHistory
+
+            # Once, at the first tick a leader has: days of simulated prices before the first
+            # poll's (providers/local/history.py); later ticks return at once.
+            self.local_history = LocalHistory(
+                local,
+                database_url=self.config.effective_database_url,
+                data_dir=self.config.effective_data_dir,
+                clock=self.clock,
+                stopping=self._stop,
+            )
+            self._lead("local-history", self.local_history.run_once, 3600.0)
         self.scheduler.add("watch", self.watcher.run_once, loops.watch_s, run_now=False)
         # tick() refuses to overlap itself, so a wake-up is never dropped as a second instance
         self._lead("reconcile", self._reconcile_tick, loops.reconcile_s, guards_overlap=True)

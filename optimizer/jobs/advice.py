@@ -14,6 +14,7 @@ from policies import advice
 from policies.engine import Ranking
 from policies.schedule import effective
 from policies.schema import Policy
+from providers import registry
 
 # Samples read per job at most: a year of hourly rows, or a week of minutes, per attempt.
 MAX_SAMPLES = 100_000
@@ -26,11 +27,21 @@ def job_advice(store: Store, job: JobRecord, policy: Policy, now: datetime) -> a
     assert job.id is not None
     policy = effective(policy, now)
     rows = store.telemetry.samples(job_id=job.id, limit=MAX_SAMPLES)
+    attempts = store.jobs.attempts(job.id)
+    # An attempt on the daemon's own host (the local cloud) read the host's GPU: real
+    # readings, marked as the host's (docs/probes.md, Where the figures come from).
+    on_host = {a.id for a in attempts if registry.on_host(a.provider)}
     used = advice.usage(
-        advice.Sample(r.span_s, r.util_mean, r.memory_used_gib_max, r.gpus, r.simulated)
+        advice.Sample(
+            r.span_s,
+            r.util_mean,
+            r.memory_used_gib_max,
+            r.gpus,
+            r.simulated,
+            host=r.attempt_id in on_host,
+        )
         for r in rows
     )
-    attempts = store.jobs.attempts(job.id)
     duty = advice.duty_cycle(
         [_held(a) for a in attempts], now, ended=job.state in TERMINAL_JOB_STATES
     )

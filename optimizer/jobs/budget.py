@@ -38,14 +38,17 @@ def committed(
 
     `replacing`: the id of a job about to launch its next attempt; its own live attempt (an
     interrupted one, still running out its notice) is being replaced by the new one, so it
-    counts for what it has spent but not for the rest of the month.
+    counts for what it has spent but not for the rest of the month. Its idle warm spare
+    still counts: a relaunch does not end it.
     """
     start, end = budget.month_bounds(now)
     spent = Ledger(store).total(since=start, until=end, policy=policy, now=now).total_usd
     live = [
         a
         for a in store.jobs.policy_attempts(policy, start)
-        if a.ended_at is None and a.job_id != replacing
+        # a job's idle warm spare is not replaced by its relaunch: it takes the job over or
+        # stays, so it counts for the rest of the month (optimizer/jobs/spares.py)
+        if a.ended_at is None and (a.job_id != replacing or a.idle_spare)
     ]
     wanted: set[Pool] = set()
     for a in live:

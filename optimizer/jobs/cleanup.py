@@ -98,7 +98,9 @@ class CleanUp:
         if handing_over(old) and attempt.job_id in live:
             job = jobs.get(attempt.job_id)
             spec = job_spec(job) if job is not None else None
-            current = next((a for a in opened if a.job_id == attempt.job_id), None)
+            current = next(
+                (a for a in opened if a.job_id == attempt.job_id and not a.idle_spare), None
+            )
             allowance = timedelta(
                 seconds=spec.checkpoint_allowance_s
                 if spec is not None

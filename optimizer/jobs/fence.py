@@ -35,6 +35,8 @@ def fence_for(
     head = head_number(attempt.number, attempt.gang)
     if attempt.ended:
         return f"attempt {head} has ended ({attempt.end_reason or 'ended'})"
+    if attempt.idle_spare:  # it idles, registered and probed, until it takes the job over
+        return f"attempt {head} is the job's warm spare"
     every = store.jobs.attempts(attempt.job_id)
     before = [a for a in every if head_number(a.number, a.gang) < head]
     done = finished_keys(store, before)

@@ -113,7 +113,8 @@ def fold(
         probe = None
     # A failing exit anywhere is the job's; otherwise the job is over once every node's job
     # has exited (rank 0's code), so no node is cut short while it finishes.
-    exit_code = next((n.exit_code for n in nodes if n.exit_code not in (None, 0)), None)
+    failing = next((n for n in nodes if n.exit_code not in (None, 0)), None)
+    exit_code = failing.exit_code if failing is not None else None
     if exit_code is None and all(n.exit_code is not None for n in nodes):
         exit_code = first.exit_code
     if any(n.instance_gone and n.exit_code is None for n in nodes):
@@ -134,6 +135,8 @@ def fold(
         preempted=any(n.preempted for n in nodes),
         stop_sent=all(n.stop_sent for n in nodes),
         power_off_at=min(offs) if offs else None,
+        exit_phase=failing.exit_phase if failing is not None else None,
+        exit_error=failing.exit_error if failing is not None else None,
     )
 
 

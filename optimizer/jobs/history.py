@@ -10,6 +10,8 @@ why, as `FILE:LINE:COLUMN: FIELD: problem` (docs/catalog-format.md).
 
 from __future__ import annotations
 
+import csv
+import re
 from collections.abc import Iterator
 from datetime import datetime
 from enum import Enum
@@ -79,6 +81,60 @@ def _located(path: Path, exc: Exception) -> CatalogError:
     return CatalogError([Problem(str(path), _first_line(exc))])
 
 
+# Arrow's CSV errors, read with use_threads=False so they carry the row: "In CSV column #12:
+# Row #3: CSV conversion error to timestamp[us, tz=UTC]: invalid value 'x'" and "CSV parse
+# error: Row #5: Expected 21 columns, got 20: <the row>". Row numbers count the file's lines
+# from 1 (skipped comment lines included); column numbers count from 0.
+_ARROW_VALUE = re.compile(
+    r"In CSV column #(?P<column>\d+): Row #(?P<row>\d+): CSV conversion error to "
+    r"(?P<type>[^:]+): invalid value '(?P<value>.*)'",
+    re.DOTALL,
+)
+_ARROW_ROW = re.compile(
+    r"CSV parse error: Row #(?P<row>\d+): Expected (?P<want>\d+) columns, got (?P<got>\d+)"
+)
+
+
+def _arrow_located(file: Path, exc: Exception) -> CatalogError | None:
+    """Arrow's CSV error as FILE:LINE:COLUMN with the column's name and what it should hold,
+    without reading the file again (the catalog reader's pass is the fallback, and takes
+    seconds on a large history); None where the message does not say the row."""
+    text = _first_line(exc)
+    value = _ARROW_VALUE.search(text)
+    if value is not None:
+        column = int(value["column"])
+        header = _header(file)
+        name = header[column] if column < len(header) else ""
+        return CatalogError.at(
+            str(file),
+            f"{value['value']!r} is not {_WHAT.get(value['type'].split('[')[0], 'valid')}",
+            line=int(value["row"]),
+            column=column + 1,
+            field=name,
+        )
+    row = _ARROW_ROW.search(text)
+    if row is not None:
+        said = f"expected {row['want']} values, found {row['got']}"  # the catalog reader's words
+        return CatalogError.at(str(file), said, line=int(row["row"]))
+    return None
+
+
+_WHAT = {
+    "timestamp": "a time (ISO 8601 with a UTC offset, e.g. 2026-04-23T00:00:00Z)",
+    "int64": "a whole number",
+    "double": "a number",
+}
+
+
+def _header(file: Path) -> list[str]:
+    """The CSV's column names (the first line that is not a comment or blank)."""
+    with file.open(encoding="utf-8", newline="") as stream:
+        for line in stream:
+            if line.strip() and not line.lstrip().startswith("#"):
+                return next(csv.reader([line]))
+    return []
+
+
 def _first_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
@@ -86,8 +142,9 @@ def _first_line(exc: BaseException) -> str:
 
 def column_types() -> dict[str, Any]:
     """Every catalog column's Arrow type, so a reader infers none: numbers as the Offer types
-    them, the time in whole seconds, and text dictionary-encoded as it is read (a month holds
-    a few thousand distinct values in millions of rows)."""
+    them, the time in microseconds (gpuopt writes times with fractions of a second; `_check`
+    floors them to whole seconds), and text dictionary-encoded as it is read (a month holds a
+    few thousand distinct values in millions of rows)."""
     import pyarrow as pa
 
     text = pa.dictionary(pa.int32(), pa.string())
@@ -95,7 +152,7 @@ def column_types() -> dict[str, Any]:
     for name, declared in Offer.__dataclass_fields__.items():
         kind = str(declared.type).replace(" | None", "")
         if name == "observed_at":
-            types[name] = pa.timestamp("s", tz="UTC")
+            types[name] = pa.timestamp("us", tz="UTC")
         elif kind in ("int", "float"):
             types[name] = pa.int64() if kind == "int" else pa.float64()
         else:
@@ -135,7 +192,7 @@ def _read_table(file: Path, types: dict[str, Any]) -> Any:
     except pa.ArrowException as exc:
         if columnar:
             raise CatalogError.at(str(file), f"not a history: {_first_line(exc)}") from None
-        raise _located(file, exc) from None
+        raise _arrow_located(file, exc) or _located(file, exc) from None
     if columnar:
         table = _conform(file, table, types)
     return table
@@ -216,7 +273,7 @@ def _check(file: Path, table: Any) -> tuple[np.ndarray, np.ndarray]:
     if times.null_count:
         row = int(np.flatnonzero(pc.is_null(times).to_numpy(zero_copy_only=False))[0])
         raise _row_problem(file, row, "observed_at", "missing value")
-    at = times.cast("int64").to_numpy()
+    at = np.floor_divide(times.cast("int64").to_numpy(), 1_000_000)  # microseconds
     outside = (at < EARLIEST_SECONDS) | (at >= LATEST_SECONDS)
     if outside.any():
         row = int(np.flatnonzero(outside)[0])

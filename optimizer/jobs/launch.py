@@ -33,6 +33,7 @@ from optimizer.jobs.machine import Alert, Launch
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow
 from optimizer.jobs.ranking import job_state, launch_ranking, pool_of
 from optimizer.jobs.recovery import Strategy
+from optimizer.jobs.spare import spare_order
 from optimizer.jobs.spec import pass_spec
 from optimizer.lifecycle import AttemptEnd, AttemptState
 from optimizer.model import EventKind, Market, Offer, Pool
@@ -154,7 +155,7 @@ class Launcher:
             policy,
             ctx.now,
             avoid=launch.avoid,
-            replacing=job.id,
+            replacing=None if launch.spare else job.id,  # a spare replaces no attempt
             window=self.probe_window,
             memo=ctx.memo,
             state=job_state(ctx.store, job, ctx.now, spec=pass_spec(job, ctx.memo)),
@@ -213,8 +214,17 @@ class Launcher:
         # The bid in force for each node's in-cloud cap, from the policy this walk holds (a no-op
         # where the caller resolved the schedule, as the per-job pass does).
         bid = effective(policy, ctx.now).bid
+        if launch.spare:  # a warm spare: apart from the running attempt (spares.py)
+            candidates = spare_order(candidates, launch.apart_from)
         return self._try(
-            ctx, job, candidates[:MAX_OFFERS_TRIED], strategy, nodes, bid=bid, attempts=attempts
+            ctx,
+            job,
+            candidates[:MAX_OFFERS_TRIED],
+            strategy,
+            nodes,
+            bid=bid,
+            attempts=attempts,
+            spare=launch.spare,
         )
 
     def _try(
@@ -227,12 +237,14 @@ class Launcher:
         *,
         bid: Bid | None = None,
         attempts: Sequence[AttemptRecord] | None = None,
+        spare: bool = False,
     ) -> Walk:
         """Launch `nodes` instances of one offer together, all or nothing (a single node is a
         gang of one): every node's row is written first (one key each), then each is
         launched; if one fails, the nodes already launched are terminated and the next offer
         is tried (the failed node's error costs its pool what a single launch's would).
-        `bid`: the bid of the policy the walk ranked under, for `cloud_cap`."""
+        `bid`: the bid of the policy the walk ranked under, for `cloud_cap`; `spare`: the
+        job's warm spare (its row says so)."""
         skip_scopes: set[tuple[str, str]] = set()
         number = next_number(ctx, job, attempts)
         for offer in offers:
@@ -243,8 +255,11 @@ class Launcher:
                 continue
             if not ctx.leading():
                 return Walk(False, "this replica stopped leading; the new leader launches")
-            rows = [self._row(ctx, job, offer, number, rank, nodes) for rank in range(nodes)]
-            where = _where(number, nodes, rows[0][0].pool, offer)
+            rows = [
+                self._row(ctx, job, offer, number, rank, nodes, spare=spare)
+                for rank in range(nodes)
+            ]
+            where = ("warm spare " if spare else "") + _where(number, nodes, rows[0][0].pool, offer)
             outcome = LaunchOutcome.LAUNCHED
             for row, token in rows:
                 outcome = self.launch(ctx, job, row, strategy, token=token, offer=offer, bid=bid)
@@ -271,6 +286,8 @@ class Launcher:
         number: int,
         rank: int,
         nodes: int,
+        *,
+        spare: bool = False,
     ) -> tuple[AttemptRecord, str]:
         """Write one node's attempt row before its launch, with its token: a gang's rows name
         their gang (the rank-0 row's number), rank and size; a single node's name none."""
@@ -285,6 +302,7 @@ class Launcher:
             gang=number if nodes > 1 else None,
             node_rank=rank,
             nodes=nodes,
+            spare=spare,
         )
         return row, token
 

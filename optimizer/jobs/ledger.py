@@ -35,7 +35,7 @@ from typing import TypedDict, Unpack
 from optimizer.clock import Clock, utc_now
 from optimizer.costs import Cost, GroupBy, Line, Usage, billed_span, monthly, total
 from optimizer.costs.ledger import Interval, PricePoints
-from optimizer.costs.lines import Totals, merge_totals, totals_by
+from optimizer.costs.lines import JOB_ROLE, WARM_SPARE, Totals, merge_totals, totals_by
 from optimizer.costs.state_lines import state_lines
 from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.gang import head_number
@@ -92,6 +92,12 @@ def usage_of(billed: BilledAttempt) -> Usage:
     )
 
 
+def attempt_role(a: AttemptRecord) -> str:
+    """Whose instance time the attempt's lines price: WARM_SPARE for a warm spare that has not
+    taken the job over (optimizer/jobs/spares.py), else the job's (JOB_ROLE)."""
+    return WARM_SPARE if a.idle_spare else JOB_ROLE
+
+
 def line_of(record: CostLineRecord) -> Line:
     """A stored line as the ledger's `Line`."""
     return Line(
@@ -120,6 +126,7 @@ def line_of(record: CostLineRecord) -> Line:
             baseline_known=record.on_demand_usd is not None,
         ),
         frozen=True,
+        role=WARM_SPARE if record.idle_spare else JOB_ROLE,
     )
 
 
@@ -149,6 +156,7 @@ def record_of(attempt_id: int, line: Line) -> CostLineRecord:
         overhead_seconds=c.overhead_seconds,
         overhead_usd=c.overhead_usd,
         refunded=c.refunded,
+        idle_spare=line.role == WARM_SPARE,
     )
 
 
@@ -375,6 +383,7 @@ def _lines(
             period_start=start,
             period_end=end,
             cost=cost,
+            role=attempt_role(a),
         )
         for (start, end), cost in monthly(usage, now, prices=own, on_demand=baseline)
     ]

@@ -82,6 +82,22 @@ class AttemptView:
     # Its agent reported the job's final checkpoint committed to the job's bucket (a job with
     # `checkpoint`): the job's last state is safe there, so it no longer holds the fence.
     final_checkpoint: bool = False
+    # A failed job's `job_exited` report: the phase that failed (setup, run, code, restore)
+    # and its error (stderr's last line), read only for attempts that exited non-zero.
+    exit_phase: str | None = None
+    exit_error: str | None = None
+
+
+def exit_text(attempt: AttemptView, code: int) -> str:
+    """How a job's non-zero exit is said in its state reason and alert: which phase failed
+    and, where the agent sent it, the last line of its stderr ("setup exited 1: No module
+    named 'x'"); a job that could not start names why ("code failed: …")."""
+    phase = attempt.exit_phase or "run"
+    if phase in ("setup", "run"):
+        text = f"{'setup' if phase == 'setup' else 'job'} exited {code}"
+    else:
+        text = f"{phase} failed"
+    return f"{text}: {attempt.exit_error}" if attempt.exit_error else text
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +107,9 @@ class Launch:
     avoid: frozenset[Pool] = frozenset()
     markets: tuple[Market, ...] | None = None  # None: the policy's own markets
     only: frozenset[Pool] | None = None  # a move's targets: no other pool (None: any)
+    # The job's warm spare (spares.py), launched apart from the running attempt's pool.
+    spare: bool = False
+    apart_from: Pool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +173,7 @@ class _Relaunch:
     stop_job: bool = False  # let the job checkpoint instead of killing the instance
 
 
-def _relaunch_reason(
+def relaunch_reason(
     attempt: AttemptView, now: datetime, register_timeout: timedelta
 ) -> _Relaunch | None:
     where = Pool(*attempt.pool).label
@@ -203,12 +222,13 @@ def _finished(job: JobView, attempt: AttemptView, code: int) -> Decision:
             ),
             end_attempt=AttemptEnd.SUCCEEDED,
         )
+    said = exit_text(attempt, code)
     return Decision(
         JobState.FAILED,
-        f"job exited {code}",
+        said,
         (
             Terminate(attempt.key, "job failed"),
-            Alert(EventKind.JOB_FAILED, "error", f"job {job.name} exited with code {code}"),
+            Alert(EventKind.JOB_FAILED, "error", f"job {job.name}: {said}"),
         ),
         end_attempt=AttemptEnd.FAILED,
     )
@@ -285,7 +305,7 @@ def decide(
     if attempt.exit_code is not None and attempt.interruption_notice_at is None:
         return _finished(job, attempt, attempt.exit_code)
 
-    relaunch = _relaunch_reason(attempt, now, register_timeout)
+    relaunch = relaunch_reason(attempt, now, register_timeout)
     if relaunch is None:
         state = _progress(job, attempt)
         if stop is not None and state is JobState.RUNNING and attempt.exit_code is None:

@@ -155,7 +155,7 @@ def running(job: JobRecord, rows: Sequence[AttemptRecord]) -> AttemptRecord | No
     no slot of the disruption budget)."""
     if job.state != JobState.RUNNING.value or job.cancel_requested_at is not None:
         return None
-    current = next((a for a in reversed(rows) if not a.ended), None)
+    current = next((a for a in reversed(rows) if not a.ended and not a.idle_spare), None)
     if (
         current is None
         or current.nodes > 1

@@ -26,6 +26,8 @@ from optimizer.jobs.migration_inputs import (
     window_now,
 )
 from optimizer.jobs.recovery import Strategy
+from optimizer.jobs.spares import promote
+from optimizer.jobs.spec import pass_spec
 from optimizer.jobs.views import PassView
 from optimizer.lifecycle import AttemptEnd, AttemptState, JobState
 from optimizer.model import EventKind
@@ -142,7 +144,10 @@ def migrate(
     move that did not happen, which the next pass undoes (`per_job.abandon`). A launch
     that finds no capacity leaves the job where it was, with no event."""
     launch = Launch(avoid=frozenset({current.pool}), only=frozenset(move.targets))
-    launched, why = acting.launcher.walk(ctx, job, launch, policy, strategy)
+    walked = None
+    if pass_spec(job, ctx.memo).warm_spare:  # a spare on one of the targets takes it over
+        walked = promote(acting, ctx, job, launch, ctx.store.jobs.attempts(job.id))
+    launched, why = walked or acting.launcher.walk(ctx, job, launch, policy, strategy)
     if not launched:
         acting.flush(ctx)  # what the failed launches raised
         log.info("job %s: not moved (%s): %s", job.name, move.reason.value, why)

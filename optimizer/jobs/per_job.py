@@ -41,6 +41,7 @@ from optimizer.jobs.migration import Move
 from optimizer.jobs.migration_inputs import why as describe_error
 from optimizer.jobs.moving import migrate
 from optimizer.jobs.recovery import Strategy, strategy_for, with_deadline
+from optimizer.jobs.spares import promote
 from optimizer.jobs.spec import pass_spec
 from optimizer.jobs.utilization import rules_for
 from optimizer.jobs.views import (
@@ -184,10 +185,10 @@ class PerJob:
             restarts=job.restarts,
             probes=spec.probes,
             cancel_requested=job.cancel_requested_at is not None,
-            failures=tuple(
+            failures=tuple(  # a warm spare's own failures are not the job's (spares.py)
                 (Failure(a.end_reason), a.ended_at)
                 for a in attempts
-                if a.end_reason in FAILURES and a.ended_at
+                if a.end_reason in FAILURES and a.ended_at and not a.idle_spare
             ),
             migrations=sum(1 for a in attempts if a.end_reason == AttemptEnd.MIGRATED),
             finished_on=finished_earlier(ctx.store, attempts, nodes),
@@ -230,7 +231,11 @@ class PerJob:
         stays; the newer one is ended and its instance terminated, and a later pass may
         decide the move again. True when it did so (the pass decides again next time)."""
         head = head_number(nodes[0].number, nodes[0].gang)
-        older = [a for a in attempts if not a.ended and head_number(a.number, a.gang) < head]
+        older = [
+            a
+            for a in attempts
+            if not a.ended and not a.idle_spare and head_number(a.number, a.gang) < head
+        ]
         if not older:
             return False
         for node in nodes:
@@ -306,7 +311,12 @@ class PerJob:
         subject = current  # the attempt the transition is about
         if launch is not None:
             assert policy is not None and strategy is not None, "a launch needs its policy"
-            launched, why = self.acting.launcher.walk(
+            # A job's warm spare takes the job over where it can (no launch); else the walk.
+            walked = None
+            if pass_spec(job, ctx.memo).warm_spare:
+                every = ctx.store.jobs.attempts(job.id) if attempts is None else attempts
+                walked = promote(self.acting, ctx, job, launch, every)
+            launched, why = walked or self.acting.launcher.walk(
                 ctx, job, launch, policy, strategy, attempts=attempts
             )
             if launched:

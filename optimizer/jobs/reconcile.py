@@ -31,6 +31,7 @@ from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow
 from optimizer.jobs.migration_inputs import InForce, WindowName, in_force_now, window_now
 from optimizer.jobs.moving import Moves
 from optimizer.jobs.per_job import ABANDONED, PerJob
+from optimizer.jobs.spares import Spares
 from optimizer.jobs.views import PassView
 from optimizer.jobs.watch import Watch
 
@@ -82,13 +83,17 @@ class JobReconciler:
         # Each live job decided and applied (per_job.py), a planned move instead where the job
         # is healthy and running; after the migration pass, whose moves it applies.
         self.per_job = PerJob(self.acting, self.watch, register_timeout=register_timeout)
+        # Each job's warm spare kept, replaced or released (spares.py): after the per-job pass,
+        # which promotes a spare in place of a launch, so a new one is launched in the same
+        # pass; before the clean-up, which reclaims the instances of spares it ended.
+        self.spares = Spares(self.acting, register_timeout=register_timeout)
         # Ended attempts' instances stopped, reclaimed or left to the cloud, and gangs'
         # placements deleted (cleanup.py). Last: the per-job pass has just ended attempts.
         self.clean_up = CleanUp(self.acting)
 
     def passes(self) -> tuple[Pass, ...]:
         """The passes over the view, in the order they run (see `__init__` for why)."""
-        return (self.moves, self.deadlines, self.per_job, self.clean_up)
+        return (self.moves, self.deadlines, self.per_job, self.spares, self.clean_up)
 
     def __call__(self, ctx: ReconcileContext) -> None:
         self.describe(ctx)

@@ -23,6 +23,7 @@ utilization:                   # optional: rules given here replace the policy's
   idle: {below: 0.05, for: 20m, action: stop}
 max_duration: 72h              # optional: replaces the policy's max_duration (at most 87600h)
 nodes: 2                       # optional: instances launched together (the policy's otherwise)
+warm_spare: false              # optional: keep one booted, probed spare instance (docs/daemon.md)
 deadline: 48h                  # optional: a time (2026-12-04T18:00:00Z) or a duration after submit
 work: 40h                      # optional: the work to do, or {hours: 40, reference: p3.2xlarge}
 ```
@@ -310,6 +311,12 @@ class JobSpec(BaseModel):
         "policy's workload.nodes, else 1).",
     )
 
+    warm_spare: bool = Field(
+        False,
+        description="Keep one extra instance booted, registered and probed beside the running "
+        "attempt, which takes the job over at once when that one is interrupted (billed).",
+    )
+
     deadline: Deadline | None = Field(
         None,
         description="When the job must be done: an ISO 8601 time with its zone, or a duration "
@@ -336,6 +343,16 @@ class JobSpec(BaseModel):
         if isinstance(self.deadline, datetime):
             return self.deadline
         return submitted + timedelta(seconds=self.deadline)
+
+    @field_validator("warm_spare")
+    @classmethod
+    def _spare_of_one_node(cls, value: bool, info: ValidationInfo) -> bool:
+        nodes = info.data.get("nodes")
+        if value and nodes is not None and nodes > 1:
+            raise ValueError(
+                f"a warm spare is one instance: a job of {nodes} nodes cannot have one"
+            )
+        return value
 
     @field_validator("run", "checkpoint_dir")
     @classmethod

@@ -66,8 +66,9 @@ class PassView:
 
 
 def current_rows(attempts: list[AttemptRecord]) -> list[AttemptRecord]:
-    """The rows of the job's newest open attempt, rank 0 first ([] when none is open)."""
-    current = next((a for a in reversed(attempts) if not a.ended), None)
+    """The rows of the job's newest open attempt, rank 0 first ([] when none is open); an idle
+    warm spare (spares.py) is not the job's attempt until it takes the job over."""
+    current = next((a for a in reversed(attempts) if not a.ended and not a.idle_spare), None)
     return gang_rows(attempts, current)
 
 
@@ -89,9 +90,13 @@ def gang_head(attempts: list[AttemptRecord]) -> AttemptRecord:
 
 def gang_view(store: Store, nodes: list[AttemptRecord]) -> AttemptView:
     """The attempt as the state machine sees it: a gang folded into one (gang.fold)."""
-    views = [attempt_view(n, power_off_at=power_off_at(store, n)) for n in nodes]
+    failed = exit_failures(store, nodes)
+    views = [
+        attempt_view(n, power_off_at=power_off_at(store, n), failure=failed.get(n.key))
+        for n in nodes
+    ]
     if len(nodes) == 1:
-        return attempt_view(nodes[0])
+        return attempt_view(nodes[0], failure=failed.get(nodes[0].key))
     internode = {n.node_rank: (n.internode_status, n.internode_reason) for n in nodes}
     return fold(views, internode=internode)
 
@@ -148,10 +153,34 @@ def finished_earlier(
     return None if found is None else found.number
 
 
+def exit_failures(
+    store: Store, nodes: list[AttemptRecord]
+) -> dict[str, tuple[str | None, str | None]]:
+    """(phase, error) of each attempt among `nodes` that exited non-zero, from its agent's
+    `job_exited` report; reads the reports only when one did."""
+    failed = [n.key for n in nodes if n.exit_code not in (None, 0)]
+    if not failed:
+        return {}
+    return {
+        key: (_text(data.get("phase")), _text(data.get("error")))
+        for key, data in store.jobs.exit_reports(failed).items()
+    }
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
 def attempt_view(
-    a: AttemptRecord, *, power_off_at: datetime | None = None, finished: bool = False
+    a: AttemptRecord,
+    *,
+    power_off_at: datetime | None = None,
+    finished: bool = False,
+    failure: tuple[str | None, str | None] | None = None,
 ) -> AttemptView:
-    """An attempt as the state machine sees it (`finished`: see `finished_keys`)."""
+    """An attempt as the state machine sees it (`finished`: see `finished_keys`; `failure`:
+    see `exit_failures`)."""
+    phase, error = failure or (None, None)
     return AttemptView(
         number=a.number,
         key=a.key,
@@ -169,6 +198,8 @@ def attempt_view(
         instance_launched_at=a.launched_at,
         migrated=a.end_reason == AttemptEnd.MIGRATED,
         finished=finished,
+        exit_phase=phase,
+        exit_error=error,
     )
 
 

@@ -213,7 +213,8 @@ def _running(ctx: ReconcileContext, policy: str) -> list[tuple[JobRecord, Attemp
     attempts = ctx.store.jobs.attempts_of(j.id for j in jobs)
     out = []
     for job in jobs:
-        current = next((a for a in reversed(attempts.get(job.id, [])) if not a.ended), None)
+        rows = attempts.get(job.id, [])
+        current = next((a for a in reversed(rows) if not a.ended and not a.idle_spare), None)
         if current is not None:
             out.append((job, current))
     return out

@@ -16,7 +16,14 @@ from optimizer.probes.readings import (
     XidEvent,
     summarize,
 )
-from optimizer.probes.runner import DEEP, QUICK, ProbeOptions, run_probe
+from optimizer.probes.runner import (
+    DEEP,
+    HANDOVER,
+    KINDS,
+    QUICK,
+    ProbeOptions,
+    run_probe,
+)
 from optimizer.probes.schema import (
     SCHEMA_ID,
     SCHEMA_VERSION,
@@ -37,6 +44,8 @@ from optimizer.probes.verdict import (
 
 __all__ = [
     "DEEP",
+    "HANDOVER",
+    "KINDS",
     "QUICK",
     "SCHEMA_ID",
     "SCHEMA_VERSION",

@@ -30,12 +30,21 @@ from optimizer.probes.schema import (
     node_run_from_report,
 )
 
-QUICK, DEEP = "quick", "deep"
+# HANDOVER is protocol.HANDOVER_PROBE's word, spelt out: the active subprocesses import this
+# package, and the protocol would load pydantic into every one of them.
+QUICK, DEEP, HANDOVER = "quick", "deep", "handover"
+KINDS = (HANDOVER, QUICK, DEEP)
 # Per-subprocess hard limits. Quick: the GPUs run side by side, then the all-reduce, so a node
 # finishes in well under 120 s even when one probe has to be killed at 55 s.
-DEFAULT_TIMEOUT_S = {QUICK: 55.0, DEEP: 900.0}
-SUSTAIN_S = {QUICK: 10.0, DEEP: 60.0}
-MEMTEST_FRACTION = {QUICK: 0.0, DEEP: 0.9}
+DEFAULT_TIMEOUT_S = {HANDOVER: 30.0, QUICK: 55.0, DEEP: 900.0}
+SUSTAIN_S = {HANDOVER: 0.0, QUICK: 10.0, DEEP: 60.0}
+MEMTEST_FRACTION = {HANDOVER: 0.0, QUICK: 0.0, DEEP: 0.9}
+# The handover probe (a type already probed in full): the quick probe's stages in the same
+# order, with half the timed GEMMs after the same warm-up and a smaller pinned host buffer,
+# and no sustained stage. Absent: active.py's defaults (5 warm-up, 20 timed; fp32 and fp64
+# half of that). docs/probes.md, The handover probe.
+GEMM_REPEATS = {HANDOVER: 10}
+HOST_BYTES = {HANDOVER: 256 << 20}
 SAMPLE_INTERVAL_S = 0.1
 ACTIVE_MODULE = (sys.executable, "-m", "optimizer.probes.active")
 
@@ -52,15 +61,24 @@ class ProbeOptions:
     gemm_n: int | None = None
     sustain_s: float | None = None
     copy_bytes: int = GIB
-    host_bytes: int = GIB
+    host_bytes: int | None = None  # None: the kind's (1 GiB; 256 MiB for a handover)
     allreduce_sizes: tuple[int, ...] | None = None
     cpu_n: int = 1024
     visible: str | None = None  # CUDA_VISIBLE_DEVICES; None: every GPU
     python: tuple[str, ...] = ACTIVE_MODULE  # how to start an active-probe subprocess
 
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown probe kind {self.kind!r} (one of {', '.join(KINDS)})")
+
     @property
     def limit_s(self) -> float:
         return self.timeout_s or DEFAULT_TIMEOUT_S[self.kind]
+
+    @property
+    def pinned_bytes(self) -> int:
+        """The pinned host buffer the host-link stage moves."""
+        return self.host_bytes or HOST_BYTES.get(self.kind, GIB)
 
 
 class _Sampler:
@@ -130,7 +148,8 @@ def run_probe(
     open_source: Callable[[str | None], HealthSource] = _open_source,
     read_kernel_log: Callable[[], str] = _read_kernel_log,
 ) -> ProbeResult:
-    """Run the quick or deep probe on every visible GPU (or the CPU) and judge it."""
+    """Run the handover, quick or deep probe on every visible GPU (or the CPU) and judge it
+    (one verdict for every kind: a handover just has no sustained figure to judge)."""
     started = datetime.now(UTC)
     t0 = time.monotonic()
     source: HealthSource | None
@@ -303,12 +322,14 @@ def _gpu_phase(
             "--copy-bytes",
             str(options.copy_bytes),
             "--host-bytes",
-            str(options.host_bytes),
+            str(options.pinned_bytes),
             "--sustain-s",
             str(sustain),
             "--memtest-fraction",
             str(MEMTEST_FRACTION[kind]),
         ]
+        if kind in GEMM_REPEATS:
+            argv += ["--repeats", str(GEMM_REPEATS[kind])]
         commands.append((argv, _child_env(t.visible)))
     outcomes = run_children(commands, options.limit_s)
     runs = []

@@ -214,7 +214,7 @@ def _plain(value: Any) -> Any:
 class ProbeResult:
     """Everything one `gpuopt probe` run found. `to_dict` is the documented JSON."""
 
-    kind: str  # "quick" or "deep"
+    kind: str  # "handover", "quick" or "deep"
     status: Status
     started_at: str  # ISO 8601, UTC
     seconds: float

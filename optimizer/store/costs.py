@@ -81,6 +81,7 @@ class CostLineRecord:
     overhead_seconds: float
     overhead_usd: float
     refunded: bool
+    idle_spare: bool = False  # the attempt is a warm spare that never took the job over
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +258,8 @@ class Costs:
                 a.c.number,
                 a.c.gang,
                 a.c.instance_id,
+                a.c.spare,
+                a.c.promoted_at,
                 func.coalesce(a.c.launched_at, a.c.started_at).label("launched"),
                 func.coalesce(a.c.terminated_at, a.c.ended_at).label("ended"),
             )
@@ -414,4 +417,5 @@ def _line(m: Any) -> CostLineRecord:
         overhead_seconds=m["overhead_seconds"],
         overhead_usd=m["overhead_usd"],
         refunded=bool(m["refunded"]),
+        idle_spare=bool(m["spare"]) and m["promoted_at"] is None,
     )

@@ -19,6 +19,7 @@ from sqlalchemy import Connection, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from optimizer.clock import parse_utc
+from optimizer.common.jobnames import REMOVED_MARK
 from optimizer.lifecycle import TERMINAL_JOB_STATES, AttemptState
 from optimizer.model import Offer, Pool
 from optimizer.store.engine import (
@@ -32,7 +33,7 @@ from optimizer.store.engine import (
 )
 from optimizer.store.events import commit_time, write_event, write_events
 from optimizer.store.probes import write_probe_result
-from optimizer.store.records import REMOVED_MARK, JobRecord, NewEvent
+from optimizer.store.records import JobRecord, NewEvent
 from optimizer.store.tables import AgentEvent, Attempt, Job, PoolCooldown
 from optimizer.store.telemetry import GPU_TELEMETRY, write_telemetry
 
@@ -99,6 +100,13 @@ class AttemptRecord:
     internode_status: str | None = None
     internode_reason: str | None = None
     placement_released_at: datetime | None = None  # a gang's placement deleted (every row)
+    spare: bool = False  # launched as the job's warm spare (optimizer/jobs/spares.py)
+    promoted_at: datetime | None = None  # when the spare took the job over
+
+    @property
+    def idle_spare(self) -> bool:
+        """A warm spare that has not taken the job over: it never runs the job."""
+        return self.spare and self.promoted_at is None
 
     @property
     def pool(self) -> Pool:
@@ -333,10 +341,13 @@ class Jobs:
         gang: int | None = None,
         node_rank: int = 0,
         nodes: int = 1,
+        spare: bool = False,
     ) -> AttemptRecord:
         """Record an attempt before launching it (or return the one with this key); a node of a
-        multi-node attempt names its gang (the rank-0 row's number), rank and the gang's size."""
+        multi-node attempt names its gang (the rank-0 row's number), rank and the gang's size;
+        `spare`: the job's warm spare."""
         values = {
+            "spare": spare,
             "gang": gang,
             "node_rank": node_rank,
             "nodes": nodes,
@@ -519,7 +530,8 @@ class Jobs:
         A new `probe_result` is also stored as a probe result (`store.probes`), and a new
         `gpu_telemetry` as the attempt's GPU spans (`store.telemetry`; the event keeps only
         their count), on the same transaction; `on_host` marks the attempt's instance as one
-        on the daemon's own host (the local cloud), whose figures are simulated.
+        on the daemon's own host (the local cloud), whose probe figures are the host's, not
+        the type's (`store.probes`: source `host`, or `simulated` without a GPU).
 
         What an attempt keeps is bounded: only its newest `heartbeat` and `gpu_telemetry` (a
         newer one replaces the row; the spans are stored per minute anyway), its first

@@ -140,6 +140,32 @@ class Prices:
                 self._writes.append((before, after, frozenset(p for p, *_ in newest)))
         return written
 
+    def record_history(self, points: Iterable[tuple[Pool, float, datetime, str]]) -> int:
+        """Append past prices to the history alone, one transaction: (pool, USD/h, observed
+        at, source) each. The latest prices stay the polls' (a backfill of the local cloud's
+        simulated past, providers/local/history.py). Returns the rows written."""
+        written = 0
+        with self._write_lock, self._db.begin() as conn:
+            for chunk in chunks(points, CHUNK_ROWS):
+                conn.execute(
+                    insert(_HISTORY),
+                    [
+                        {
+                            "provider": pool[0],
+                            "region": pool[1],
+                            "zone": pool[2] or "",
+                            "instance_type": pool[3],
+                            "market": str(pool[4]),
+                            "usd_per_hour": usd,
+                            "observed_at": at,
+                            "source": source,
+                        }
+                        for pool, usd, at, source in chunk
+                    ],
+                )
+                written += len(chunk)
+        return written
+
     @staticmethod
     def _newest_history_id(conn: Any) -> int:
         return int(conn.execute(select(func.max(_HISTORY.c.id))).scalar() or 0)
@@ -220,6 +246,22 @@ class Prices:
         with self._db.connect() as conn:
             total = conn.execute(select(func.count()).select_from(_LATEST).where(*where)).scalar()
             return int(total or 0), [_offer(row) for row in conn.execute(page)]
+
+    def earliest_observation(self, provider: str) -> datetime | None:
+        """When the store's oldest price of `provider` was observed (raw points, or the hourly
+        summaries retention left of older ones); None when it has none."""
+        from optimizer.store.tables import PriceHourly
+
+        hourly = table(PriceHourly)
+        with self._db.connect() as conn:
+            found = [
+                conn.execute(
+                    select(column).where(source.c.provider == provider).order_by(column).limit(1)
+                ).scalar()
+                for source, column in ((_HISTORY, _HISTORY.c.observed_at), (hourly, hourly.c.hour))
+            ]
+        times = [aware(t, "observed_at") for t in found if t is not None]
+        return min(times) if times else None
 
     def offer_counts(self) -> dict[tuple[str, str], int]:
         """Latest offers per (provider, market)."""

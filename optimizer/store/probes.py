@@ -9,11 +9,19 @@ figures the ranking and `gpuopt probes list` read; `result` keeps the whole prob
 Two reads serve the ranking, both per (provider, instance type):
 
 - `figures`: the median of each figure over the last `last` usable results (status pass or
-  warn), with how many there were and when the newest and oldest were taken. Simulated
-  results (no real GPU measured) are left out: they describe the machine the agent ran on,
-  not the type the offer sells.
+  warn), with how many there were and when the newest and oldest were taken. Results that
+  are not the cloud type's own measurement (the `simulated` column: no real GPU measured, or
+  measured on the daemon's own host) are left out: they describe the machine the agent ran
+  on, not the type the offer sells. TFLOPS come from the last `last` usable results that
+  stored TFLOPS: a handover probe stores none (short GEMM bursts, no sustained bf16 stage).
 - `streaks`: how many of the last `last` results failed, simulated or not; a type whose
   probes keep failing on one provider is demoted by the ranking (docs/policies.md).
+
+A record's `source` says where its figures come from: `measured` (a GPU of the cloud type),
+`host` (a real GPU on the daemon's own host: the local cloud) or `simulated` (no GPU measured).
+The `simulated` column keeps its stored meaning, "not the type's own measurement", so it is set
+for `host` and `simulated` alike and `source` is told from it and the GPU model
+(docs/probes.md, Where the figures come from).
 """
 
 from __future__ import annotations
@@ -28,8 +36,8 @@ from typing import Any
 from sqlalchemy import Connection, func, insert, select
 
 from optimizer.clock import utc_text
+from optimizer.common.jobnames import given_name
 from optimizer.store.engine import Database, table
-from optimizer.store.records import given_name
 from optimizer.store.tables import Attempt, Job, ProbeResult
 
 _PROBE = table(ProbeResult)
@@ -42,6 +50,16 @@ USABLE = ("pass", "warn")  # verdicts whose figures the ranking may use
 _ALLREDUCE_BYTES = 1 << 30
 
 TypeKey = tuple[str, str]  # (provider, instance type)
+MEASURED, HOST, SIMULATED = "measured", "host", "simulated"  # a result's `source`
+HANDOVER = "handover"  # the probe kind whose TFLOPS are not stored (module docstring)
+
+
+def source_of(type_measured: bool, gpu_model: str | None) -> str:
+    """A stored result's `source` (module docstring): from the `simulated` column (negated
+    here) and whether a GPU model was seen."""
+    if type_measured:
+        return MEASURED
+    return HOST if gpu_model is not None else SIMULATED
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +83,10 @@ class ProbeRecord:
     copy_gbps: float | None
     host_link_gbps: float | None
     allreduce_busbw_gbps: float | None
-    simulated: bool
+    simulated: bool  # no GPU measured (source `simulated`)
     at: datetime
+    source: str = MEASURED  # measured | host | simulated
+    kind: str | None = None  # handover | quick | deep, as the probe JSON says
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -178,6 +198,8 @@ def write_probe_result(
     status = str(data.get("status", "fail"))
     figures = extract(result)
     tflops = figures.pop("tflops")
+    if result.get("kind") == HANDOVER:  # burst GEMMs only: not the type's TFLOPS (docstring)
+        tflops = {}
     conn.execute(
         insert(_PROBE).values(
             attempt_id=attempt.id,
@@ -195,7 +217,16 @@ def write_probe_result(
     )
 
 
+def _kind(raw: str | None) -> str | None:
+    try:
+        kind = json.loads(raw).get("kind") if raw else None
+    except (ValueError, AttributeError):
+        return None
+    return kind if isinstance(kind, str) else None
+
+
 def _record(row: Any, job: str) -> ProbeRecord:
+    source = source_of(not row.simulated, row.gpu_model)
     return ProbeRecord(
         id=row.id,
         attempt_id=row.attempt_id,
@@ -212,8 +243,10 @@ def _record(row: Any, job: str) -> ProbeRecord:
         copy_gbps=row.copy_gbps,
         host_link_gbps=row.host_link_gbps,
         allreduce_busbw_gbps=row.allreduce_busbw_gbps,
-        simulated=bool(row.simulated),
+        simulated=source == SIMULATED,
         at=row.at,
+        source=source,
+        kind=_kind(row.result),
     )
 
 
@@ -253,9 +286,30 @@ class Probes:
             raw = conn.execute(select(_PROBE.c.result).where(_PROBE.c.id == probe_id)).scalar()
         return json.loads(raw) if raw else None
 
-    def _recent(self, conn: Connection, last: int, *, usable: bool) -> dict[TypeKey, list[Any]]:
+    def probed_in_full(self, provider: str, instance_type: str, *, any_source: bool) -> bool:
+        """Whether the type has a usable full (quick or deep) result with TFLOPS: measured on
+        a GPU, or with `any_source` (the local cloud, whose every instance is this host) also
+        a simulated one. What makes an attempt's `quick` a `handover` (optimizer.probes)."""
+        query = (
+            select(_PROBE.c.id)
+            .where(
+                _PROBE.c.provider == provider,
+                _PROBE.c.instance_type == instance_type,
+                _PROBE.c.status.in_(USABLE),
+                _PROBE.c.tflops.is_not(None),
+            )
+            .limit(1)
+        )
+        if not any_source:
+            query = query.where(_PROBE.c.gpu_model.is_not(None))
+        with self._db.connect() as conn:
+            return conn.execute(query).first() is not None
+
+    def _recent(
+        self, conn: Connection, last: int, *, usable: bool, with_tflops: bool = False
+    ) -> dict[TypeKey, list[Any]]:
         """Each (provider, type)'s newest `last` rows, newest first (usable, non-simulated
-        ones only with `usable`)."""
+        ones only with `usable`; only those that stored TFLOPS with `with_tflops`)."""
         rank = (
             func.row_number()
             .over(
@@ -267,6 +321,8 @@ class Probes:
         inner = select(_PROBE, rank)
         if usable:
             inner = inner.where(_PROBE.c.status.in_(USABLE), _PROBE.c.simulated.is_(False))
+        if with_tflops:
+            inner = inner.where(_PROBE.c.tflops.is_not(None))
         sub = inner.subquery()
         query = select(sub).where(sub.c.n <= last).order_by(sub.c.n)
         out: dict[TypeKey, list[Any]] = {}
@@ -279,10 +335,11 @@ class Probes:
         (module docstring); types with none are left out."""
         with self._db.connect() as conn:
             recent = self._recent(conn, last, usable=True)
+            with_tflops = self._recent(conn, last, usable=True, with_tflops=True)
         out: dict[TypeKey, TypeFigures] = {}
         for (provider, kind), rows in recent.items():
             pooled: dict[str, list[float]] = {}
-            for row in rows:
+            for row in with_tflops.get((provider, kind), ()):
                 for dtype, value in (json.loads(row.tflops) if row.tflops else {}).items():
                     pooled.setdefault(dtype, []).append(float(value))
 

@@ -11,16 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from optimizer.common.jobnames import given_name
 from optimizer.model import EventKind
-
-# A removed job's row is renamed `<name>~removed~<id>`: no job name has a `~` (the pattern in
-# policies/schema.py), so its name is free for a new job and no new job can take this one.
-REMOVED_MARK = "~removed~"
-
-
-def given_name(stored: str) -> str:
-    """The name a job was submitted under, from its row's name (renamed once removed)."""
-    return stored.split(REMOVED_MARK, 1)[0]
 
 
 @dataclass(frozen=True, slots=True)

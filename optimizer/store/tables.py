@@ -10,7 +10,16 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, DateTime, Dialect, Index, Integer, Text, UniqueConstraint
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    Dialect,
+    Index,
+    Integer,
+    Text,
+    UniqueConstraint,
+    false,
+)
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 
@@ -168,6 +177,11 @@ class Attempt(SQLModel, table=True):
     # When the gang's placement (AWS cluster placement group, GCP compact resource policy)
     # was deleted, on every row of the gang; None while it may still exist.
     placement_released_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # A warm spare (a job with `warm_spare: true`, optimizer/jobs/spares.py): launched to idle
+    # beside the job's attempt, booted, registered and probed; `promoted_at` is when it took
+    # the job over (None: still a spare, or never one).
+    spare: bool = Field(default=False, sa_column_kwargs={"server_default": false()})
+    promoted_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
 class AgentEvent(SQLModel, table=True):
@@ -267,7 +281,9 @@ class ProbeResult(SQLModel, table=True):
     """One probe an attempt's agent reported, with the figures the ranking reads.
 
     `tflops` is JSON: per-GPU TFLOPS by dtype (`{"bf16": 912.0, …}`); bandwidths in GB/s.
-    `simulated` marks results from instances with no real GPU (the local cloud's drills).
+    `simulated` marks results that are not the cloud type's own measurement: no real GPU
+    measured, or measured on the daemon's own host (the local cloud); `store.probes` tells the
+    two apart as the sources `simulated` and `host`.
     """
 
     __tablename__ = "probe_result"

@@ -85,7 +85,15 @@ class JobPage:
         return not self.ended and self.job.cancel_requested_at is None
 
     @property
+    def spend_usd(self) -> float:
+        """The instances' cost: "spend" everywhere (the CLI, the API, the overview), what the
+        on-demand baseline and the savings compare with."""
+        return sum(line.spend_usd for a in self.costs for line in a.cost_lines)
+
+    @property
     def total_usd(self) -> float:
+        """Everything billed: the instances, their root volumes, the checkpoints at rest and
+        the restores' egress."""
         compute = sum(line.total_usd for a in self.costs for line in a.cost_lines)
         return compute + self.state_usd
 
@@ -98,14 +106,12 @@ def _gpu(state: ApiState, job: JobRecord) -> GpuView | None:
 def job_rows(state: ApiState, job_state: str | None = None) -> list[JobRow]:
     jobs = state.store.jobs.jobs_page(state=job_state, limit=LIST_LIMIT)
     attempts = state.store.jobs.attempts_of(j.id for j in jobs)
-    spend = {t.key: t.cost.total_usd for t in Ledger(state.store, state.clock).groups(GroupBy.JOB)}
+    spend = {t.key: t.cost.spend_usd for t in Ledger(state.store, state.clock).groups(GroupBy.JOB)}
     progress = jobs_progress(state.store, jobs, state.clock())
     out = []
     for j in jobs:
         mine = attempts.get(j.id)
-        out.append(
-            JobRow(j, mine[-1] if mine else None, spend.get(j.given_name), progress.get(j.id))
-        )
+        out.append(JobRow(j, mine[-1] if mine else None, spend.get(j.name), progress.get(j.id)))
     return out
 
 

@@ -34,14 +34,22 @@ HEADERS = {
 }
 
 
-def usd(value: float | None, digits: int | None = None) -> str:
-    """$1,234.56; four decimals under a dollar (spot prices and early spend are small)."""
+def usd(value: float | None, digits: int = 2) -> str:
+    """An amount, to the cent, as every total and row of the console rounds it ($1,234.56),
+    so rows add up to their totals as shown; a non-zero amount under a cent is `<$0.01`."""
     if value is None:
         return NONE
-    if digits is None:
-        digits = 2 if abs(value) >= 1 or value == 0 else 4
+    if value != 0 and abs(value) < 0.5 * 10**-digits:
+        return f"{'-' if value < 0 else ''}<${10**-digits:.{digits}f}"
     sign = "-" if value < 0 else ""
     return f"{sign}${abs(value):,.{digits}f}"
+
+
+def price(value: float | None) -> str:
+    """A price per hour: four decimals under a dollar (spot prices are small), else two."""
+    if value is None:
+        return NONE
+    return usd(value, 2 if abs(value) >= 1 or value == 0 else 4)
 
 
 def pct(value: float | None, digits: int = 0) -> str:
@@ -85,7 +93,9 @@ def environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(usd=usd, pct=pct, when=when, iso=iso, duration=duration, size=size_text)
+    env.filters.update(
+        usd=usd, price=price, pct=pct, when=when, iso=iso, duration=duration, size=size_text
+    )
     return env
 
 

@@ -2,12 +2,16 @@
 local processes, a metadata endpoint shaped like AWS IMDSv2 and GCP's, injected interruptions
 and launch failures. gpuopt's embedded default; see `providers/local/cloud.py`."""
 
+from pydantic import Field
+
 from optimizer import hardware
 from providers import aws
 from providers.base import ProviderDisabled, ProviderSettings
+from providers.config import ProviderConfig
 from providers.facts import FocusNames
 from providers.local.cloud import LocalCloud
 from providers.local.faults import FAULTS
+from providers.local.history import DEFAULT_DAYS, MAX_DAYS
 from providers.local.metadata import MetadataServer
 from providers.local.prices import SIMULATED, SpotWalk, local_offers
 from providers.local.state import InstanceRecord, Interruption, StateDir
@@ -21,6 +25,7 @@ __all__ = [
     "InstanceRecord",
     "Interruption",
     "LocalCloud",
+    "LocalConfig",
     "MetadataServer",
     "SpotWalk",
     "StateDir",
@@ -29,6 +34,19 @@ __all__ = [
 ]
 
 STATE_DIR = "local-cloud"  # below the daemon's data directory
+
+
+class LocalConfig(ProviderConfig):
+    """The local cloud's section: the common keys and how much simulated price history a
+    fresh daemon writes (providers/local/history.py)."""
+
+    history_days: int = Field(
+        DEFAULT_DAYS,
+        ge=0,
+        le=MAX_DAYS,
+        description="Days of the local cloud's simulated prices a fresh daemon writes into its "
+        "store before the first poll's (0: none).",
+    )
 
 
 def build(settings: ProviderSettings) -> LocalCloud:
@@ -51,5 +69,6 @@ ENTRY = ProviderEntry(
     build,
     billing=aws.BILLING,
     hardware=hardware.LOCAL_FACTS,
+    settings=LocalConfig,
     focus=FocusNames("gpuopt local cloud", "Local instances", "Local volumes"),
 )

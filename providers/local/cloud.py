@@ -66,6 +66,7 @@ def _utc(epoch: float | None) -> datetime | None:
 
 
 TELEMETRY = "telemetry"  # InstanceRecord.extra key of the injected GPU readings
+GPUS = "gpus"  # InstanceRecord.extra key: the type's GPU count and GiB each, from its offer
 
 
 class LocalCloud:
@@ -162,16 +163,25 @@ class LocalCloud:
 
     # --- Provider ----------------------------------------------------------------------
 
-    def fetch_offers(self, regions: Sequence[str] | None = None) -> list[Offer]:
+    def offers_at(self, t: float) -> list[Offer]:
+        """Every region's offers as they were at epoch time `t` (no pins: a price history,
+        `providers/local/history.py`)."""
+        return local_offers(self._load_snapshot(), self.walk, t)
+
+    def _load_snapshot(self) -> list[Offer]:
         if self._snapshot is None:
             from providers.snapshot import load_snapshot
 
             self._snapshot = load_snapshot()
+        return self._snapshot
+
+    def fetch_offers(self, regions: Sequence[str] | None = None) -> list[Offer]:
+        snapshot = self._load_snapshot()
         now = self.clock()
         if self._server is not None:  # the running cloud starts pins' clocks
             market.stamp(self.state, now)
         pins = market.load(self.state).prices(now)
-        return local_offers(self._snapshot, self.walk, now, regions, pins)
+        return local_offers(snapshot, self.walk, now, regions, pins)
 
     def launch(self, offer: Offer, spec: LaunchSpec, idempotency_key: str) -> InstanceRef:
         if offer.provider != self.name:
@@ -197,6 +207,8 @@ class LocalCloud:
                 job=spec.job,
                 attempt=spec.attempt,
             )
+            # The type's GPUs, which injected telemetry reports unless told otherwise.
+            record.extra[GPUS] = {"count": offer.gpu_count, "memory_gib": offer.gpu_memory_gib}
             if spec.gang is not None:
                 # One host: a gang's nodes share the zone, and its placement is only a name.
                 record.extra["placement"] = spec.gang.placement
@@ -262,25 +274,31 @@ class LocalCloud:
         *,
         util: float | None,
         memory: float = 0.0,
-        gpus: int = 1,
-        memory_gib: float = 80.0,
+        gpus: int | None = None,
+        memory_gib: float | None = None,
         interval_s: float = 10.0,
     ) -> InstanceRecord:
         """Make the instance's agent read these simulated GPU figures (fractions 0..1) every
         `interval_s` from now on, labelled simulated; `util=None` ends the injection. The
-        metadata endpoint serves them at `<instance>/gpuopt/v1/telemetry`."""
+        metadata endpoint serves them at `<instance>/gpuopt/v1/telemetry`. `gpus` and
+        `memory_gib` default to the instance type's GPUs (its offer's count and memory)."""
         if util is not None:
             for name, value in (("util", util), ("memory", memory)):
                 if not 0.0 <= value <= 1.0:
                     raise ValueError(f"--{name} must be a fraction between 0 and 1, got {value}")
-            if gpus < 1 or memory_gib <= 0 or interval_s <= 0:
-                raise ValueError("gpus, memory_gib and interval_s must be positive")
+            if (gpus is not None and gpus < 1) or (memory_gib is not None and memory_gib <= 0):
+                raise ValueError("gpus and memory_gib must be positive")
+            if interval_s <= 0:
+                raise ValueError("interval_s must be positive")
         with self._lock, self.state.locked():
             record = self.state.load(instance_id)
             if record is None:
                 raise KeyError(f"no local instance {instance_id!r}")
             if record.ended:
                 raise ValueError(f"{instance_id} has already ended ({record.detail})")
+            if util is not None and (gpus is None or memory_gib is None):
+                count, each = self._gpus_of(record)
+                gpus, memory_gib = gpus or count, memory_gib or each
             if util is None:
                 record.extra.pop(TELEMETRY, None)
             else:
@@ -294,6 +312,19 @@ class LocalCloud:
                 }
             self.state.save(record)
             return record
+
+    def _gpus_of(self, record: InstanceRecord) -> tuple[int, float]:
+        """(GPUs, GiB each) of an instance's type: recorded at its launch, else its offer's."""
+        known = record.extra.get(GPUS)
+        if isinstance(known, dict):
+            return int(known["count"]), float(known["memory_gib"])
+        for offer in self.fetch_offers([record.region]):
+            if offer.instance_type == record.instance_type:
+                return offer.gpu_count, offer.gpu_memory_gib
+        raise ValueError(
+            f"{record.id}: {record.instance_type} has no GPU figures here; give --gpus and "
+            "--memory-gib"
+        )
 
     def pin_price(self, pool: str, usd: float | None, *, for_s: float | None = None) -> None:
         """Hold a pool's price (`type@zone` spot, `type@region` on-demand) at `usd` from now,

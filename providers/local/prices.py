@@ -11,6 +11,7 @@ two processes with one seed agree on every price. Spot offers carry `source="sim
 from __future__ import annotations
 
 import random
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -21,6 +22,7 @@ ZONE_SUFFIXES = ("a", "b")
 STEP_S = 600.0  # one walk step: 10 minutes
 STEPS_PER_ANCHOR = 144  # one simulated day of steps between re-anchorings
 STEP_SIGMA = 0.02  # the discount moves by up to this fraction of on-demand per step
+MEMO_DAYS = 20_000  # (pool, day) walks kept: a week of every pool, 1.2 KiB each
 SIMULATED = "simulated"
 
 
@@ -36,23 +38,32 @@ class SpotWalk:
         if not 0 <= lo <= hi < 1:
             raise ValueError(f"spot_discount must satisfy 0 <= lo <= hi < 1, got {discount}")
         self.seed, self.lo, self.hi = seed, lo, hi
-        self._memo: dict[tuple[str, int], float] = {}
+        self._memo: dict[tuple[str, int], array[float]] = {}
+
+    def forget(self) -> None:
+        """Drop the days walked so far (a history's backfill walks a week of every pool)."""
+        self._memo.clear()
 
     def discount(self, pool: str, t: float) -> float:
-        step = int(t // STEP_S)
-        key = (pool, step)
+        anchor, offset = divmod(int(t // STEP_S), STEPS_PER_ANCHOR)
+        return self.day(pool, anchor)[offset]
+
+    def day(self, pool: str, anchor: int) -> array[float]:
+        """The discount at each of one simulated day's steps: the walk from its anchor, taken
+        once (a price at any step of the day, or a whole day of history, reads it)."""
+        key = (pool, anchor)
         found = self._memo.get(key)
         if found is None:
-            if len(self._memo) > 100_000:
+            if len(self._memo) > MEMO_DAYS:
                 self._memo.clear()
-            found = self._memo[key] = self._walk(pool, step)
+            found = self._memo[key] = self._walk(pool, anchor)
         return found
 
-    def _walk(self, pool: str, step: int) -> float:
-        anchor, offset = divmod(step, STEPS_PER_ANCHOR)
+    def _walk(self, pool: str, anchor: int) -> array[float]:
         rng = random.Random(f"{self.seed}|{pool}|{anchor}")
         value = rng.uniform(self.lo, self.hi)
-        for _ in range(offset):
+        out = array("d", [value])
+        for _ in range(STEPS_PER_ANCHOR - 1):
             value += rng.uniform(-STEP_SIGMA, STEP_SIGMA)
             # Reflect at the bounds so the walk stays inside [lo, hi].
             if value < self.lo:
@@ -60,7 +71,17 @@ class SpotWalk:
             if value > self.hi:
                 value = 2 * self.hi - value
             value = min(max(value, self.lo), self.hi)
-        return value
+            out.append(value)
+        return out
+
+
+def spot_usd(
+    walk: SpotWalk, on_demand_usd: float, region: str, zone: str, instance_type: str, t: float
+) -> float:
+    """A spot pool's simulated price at epoch time `t`: its on-demand price less the walk's
+    discount, to five decimals."""
+    cut = walk.discount(f"{region}|{zone}|{instance_type}", t)
+    return round(on_demand_usd * (1 - cut), 5)
 
 
 def local_offers(
@@ -93,8 +114,7 @@ def local_offers(
         for zone in zones_of(row.region):
             usd = pins.get(f"{row.instance_type}@{zone}")
             if usd is None:
-                cut = walk.discount(f"{row.region}|{zone}|{row.instance_type}", now)
-                usd = round(row.usd_per_hour * (1 - cut), 5)
+                usd = spot_usd(walk, row.usd_per_hour, row.region, zone, row.instance_type, now)
             out.append(
                 replace(
                     on_demand,

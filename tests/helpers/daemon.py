@@ -37,13 +37,19 @@ def make_config(data_dir: Path, **sections: Any) -> DaemonConfig:
     """A daemon on an ephemeral loopback port with fast loops; `sections` override keys."""
     values: dict[str, Any] = {
         "data_dir": data_dir,
-        "providers": {"local": {"spot_interval_s": 3600, "on_demand_interval_s": 3600}},
+        # No simulated history backfill (a test that wants one says so): it costs seconds.
+        "providers": {
+            "local": {"spot_interval_s": 3600, "on_demand_interval_s": 3600, "history_days": 0}
+        },
         "api": {"host": "127.0.0.1", "port": 0, "token": TOKEN},
         "loops": {"reconcile_s": 3600, "deliver_s": 0.05, "watch_s": 0.05},
     }
     for key, value in sections.items():
         if isinstance(value, dict) and isinstance(values.get(key), dict):
-            values[key] = {**values[key], **value}
+            merged = {**values[key], **value}
+            if key == "providers" and isinstance(value.get("local"), dict):
+                merged["local"] = {**values[key]["local"], **value["local"]}
+            values[key] = merged
         else:
             values[key] = value
     return DaemonConfig(**values)

@@ -19,7 +19,7 @@ def attempt_of(
 
 
 def probe_json(
-    bf16: float, *, copy: float = 4000.0, backend: str = "cuda", gpus: int = 2
+    bf16: float, *, copy: float = 4000.0, backend: str = "cuda", gpus: int = 2, kind: str = "quick"
 ) -> dict[str, Any]:
     """A probe result (schema gpuopt.probe) as an agent reports it, with `gpus` GPU runs."""
     run = {
@@ -33,6 +33,7 @@ def probe_json(
     return {
         "schema": "gpuopt.probe",
         "version": 1,
+        "kind": kind,
         "backend": backend,
         "gpu_model": "H100-80GB" if backend == "cuda" else None,
         "measured_tflops": {"H100-80GB" if backend == "cuda" else "cpu": {"bf16": bf16}},

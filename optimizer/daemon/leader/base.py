@@ -92,13 +92,17 @@ class Election:
     def leader_since(self) -> datetime | None:
         return self._role.since if self._role.leading else None
 
-    def _set_leading(self, leading: bool) -> None:
+    def _set_leading(self, leading: bool, *, stopping: bool = False) -> None:
+        """Record the role; `stopping`: the replica gives leadership up as it stops (said at
+        INFO: a clean stop is no trouble), rather than losing it (a WARNING)."""
         with self._role_lock:
             if self._role.leading == leading:
                 return
             self._role = _Role(leading, self.clock() if leading else None)
         if leading:
             log.info("replica %s is now the leader", self.replica)
+        elif stopping:
+            log.info("replica %s is stopping: leadership given up", self.replica)
         else:
             log.warning("replica %s is no longer the leader", self.replica)
         # The listeners first: a takeover's loops start before this replica's row is written.

@@ -98,7 +98,7 @@ class PostgresElection(Election):
                 self._thread.join(timeout=0.2)
             self._thread = None
         was_leader = self._role.leading
-        self._set_leading(False)
+        self._set_leading(False, stopping=True)
         if self._conn is not None and was_leader:
             try:
                 self._conn.execute("SELECT pg_advisory_unlock(%s)", (self._key,))

@@ -108,7 +108,7 @@ class SqliteLock(Election):
             self._thread.join()
             self._thread = None
         self._forget()
-        self._set_leading(False)
+        self._set_leading(False, stopping=True)
         self.release()
 
     def release(self) -> None:
