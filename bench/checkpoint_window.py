@@ -13,7 +13,7 @@ and the stop is the window's, not a ready replacement's), and posts a spot notic
 - **daemon_stop_error**: the daemon's recorded stop (its alarm's pass, `stop_sent_at`) - the
   same instant: how close the daemon's own timer comes, without the trip to the agent;
 - **notice_seen_s**: the notice -> the daemon recording it (the agent polls the metadata every
-  2 s, so a window shorter than that cannot be kept).
+  0.5 s, so a window shorter than that cannot be kept).
 
 Then `--delivery-runs` runs where the replacement may launch and a 120 s notice leaves it time
 to be ready first: the daemon's recorded stop (`stop_sent_at`) -> the job's SIGTERM, the trip

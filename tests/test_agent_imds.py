@@ -186,8 +186,8 @@ def test_gcp_endpoint_requires_the_metadata_flavor_header(cloud: LocalCloud, ins
 
 
 def test_the_watcher_kind_picks_the_watcher() -> None:
-    aws = make_watcher("aws-imds", "http://127.0.0.1:1", interval_s=0.5)
-    assert isinstance(aws, AwsImds) and aws.interval_s == 0.5
+    aws = make_watcher("aws-imds", "http://127.0.0.1:1", interval_s=1.5)
+    assert isinstance(aws, AwsImds) and aws.interval_s == 1.5
     assert isinstance(make_watcher("gcp-metadata", "http://127.0.0.1:1"), GcpMetadata)
 
 

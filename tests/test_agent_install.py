@@ -4,6 +4,7 @@ metadata server, and that the offer's GPU count is what the probe expects."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,9 @@ from typing import Any
 
 import pytest
 
+from optimizer import __version__
 from optimizer.agent import AgentConfig
+from optimizer.daemon.config import AgentSetupConfig
 from optimizer.jobs.bootstrap import AgentInstall, AgentProxy, AgentSettings
 from providers.local import LocalCloud
 from tests.helpers import wait_until
@@ -49,7 +52,7 @@ def test_the_default_install_makes_a_venv_and_runs_the_agent_from_it() -> None:
     assert "export GPUOPT_EXPECTED_GPUS=8" in lines
     # installed before the token exists, and the agent runs from the venv
     assert lines.index(install) < next(i for i, x in enumerate(lines) if "AGENT_TOKEN=" in x)
-    assert lines[-1] == "exec /opt/gpuopt/bin/python -m optimizer.cli agent run"
+    assert lines[-1] == "exec /opt/gpuopt/bin/python -m optimizer.agent"
 
 
 def test_a_wheel_an_index_and_a_proxy_are_rendered_for_pip_and_the_agent() -> None:
@@ -74,7 +77,45 @@ def test_a_wheel_an_index_and_a_proxy_are_rendered_for_pip_and_the_agent() -> No
 def test_an_instance_on_this_host_installs_nothing_and_expects_no_gpus() -> None:
     script = render(AgentSettings(install=AgentInstall(version="9.9")), on_host=True)
     assert "pip" not in script and "GPUOPT_EXPECTED_GPUS" not in script
-    assert script.endswith(f"exec {sys.executable} -m optimizer.cli agent run\n")
+    assert script.endswith(f"exec {sys.executable} -m optimizer.agent\n")
+
+
+def _stub_venv(tmp_path: Path) -> tuple[AgentInstall, Path]:
+    """A venv whose Python logs its arguments, runs `-c` checks with this interpreter (which
+    imports this gpuopt) and succeeds at anything else (pip) without doing it."""
+    venv, log = tmp_path / "venv", tmp_path / "calls"
+    (venv / "bin").mkdir(parents=True)
+    stub = venv / "bin" / "python"
+    stub.write_text(
+        f'#!/bin/sh\necho "$*" >> {log}\n'
+        f'if [ "$1" = "-c" ]; then exec {sys.executable} "$@"; fi\nexit 0\n'
+    )
+    stub.chmod(0o755)
+    return AgentInstall(venv=str(venv), prebaked=True), log
+
+
+@pytest.mark.parametrize(
+    ("version", "pip_runs"), [(None, False), (__version__, False), ("9.9", True)]
+)
+def test_a_prebaked_image_skips_pip_where_its_gpuopt_is_there(
+    tmp_path: Path, version: str | None, pip_runs: bool
+) -> None:
+    install, log = _stub_venv(tmp_path)
+    install = dataclasses.replace(install, version=version)
+    done = subprocess.run(["sh", "-eu", "-c", install.command()], timeout=60, check=False)
+    assert done.returncode == 0
+    calls = log.read_text().splitlines()
+    assert calls[0].startswith("-c import")
+    assert any("-m pip install" in c for c in calls) is pip_runs
+    if pip_runs:
+        assert calls[-1].endswith("gpuopt[probes]==9.9")
+
+
+def test_prebaked_comes_from_the_daemon_config() -> None:
+    section = AgentSetupConfig.model_validate({"install": {"prebaked": True, "version": "0.4.1"}})
+    assert section.settings().install.prebaked is True
+    assert AgentSetupConfig().settings().install.prebaked is False
+    assert " || { " not in AgentInstall().command()
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,7 @@ def test_settings_come_from_the_environment_with_sane_defaults(tmp_path: Path) -
     secret = {"GPUOPT_AGENT_TOKEN": "s3cret-token"}
     config = AgentConfig.from_env({**REQUIRED, **secret, "GPUOPT_CLOUD": "local"})
     assert config.metadata_url == "http://169.254.169.254"
-    assert (config.cloud, config.metadata_kind, config.poll_s) == ("local", "aws-imds", 2.0)
+    assert (config.cloud, config.metadata_kind, config.poll_s) == ("local", "aws-imds", 0.5)
     assert config.token == "s3cret-token" and "s3cret" not in repr(config)
     gcp = AgentConfig.from_env(
         {
@@ -145,6 +145,29 @@ def test_an_ending_notice_the_daemon_never_took_stops_the_job_anyway(tmp_path: P
     stopped = next(e for e in saved if e["kind"] == "stopped")
     assert stopped["data"]["reason"] == "interruption notice; daemon unreachable"
     assert "checkpointed" in (tmp_path / "agent" / "job.log").read_text()
+
+
+def test_after_an_ending_notice_the_stop_comes_by_poll_not_by_heartbeat(tmp_path: Path) -> None:
+    # Heartbeats an hour apart: the stop that hands the job over can only come by the polls
+    # the agent makes after an ending notice (every fence_poll_s).
+    daemon = ScriptedDaemon({**job(tmp_path, 100000), "heartbeat_s": 3600})
+    agent, watcher = agent_for(tmp_path, daemon, fence_poll_s=0.02, flush_s=2)
+    result = run_in_thread(agent)
+    wait_until(lambda: "job_started" in daemon.kinds(), what="the job to start")
+    wait_until(lambda: (tmp_path / "ckpt" / "state.json").exists(), what="a checkpoint")
+    assert daemon.polls == 0  # no notice, no polls
+    watcher.notices.append(Notice("aws-imds-spot", "terminate", "t", "ab" * 32, "{}"))
+    wait_until(lambda: daemon.polls >= 2, what="the agent to poll for commands")
+    daemon.commands.append({"kind": "stop", "reason": "attempt 2 is ready to take over"})
+    wait_until(lambda: "code" in result, timeout=20, what="the agent to finish")
+    assert daemon.polled_commands == ["stop"]
+    stopped = next(e for e in daemon.events if e.kind == "stopped")
+    assert stopped.data["reason"] == "attempt 2 is ready to take over"
+    assert "checkpointed" in (tmp_path / "agent" / "job.log").read_text()
+    wait_until(
+        lambda: not any(t.name == "agent-handover" for t in threading.enumerate()),
+        what="the polls to end with the stop",
+    )
 
 
 def test_a_rebalance_hint_alone_does_not_stop_the_job(tmp_path: Path) -> None:

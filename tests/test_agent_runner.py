@@ -231,3 +231,18 @@ def test_a_success_or_a_stop_reports_no_error(tmp_path: Path) -> None:
     end = runner.wait(10)
     assert end is not None and end.succeeded and end.error is None
     assert "error" not in end.to_data()
+
+
+def test_on_exit_is_called_once_the_exit_is_known(tmp_path: Path) -> None:
+    seen: list[object] = []
+    runner = JobRunner(
+        run="exit 3",
+        env={},
+        log_path=tmp_path / "job.log",
+        on_exit=lambda: seen.append(runner.exit),
+    )
+    runner.start()
+    wait_until(lambda: seen, what="on_exit")
+    end = runner.wait(0)
+    assert end is not None and end.exit_code == 3
+    assert seen == [end]  # called once, with the exit already set

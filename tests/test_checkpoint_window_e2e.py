@@ -58,7 +58,7 @@ def test_the_old_job_gets_its_sigterm_at_the_power_off_less_its_allowance(
     wait_until(lambda: log.exists() or None, 30, "the job to start")
     cloud.fail_next("*", "capacity", times=1000)  # no replacement: the window stops the job
     # The power-off 14 s away: the stop is due 8 s after the notice, time for the agent (it
-    # polls the metadata every 2 s) and the daemon to have heard of it.
+    # polls the metadata every 0.5 s) and the daemon to have heard of it.
     record = cloud.interrupt(instance, grace_s=14)
     mono, now = time.monotonic(), clock().timestamp()
     assert record.interruption is not None

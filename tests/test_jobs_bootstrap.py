@@ -48,7 +48,7 @@ def test_the_script_starts_the_agent_with_its_environment(tmp_path: Path) -> Non
     )
     done = run(script)
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "argv").read_text().split() == ["-m", "optimizer.cli", "agent", "run"]
+    assert (tmp_path / "argv").read_text().split() == ["-m", "optimizer.agent"]
     env = dict(
         line.split("=", 1) for line in (tmp_path / "env").read_text().splitlines() if "=" in line
     )
@@ -147,3 +147,25 @@ def test_the_agent_and_the_local_cloud_load_without_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_the_agent_entry_loads_no_command_line_and_names_bad_settings(tmp_path: Path) -> None:
+    code = (
+        "import sys, optimizer.agent.start\n"
+        "print(sorted(m for m in sys.modules if m == 'typer' or m.startswith('optimizer.cli')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "[]"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUOPT_")}
+    bad = subprocess.run(
+        [sys.executable, "-m", "optimizer.agent"],
+        capture_output=True,
+        text=True,
+        env={**env, "HOME": str(tmp_path)},
+        timeout=60,
+        check=False,
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("gpuopt: error: missing environment variable(s): GPUOPT_")

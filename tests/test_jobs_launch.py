@@ -285,7 +285,7 @@ def test_the_bootstrap_comes_from_the_agent_settings_and_expects_the_offers_gpus
     assert "export HF_HOME=/data/hf\n" in spec.bootstrap
     assert "/srv/gpuopt/bin/python -m pip install" in spec.bootstrap
     assert "'gpuopt[probes]==0.4.1'" in spec.bootstrap
-    assert spec.bootstrap.endswith("exec /srv/gpuopt/bin/python -m optimizer.cli agent run\n")
+    assert spec.bootstrap.endswith("exec /srv/gpuopt/bin/python -m optimizer.agent\n")
 
 
 def test_one_walk_launches_a_single_node_as_a_gang_of_one(store: Store) -> None:

@@ -17,6 +17,7 @@ from optimizer.agent.imds import (
 )
 from optimizer.agent.reporter import DaemonClient, DaemonError, Event, EventQueue, Reporter
 from optimizer.agent.runner import JobExit, JobRunner
+from optimizer.agent.start import run_agent
 
 __all__ = [
     "WATCHERS",
@@ -37,4 +38,5 @@ __all__ = [
     "UnknownWatcherKind",
     "Watcher",
     "make_watcher",
+    "run_agent",
 ]

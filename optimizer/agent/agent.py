@@ -50,7 +50,7 @@ from optimizer.agent.telemetry import (
     local_source,
     open_nvml,
 )
-from optimizer.agent.window import WINDOW_REASON, CheckpointWindow, CommandPoller
+from optimizer.agent.window import WINDOW_REASON, CheckpointWindow
 from optimizer.checkpoints import NoSpace
 from optimizer.clock import machine_now
 from optimizer.common.files import append_private, private_dir
@@ -186,6 +186,7 @@ class Agent:
         self.job: JobRunner | AdoptedJob | None = None
         self.stop_reason: str | None = None
         self._quit = threading.Event()  # stops the watcher and heartbeat threads
+        self._stop_heard = threading.Event()  # a stop command came (ends the handover polls)
         self._notice_at: float | None = None
         self._notice_event: str | None = None
         self._signalled = 0  # the exit status a signal while fenced gives
@@ -196,7 +197,6 @@ class Agent:
         self.progress: ProgressTail | None = None  # reads the job's progress file
         # The checkpoint window (the stop at the power-off less the allowance), on `wall`.
         self.window = CheckpointWindow(wall)
-        self._handover_poll: CommandPoller | None = None  # asks for a stop after a notice
 
     # --- inputs ----------------------------------------------------------------------
 
@@ -207,6 +207,7 @@ class Agent:
     def _on_commands(self, commands: list[Command]) -> None:
         for command in commands:
             if command.kind == "stop":
+                self._stop_heard.set()
                 self.inbox.put(("command", command))
             else:
                 log.warning("ignoring unknown command %r", command.kind)
@@ -218,11 +219,27 @@ class Agent:
             self._notice_at, self._notice_event = time.monotonic(), event.id
             self.window.notice(notice.to_data())
             log.info("the job's stop is due at %s at the latest", self.window.due)
-            # The daemon's stop now rides on a poll every handover_poll_s, not a heartbeat.
-            self._handover_poll = CommandPoller(
-                self.client.poll, self._on_commands, poll_s=self.config.handover_poll_s
-            )
-            self._handover_poll.start()
+            threading.Thread(
+                target=self._handover_polls, name="agent-handover", daemon=True
+            ).start()
+
+    def _handover_polls(self) -> None:
+        """After an ending notice, ask the daemon for commands every `fence_poll_s` until a
+        stop comes (or the agent ends), rather than on the heartbeats' answers alone: the
+        stop that hands the job over (its replacement is ready, or the checkpoint window has
+        come) then reaches the job within that, not within a heartbeat (2 s)."""
+        backoff = Backoff(base=self.config.fence_poll_s, cap=5.0)
+        while not self._stop_heard.is_set():
+            delay = self.config.fence_poll_s
+            try:
+                self._on_commands(self.client.poll().commands)
+            except DaemonError as exc:
+                delay = backoff.next()
+                log.warning("command poll failed (%s); retrying in %.1f s", exc, delay)
+            else:
+                backoff.reset()
+            if self._quit.wait(delay):
+                return
 
     def _install_signal_handlers(self) -> dict[int, Any]:
         """Route SIGTERM/SIGINT to the inbox; the handlers they replace, to put back."""
@@ -259,8 +276,6 @@ class Agent:
             code = self._work(answer)
         finally:
             self._quit.set()
-            if self._handover_poll is not None:
-                self._handover_poll.stop()
             if self.telemetry is not None:
                 self.telemetry.stop(flush=True)  # the minute in progress goes out too
         deadline = time.monotonic() + self.config.flush_s
@@ -559,6 +574,9 @@ class Agent:
             err_path=self.config.agent_dir / JOB_ERR_LOG,
             cwd=workdir,
             on_started=started,
+            # wakes `_supervise` at once: the exit is reported (and a replacement's fence
+            # lifted) without waiting out its poll
+            on_exit=lambda: self.inbox.put(("exited", None)),
         ).start()
         return self._supervise()
 

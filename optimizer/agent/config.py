@@ -16,7 +16,6 @@ from optimizer.agent.imds import (
     UnknownWatcherKind,
     check_watcher_kind,
 )
-from optimizer.agent.window import HANDOVER_POLL_S
 from optimizer.protocol import (
     DEFAULT_HEARTBEAT_S,
     ENV_AGENT_TOKEN,
@@ -67,7 +66,6 @@ class AgentConfig:
     flush_s: float = 120.0  # how long the final events are retried before giving up
     self_stop_s: float = 10.0  # after an ending notice the daemon did not take
     fence_poll_s: float = 0.25  # how often a fenced agent asks whether it may start the job
-    handover_poll_s: float = HANDOVER_POLL_S  # how often it asks for its stop after a notice
     log_poll_s: float = 0.5  # how often the job's output files are looked at for new output
     telemetry_s: float = 10.0  # how often NVML is read (GPU telemetry)
     probe_cpu_n: int | None = None
@@ -148,8 +146,6 @@ class AgentConfig:
             flush_s=number("GPUOPT_AGENT_FLUSH_S", 120.0) or 120.0,
             self_stop_s=number("GPUOPT_AGENT_SELF_STOP_S", 10.0) or 10.0,
             fence_poll_s=number("GPUOPT_AGENT_FENCE_POLL_S", 0.25) or 0.25,
-            handover_poll_s=number("GPUOPT_AGENT_HANDOVER_POLL_S", HANDOVER_POLL_S)
-            or HANDOVER_POLL_S,
             log_poll_s=number("GPUOPT_AGENT_LOG_POLL_S", 0.5) or 0.5,
             telemetry_s=number("GPUOPT_AGENT_TELEMETRY_S", 10.0) or 10.0,
             progress_poll_s=number("GPUOPT_AGENT_PROGRESS_POLL_S", 2.0) or 2.0,

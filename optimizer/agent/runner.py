@@ -109,7 +109,8 @@ def _group_alive(pgid: int) -> bool:
 
 
 class JobRunner:
-    """Runs setup then run on a thread; `wait()` gives the JobExit."""
+    """Runs setup then run on a thread; `wait()` gives the JobExit, and `on_exit` is called
+    (on that thread) the moment it is known."""
 
     def __init__(
         self,
@@ -121,6 +122,7 @@ class JobRunner:
         err_path: Path | None = None,
         cwd: Path | None = None,
         on_started: Callable[[int, str], object] = lambda pid, phase: None,
+        on_exit: Callable[[], object] = lambda: None,
         linger_s: float = LINGER_S,
     ) -> None:
         self.commands = [(p, c) for p, c in (("setup", setup), ("run", run)) if c and c.strip()]
@@ -129,6 +131,7 @@ class JobRunner:
         self.err_path = err_path
         self.cwd = cwd
         self.on_started = on_started
+        self.on_exit = on_exit
         self.linger_s = linger_s
         self.proc: subprocess.Popen[bytes] | None = None
         self.phase = "setup"
@@ -207,6 +210,7 @@ class JobRunner:
         finally:
             self.exit = result
             self._done.set()
+            self.on_exit()
 
     def _run_one(
         self, phase: str, command: str, log_file: IO[bytes], err_file: IO[bytes] | None

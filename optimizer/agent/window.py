@@ -7,9 +7,9 @@ poll late; the agent knows both figures itself (the power-off from the notice, t
 from its registration answer), so it also stops the job at that instant should the daemon's
 stop not have come by then. A stop that came first wins: the job gets one SIGTERM.
 
-`CheckpointWindow` holds the instant and says how long is left on an injected wall clock;
-`CommandPoller` asks the daemon for its commands every `poll_s` while the job hands over, so a
-stop for a replacement that is ready early reaches the job within that, not a heartbeat later.
+`CheckpointWindow` holds the instant and says how long is left on an injected wall clock. (The
+daemon's stop itself comes sooner than a heartbeat after a notice: the agent then asks for its
+commands every `fence_poll_s`, agent.py's `_handover_polls`.)
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from optimizer.clock import machine_now
-from optimizer.protocol import Command, EventsAnswer, power_off_time
+from optimizer.protocol import power_off_time
 
 log = logging.getLogger(__name__)
 
 WINDOW_REASON = "interrupted; the power-off is near"  # the daemon's words for the same stop
-HANDOVER_POLL_S = 0.25  # how often an agent that got an ending notice asks for its commands
 
 
 def stop_due(
@@ -71,47 +70,8 @@ class CheckpointWindow:
         return None if due is None else (due - self.wall()).total_seconds()
 
 
-class CommandPoller:
-    """Asks the daemon for its commands (an empty `/events` call) every `poll_s` until
-    stopped; failures are left to the reporter's own retries (logged at debug)."""
-
-    def __init__(
-        self,
-        poll: Callable[[], EventsAnswer],
-        on_commands: Callable[[list[Command]], object],
-        *,
-        poll_s: float = HANDOVER_POLL_S,
-    ) -> None:
-        self.poll = poll
-        self.on_commands = on_commands
-        self.poll_s = poll_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="agent-handover", daemon=True)
-            self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                answer = self.poll()
-            except Exception as exc:  # the daemon away: the window still stops the job
-                log.debug("handover poll failed: %s", exc)
-            else:
-                if answer.commands:
-                    self.on_commands(answer.commands)
-            self._stop.wait(self.poll_s)
-
-
 __all__ = [
-    "HANDOVER_POLL_S",
     "WINDOW_REASON",
     "CheckpointWindow",
-    "CommandPoller",
     "stop_due",
 ]

@@ -2,15 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import sys
-from pathlib import Path
-
 import typer
-
-from optimizer.cli.common import fail
-from optimizer.common.files import append_private, private_dir
 
 app = typer.Typer(
     help="The agent that runs on each managed instance.",
@@ -26,30 +18,9 @@ def run() -> None:
     Configured by the environment the bootstrap script sets: GPUOPT_DAEMON_URL,
     GPUOPT_AGENT_TOKEN, GPUOPT_ATTEMPT_KEY, GPUOPT_CLOUD (the provider),
     GPUOPT_METADATA_KIND (aws-imds|gcp-metadata), GPUOPT_METADATA_URL and GPUOPT_AGENT_DIR
-    (see docs/agent-protocol.md).
+    (see docs/agent-protocol.md). The same as `python -m optimizer.agent`, which the
+    bootstrap runs.
     """
-    from optimizer.agent import Agent, AgentConfig, AgentConfigError
+    from optimizer.agent import run_agent
 
-    try:
-        config = AgentConfig.from_env()
-    except AgentConfigError as exc:
-        fail(exc)
-    private_dir(config.agent_dir)
-    _configure_logging(config.agent_dir / "agent.log")
-    raise typer.Exit(Agent(config).run())
-
-
-def _configure_logging(path: object) -> None:
-    formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    with contextlib.suppress(OSError):
-        append_private(Path(str(path))).close()  # created 0600: the handler appends to it
-        handlers.append(logging.FileHandler(str(path), encoding="utf-8"))
-    root = logging.getLogger()
-    root.setLevel(logging.INFO)
-    for handler in handlers:
-        handler.setFormatter(formatter)
-        root.addHandler(handler)
-    # httpx logs every request at INFO; the agent says what matters itself.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("httpcore").setLevel(logging.WARNING)
+    raise typer.Exit(run_agent())

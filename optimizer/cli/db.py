@@ -51,7 +51,7 @@ def configured_database_url(config: Path | None) -> str:
         fail(exc)
 
 
-def _sqlite_file_missing(url: str) -> bool:
+def sqlite_file_missing(url: str) -> bool:
     """True for a SQLite file that does not exist yet: reading it must not create it."""
     from optimizer.store import sqlite_file
 
@@ -104,7 +104,7 @@ def current(
 
     url = configured_database_url(config)
     where = migrate.display_url(url)
-    if _sqlite_file_missing(url):
+    if sqlite_file_missing(url):
         found = migrate.SchemaStatus(migrate.State.EMPTY, None, migrate.head())
     else:
         try:

@@ -174,7 +174,7 @@ def history(
     pool and the time, labelled simulated), for backtests and charts from the first minute."""
     from datetime import UTC, datetime
 
-    from optimizer.cli.db import _sqlite_file_missing, configured_database_url
+    from optimizer.cli.db import configured_database_url, sqlite_file_missing
     from optimizer.store import Store
     from providers.local.history import backfill
 
@@ -184,7 +184,7 @@ def history(
 
         end = parse_at(until, option="--until")
     url = configured_database_url(config)
-    if _sqlite_file_missing(url):
+    if sqlite_file_missing(url):
         fail("no store yet: start the daemon once (it creates it, and writes this history)")
     cloud = _cloud(default_state_dir())
     with Store(url) as store:

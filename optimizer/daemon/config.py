@@ -332,6 +332,11 @@ class AgentInstallConfig(_Section):
     )
     python: str = Field("python3", description="The interpreter that makes the venv.")
     venv: str = Field("/opt/gpuopt", description="Where the agent's environment lives.")
+    prebaked: bool = Field(
+        False,
+        description="The image has gpuopt in venv already: pip runs only where it cannot be "
+        "imported (at version, if set).",
+    )
 
     @field_validator("version", "wheel_url", "index_url", "python", "venv")
     @classmethod
@@ -464,6 +469,7 @@ class AgentSetupConfig(_Section):
                 extras=tuple(install.extras),
                 python=install.python,
                 venv=install.venv,
+                prebaked=install.prebaked,
             ),
             images=dict(self.images),
             env=dict(self.env),

@@ -29,7 +29,10 @@ _EXTRA = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 class AgentInstall:
     """How a new instance gets gpuopt: into a virtual environment at `venv` (made with
     `python -m venv` unless one is there already), from `wheel_url`, else the package index
-    (`index_url`, else pip's default) at `version` (None: the newest)."""
+    (`index_url`, else pip's default) at `version` (None: the newest). `prebaked`: the
+    machine image has it in `venv` already, so pip runs only where that environment's Python
+    cannot import gpuopt (at `version`, when one is set): a pre-baked image boots to its
+    agent without pip's seconds (docs/handover.md)."""
 
     version: str | None = None
     wheel_url: str | None = None
@@ -37,6 +40,7 @@ class AgentInstall:
     extras: tuple[str, ...] = ("probes",)
     python: str = "python3"
     venv: str = "/opt/gpuopt"
+    prebaked: bool = False
 
     def requirement(self) -> str:
         """The pip requirement: `gpuopt[probes]==1.2.0`, or `gpuopt[probes] @ <wheel URL>`."""
@@ -64,7 +68,18 @@ class AgentInstall:
             pip += ["--index-url", shlex.quote(_check("index_url", self.index_url))]
         pip.append(shlex.quote(self.requirement()))
         make = f"{shlex.quote(_check('python', self.python))} -m venv {venv}"
-        return f"{{ [ -x {python} ] || {make}; }} && {' '.join(pip)}"
+        install = f"{{ [ -x {python} ] || {make}; }} && {' '.join(pip)}"
+        if not self.prebaked:
+            return install
+        check = f"{python} -c {shlex.quote(self._present())} 2>/dev/null"
+        return f"{{ [ -x {python} ] && {check}; }} || {{ {install}; }}"
+
+    def _present(self) -> str:
+        """Python that exits 0 where gpuopt (at `version`, if set) is importable."""
+        if self.version:
+            version = _check("version", self.version)
+            return f"import sys, optimizer; sys.exit(optimizer.__version__ != {version!r})"
+        return "import optimizer"
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +170,8 @@ def bootstrap_script(
     runs there (`aws-imds`, `gcp-metadata`: the provider registry's `watcher`).
     `install` runs before the agent starts (None: gpuopt is already there, as on the local
     cloud). `python` None runs the `gpuopt` console script; an interpreter path runs
-    `<python> -m optimizer.cli agent run` instead (the local cloud passes `sys.executable`).
+    `<python> -m optimizer.agent` instead (the local cloud passes `sys.executable`), which
+    loads the agent without the command line's modules.
     `env` adds variables for the agent and the job (e.g. `GPUOPT_PROBE_CPU_N`).
     """
     values = {
@@ -171,7 +187,7 @@ def bootstrap_script(
     command = (
         "gpuopt agent run"
         if python is None
-        else f"{shlex.quote(_check('python', python))} -m optimizer.cli agent run"
+        else f"{shlex.quote(_check('python', python))} -m optimizer.agent"
     )
     lines = [
         "#!/bin/sh",

@@ -23,7 +23,7 @@ from tests.helpers.cloud import local_cloud
 from tests.helpers.waiting import wait_until
 
 FAST = {
-    "GPUOPT_AGENT_POLL_S": "0.2",  # the protocol's 2 s, shortened for tests
+    "GPUOPT_AGENT_POLL_S": "0.2",  # the protocol's 0.5 s, shortened for tests
     "GPUOPT_AGENT_FLUSH_S": "20",
 }
 """Agent settings for tests: a fast metadata poll, a short final flush."""

@@ -23,7 +23,8 @@ class ScriptedDaemon:
         self.commands: list[dict[str, Any]] = []
         self.chunks: dict[int, dict[str, Any]] = {}  # seq -> chunk
         self.chunks_at_exit: int | None = None  # chunks held when job_exited arrived
-        self.polls = 0  # empty calls for commands
+        self.polls = 0  # empty batches (DaemonClient.poll)
+        self.polled_commands: list[str] = []  # the kinds of the commands polls carried
 
     def register(self, body: dict[str, Any]) -> dict[str, Any]:
         self.registrations += 1
@@ -42,11 +43,12 @@ class ScriptedDaemon:
         return [e.id for e in events], [Command.model_validate(c) for c in commands]
 
     def poll(self) -> EventsAnswer:
-        """An empty call: the commands waiting (the agent polls for them after a notice)."""
+        """An empty batch: the commands waiting, no fence (as DaemonClient.poll)."""
         if self.down:
             raise DaemonError("connection refused", retryable=True)
         self.polls += 1
         commands, self.commands = self.commands, []
+        self.polled_commands += [c["kind"] for c in commands]
         return EventsAnswer(commands=[Command.model_validate(c) for c in commands])
 
     def send_logs(self, chunks: list[dict[str, Any]]) -> list[int]:
