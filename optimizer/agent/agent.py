@@ -1,6 +1,6 @@
 """The agent's main loop: register, probe, run the job, watch for interruptions, obey `stop`.
 
-The agent reports facts and follows the daemon's commands (docs/agent-protocol.md); the one
+The agent reports facts and follows the daemon's commands (docs/agent-protocol.md); the
 things it decides alone are to stop the job when the cloud has announced the end of the
 instance and the daemon cannot be reached to say so (`self_stop_s` after the notice), so a
 job still gets its chance to checkpoint, and to stop it at the power-off less its checkpoint

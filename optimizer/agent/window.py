@@ -14,7 +14,6 @@ commands every `fence_poll_s`, agent.py's `_handover_polls`.)
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
@@ -22,8 +21,6 @@ from typing import Any
 
 from optimizer.clock import machine_now
 from optimizer.protocol import power_off_time
-
-log = logging.getLogger(__name__)
 
 WINDOW_REASON = "interrupted; the power-off is near"  # the daemon's words for the same stop
 
