@@ -9,10 +9,14 @@ from datetime import UTC, datetime, timedelta
 
 from optimizer.clock import utc_now
 from optimizer.daemon.alarm import Alarm
+from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.handover import handover, stop_due
 from optimizer.jobs.machine import AttemptView, Stop
 from optimizer.protocol import Job, RegisterAnswer, power_off_time
+from optimizer.store import Store
 from tests.helpers import wait_until
+from tests.helpers.jobs import Drafter
+from tests.test_jobs_billing import POLICY, InForce, World
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
 ALLOWANCE = timedelta(seconds=20)
@@ -125,3 +129,40 @@ def test_the_alarms_thread_wakes_at_the_instant_not_before() -> None:
         assert seen[0] >= due and alarm.fired == 1 and alarm.pending() == []
     finally:
         alarm.close()
+
+
+def test_the_clean_up_pass_asks_for_a_pass_at_the_window_and_stops_the_job_then(
+    store: Store,
+) -> None:
+    """The reconciler against a fake cloud on a ManualClock: after the notice it asks the
+    alarm for the power-off less the allowance, and the pass at that instant records the stop."""
+    w = World(store)
+    w.running()
+    w.clock.advance(20 * 60)
+    off = w.interrupt(timedelta(seconds=30))
+    asked: list[datetime] = []
+
+    def run() -> None:
+        w.reconciler(
+            ReconcileContext(
+                now=w.clock(),
+                jobs=tuple(store.jobs.live_jobs()),
+                policies={"p": InForce(POLICY)},
+                store=store,
+                providers={w.provider: w.handle},
+                emitter=Drafter(),
+                clock=w.clock,
+                wake_at=asked.append,
+            )
+        )
+
+    run()  # attempt 1 ends, attempt 2 launches; its agent has not registered
+    due = off - ALLOWANCE
+    assert w.attempt(1).ended and w.attempt(1).stop_sent_at is None
+    assert asked == [due]
+    w.clock.set(due - timedelta(milliseconds=1))
+    run()
+    assert w.attempt(1).stop_sent_at is None and asked[-1] == due
+    w.clock.set(due)
+    run()  # the alarm's pass
+    assert w.attempt(1).stop_sent_at == due
