@@ -6,9 +6,13 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
+from optimizer.alerts.outbox import Emitter
 from optimizer.clock import utc_now
 from optimizer.daemon.alarm import Alarm
+from optimizer.daemon.loops.reconcile import ReconcileLoop
+from optimizer.daemon.policies import PolicyRegistry
 from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.handover import handover, stop_due
 from optimizer.jobs.machine import AttemptView, Stop
@@ -166,3 +170,30 @@ def test_the_clean_up_pass_asks_for_a_pass_at_the_window_and_stops_the_job_then(
     w.clock.set(due)
     run()  # the alarm's pass
     assert w.attempt(1).stop_sent_at == due
+
+
+class NoPolicies:
+    def snapshot(self) -> dict[str, object]:
+        return {}
+
+
+def test_a_reconciler_that_asks_for_an_instant_gets_a_pass_then(store: Store) -> None:
+    """The reconcile loop hands its alarm to the passes (`ctx.wake_at`): a pass at the instant
+    asked for, with no tick and no other wake-up."""
+    loop = ReconcileLoop(store, cast(PolicyRegistry, NoPolicies()), cast(Emitter, None), utc_now)
+    loop.attach(lambda: threading.Thread(target=loop.tick, daemon=True).start())
+    seen: list[datetime] = []
+    due = utc_now() + timedelta(milliseconds=300)
+
+    def reconciler(ctx: ReconcileContext) -> None:
+        seen.append(ctx.now)
+        if len(seen) == 1:
+            ctx.wake_at(due)
+
+    loop.add(reconciler)
+    try:
+        loop.run_once()
+        wait_until(lambda: len(seen) >= 2, 10, "the pass at the instant asked for")
+        assert seen[1] >= due and loop.alarm.fired == 1
+    finally:
+        loop.alarm.close()
