@@ -21,6 +21,16 @@ Every `--progress-every` steps it reports how far it has got by gpuopt's progres
 (a JSON line `{"step": n, "total": N}` appended to `$GPUOPT_PROGRESS_FILE`, docs/progress.md),
 so `gpuopt jobs show` gives its speed and ETA; outside gpuopt the variable is unset and
 nothing is written.
+
+It supports standby start (docs/standby.md; `standby: true` in its job spec): it imports
+torch, initialises CUDA and builds its model first, then calls `wait_for_go()`, and loads
+the checkpoint only after it returns. A replacement's agent may so start it while the old
+attempt's job still runs, and give the go the moment that one has ended and its checkpoint
+is restored. Outside standby `wait_for_go()` returns at once. A job without that call simply
+leaves `standby` out of its spec and starts as it always has, once the old job has ended.
+
+`--step-log FILE` (or `$STEP_LOG`) appends `{"step": n, "t": <epoch seconds>, "attempt": ...}`
+per step: the times a handover is measured by (bench/standby.py).
 """
 
 from __future__ import annotations
@@ -70,6 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--progress-every", type=int, default=int(env.get("PROGRESS_EVERY", 10)), help="steps"
     )
+    parser.add_argument("--step-log", default=env.get("STEP_LOG"), help="a line per step")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.checkpoint_every < 1:
         parser.error("--steps and --checkpoint-every must be >= 1")
@@ -102,6 +113,23 @@ except ImportError:
             return False
         with open(target, "a", encoding="utf-8") as out:
             out.write(json.dumps({"step": step, "total": total}) + "\n")
+        return True
+
+
+try:  # gpuopt's standby helper (standard library only); by hand where it is missing
+    from optimizer.standby import wait_for_go
+except ImportError:
+
+    def wait_for_go(timeout: float | None = None) -> bool:
+        # The go file becomes a regular file holding `go` or `stop` (docs/standby.md).
+        path = os.environ.get("GPUOPT_GO_FILE")
+        if os.environ.get("GPUOPT_STANDBY") != "1" or not path:
+            return False
+        while not os.path.isfile(path):
+            time.sleep(0.01)
+        with open(path, encoding="utf-8") as f:
+            if f.read().strip() == "stop":
+                raise SystemExit(EXIT_INTERRUPTED)
         return True
 
 
@@ -294,7 +322,12 @@ def engine_for(args: argparse.Namespace) -> Engine:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     stop = Stop()  # before importing torch, so an early SIGTERM is not lost
-    engine = engine_for(args)
+    engine = engine_for(args)  # imports, CUDA, the model: all that needs no checkpoint
+    if os.environ.get("GPUOPT_STANDBY") == "1":
+        print("standby: model built, waiting for the go", flush=True)
+    if wait_for_go():  # started in standby: the checkpoint is in place once this returns
+        print("standby: go given", flush=True)
+    step_log = open(args.step_log, "a", encoding="utf-8") if args.step_log else None  # noqa: SIM115
     folder = Path(args.checkpoint_dir)
     folder.mkdir(parents=True, exist_ok=True)
 
@@ -336,6 +369,10 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_INTERRUPTED
         loss_value = engine.step(step)
         step += 1
+        if step_log is not None:
+            line = {"step": step, "t": time.time(), "attempt": run["attempt"]}
+            step_log.write(json.dumps(line) + "\n")
+            step_log.flush()
         if step % args.log_every == 0 or step == args.steps:
             print(f"step {step}/{args.steps} loss {loss_value:.5f}", flush=True)
         if step % args.progress_every == 0 or step == args.steps:

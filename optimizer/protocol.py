@@ -34,6 +34,8 @@ from pydantic import (
 )
 
 from optimizer.clock import parse_utc
+from optimizer.standby import ENV_GO_FILE as ENV_GO_FILE
+from optimizer.standby import ENV_STANDBY as ENV_STANDBY
 
 PREFIX = "/agent/v1"
 
@@ -78,6 +80,11 @@ ENV_CHECKPOINT_URI = "GPUOPT_CHECKPOINT_URI"
 # The file the job appends its progress reports to (docs/progress.md, optimizer/progress.py);
 # set by the agent to a file on the instance, so a job spec may not set it.
 ENV_PROGRESS_FILE = "GPUOPT_PROGRESS_FILE"
+# Standby start (docs/standby.md): ENV_STANDBY and ENV_GO_FILE (imported above from the job's
+# helper, optimizer/standby.py) are set by the agent on a job it starts before the fence
+# lifts, the second naming the go file the job then waits on. The agent reports
+# STANDBY_READY_EVENT once the job waits for its go (or ended before it).
+STANDBY_READY_EVENT = "standby_ready"
 # What the agent cannot run without.
 REQUIRED_ENV = (ENV_DAEMON_URL, ENV_AGENT_TOKEN, ENV_ATTEMPT_KEY, ENV_METADATA_KIND)
 
@@ -274,8 +281,9 @@ def stop(reason: str, grace_s: int | float = STOP_GRACE_S) -> Command:
 
 
 class _Optional(_Message):
-    """A message whose `OMITTED` fields are left out of the JSON while None (the answers have
-    always had them only when they say something); its other None fields are sent as null."""
+    """A message whose `OMITTED` fields are left out of the JSON while None or false (the
+    answers have always had them only when they say something); its other None fields are
+    sent as null."""
 
     OMITTED: ClassVar[frozenset[str]] = frozenset()
 
@@ -283,7 +291,8 @@ class _Optional(_Message):
     def _leave_out(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo):  # type: ignore[no-untyped-def]  # unannotated: the JSON schema stays the model's
         out: dict[str, Any] = handler(self)
         for name in self.OMITTED:
-            if out.get(name, 0) is None:
+            value = out.get(name, 0)
+            if value is None or value is False:
                 del out[name]
         return out
 
@@ -331,13 +340,15 @@ class CodeArchive(_Message):
 
 class Job(_Optional):
     """What to run (the job spec's part the agent needs); `checkpoint`, `code` and
-    `checkpoint_allowance_s` are absent from the wire when the job has none.
+    `checkpoint_allowance_s` are absent from the wire when the job has none, `standby` unless
+    it is true (docs/standby.md: the agent may start the job while the fence holds, and gives
+    it the go when it lifts).
 
     `checkpoint_allowance_s`: the job's checkpoint allowance (the spec's), so that after an
     interruption notice the agent stops the job itself at the power-off less it should the
     daemon's stop not have come by then; absent (an older daemon): the agent waits for it."""
 
-    OMITTED = frozenset({"checkpoint", "code", "checkpoint_allowance_s"})
+    OMITTED = frozenset({"checkpoint", "code", "standby", "checkpoint_allowance_s"})
 
     name: str | None = None
     run: str
@@ -349,6 +360,7 @@ class Job(_Optional):
     expected_gpus: int | None = None
     checkpoint: CheckpointRef | None = None
     code: CodeArchive | None = None
+    standby: StrictBool = False
     checkpoint_allowance_s: float | None = Field(None, ge=0)
 
     @field_validator("env", mode="before")

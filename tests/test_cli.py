@@ -294,6 +294,10 @@ def bad_input_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
             ["progress", "10", "--total", "0"],
             "gpuopt: error: total must be between 1 and 2**62, not 0",
         ),
+        "standby": (
+            ["standby", "wait", "--timeout", "0"],
+            "gpuopt: error: --timeout must be above 0, not 0",
+        ),
         "agent": (
             ["agent", "run"],
             "gpuopt: error: missing environment variable(s): "
@@ -321,6 +325,7 @@ GROUPS = [
     "advise-bid",
     "checkpoint",
     "progress",
+    "standby",
 ]
 
 

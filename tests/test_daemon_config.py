@@ -75,7 +75,7 @@ def test_file_problems_are_located_and_a_bad_variable_is_named(
         load_config(path)
     assert [str(p) for p in caught.value.problems] == [
         f"{path}:2:9: api.port: must be <= 65535",
-        f"{path}:3:3: api.hots: unknown field",
+        f"{path}:3:3: api.hots: unknown field; did you mean 'host'?",
         f"{path}:4:18: loops.watch_s: must be > 0",
     ]
     path.write_text("api: {port: 9000}\n")

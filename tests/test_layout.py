@@ -38,6 +38,7 @@ VOCABULARY = frozenset(
         "protocol",
         "answers",
         "progress",
+        "standby",
     }
 )
 

@@ -43,6 +43,7 @@ from optimizer.agent.logship import LogShipper
 from optimizer.agent.progress import ProgressTail
 from optimizer.agent.reporter import DaemonClient, DaemonError, EventQueue, Reporter
 from optimizer.agent.runner import AdoptedJob, JobExit, JobRunner, job_env
+from optimizer.agent.standby import Standby, end_orphan, wanted
 from optimizer.agent.telemetry import EVENT_KIND as GPU_TELEMETRY
 from optimizer.agent.telemetry import (
     ReadingSource,
@@ -197,6 +198,7 @@ class Agent:
         self.progress: ProgressTail | None = None  # reads the job's progress file
         # The checkpoint window (the stop at the power-off less the allowance), on `wall`.
         self.window = CheckpointWindow(wall)
+        self.standby: Standby | None = None  # a job started in standby (docs/standby.md)
 
     # --- inputs ----------------------------------------------------------------------
 
@@ -376,6 +378,8 @@ class Agent:
             )
             self.state = "exited"
             return int(previous.get("code", 0))
+        if previous is not None and previous.get("phase") == "standby":
+            end_orphan(previous, self.config.go_file, self.config.stop_grace_s)
         if previous is not None and previous.get("phase") == "started":
             self.job = AdoptedJob(int(previous["pid"]), previous.get("start_ticks"))
             if self.job.alive():
@@ -407,11 +411,19 @@ class Agent:
             sync = self._checkpoint_sync(assignment)
             if sync is not None:
                 sync.start_prefetch()  # the restore after the fence fetches only what changed
-            lifted = self._await_fence(assignment.fence)
-            if sync is not None:
-                sync.end_prefetch(self.config.flush_s)
-            if not lifted:
-                return self._stopped() if self.stop_reason is not None else self._signalled
+            if wanted(assignment):
+                return self._start_job(assignment, standby=True)
+            return self._start_after_fence(assignment)
+        return self._start_job(assignment)
+
+    def _start_after_fence(self, assignment: Assignment) -> int:
+        """Wait for the fence to lift, then start the job."""
+        assert assignment.fence is not None
+        lifted = self._await_fence(assignment.fence)
+        if self.checkpoints is not None:
+            self.checkpoints.end_prefetch(self.config.flush_s)
+        if not lifted:
+            return self._stopped() if self.stop_reason is not None else self._signalled
         return self._start_job(assignment)
 
     def _checkpoint_sync(self, assignment: Assignment) -> CheckpointSync | None:
@@ -434,11 +446,14 @@ class Agent:
         """Wait until the daemon lifts the fence (an earlier attempt's job still runs); False
         if a stop or a signal came first. Polls every `fence_poll_s`, so the job starts
         within that of the daemon seeing the old job exit."""
-        self.state = "fenced"
+        self.state = "fenced" if self.standby is None else "standby"
         log.info("waiting before starting the job: %s", why)
         backoff = Backoff(base=self.config.fence_poll_s, cap=5.0)
         while True:
             delay = self.config.fence_poll_s
+            if self.standby is not None and self.job is not None:
+                self.standby.note_ready(self.job.done(), self.queue)
+                delay = self.standby.poll_s(delay)
             try:
                 answer = self.client.poll()
             except DaemonError as exc:
@@ -526,22 +541,36 @@ class Agent:
         self.state = "stopped"
         return 0
 
-    def _start_job(self, assignment: Assignment) -> int:
+    def _restore(self, assignment: Assignment, sync: CheckpointSync | None) -> int | None:
+        """Restore the job's checkpoint and start its uploads; the exit status when the
+        attempt cannot start (no room for the checkpoint), else None."""
+        if sync is None:
+            return None
+        self.state = "restoring"
+        try:
+            sync.restore()  # on every node of a gang...
+        except NoSpace as exc:
+            return self._cannot_start("restore", str(exc))  # reported by the sync
+        if assignment.gang is None or assignment.gang.rank == 0:
+            sync.start_uploads()  # ...and uploaded from rank 0's alone
+        return None
+
+    def _start_job(self, assignment: Assignment, *, standby: bool = False) -> int:
+        """Restore the checkpoint, run the job, supervise it. `standby` (docs/standby.md): the
+        fence still holds; the job starts now and gets its go once it lifts, after the
+        restore (`_await_go`)."""
         job = assignment.job
         if self._gang is not None:
             assignment = dataclasses.replace(assignment, gang=self._gang)
         sync = self._checkpoint_sync(assignment)
-        if sync is not None:
-            self.state = "restoring"
-            try:
-                sync.restore()  # on every node of a gang...
-            except NoSpace as exc:
-                return self._cannot_start("restore", str(exc))  # reported by the sync
-            if assignment.gang is None or assignment.gang.rank == 0:
-                sync.start_uploads()  # ...and uploaded from rank 0's alone
+        if not standby and (failed := self._restore(assignment, sync)) is not None:
+            return failed
         local = sync.local_dir if sync is not None else None
         progress = self._start_progress(assignment, fresh=True)
         env = job_env(os.environ, assignment.protocol_env(local, progress))
+        if standby:
+            self.standby = Standby(self.config.go_file)
+            env.update(self.standby.prepare())
         checkpoint = env["GPUOPT_CHECKPOINT_DIR"]
         if checkpoint and "://" not in checkpoint:
             Path(checkpoint).mkdir(parents=True, exist_ok=True)
@@ -556,15 +585,26 @@ class Agent:
             except Interrupted:
                 return self._stopped() if self.stop_reason is not None else self._signalled
             except CodeUnavailable as exc:
+                if standby:  # tried again once the fence lifts, as without standby
+                    log.warning("no code for a standby start (%s): starting after the fence", exc)
+                    self.standby = None
+                    return self._start_after_fence(assignment)
                 return self._code_failed(job.code, str(exc))
             workdir = folder / job.workdir if job.workdir else folder
 
         def started(pid: int, phase: str) -> None:
-            self._save_run({"phase": "started", "pid": pid, "start_ticks": proc_start_ticks(pid)})
-            self.queue.put("job_started", {"pid": pid, "log": str(log_path)})
-            self.state = "running"
+            if self.standby is None:
+                self._report_started(pid, log_path)
+            else:  # reported at the go, unless that came first
+                self.standby.run_started(
+                    pid,
+                    waiting=lambda: self._save_run(
+                        {"phase": "standby", "pid": pid, "start_ticks": proc_start_ticks(pid)}
+                    ),
+                    report=lambda: self._report_started(pid, log_path),
+                )
 
-        self.state = "setup" if job.setup else "starting"
+        self.state = "standby" if standby else "setup" if job.setup else "starting"
         self.logs.begin()
         self.job = JobRunner(
             run=job.run,
@@ -578,7 +618,44 @@ class Agent:
             # lifted) without waiting out its poll
             on_exit=lambda: self.inbox.put(("exited", None)),
         ).start()
+        if standby:
+            return self._await_go(assignment, sync, log_path)
         return self._supervise()
+
+    def _report_started(self, pid: int, log_path: Path) -> None:
+        self._save_run({"phase": "started", "pid": pid, "start_ticks": proc_start_ticks(pid)})
+        data: dict[str, Any] = {"pid": pid, "log": str(log_path)}
+        if self.standby is not None:  # when it started, before its go (now)
+            data.update(standby=True, standby_since=self.standby.since)
+        self.queue.put("job_started", data)
+        self.state = "running"
+
+    def _await_go(self, assignment: Assignment, sync: CheckpointSync | None, log_path: Path) -> int:
+        """The job waits in standby: once the fence lifts, restore its checkpoint, then give
+        the go; a stop or a signal first ends it (told to stop, then SIGTERM) and the attempt
+        ends as a stop at the fence does, the job never reported started."""
+        assert self.standby is not None and assignment.fence is not None
+        lifted = self._await_fence(assignment.fence)
+        if sync is not None:
+            sync.end_prefetch(self.config.flush_s)
+        if not lifted:
+            self._end_standby()
+            return self._stopped() if self.stop_reason is not None else self._signalled
+        if (failed := self._restore(assignment, sync)) is not None:
+            return failed  # the job in standby ended first (`_cannot_start`)
+        self.state = "setup"  # until `run` starts (at once, where it waits for the go)
+        self.standby.go(report=lambda pid: self._report_started(pid, log_path))
+        return self._supervise()
+
+    def _end_standby(self) -> None:
+        """End the job that waits in standby (it has loaded nothing, so nothing is lost)."""
+        job = self.job
+        assert self.standby is not None and job is not None
+        self.state = "stopping"
+        self.standby.stop()
+        job.stop(self.config.stop_grace_s)
+        job.wait(self.config.stop_grace_s + 10.0)
+        log.info("the job started in standby has ended before its go")
 
     def _start_progress(self, assignment: Assignment, *, fresh: bool = False) -> Path:
         """Tail the job's progress file (docs/progress.md); a gang's is read on its rank 0's
@@ -615,8 +692,11 @@ class Agent:
 
     def _cannot_start(self, phase: str, why: str) -> int:
         """The job cannot start (no code, no room for its checkpoint): said in its log and as
-        its exit (`phase`, exit 1), so the daemon ends the attempt failed with the reason."""
+        its exit (`phase`, exit 1), so the daemon ends the attempt failed with the reason. A job
+        waiting in standby is ended first."""
         log.error("%s", why)
+        if self.standby is not None and self.job is not None and not self.job.done():
+            self._end_standby()
         self.logs.begin()
         with contextlib.suppress(OSError), append_private(self.config.agent_dir / JOB_ERR_LOG) as f:
             f.write(f"[gpuopt agent] {why}\n".encode())

@@ -92,6 +92,11 @@ class AgentConfig:
         return self.agent_dir.parent / "progress.jsonl"
 
     @property
+    def go_file(self) -> Path:
+        """The go file of a job started in standby (GPUOPT_GO_FILE, docs/standby.md)."""
+        return self.agent_dir.parent / "standby-go"
+
+    @property
     def staging_dir(self) -> Path:
         """Where a fenced agent prefetches the newest checkpoint."""
         return self.agent_dir.parent / "checkpoint-staging"

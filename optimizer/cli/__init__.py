@@ -25,6 +25,7 @@ from optimizer.cli import (
     probe,
     probes,
     progress,
+    standby,
     tco,
     version,
 )
@@ -53,6 +54,7 @@ app.add_typer(config.app, name="config")
 app.add_typer(agent.app, name="agent")
 app.add_typer(checkpoint.app, name="checkpoint")
 app.command("progress")(progress.progress)
+app.add_typer(standby.app, name="standby")
 app.add_typer(local.app, name="local")
 app.command("version")(version.version)
 app.command("offers")(offers.offers)

@@ -24,6 +24,7 @@ from optimizer.jobs.handover import LeaveToCloud, handing_over, handover, reclai
 from optimizer.jobs.machine import Terminate
 from optimizer.jobs.placements import release_placements
 from optimizer.jobs.spec import DEFAULT_CHECKPOINT_ALLOWANCE_S, DEFAULT_PROBES, job_spec
+from optimizer.jobs.standby import standby_ready
 from optimizer.jobs.views import PassView, attempt_view, power_off_at, preempting
 from optimizer.lifecycle import AttemptEnd, AttemptState
 from optimizer.model import EventKind, Market
@@ -101,6 +102,9 @@ class CleanUp:
             current = next(
                 (a for a in opened if a.job_id == attempt.job_id and not a.idle_spare), None
             )
+            new = attempt_view(current) if current is not None else None
+            if new is not None and current is not None and spec is not None and spec.standby:
+                new = replace(new, standby_ready=standby_ready(ctx.store, current, now=ctx.now))
             allowance = timedelta(
                 seconds=spec.checkpoint_allowance_s
                 if spec is not None
@@ -108,7 +112,7 @@ class CleanUp:
             )
             stop = handover(
                 old,
-                attempt_view(current) if current is not None else None,
+                new,
                 now=ctx.now,
                 probes=spec.probes if spec is not None else DEFAULT_PROBES,
                 allowance=allowance,

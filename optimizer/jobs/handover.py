@@ -103,10 +103,11 @@ def handover(
     allowance: timedelta = DEFAULT_CHECKPOINT_ALLOWANCE,
 ) -> Stop | None:
     """When an interrupted (or migrated) attempt's job gets SIGTERM to checkpoint: once its
-    replacement (`new`, the job's current attempt) is ready to start the job, or once the
-    power-off is within the job's checkpoint `allowance`, whichever comes first; at once if
-    the job never started. None: keep it running (or it is already stopped or over). A
-    migrated attempt has no power-off: it runs until its replacement is ready."""
+    replacement (`new`, the job's current attempt) is ready to start the job (and, for a job
+    in standby, has started it up: `standby_ready`), or once the power-off is within the
+    job's checkpoint `allowance`, whichever comes first; at once if the job never started.
+    None: keep it running (or it is already stopped or over). A migrated attempt has no
+    power-off: it runs until its replacement is ready."""
     if not handing_over(old):
         return None
     why = "moved" if old.migrated and old.interruption_notice_at is None else "interrupted"
@@ -116,6 +117,7 @@ def handover(
         new is not None
         and new.registered
         and (probes == "none" or new.probe_status in ("pass", "warn"))
+        and new.standby_ready
     ):
         return Stop(old.key, f"{why}; attempt {new.number} is ready to take over")
     due = stop_due(old, allowance)

@@ -86,6 +86,9 @@ class AttemptView:
     # and its error (stderr's last line), read only for attempts that exited non-zero.
     exit_phase: str | None = None
     exit_error: str | None = None
+    # A replacement whose job runs in standby (docs/standby.md): that job has started up and
+    # waits for its go (jobs/standby.py); True for any other attempt, which has nothing to wait for.
+    standby_ready: bool = True
 
 
 def exit_text(attempt: AttemptView, code: int) -> str:

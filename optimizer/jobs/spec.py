@@ -19,6 +19,7 @@ env: {WANDB_PROJECT: resnet}   # at most 256 variables; no NUL bytes (nor in run
 probes: quick                  # quick | deep | none
 max_restarts: 20               # optional; the policy's recovery.max_restarts otherwise
 checkpoint_allowance_s: 20     # optional: seconds the job needs to checkpoint after SIGTERM
+standby: true                  # optional: a replacement starts the job early (docs/standby.md)
 utilization:                   # optional: rules given here replace the policy's, rule by rule
   idle: {below: 0.05, for: 20m, action: stop}
 max_duration: 72h              # optional: replaces the policy's max_duration (at most 87600h)
@@ -92,6 +93,8 @@ RESERVED_ENV = (
     "GPUOPT_ATTEMPT",
     "GPUOPT_RESTARTS",
     "GPUOPT_JOB",
+    "GPUOPT_STANDBY",  # standby start (docs/standby.md)
+    "GPUOPT_GO_FILE",
     # A multi-node job's rendezvous (and torchrun's names for it), set by the agent.
     "GPUOPT_NODE_RANK",
     "GPUOPT_NUM_NODES",
@@ -291,6 +294,12 @@ class JobSpec(BaseModel):
         le=3600,
         description="How long the job needs to checkpoint after SIGTERM: after an "
         "interruption notice it is stopped at the latest this long before the power-off.",
+    )
+    standby: bool = Field(
+        False,
+        description="The job waits for the go (optimizer.standby.wait_for_go) before it "
+        "loads its checkpoint: a replacement's agent may then start it while the old "
+        "attempt's job still runs, and gives the go once that one has ended.",
     )
     utilization: Utilization | None = Field(
         None,
