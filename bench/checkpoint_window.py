@@ -10,8 +10,10 @@ and the stop is the window's, not a ready replacement's), and posts a spot notic
   power-off being the instant the local cloud powers the instance off (its notice gives it to
   the millisecond);
 - **by**: who stopped the job: the agent at the window (its own stop) or the daemon's command;
-- **daemon_stop_error**: the daemon's recorded stop (its alarm's pass, `stop_sent_at`) - the
-  same instant: how close the daemon's own timer comes, without the trip to the agent;
+- **daemon_stop_error**: the daemon's recorded stop (its alarm's pass, `stop_sent_at`, the
+  pass's start) - the same instant: how close the daemon's own timer comes, without the trip
+  to the agent (null where the job had exited, a second after the agent's own stop, before a
+  pass could record it: a pass busy with the failing launches on a loaded host);
 - **notice_seen_s**: the notice -> the daemon recording it (the agent polls the metadata every
   0.5 s, so a window shorter than that cannot be kept).
 
@@ -62,11 +64,13 @@ POLICY = """\
 apiVersion: gpuopt/v1
 kind: Policy
 name: bench-window
-workload: {gpus: 1, gpu_memory_gib: 12}
+workload: {gpus: 1, gpu_memory_gib: 12, gpu_models: [T4]}
 markets: [spot]
-placement: {providers: [local]}
+placement: {providers: [local], regions: {allow: [eu-north-1]}}
 recovery: {max_restarts: 50, pool_cooldown_minutes: 0, on_demand_after_interruptions: 100}
 """
+# One region's T4s: a pass after the capacity is gone tries a dozen launches, not every offer (which
+# made the daemon's passes seconds long on a loaded host, hiding its own stop's timing).
 # The job: its SIGTERM's wall-clock time, as the first statement of its handler; then a
 # checkpoint of a second (so the daemon's own stop, due at the same instant, is still recorded
 # while the job has not exited: `daemon_stop_error_s`).
