@@ -165,6 +165,7 @@ class Bench:
             "checkpoint_dir": str(self.ckpt),
             "checkpoint_allowance_s": self.args.allowance_s,
             "probes": self.args.probes,
+            "standby": self.args.standby,
             "env": {"HANDOVER_STEP_LOG": str(self.step_log)},
         }
         with self.daemon.client() as client:
@@ -334,6 +335,9 @@ def main() -> None:
     parser.add_argument("--probes", choices=("quick", "none", "deep"), default="quick")
     parser.add_argument("--step-s", type=float, default=0.05)
     parser.add_argument("--gpu", action="store_true", help="torch on CUDA and the real probe")
+    parser.add_argument(
+        "--standby", action="store_true", help="the job starts early and waits for its go"
+    )
     parser.add_argument("--hold-gib", type=float, default=20.0, help="with --gpu")
     args = parser.parse_args()
     notices = [float(x) for x in args.notice_s.split(",") if x.strip()]
@@ -362,6 +366,7 @@ def main() -> None:
         "load_average_1m": round(load, 2),
         "gpu": args.gpu,
         "probes": args.probes,
+        "standby": args.standby,
         "step_s": args.step_s,
         "interruptions": rows,
         **{
@@ -381,7 +386,8 @@ def main() -> None:
         "wall_s": round(time.monotonic() - began, 1),
         "command": "python bench/handover.py " + " ".join(sys.argv[1:]),
     }
-    out = RESULTS / ("handover_gpu.json" if args.gpu else "handover.json")
+    name = "handover_gpu" if args.gpu else "handover"
+    out = RESULTS / f"{name}{'_standby' if args.standby else ''}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     for key in ("downtime_s", "last_step_to_first_step_s", "notice_to_ready_s"):
         print(f"{key}: {result[key]}")

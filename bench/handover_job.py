@@ -123,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     work = _gpu_step(args.hold_gib) if args.gpu else None
     log("ready", gpu=bool(args.gpu))
+    from optimizer.standby import wait_for_go  # standard library only
+
+    if wait_for_go():  # in standby (docs/standby.md): started up, waited for the go
+        log("go")
     path = _checkpoint_path()
     step = _load(path)
     log("resumed", step=step)

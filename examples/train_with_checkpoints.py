@@ -81,6 +81,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--progress-every", type=int, default=int(env.get("PROGRESS_EVERY", 10)), help="steps"
     )
     parser.add_argument("--step-log", default=env.get("STEP_LOG"), help="a line per step")
+    parser.add_argument(
+        "--which-engine", action="store_true", help="print the engine it would train with, exit"
+    )
     args = parser.parse_args(argv)
     if args.steps < 1 or args.checkpoint_every < 1:
         parser.error("--steps and --checkpoint-every must be >= 1")
@@ -310,17 +313,24 @@ class NumpyEngine(Engine):
         return state
 
 
-def engine_for(args: argparse.Namespace) -> Engine:
+def engine_name(args: argparse.Namespace) -> str:
+    """`torch` or `numpy`: `auto` takes torch where it is installed."""
     import importlib.util
 
-    name = args.engine
-    if name == "auto":
-        name = "torch" if importlib.util.find_spec("torch") is not None else "numpy"
-    return TorchEngine(args) if name == "torch" else NumpyEngine(args)
+    if args.engine != "auto":
+        return str(args.engine)
+    return "torch" if importlib.util.find_spec("torch") is not None else "numpy"
+
+
+def engine_for(args: argparse.Namespace) -> Engine:
+    return TorchEngine(args) if engine_name(args) == "torch" else NumpyEngine(args)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.which_engine:  # the example spec's setup: say which engine will train
+        print(f"engine: {engine_name(args)}")
+        return 0
     stop = Stop()  # before importing torch, so an early SIGTERM is not lost
     engine = engine_for(args)  # imports, CUDA, the model: all that needs no checkpoint
     if os.environ.get("GPUOPT_STANDBY") == "1":

@@ -80,6 +80,9 @@ class JobView(Answer):
     removed_at: str | None
     spec: Object
     progress: ProgressView | None = None
+    # The policy the job runs under, as a policy document (its own for inline resources):
+    # in a submit's answer and in GET /jobs/{name}; null in lists, and where not loaded.
+    effective_policy: Object | None = None
 
 
 class JobList(Answer):
@@ -305,6 +308,26 @@ class RankingView(Answer):
     cooling_down: int
     policy_status: str
     policy_sha256: str
+
+
+class PlanView(Answer):
+    """`POST /jobs/plan`: what submitting a spec would do (optimizer/api/plan.py)."""
+
+    job: str
+    policy: str
+    base_policy: str
+    inline: bool
+    effective_policy: Object
+    evaluated_at: str | None
+    nodes: int
+    work_hours: Number | None
+    restarts_from_beginning: bool
+    candidate_count: int
+    candidates: list[Object]
+    rejection_count: int
+    rejected_by_rule: dict[str, int]
+    cooling_down: int
+    notes: list[str]
 
 
 class PricePointView(Answer):

@@ -173,8 +173,12 @@ def give(path: str | Path, word: str = GO) -> None:
     """Give the go (or `stop`): wake whoever sleeps on the pipe and leave the word in a
     regular file at the path for whoever looks later. Returns at once, waiter or none."""
     path = Path(path)
-    try:  # a writer end, only to wake the waiters (ENXIO: none has the pipe open now)
-        writer: int | None = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    # A writer end, held until the word is in place: a reader that opens the pipe meanwhile
+    # (a shell's `cat`, which blocks in open() until a pipe has a writer) is let through
+    # and gets the word or an end of file, never a wait with no writer to come. Read-write,
+    # as Linux opens a FIFO so without blocking, waiter or none.
+    try:
+        writer: int | None = os.open(path, os.O_RDWR | os.O_NONBLOCK)
     except OSError as exc:
         if exc.errno not in (errno.ENXIO, errno.ENOENT):
             raise

@@ -234,7 +234,10 @@ def test_a_restarted_agent_ends_the_job_an_earlier_one_left_in_standby(tmp_path:
     result = start(agent)
     ready_file = tmp_path / "marks" / "ready.json"
     wait_until(ready_file.exists, 30, "the new job to be ready in standby")
-    assert orphan.wait(timeout=30) == 143  # told to stop: it never got a go
+    # Told to stop, it never got a go: it exits 143 on the stop word, or dies of the SIGTERM
+    # that follows it when that lands while its interpreter is already shutting down (the
+    # ignoring handler is gone by then).
+    assert orphan.wait(timeout=30) in (143, -signal.SIGTERM)
     daemon.fenced.clear()
     wait_until(lambda: "code" in result, 30, "the agent to finish")
     assert (tmp_path / "marks" / "loaded.txt").read_text() == "weights 1"

@@ -238,7 +238,7 @@ def bad_input_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         ),
         "probe": (
             ["probe", "--quick", "--deep"],
-            "gpuopt: error: --quick and --deep exclude each other",
+            "gpuopt: error: --quick, --deep and --handover exclude each other",
         ),
         "config": (
             ["config", "check", str(tmp / "bad-config.yaml")],
@@ -251,6 +251,10 @@ def bad_input_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
             "gpuopt db downgrade does not do that",
         ),
         "jobs": (["jobs", "submit", str(missing)], f"{missing}: no such file"),
+        "run": (
+            ["run", "--max-price", "0", "--", "echo", "hi"],
+            "gpuopt: error: --max-price: Input should be greater than 0",
+        ),
         "advise": (
             ["advise", "Not/A-Job"],
             "gpuopt: error: job 'Not/A-Job': a job name is 1-63 lowercase letters",
@@ -314,6 +318,7 @@ GROUPS = [
     "daemon",
     "db",
     "jobs",
+    "run",
     "local",
     "agent",
     "prices",

@@ -53,8 +53,12 @@ def test_missing_fields_and_blank_command() -> None:
     with pytest.raises(JobSpecError) as caught:
         parse_job_spec("name: x\nrun: '  '\n", path="j.yaml")
     found = [str(p) for p in caught.value.problems]
-    assert "j.yaml:2:6: run: must not be blank" in found
-    assert any("policy: required field is missing" in p for p in found)
+    assert found == ["j.yaml:2:6: run: must not be blank"]  # a policy is optional
+    with pytest.raises(JobSpecError) as caught:
+        parse_job_spec("policy: p\n", path="j.yaml")
+    found = [str(p) for p in caught.value.problems]
+    assert any("name: required field is missing" in p for p in found)
+    assert any("run: required field is missing" in p for p in found)
 
 
 @pytest.mark.parametrize(

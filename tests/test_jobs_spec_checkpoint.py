@@ -50,10 +50,11 @@ def test_both_are_refused_at_checkpoint_dir() -> None:
     ]
 
 
-def test_neither_is_refused_naming_both() -> None:
-    [found] = problems(BASE)
-    assert found.startswith("j.yaml:1:1: ")
-    assert "give `checkpoint`" in found and "or `checkpoint_dir`" in found
+def test_neither_is_accepted_and_the_job_restarts_from_the_beginning() -> None:
+    spec = parse_job_spec(BASE)
+    assert (spec.checkpoint, spec.checkpoint_dir) == (None, None)
+    assert spec.restarts_from_beginning
+    assert not parse_job_spec(BASE + "checkpoint_dir: /c\n").restarts_from_beginning
 
 
 @pytest.mark.parametrize(

@@ -16,14 +16,16 @@ import os
 import shutil
 import sys
 from fnmatch import fnmatchcase
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from optimizer.clock import SteadyClock
+from optimizer.clock import SteadyClock, utc_text
 from optimizer.model import Offer
 from optimizer.ui import console_app
+from optimizer.ui.timeline import job_end
 from providers.local.prices import STEP_S, local_offers
 from providers.snapshot import load_snapshot
 from tests.helpers import TOKEN, api, make_config, running, wait_until, write_policy
@@ -55,6 +57,19 @@ def _text(driver: Any, css: str) -> str:
         return str(driver.find_element("css selector", css).text)
     except (NoSuchElementException, StaleElementReferenceException):
         return ""
+
+
+def _handover_drawn(driver: Any) -> bool:
+    """Whether the timeline draws attempt 1's last bar ending after attempt 2's first began."""
+    edges = driver.execute_script(
+        "function bars(n) { return Array.from(document.querySelectorAll("
+        "'#timeline [data-attempt=\"' + n + '\"] rect')).map(function (r) {"
+        "return [r.x.baseVal.value, r.x.baseVal.value + r.width.baseVal.value]; }); }"
+        "var one = bars(1), two = bars(2);"
+        "if (!one.length || !two.length) { return null; }"
+        "return [Math.max.apply(null, one.map(function (b) { return b[1]; })), two[0][0]];"
+    )
+    return edges is not None and edges[0] > edges[1]
 
 
 def test_the_console_follows_a_job_through_an_interruption_and_a_cancel(tmp_path: Path) -> None:
@@ -140,6 +155,12 @@ def test_the_console_follows_a_job_through_an_interruption_and_a_cancel(tmp_path
         wait_until(lambda: util.get_attribute("data-points") not in (None, "0"), 30, "util chart")
         wait_until(lambda: _text(driver, "#probes"), 30, "probe results")
         shot("03-job-running")
+        # a minute or two of readings: the time axis spans minutes (10 at least), not years
+        wait_until(lambda: util.get_attribute("data-span"), 10, "the chart's time axis")
+        assert 600 <= int(util.get_attribute("data-span") or 0) <= 3600
+        driver.execute_script("document.getElementById('util-h').scrollIntoView()")
+        shot("03b-job-chart-output")
+        driver.execute_script("window.scrollTo(0, 0)")
         cloud.interrupt(first)
         label = '#timeline [data-attempt="1"] .marker-label'
         wait_until(lambda: "interrupted" in _text(driver, label), 60, "the interruption")
@@ -149,6 +170,22 @@ def test_the_console_follows_a_job_through_an_interruption_and_a_cancel(tmp_path
         cloud.inject_telemetry(second, util=0.55, memory=0.45, memory_gib=16.0, interval_s=1.0)
         assert "job.interrupted" in _text(driver, "#job-events")
         wait_until(lambda: "attempt 2" in _text(driver, "#logs"), 60, "attempt 2's output")
+        # the hot handover: attempt 1 is drawn until its job stopped (the agent's exit
+        # report, else its instance's termination), not its row's end; where that is past
+        # attempt 2's start, the bars overlap
+        job_id = daemon.store.jobs.get_job(JOB).id  # type: ignore[union-attr]
+
+        def settled() -> tuple[Any, Any, Any] | None:
+            old, new = daemon.store.jobs.attempts(job_id)[:2]
+            exited = daemon.store.costs.exits([old.key]).get(old.key)
+            return (old, new, exited) if exited or old.instance_gone else None
+
+        old, new, exited = wait_until(settled, 60, "attempt 1's job to stop")
+        stopped = job_end(old, exited, old.ended_at)  # settled: the time now plays no part
+        until = f'#timeline [data-attempt="1"][data-until="{utc_text(stopped)}"]'
+        wait_until(lambda: driver.find_elements("css selector", until), 30, "drawn to its stop")
+        if stopped > new.started_at:  # the cloud may also take the job down with its row's end
+            assert _handover_drawn(driver)
         shot("04-job-interrupted")
 
         # -- cancel from the page --------------------------------------------------------
@@ -156,7 +193,14 @@ def test_the_console_follows_a_job_through_an_interruption_and_a_cancel(tmp_path
         driver.switch_to.alert.accept()
         wait_until(lambda: "Cancel requested" in _text(driver, ".flash"), 10, "the request")
         wait_until(lambda: "cancelled" in _text(driver, "#job-state"), 60, "the cancel")
+        # ended while the page is open: the output is no longer followed
+        ended = "Output (last 200 lines)"
+        wait_until(lambda: _text(driver, "#logs-h") == ended, 10, "the output's heading")
+        assert "GPU now" not in _text(driver, "dl.facts")
         shot("05-job-cancelled")
+        driver.get(f"{daemon.url}/ui/jobs/nobody")
+        assert _text(driver, "h1") == "Not Found" and "No job named" in _text(driver, "#error")
+        assert _text(driver, 'nav a[aria-current="page"]') == "Jobs"
 
         driver.get(f"{daemon.url}/ui/jobs")
         assert "cancelled" in _text(driver, f'#jobs tr[data-job="{JOB}"]')
@@ -225,6 +269,26 @@ def test_the_console_follows_a_job_through_an_interruption_and_a_cancel(tmp_path
         wait_until(lambda: _text(driver, "h1") == "Overview", 10, "the overview")
         assert driver.execute_script("return document.documentElement.scrollWidth") <= 390 + 1
         shot("11-overview-phone")
+        # the job's page: the timeline keeps legible text and scrolls sideways in its box
+        driver.get(f"{daemon.url}/ui/jobs/{JOB}")
+        wait_until(lambda: _text(driver, "#timeline"), 10, "the timeline")
+        assert driver.execute_script("return document.documentElement.scrollWidth") <= 390 + 1
+        box = driver.execute_script(
+            "var t = document.getElementById('timeline');"
+            "return [t.scrollWidth, t.clientWidth, Array.from("
+            "t.querySelectorAll('.axis text, .row-label, .marker-label')).map(function (e) {"
+            "var r = e.getBoundingClientRect(); return [r.left, r.right, r.top, r.height]; })];"
+        )
+        scroll_w, client_w, texts = box
+        assert scroll_w > client_w and texts and all(h >= 9.5 for *_, h in texts)
+        rows: dict[float, list[tuple[float, float]]] = {}
+        for left, right, top, _ in texts:
+            rows.setdefault(round(top), []).append((left, right))
+        for spans in rows.values():  # labels on one line do not overlap
+            spans.sort()
+            assert all(a[1] <= b[0] for a, b in pairwise(spans)), spans
+        driver.execute_script("document.getElementById('timeline-h').scrollIntoView()")
+        shot("12-job-phone")
         viewport(driver, WIDTH, HEIGHT)
 
         # -- signing out -------------------------------------------------------------------

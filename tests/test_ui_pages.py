@@ -16,10 +16,8 @@ import pytest
 from optimizer.clock import ManualClock
 from optimizer.daemon.service import Daemon
 from optimizer.model import Market
-from optimizer.store.jobs import AttemptRecord
 from optimizer.ui import console_app
 from optimizer.ui import session as sessions
-from optimizer.ui.timeline import segments, svg
 from tests.helpers import TOKEN, make_config, make_offer, running, wait_until, write_policy
 from tests.helpers.offers import FakeSource
 from tests.helpers.policies import policy_text
@@ -206,67 +204,6 @@ def test_a_job_page_reads_the_stored_spec_with_its_defaults(
     assert note in client.get("/ui/jobs/bare").text
 
 
-def _attempt(number: int, start: datetime, **values: object) -> AttemptRecord:
-    base = {
-        "id": number,
-        "job_id": 1,
-        "number": number,
-        "key": f"j-{number}",
-        "provider": "local",
-        "region": "eu-west-1",
-        "zone": "eu-west-1-a",
-        "instance_type": "g4dn.xlarge",
-        "market": "spot",
-        "usd_per_hour": 0.2,
-        "instance_id": f"i-{number}",
-        "state": "live",
-        "end_reason": None,
-        "started_at": start,
-        "ended_at": None,
-        "token_sha256": "",
-        "registered_at": None,
-        "probe_status": None,
-        "job_started_at": None,
-        "exit_code": None,
-        "notice_at": None,
-        "stop_sent_at": None,
-        "instance_gone": False,
-        "preempted": False,
-    }
-    base.update(values)
-    return AttemptRecord(**base)  # type: ignore[arg-type]
-
-
-def test_the_timeline_draws_phases_and_marks_the_interruption() -> None:
-    t = NOW
-    first = _attempt(
-        1,
-        t,
-        registered_at=t + timedelta(seconds=10),
-        job_started_at=t + timedelta(seconds=20),
-        notice_at=t + timedelta(seconds=60),
-        ended_at=t + timedelta(seconds=70),
-        end_reason="preempted",
-        preempted=True,
-    )
-    second = _attempt(2, t + timedelta(seconds=62), registered_at=t + timedelta(seconds=70))
-    assert [s.phase for s in segments(first, t + timedelta(seconds=90))] == [
-        "provisioning",
-        "probing",
-        "running",
-        "notice",
-    ]
-    assert [s.phase for s in segments(second, t + timedelta(seconds=90))] == [
-        "provisioning",
-        "probing",
-    ]
-    drawn = str(svg([first, second], t + timedelta(seconds=90)))
-    assert drawn.count('class="marker"') == 1
-    assert "interrupted 12:01:00" in drawn and ">live<" in drawn
-    assert 'data-attempt="2"' in drawn and "<title" in drawn
-    assert str(svg([], t)) == ""
-
-
 def test_a_job_page_lists_its_checkpoints_their_restores_and_the_states_cost(
     client: httpx.Client, daemon: Daemon
 ) -> None:
@@ -356,3 +293,104 @@ def test_spend_is_the_instances_everywhere_and_a_removed_job_keeps_its_name(
     with httpx.Client(base_url=daemon.url, timeout=10) as api_client:
         after = api_client.get("/costs", params={"by": "job"}, headers=headers).json()
     assert [g["group"] for g in after] == [f"spent (removed job {job})"]
+
+
+def test_a_console_page_that_fails_is_a_page_in_the_frame_with_its_status(
+    client: httpx.Client, daemon: Daemon
+) -> None:
+    """An unknown job, an address with no page, a bad parameter and a refused form answer
+    their status with the console's header and navigation around what went wrong; what the
+    pages' scripts fetch and the API keep their JSON."""
+    gone = client.get("/ui/jobs/nobody")
+    assert gone.status_code == 404 and gone.headers["content-type"].startswith("text/html")
+    assert 'class="brand"' in gone.text and '<a href="/ui/jobs" aria-current="page">' in gone.text
+    assert "No job named &#39;nobody&#39;." in gone.text and 'action="/ui/logout"' in gone.text
+    assert gone.headers["content-security-policy"].startswith("default-src 'self'")
+    nowhere = client.get("/ui/nowhere")
+    assert nowhere.status_code == 404 and "There is no console page at /ui/nowhere." in nowhere.text
+    bad = client.get("/ui/prices", params={"days": 99})
+    assert bad.status_code == 422 and '<ul id="error-problems">' in bad.text
+    assert "<li>days: Input should be less than or equal to 30</li>" in bad.text
+    daemon.store.jobs.add_job("j2", "small", {"run": "x", "checkpoint_dir": "/x"})
+    refused = client.post("/ui/jobs/j2/cancel", data={"csrf": "forged"})
+    assert refused.status_code == 403 and "CSRF token is missing or wrong" in refused.text
+    assert 'class="brand"' in refused.text
+    # the scripts' endpoints and the API: JSON as before
+    data = client.get("/ui/data/jobs/nobody/logs")
+    assert data.status_code == 404 and data.json() == {"detail": "no job named 'nobody'"}
+    assert client.get("/ui/fragments/jobs/nobody").json()["detail"] == "no job named 'nobody'"
+    invalid = client.get("/ui/data/prices", params={"pool": "x", "days": 99})
+    assert invalid.status_code == 422 and invalid.json()["detail"][0]["loc"] == ["query", "days"]
+    with httpx.Client(base_url=daemon.url) as stranger:
+        api = stranger.get("/jobs/nobody", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert api.status_code == 404 and api.json()["detail"]
+        # a stranger gets the frame without a sign-out form; pages still send them to sign in
+        lost = stranger.get("/ui/nowhere")
+        assert lost.status_code == 404 and 'action="/ui/logout"' not in lost.text
+        assert stranger.get("/ui/jobs/nobody").status_code == 303
+
+
+def test_the_favicon_needs_no_token_and_the_api_still_does(daemon: Daemon) -> None:
+    with httpx.Client(base_url=daemon.url) as stranger:
+        icon = stranger.get("/favicon.ico")
+        assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"
+        assert icon.content.startswith(b"<svg")
+        assert stranger.get("/ui/static/favicon.svg").content == icon.content
+        assert stranger.get("/jobs").status_code == 401
+        assert 'rel="icon" href="/ui/static/favicon.svg"' in stranger.get("/ui/login").text
+
+
+def test_an_ended_jobs_page_says_last_reading_and_does_not_follow_its_output(
+    client: httpx.Client, daemon: Daemon
+) -> None:
+    from optimizer.store.logs import NewChunk
+    from optimizer.store.telemetry import GpuMinute
+
+    store = daemon.store
+    job = store.jobs.add_job("done", "small", {"run": "x", "checkpoint_dir": "/x"})
+    attempt = store.jobs.create_attempt(job, 1, "done-1", SPOT, "0" * 64, NOW)
+    store.telemetry.add(
+        attempt.id,
+        [GpuMinute(NOW, 6, 1, util_mean=0.5, memory_used_gib_max=4, memory_total_gib=16)],
+    )
+    store.logs.append(
+        job_id=job, attempt_id=attempt.id, chunks=[NewChunk(0, "stdout", "step 10 of 10\n")]
+    )
+    live = client.get("/ui/jobs/done").text
+    assert "<dt>GPU now</dt>" in live and "Output (last 200 lines, following)" in live
+    assert 'data-logs="/ui/data/jobs/done/logs"' in live
+    assert 'data-chart="utilization"' in live and 'data-every="3000" role="img"' in live
+    assert store.jobs.transition_job(
+        job, expected="pending", state="succeeded", reason="done", at=NOW
+    )
+    ended = client.get("/ui/jobs/done").text
+    assert "<dt>GPU, last reading</dt>" in ended and "GPU now" not in ended
+    assert "following" not in ended and "data-logs" not in ended
+    assert '<h2 id="logs-h">Output (last 200 lines)</h2>' in ended
+    assert "step 10 of 10" in ended.split('id="logs"')[1]  # in the page
+    chart = ended.split('id="util-chart"')[1].split(">")[0]
+    assert "data-every" not in chart  # the readings are all there are: no polling
+    # the utilization's data: one minute, one point (the chart's axis spans it: charts.js)
+    assert client.get("/ui/data/jobs/done/utilization").json()["util"] == [50.0]
+
+
+def test_an_alert_with_several_problems_is_a_list(client: httpx.Client, daemon: Daemon) -> None:
+    """A rejected policy edit's alert names each problem on a line of its own: the overview
+    and the job's events show them as a list under the first line."""
+    problems = ["a.yaml:3:1: buffer: unknown key", "a.yaml:5:9: bid.max_usd_per_hour: not a number"]
+    job = daemon.store.jobs.add_job("j3", "small", {"run": "x", "checkpoint_dir": "/x"})
+    daemon.store.events.add_event(
+        "policy.rejected",
+        "a.yaml: edit rejected, no earlier version to keep:\n" + "\n".join(problems),
+        severity="warning",
+        job_id=job,
+    )
+    listed = (
+        'a.yaml: edit rejected, no earlier version to keep:<ul class="problems">'
+        + "".join(f"<li>{p}</li>" for p in problems)
+        + "</ul>"
+    )
+    assert listed in client.get("/ui/").text
+    assert listed in client.get("/ui/jobs/j3").text
+    daemon.store.events.add_event("job.interrupted", "one line", severity="warning")
+    assert "<br>one line</li>" in client.get("/ui/").text

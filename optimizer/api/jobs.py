@@ -14,8 +14,10 @@ from fastapi import APIRouter, HTTPException, Query, status
 from optimizer import answers
 from optimizer.api.costs import job_attempts
 from optimizer.api.params import Id, Page
+from optimizer.api.plan import effective_policy
 from optimizer.api.state import ApiState, StateDep, utc_text
 from optimizer.code import CodeError
+from optimizer.daemon.policies import POLICY_DOCUMENT
 from optimizer.jobs.advice import job_advice
 from optimizer.jobs.deadlines import deadline_view
 from optimizer.jobs.gang import head_number
@@ -33,6 +35,7 @@ from optimizer.store import (
 )
 from optimizer.store.telemetry import GpuSummary
 from policies.egress import residency_problem
+from policies.inline import document
 from policies.schema import Policy
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -54,7 +57,7 @@ def job_view(job: JobRecord, progress: JobProgress | None = None) -> dict[str, A
             None if job.cancel_requested_at is None else utc_text(job.cancel_requested_at)
         ),
         "removed_at": None if job.removed_at is None else utc_text(job.removed_at),
-        "spec": job.spec,
+        "spec": {k: v for k, v in job.spec.items() if k != POLICY_DOCUMENT},
         "progress": None if progress is None else progress.to_dict(),
     }
 
@@ -62,6 +65,15 @@ def job_view(job: JobRecord, progress: JobProgress | None = None) -> dict[str, A
 def _view(state: ApiState, job: JobRecord) -> dict[str, Any]:
     """The job object with its progress now."""
     return job_view(job, job_progress(state.store, job, state.clock()))
+
+
+def _detail_view(state: ApiState, job: JobRecord) -> dict[str, Any]:
+    """The job object with its progress and its effective policy (null when not loaded)."""
+    loaded = state.policies.for_job(job)
+    return {
+        **_view(state, job),
+        "effective_policy": None if loaded is None else document(loaded.policy),
+    }
 
 
 def _job(state: ApiState, name: str) -> JobRecord:
@@ -88,22 +100,14 @@ def list_jobs(
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=answers.JobView)
 def submit_job(spec: JobSpec, state: StateDep) -> dict[str, Any]:
-    """Store a job to run under a loaded policy (409 if the name is taken)."""
-    if state.policies.get(spec.policy) is None:
-        known = ", ".join(sorted(state.policies.snapshot())) or "none"
-        raise HTTPException(
-            422,
-            detail=[
-                {
-                    "loc": ["body", "policy"],
-                    "msg": f"no policy named {spec.policy!r} is loaded (loaded: {known})",
-                    "type": "value_error",
-                }
-            ],
-        )
+    """Store a job to run under a loaded policy, or under its own: its inline `resources`
+    over the policy it names or the daemon's default (optimizer/api/plan.py); 409 if the
+    name is taken. The answer carries the job's effective policy."""
+    name, policy, base = effective_policy(state, spec)
+    inline = spec.inline
     spec, unknown = _with_region(state, spec)
-    loaded = state.policies.get(spec.policy)
-    _check_residency(spec, None if loaded is None else loaded.policy)
+    spec = spec.model_copy(update={"policy": name})
+    _check_residency(spec, policy)
     if spec.code is not None and state.code is not None and not _holds(state, spec.code.sha256):
         raise HTTPException(
             422,
@@ -117,11 +121,15 @@ def submit_job(spec: JobSpec, state: StateDep) -> dict[str, Any]:
             ],
         )
     body = stored_form(spec)
+    if inline:
+        body[POLICY_DOCUMENT] = document(policy)
+    assert spec.policy is not None
     event = state.emitter.draft(
         EventKind.JOB_SUBMITTED,
-        f"job {spec.name} submitted under policy {spec.policy}",
+        f"job {spec.name} submitted under policy {spec.policy}"
+        + (f" (inline resources over policy {base})" if inline else ""),
         policy=spec.policy,
-        data={"job": spec.name},
+        data={"job": spec.name, **({"base_policy": base} if inline else {})},
     )
     try:
         job_id = state.store.jobs.add_job(spec.name, spec.policy, body, event=event)
@@ -139,7 +147,7 @@ def submit_job(spec: JobSpec, state: StateDep) -> dict[str, Any]:
             )
         )
     state.wakeup.set()
-    return job_view(_job(state, spec.name))
+    return _detail_view(state, _job(state, spec.name))
 
 
 def _check_residency(spec: JobSpec, policy: Policy | None) -> None:
@@ -224,9 +232,9 @@ def _taken(exc: DuplicateJobError) -> str:
 def show_job(name: str, state: StateDep) -> dict[str, Any]:
     """The job, and its attempts each with its cost lines (docs/costs.md)."""
     job = _job(state, name)
-    loaded = state.policies.get(job.policy)
+    loaded = state.policies.for_job(job)
     return {
-        **_view(state, job),
+        **_detail_view(state, job),
         "attempts": job_attempts(state, job.id),
         "gpu": gpu_view(state.store.telemetry.summary(job_id=job.id)),
         "deadline": deadline_view(
@@ -310,7 +318,7 @@ def advise_job(name: str, state: StateDep) -> dict[str, Any]:
     that still fits, the saving per month and why; `status` is `cheaper_fit`,
     `no_cheaper_fit` or `no_telemetry`. 409 if the job's policy is not loaded."""
     job = _job(state, name)
-    loaded = state.policies.get(job.policy)
+    loaded = state.policies.for_job(job)
     if loaded is None:
         raise HTTPException(
             409, detail=f"job {name!r} runs under policy {job.policy!r}, which is not loaded"

@@ -77,7 +77,7 @@ def offers(
         )
     if at is not None and at.utcoffset() is None:
         raise HTTPException(422, detail=f"at: {at.isoformat()} has no UTC offset; add one (Z)")
-    loaded = state.policies.get(policy)
+    loaded = state.policies.get(policy) if record is None else state.policies.for_job(record)
     if loaded is None:
         known = ", ".join(sorted(state.policies.snapshot())) or "none"
         raise HTTPException(404, detail=f"no policy named {policy!r} is loaded (loaded: {known})")

@@ -25,6 +25,7 @@ from optimizer.cli import (
     probe,
     probes,
     progress,
+    run,
     standby,
     tco,
     version,
@@ -49,6 +50,7 @@ app.command("probe")(probe.probe)
 app.add_typer(probes.app, name="probes")
 app.command("daemon")(daemon.daemon)
 app.add_typer(db.app, name="db")
+app.command("run", context_settings={"allow_interspersed_args": False})(run.run)
 app.add_typer(jobs.app, name="jobs")
 app.add_typer(config.app, name="config")
 app.add_typer(agent.app, name="agent")

@@ -18,8 +18,8 @@ import typer
 from optimizer.cli import client
 from optimizer.cli.client import ApiOption
 from optimizer.cli.client import call as _call
-from optimizer.cli.code import ship
 from optimizer.cli.common import error, fail
+from optimizer.cli.plan import effective_policy_lines
 
 if TYPE_CHECKING:
     from optimizer.answers import AttemptView, DeadlineView, GpuView, JobView, ProgressView
@@ -29,12 +29,36 @@ app = typer.Typer(
 )
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the API's JSON.")]
+YesOption = Annotated[
+    bool, typer.Option("--yes", "-y", help="Submit without asking (after printing the plan).")
+]
+DryRunOption = Annotated[
+    bool, typer.Option("--dry-run", help="Print the plan and stop: nothing is submitted.")
+]
 
 
 def _job(answer: Any) -> JobView:
     from optimizer.answers import JobView
 
     return client.read(JobView, answer)
+
+
+def check_name(name: str) -> None:
+    """End the command (exit 2) when `--name` is no job name."""
+    import re
+
+    from policies.schema import NAME_PATTERN
+
+    if not re.fullmatch(NAME_PATTERN, name):
+        fail(
+            f"--name {name!r}: a job name is 1-63 lowercase letters, digits and dashes, "
+            "starting and ending with a letter or digit"
+        )
+
+
+def print_job_answer(answer: Any) -> None:
+    """The API's job answer, read and printed as `_print_job` does."""
+    _print_job(_job(answer))
 
 
 def _print_job(job: JobView) -> None:
@@ -62,6 +86,10 @@ def _print_job(job: JobView) -> None:
         for a in job.attempts:
             if a.role == "warm_spare" and a.state != "ended":
                 print("  " + spare_line(a))
+    if isinstance(job, JobDetail) and job.effective_policy:
+        print("  " + effective_policy_header(job))
+        for line in effective_policy_lines(job.effective_policy):
+            print("    " + line)
 
 
 def spare_line(a: AttemptView) -> str:
@@ -76,6 +104,13 @@ def spare_line(a: AttemptView) -> str:
     else:
         status = "booting"
     return f"warm spare: attempt {a.number} on {where}{price}, {status}"
+
+
+def effective_policy_header(job: JobView) -> str:
+    """`effective policy job-train (inline resources over policy default):`."""
+    doc = job.effective_policy or {}
+    about = f" ({doc['description']})" if doc.get("description") else ""
+    return f"effective policy {doc.get('name', job.policy)}{about}:"
 
 
 def deadline_line(d: DeadlineView) -> str:
@@ -169,33 +204,35 @@ def submit(
             show_default=False,
         ),
     ] = None,
+    yes: YesOption = False,
+    dry_run: DryRunOption = False,
     api: ApiOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Check a job spec and hand it to the daemon, with its code (docs/code.md)."""
-    import re
-
+    """Check a job spec, print the plan (the offers its launch would walk, the rejections
+    by rule), ask "Launch?" on a terminal, and hand it to the daemon with its code
+    (docs/cli.md, "The plan"; docs/code.md)."""
+    from optimizer.cli.plan import submit_planned
     from optimizer.jobs.spec import JobSpecError, load_job_spec
-    from policies.schema import NAME_PATTERN
 
-    if name is not None and not re.fullmatch(NAME_PATTERN, name):
-        fail(
-            f"--name {name!r}: a job name is 1-63 lowercase letters, digits and dashes, "
-            "starting and ending with a letter or digit"
-        )
+    if name is not None:
+        check_name(name)
     try:
         spec = load_job_spec(file)
     except JobSpecError as exc:
         fail(*exc.problems, prefixed=False)
     if name is not None:
         spec = spec.model_copy(update={"name": name})
-    spec = ship(spec, file, code, api, out=sys.stderr if as_json else sys.stdout)
-    answer = _call("POST", "/jobs", api, json=spec.model_dump(mode="json", by_alias=True))
-    job = _job(answer)
-    if as_json:
-        print(json.dumps(answer, indent=2))
-    else:
-        _print_job(job)
+    submit_planned(
+        spec,
+        file,
+        code,
+        api,
+        yes=yes,
+        dry_run=dry_run,
+        as_json=as_json,
+        show_job=print_job_answer,
+    )
 
 
 @app.command("list")

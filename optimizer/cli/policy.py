@@ -11,7 +11,10 @@ import typer
 
 from optimizer.cli.common import fail
 
-app = typer.Typer(help="Check policy files and print the policy JSON Schema.", no_args_is_help=True)
+app = typer.Typer(
+    help="Check policy files, add them to the daemon, print the policy JSON Schema.",
+    no_args_is_help=True,
+)
 
 
 @app.command("check")
@@ -47,6 +50,56 @@ def check(
         print(f"{path}: ok ({policy.name}: {policy.workload.gpus} GPU(s), {need:.1f} GiB per GPU)")
     if failed:
         fail(f"{failed} of {len(files)} policy file(s) invalid", prefixed=False)
+
+
+@app.command("add")
+def add(
+    file: Annotated[Path, typer.Argument(help="Policy YAML file.", show_default=False)],
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config", help="The daemon config whose policy folder to use.", dir_okay=False
+        ),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace a different file of the same name.")
+    ] = False,
+) -> None:
+    """Check a policy file and copy it into the daemon's policy folder (created when missing),
+    as <name>.yaml: a running daemon loads it within seconds, a daemon started later at once."""
+    import filecmp
+    import shutil
+
+    from optimizer.common.files import private_dir
+    from optimizer.daemon.config import ConfigError, load_config
+    from policies.loader import PolicyError, load_policy
+
+    try:
+        policy = load_policy(file)
+    except PolicyError as exc:
+        fail(*exc.problems)
+    try:
+        folder = load_config(config).effective_policy_dir
+    except ConfigError as exc:
+        fail(*exc.problems)
+    target = folder / f"{policy.name}.yaml"
+    if target.exists() and not filecmp.cmp(file, target, shallow=False) and not force:
+        fail(f"{target} holds another version of policy {policy.name!r}; --force replaces it")
+    for other in sorted(folder.glob("*.y*ml")) if folder.is_dir() else []:
+        if other.name == target.name:
+            continue
+        try:
+            named = load_policy(other).name
+        except PolicyError:
+            continue
+        if named == policy.name:
+            fail(f"{other} already defines policy {policy.name!r}; remove it or rename one")
+    try:
+        private_dir(folder)
+        shutil.copyfile(file, target)
+    except OSError as exc:
+        fail(f"cannot write {target}: {exc.strerror or exc}")
+    print(f"policy {policy.name} in {target} (a running daemon loads it within seconds)")
 
 
 @app.command("windows")

@@ -277,6 +277,17 @@ class CodeConfig(_Section):
         return value
 
 
+class PoliciesConfig(_Section):
+    """What policies the daemon applies besides its policy files (docs/policies.md)."""
+
+    default: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+        description="The loaded policy that inline resources (`gpuopt run`, a job's "
+        "`resources:`) are written over; gpuopt's shipped default policy when unset.",
+    )
+
+
 class DataTransferConfig(_Section):
     """Data transfer rates that replace the bundled table's (docs/costs.md, "The job's
     state"): `{provider: {path: usd_per_gb}}`, paths same-region, other-zone,
@@ -514,6 +525,9 @@ class ConfigSchema(BaseModel):
     data_dir: Path | None = None
     database_url: SecretStr | None = None
     policy_dir: Path | None = None
+    policies: PoliciesConfig = Field(
+        default_factory=PoliciesConfig, examples=[{"default": "team-default"}]
+    )
     providers: dict[str, SerializeAsAny[ProviderConfig]] = Field(
         default_factory=_default_providers,
         examples=[{"aws": {"regions": ["us-east-1"]}, "local": {"enabled": False}}],

@@ -159,7 +159,7 @@ class Daemon:
         self.store = store or Store(config.effective_database_url, clock=clock)
         self.event_log = JobEventLog()  # each job's events as log lines, once committed
         self.store.events.listen(self.event_log)
-        self.registry = PolicyRegistry()
+        self.registry = PolicyRegistry(default=config.policies.default)
         self.emitter = Emitter(
             self.store.events, Router(config.alerts.routes, config.alerts.channels.keys())
         )

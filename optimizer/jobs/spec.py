@@ -4,7 +4,8 @@
 apiVersion: gpuopt/v1          # optional
 kind: Job                      # optional
 name: train-resnet             # [a-z0-9-], unique among jobs
-policy: resnet50-training      # a loaded policy's name
+policy: resnet50-training      # a loaded policy's name (optional with `resources`)
+resources: {gpu: T4, market: spot}  # optional: inline resources over the default policy
 run: python train.py --epochs 90   # at most 64 KiB
 setup: pip install -r requirements.txt     # optional, runs before `run` on every attempt
 workdir: /srv/train            # optional: where `setup` and `run` start
@@ -37,7 +38,12 @@ bare number is seconds, as for every duration. A deadline without `work` is acce
 job's own progress reports then tell the work left, and until they do the job is only watched
 for a missed deadline. `work` without a deadline is refused (nothing would read it).
 
-Exactly one of `checkpoint` and `checkpoint_dir` is given. A `checkpoint` URI is checked here
+`resources` (policies/inline.py) is written over a policy: the one `policy` names, else the
+daemon's default; a spec with neither `policy` nor `resources` runs under the default policy.
+The daemon builds the effective policy at submit (docs/policies.md, "Inline resources").
+
+At most one of `checkpoint` and `checkpoint_dir` is given; a job with neither restarts from
+the beginning after an interruption (its plan says so). A `checkpoint` URI is checked here
 (`check_uri`): its scheme, a bucket for s3:// and gs://, an absolute path for file://.
 
 Durations are at most ten years (87600h) and no number may be NaN or infinite, as in policies
@@ -72,6 +78,7 @@ from pydantic import (
 from optimizer.clock import parse_utc
 from optimizer.common.documents import load_document, parse_document
 from optimizer.common.errors import LocatedError
+from policies.inline import Resources
 from policies.schema import (
     DURATION_PATTERN,
     MIN_WINDOW_S,
@@ -257,7 +264,17 @@ class JobSpec(BaseModel):
     api_version: Literal["gpuopt/v1"] = Field("gpuopt/v1", alias="apiVersion")
     kind: Literal["Job"] = "Job"
     name: str = Field(pattern=NAME_PATTERN, description="[a-z0-9-], unique among jobs.")
-    policy: str = Field(pattern=NAME_PATTERN, description="The policy the job runs under.")
+    policy: str | None = Field(
+        None,
+        pattern=NAME_PATTERN,
+        description="The policy the job runs under; with `resources`, the one they are "
+        "written over (default: the daemon's default policy).",
+    )
+    resources: Resources | None = Field(
+        None,
+        description="Inline resources written over the policy (policies/inline.py).",
+        examples=[{"gpu": "T4", "market": "spot", "regions": ["eu-*"]}],
+    )
     run: str = Field(min_length=1, description="The command, run with /bin/sh -c.")
     setup: str | None = Field(None, description="Runs before `run` on every attempt.")
     workdir: str | None = Field(
@@ -379,15 +396,16 @@ class JobSpec(BaseModel):
             raise ValueError("give either `checkpoint` or `checkpoint_dir`, not both")
         return value
 
-    @model_validator(mode="after")
-    def _one_checkpoint_place(self) -> JobSpec:
-        # Neither given: located at the spec itself, the message names both fields.
-        if self.checkpoint is None and self.checkpoint_dir is None:
-            raise ValueError(
-                "give `checkpoint` (a bucket URI the daemon syncs checkpoints to) or "
-                "`checkpoint_dir` (a folder the attempts share)"
-            )
-        return self
+    @property
+    def inline(self) -> bool:
+        """Whether the job runs under an effective policy the daemon builds (resources
+        written over a policy, or no policy named): not a loaded policy as it is."""
+        return self.resources is not None or self.policy is None
+
+    @property
+    def restarts_from_beginning(self) -> bool:
+        """No checkpoint place: an interrupted attempt's successor starts over."""
+        return self.checkpoint is None and self.checkpoint_dir is None
 
     @field_validator("run", "setup", "workdir")
     @classmethod
@@ -442,8 +460,11 @@ ROW_FIELDS = frozenset({"api_version", "kind", "name", "policy"})
 
 def stored_form(spec: JobSpec) -> dict[str, Any]:
     """What the store keeps of a submitted spec: its JSON (durations in seconds), less the
-    fields the job's row holds."""
-    return spec.model_dump(mode="json", exclude=set(ROW_FIELDS))
+    fields the job's row holds (and the resources not given)."""
+    out = spec.model_dump(mode="json", exclude=set(ROW_FIELDS))
+    if out.get("resources") is not None:
+        out["resources"] = {k: v for k, v in out["resources"].items() if v is not None}
+    return out
 
 
 def from_stored(stored: Mapping[str, Any], *, name: str, policy: str) -> JobSpec:

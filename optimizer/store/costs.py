@@ -215,6 +215,12 @@ class Costs:
             exits = self._exits(conn, [a.key for a, _, _ in records])
         return [BilledAttempt(a, job, policy, exits.get(a.key)) for a, job, policy in records]
 
+    def exits(self, keys: Sequence[str]) -> dict[str, datetime]:
+        """When each attempt's job process exited, by attempt key (attempts whose agent has
+        not reported it are left out)."""
+        with self._db.connect() as conn:
+            return self._exits(conn, keys)
+
     @staticmethod
     def _exits(conn: Any, keys: Sequence[str]) -> dict[str, datetime]:
         """When each attempt's job process exited, by attempt key (its first `job_exited`)."""

@@ -124,7 +124,7 @@ def job_page(state: ApiState, job: JobRecord) -> JobPage:
         job=job,
         attempts=attempts,
         costs=[AttemptView.model_validate(a) for a in job_attempts(state, job.id)],
-        timeline=timeline.svg(attempts, now),
+        timeline=timeline.svg(attempts, now, state.store.costs.exits([a.key for a in attempts])),
         probes=probes,
         gpu=_gpu(state, job),
         events=state.store.events.list_events(job_id=job.id, limit=EVENTS),
@@ -135,7 +135,7 @@ def job_page(state: ApiState, job: JobRecord) -> JobPage:
 
 
 def _deadline(state: ApiState, job: JobRecord, now: datetime) -> DeadlineView | None:
-    loaded = state.policies.get(job.policy)
+    loaded = state.policies.for_job(job)
     found = deadline_view(state.store, job, None if loaded is None else loaded.policy, now)
     return None if found is None else DeadlineView.model_validate(found)
 

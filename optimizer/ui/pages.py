@@ -98,10 +98,13 @@ async def job_page(
 ) -> Response:
     job = await run_in_threadpool(_job, state, name)
     data = await run_in_threadpool(job_views.job_page, state, job)
+    # an ended job's output is all there is: in the page, not followed
+    logs = await run_in_threadpool(job_views.logs_tail, state, job) if data.ended else None
     return html(
         request,
         "job.html",
         p=data,
+        logs=logs,
         cancelled=bool(cancelled),
         title=f"Job {job.given_name}",
         **_common(state, session, "jobs"),

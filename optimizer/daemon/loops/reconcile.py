@@ -130,10 +130,11 @@ class ReconcileLoop:
     def run_once(self) -> PassReport:
         """One pass over the live jobs."""
         started = time.perf_counter()
+        jobs = tuple(self.store.jobs.live_jobs())
         ctx = ReconcileContext(
             now=self.clock(),
-            jobs=tuple(self.store.jobs.live_jobs()),
-            policies=self.registry.snapshot(),
+            jobs=jobs,
+            policies=self.registry.with_jobs(jobs),
             store=self.store,
             providers=self.providers,
             emitter=self.emitter,
