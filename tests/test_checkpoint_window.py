@@ -172,15 +172,10 @@ def test_the_clean_up_pass_asks_for_a_pass_at_the_window_and_stops_the_job_then(
     assert w.attempt(1).stop_sent_at == due
 
 
-class NoPolicies:
-    def snapshot(self) -> dict[str, object]:
-        return {}
-
-
 def test_a_reconciler_that_asks_for_an_instant_gets_a_pass_then(store: Store) -> None:
     """The reconcile loop hands its alarm to the passes (`ctx.wake_at`): a pass at the instant
     asked for, with no tick and no other wake-up."""
-    loop = ReconcileLoop(store, cast(PolicyRegistry, NoPolicies()), cast(Emitter, None), utc_now)
+    loop = ReconcileLoop(store, PolicyRegistry(), cast(Emitter, None), utc_now)
     loop.attach(lambda: threading.Thread(target=loop.tick, daemon=True).start())
     seen: list[datetime] = []
     due = utc_now() + timedelta(milliseconds=300)
