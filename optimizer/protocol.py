@@ -16,6 +16,8 @@ when a field is missing.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from datetime import datetime, timedelta
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -31,6 +33,7 @@ from pydantic import (
     model_serializer,
 )
 
+from optimizer.clock import parse_utc
 from optimizer.standby import ENV_GO_FILE as ENV_GO_FILE
 from optimizer.standby import ENV_STANDBY as ENV_STANDBY
 
@@ -336,11 +339,16 @@ class CodeArchive(_Message):
 
 
 class Job(_Optional):
-    """What to run (the job spec's part the agent needs); `checkpoint` and `code` are absent
-    from the wire when the job has none, `standby` unless it is true (docs/standby.md: the
-    agent may start the job while the fence holds, and gives it the go when it lifts)."""
+    """What to run (the job spec's part the agent needs); `checkpoint`, `code` and
+    `checkpoint_allowance_s` are absent from the wire when the job has none, `standby` unless
+    it is true (docs/standby.md: the agent may start the job while the fence holds, and gives
+    it the go when it lifts).
 
-    OMITTED = frozenset({"checkpoint", "code", "standby"})
+    `checkpoint_allowance_s`: the job's checkpoint allowance (the spec's), so that after an
+    interruption notice the agent stops the job itself at the power-off less it should the
+    daemon's stop not have come by then; absent (an older daemon): the agent waits for it."""
+
+    OMITTED = frozenset({"checkpoint", "code", "standby", "checkpoint_allowance_s"})
 
     name: str | None = None
     run: str
@@ -353,6 +361,7 @@ class Job(_Optional):
     checkpoint: CheckpointRef | None = None
     code: CodeArchive | None = None
     standby: StrictBool = False
+    checkpoint_allowance_s: float | None = Field(None, ge=0)
 
     @field_validator("env", mode="before")
     @classmethod
@@ -405,3 +414,36 @@ class EventsAnswer(_Answer):
 
 class LogsAnswer(_Message):
     ack: list[int] = Field(default_factory=list)
+
+
+# -- the notice's power-off ----------------------------------------------------------------------
+
+# How long after a notice an instance goes when the notice names no time: GCP gives 30 s
+# after preempting; an AWS notice without a readable time is taken at its two minutes.
+GCP_PREEMPT_WARNING = timedelta(seconds=30)
+DEFAULT_WARNING = timedelta(minutes=2)
+
+
+def power_off_time(notice: Mapping[str, Any], noticed_at: datetime) -> datetime | None:
+    """When the instance a notice announces goes away (None: a rebalance hint, it stays).
+
+    `notice` is the `interruption_notice` event's data: AWS names the action's time; GCP's
+    `time` is when the agent saw the preemption, 30 s before the end. `noticed_at`: when the
+    notice was seen, for a notice whose time is missing or unreadable. The daemon reads the
+    power-off with it to time the old job's stop, and the agent to stop the job itself at the
+    same instant (docs/checkpoints.md, "The checkpoint window")."""
+    action = notice.get("action")
+    if action == "rebalance":
+        return None
+    raw = notice.get("time")
+    at: datetime | None = None
+    if isinstance(raw, str):
+        try:
+            at = parse_utc(raw)
+        except ValueError:
+            at = None
+        if at is not None and at.tzinfo is None:
+            at = None
+    if action == "preempted":
+        return (at or noticed_at) + GCP_PREEMPT_WARNING
+    return at or noticed_at + DEFAULT_WARNING

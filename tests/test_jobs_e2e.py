@@ -393,7 +393,7 @@ def test_an_old_job_still_checkpointing_at_the_power_off_never_overlaps_its_repl
     tmp_path: Path, daemon: Daemon, cloud: LocalCloud, clock: Clock
 ) -> None:
     """The fence lifts when the old instance is seen gone, not at the announced power-off
-    (which the notice gives in whole seconds, up to a second early)."""
+    (a cloud's is approximate, and AWS gives it in whole seconds, up to a second early)."""
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     # A shared checkpoint_dir: the test reads the log the job writes there as it runs.
@@ -405,7 +405,7 @@ def test_an_old_job_still_checkpointing_at_the_power_off_never_overlaps_its_repl
     instance = wait_until(lambda: running_instance(cloud, "stamps", 1), 30, "attempt 1 running")
     wait_until(lambda: (ckpt / "stamps.log").exists() or None, 30, "the job to start")
     # The power-off 0.9 s past a whole second, ~6 s away (time for the replacement to be
-    # ready and fenced): the notice's time, in whole seconds, says 0.9 s earlier.
+    # ready and fenced): where a notice gives whole seconds, its time says 0.9 s earlier.
     now = clock().timestamp()
     grace = int(now) + 6.9 - now
     assert cloud.interrupt(instance, grace_s=grace).interruption is not None

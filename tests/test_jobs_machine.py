@@ -32,12 +32,12 @@ from optimizer.jobs.machine import (
     Terminate,
     decide,
     finished_on,
-    power_off_time,
 )
 from optimizer.jobs.recovery import Failover, Failure, RecoverySettings
 from optimizer.lifecycle import TERMINAL_JOB_STATES as TERMINAL
 from optimizer.lifecycle import JobState
 from optimizer.model import EventKind, Market
+from optimizer.protocol import power_off_time
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
 POOL = ("aws", "eu-west-1", "euw1-az1", "p4d.24xlarge", "spot")

@@ -138,7 +138,8 @@ def test_the_answers_bytes_are_what_agents_have_always_read(daemon: Daemon) -> N
     registered = raw(daemon, first, "register", instance_id="i-0", address="10.0.0.1:29500")
     assert registered == (
         '{"job":{"name":"pair","run":"train","setup":null,"workdir":null,"env":{},'
-        '"checkpoint_dir":"/c","probes":"quick","expected_gpus":null},"attempt":1,'
+        '"checkpoint_dir":"/c","probes":"quick","expected_gpus":null,'
+        '"checkpoint_allowance_s":20.0},"attempt":1,'  # added last (older agents ignore it)
         '"restarts":0,"heartbeat_s":2,"commands":[],'
         '"fence":"waiting for node 1 of 2 to register",'
         '"gang":{"rank":0,"nodes":2,"master_addr":"10.0.0.1","master_port":29500},'

@@ -1,10 +1,11 @@
 """The agent's main loop: register, probe, run the job, watch for interruptions, obey `stop`.
 
-The agent reports facts and follows the daemon's commands (docs/agent-protocol.md); the one
-thing it decides alone is to stop the job when the cloud has announced the end of the
+The agent reports facts and follows the daemon's commands (docs/agent-protocol.md); the
+things it decides alone are to stop the job when the cloud has announced the end of the
 instance and the daemon cannot be reached to say so (`self_stop_s` after the notice), so a
-job still gets its chance to checkpoint. Nothing here kills the job because the daemon is
-gone: reports wait in the queue and are retried.
+job still gets its chance to checkpoint, and to stop it at the power-off less its checkpoint
+allowance should the daemon's stop be late (window.py). Nothing here kills the job because the
+daemon is gone: reports wait in the queue and are retried.
 
 Threads: the reporter sends events; the log shipper sends the job's output; the watcher polls
 the metadata endpoint; a heartbeat thread queues heartbeats; the job runner waits for the
@@ -29,6 +30,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +51,9 @@ from optimizer.agent.telemetry import (
     local_source,
     open_nvml,
 )
+from optimizer.agent.window import WINDOW_REASON, CheckpointWindow
 from optimizer.checkpoints import NoSpace
+from optimizer.clock import machine_now
 from optimizer.common.files import append_private, private_dir
 from optimizer.common.procs import proc_start_ticks
 from optimizer.common.retry import Backoff
@@ -153,6 +157,7 @@ class Agent:
         send_backoff: Backoff | None = None,
         telemetry_source: Callable[[], ReadingSource | None] | None = None,
         store_factory: StoreFactory | None = None,
+        wall: Callable[[], datetime] = machine_now,
     ) -> None:
         self.config = config
         private_dir(config.agent_dir)
@@ -191,6 +196,8 @@ class Agent:
         self.checkpoints: CheckpointSync | None = None  # a job with a checkpoint location
         self._stop_deadline: float | None = None  # when a stop's grace runs out
         self.progress: ProgressTail | None = None  # reads the job's progress file
+        # The checkpoint window (the stop at the power-off less the allowance), on `wall`.
+        self.window = CheckpointWindow(wall)
         self.standby: Standby | None = None  # a job started in standby (docs/standby.md)
 
     # --- inputs ----------------------------------------------------------------------
@@ -212,6 +219,8 @@ class Agent:
         log.warning("interruption notice: %s %s at %s", notice.source, notice.action, notice.time)
         if notice.action in ENDING_ACTIONS and self._notice_at is None:
             self._notice_at, self._notice_event = time.monotonic(), event.id
+            self.window.notice(notice.to_data())
+            log.info("the job's stop is due at %s at the latest", self.window.due)
             threading.Thread(
                 target=self._handover_polls, name="agent-handover", daemon=True
             ).start()
@@ -257,6 +266,7 @@ class Agent:
         answer = self._register()
         if isinstance(answer, int):
             return answer
+        self.window.allowance_s = answer.job.checkpoint_allowance_s
         threading.Thread(target=self._heartbeats, args=(answer,), daemon=True).start()
         threading.Thread(
             target=watch, args=(self.watcher, self._on_notice, self._quit), daemon=True
@@ -702,7 +712,7 @@ class Agent:
         job = self.job
         assert job is not None
         while not job.done():
-            item = self._next(0.2)
+            item = self._next(self._window_wait(0.2))
             if item is not None:
                 kind, value = item
                 if kind == "command" and value.kind == "stop":
@@ -711,6 +721,7 @@ class Agent:
                     log.info("forwarding signal %s to the job", value)
                     job.signal(int(value))
             self._maybe_self_stop()
+            self._maybe_window_stop()
         end = job.wait()
         assert end is not None
         if self.progress is not None:
@@ -760,6 +771,21 @@ class Agent:
         log.warning("stopping the job (%s): SIGTERM, SIGKILL after %.0f s", reason, grace_s)
         self.state = "stopping"
         self.job.stop(grace_s)
+
+    def _window_wait(self, most: float) -> float:
+        """How long the supervising loop may wait: `most`, or less when the window's stop
+        falls due sooner, so the stop comes at its instant and not a wait late."""
+        left = self.window.left() if self.stop_reason is None else None
+        return most if left is None else min(max(left, 0.0), most)
+
+    def _maybe_window_stop(self) -> None:
+        """Stop the job at the power-off less its allowance if no stop has come by then (one
+        that came first wins: `_stop_job` stops once)."""
+        if self.stop_reason is not None:
+            return
+        left = self.window.left()
+        if left is not None and left <= 0:
+            self._stop_job(f"{WINDOW_REASON} (the agent's own stop at the window)", None)
 
     def _maybe_self_stop(self) -> None:
         if self._notice_at is None or self.stop_reason is not None:

@@ -91,7 +91,8 @@ def _sha256(body: bytes) -> str:
 
 
 def _now_iso() -> str:
-    return utc_text(machine_now(), timespec="seconds")
+    # To the millisecond: GCP's power-off is 30 s after it, and the job's stop is timed from it.
+    return utc_text(machine_now(), timespec="milliseconds")
 
 
 class _Dedupe:

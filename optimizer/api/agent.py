@@ -236,6 +236,7 @@ def register(
             ),
             code=_code(spec.code),
             standby=spec.standby,
+            checkpoint_allowance_s=spec.checkpoint_allowance_s,
         ),
         attempt=head_number(attempt.number, attempt.gang),  # a gang's: rank 0's number
         restarts=job.restarts,

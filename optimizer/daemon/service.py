@@ -485,6 +485,7 @@ class Daemon:
         log.info("stopping: waiting for the loops' current iterations")
         self.stopping.set()  # streams following job output end now
         self.retention.stop()  # a long pruning pass ends after its current batch
+        self.reconcile.alarm.close()  # no pass is woken at an instant any more
         self.scheduler.shutdown(wait=True)
         self.leadership.stop()  # after the loops; the release lets a follower take over at once
         self.server.stop()

@@ -2,11 +2,13 @@
 
 Last in a pass, after the per-job pass has ended attempts: it reads the open attempts again.
 An old attempt in a hot handover gets its `stop` once its replacement is ready
-(`handover.handover`); an ended attempt's instance is terminated once its job exited or the
-stop's grace passed, or left for the cloud to end where that costs less
-(`handover.reclaim`); an open attempt of a job that ended elsewhere is ended and its instance
-terminated. Then the placements of gangs that are over are deleted (placements.py). Each
-attempt on its own: one that raises is logged once, and the others are still cleaned up.
+(`handover.handover`), or at its power-off less its checkpoint allowance, for which the pass
+asks the daemon's alarm to wake it (`ReconcileContext.wake_at`); an ended attempt's instance
+is terminated once its job exited or the stop's grace passed, or left for the cloud to end
+where that costs less (`handover.reclaim`); an open attempt of a job that ended elsewhere is
+ended and its instance terminated. Then the placements of gangs that are over are deleted
+(placements.py). Each attempt on its own: one that raises is logged once, and the others are
+still cleaned up.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 from optimizer.costs.billing import rule_for
 from optimizer.jobs.acting import Acting, attempt_fields, log
 from optimizer.jobs.context import UNREACHABLE, ReconcileContext
-from optimizer.jobs.handover import LeaveToCloud, handing_over, handover, reclaim
+from optimizer.jobs.handover import LeaveToCloud, handing_over, handover, reclaim, stop_due
 from optimizer.jobs.machine import Terminate
 from optimizer.jobs.placements import release_placements
 from optimizer.jobs.spec import DEFAULT_CHECKPOINT_ALLOWANCE_S, DEFAULT_PROBES, job_spec
@@ -103,20 +105,23 @@ class CleanUp:
             new = attempt_view(current) if current is not None else None
             if new is not None and current is not None and spec is not None and spec.standby:
                 new = replace(new, standby_ready=standby_ready(ctx.store, current, now=ctx.now))
+            allowance = timedelta(
+                seconds=spec.checkpoint_allowance_s
+                if spec is not None
+                else DEFAULT_CHECKPOINT_ALLOWANCE_S
+            )
             stop = handover(
                 old,
                 new,
                 now=ctx.now,
                 probes=spec.probes if spec is not None else DEFAULT_PROBES,
-                allowance=timedelta(
-                    seconds=spec.checkpoint_allowance_s
-                    if spec is not None
-                    else DEFAULT_CHECKPOINT_ALLOWANCE_S
-                ),
+                allowance=allowance,
             )
             if stop is not None:
                 ctx.store.jobs.update_attempt(attempt.key, stop_sent_at=ctx.now)
                 log.info("stopping %s: %s", attempt.key, stop.reason)
+            elif (due := stop_due(old, allowance)) is not None:
+                ctx.wake_at(due)  # a pass at the window's instant, not at the next tick
             return  # its instance is left to the stop's grace
         action = reclaim(
             old,

@@ -95,6 +95,9 @@ class ReconcileContext:
     leading: Callable[[], bool] = lambda: True
     # What the pass reads once and shares (`PassMemo`): a context is built once per pass.
     memo: PassMemo = field(default_factory=PassMemo, compare=False, repr=False)
+    # Ask for a pass at an instant (the daemon's alarm): a decision due at a known time, such
+    # as the checkpoint window's stop, is taken then rather than at the next tick.
+    wake_at: Callable[[datetime], None] = lambda _at: None
 
 
 class Reconciler(Protocol):

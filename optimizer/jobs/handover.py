@@ -85,6 +85,15 @@ def handing_over(old: AttemptView) -> bool:
     )
 
 
+def stop_due(old: AttemptView, allowance: timedelta) -> datetime | None:
+    """When the checkpoint window stops a handing-over attempt's job at the latest: its
+    notice's power-off less the job's checkpoint `allowance` (None: no power-off, as after a
+    move). The daemon wakes its pass at that instant (`ReconcileContext.wake_at`), and the
+    agent, which reads the same power-off from the notice, stops the job itself then should
+    the daemon's word not have reached it (optimizer/agent/window.py)."""
+    return None if old.power_off_at is None else old.power_off_at - allowance
+
+
 def handover(
     old: AttemptView,
     new: AttemptView | None,
@@ -111,7 +120,8 @@ def handover(
         and new.standby_ready
     ):
         return Stop(old.key, f"{why}; attempt {new.number} is ready to take over")
-    if old.power_off_at is not None and now >= old.power_off_at - allowance:
+    due = stop_due(old, allowance)
+    if due is not None and now >= due:
         return Stop(old.key, "interrupted; the power-off is near")
     return None
 
@@ -210,4 +220,5 @@ __all__ = [
     "leftover",
     "lifted_on_clock",
     "reclaim",
+    "stop_due",
 ]

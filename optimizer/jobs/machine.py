@@ -26,12 +26,11 @@ and its instance is terminated once the job has exited or the stop's grace is ov
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from optimizer.clock import parse_utc
 from optimizer.jobs.recovery import Failover, GiveUp, Past, Strategy
 from optimizer.lifecycle import TERMINAL_JOB_STATES as TERMINAL
 from optimizer.lifecycle import AttemptEnd, Failure, JobState
@@ -379,12 +378,6 @@ def decide(
     )
 
 
-# How long after a notice an instance goes when the notice names no time: GCP gives 30 s
-# after preempting; an AWS notice without a readable time is taken at its two minutes.
-GCP_PREEMPT_WARNING = timedelta(seconds=30)
-DEFAULT_WARNING = timedelta(minutes=2)
-
-
 def unmanageable(job: JobView, attempt: AttemptView | None, why: str) -> Decision:
     """A job whose reconciling raised (a stored spec or a policy the daemon cannot work with,
     `why`): it fails, saying why, or ends cancelled when a cancel was asked, and its instance
@@ -417,28 +410,6 @@ def unmanageable(job: JobView, attempt: AttemptView | None, why: str) -> Decisio
         (*gone, Alert(EventKind.JOB_FAILED, "error", f"job {job.name} {reason}")),
         end_attempt=AttemptEnd.FAILED if attempt is not None else None,
     )
-
-
-def power_off_time(notice: Mapping[str, Any], noticed_at: datetime) -> datetime | None:
-    """When the instance a notice announces goes away (None: a rebalance hint, it stays).
-
-    `notice` is the `interruption_notice` event's data (docs/agent-protocol.md): AWS names the
-    action's time; GCP's `time` is when the agent saw the preemption, 30 s before the end."""
-    action = notice.get("action")
-    if action == "rebalance":
-        return None
-    raw = notice.get("time")
-    at: datetime | None = None
-    if isinstance(raw, str):
-        try:
-            at = parse_utc(raw)
-        except ValueError:
-            at = None
-        if at is not None and at.tzinfo is None:
-            at = None
-    if action == "preempted":
-        return (at or noticed_at) + GCP_PREEMPT_WARNING
-    return at or noticed_at + DEFAULT_WARNING
 
 
 def finished_on(attempts: Sequence[AttemptView]) -> AttemptView | None:

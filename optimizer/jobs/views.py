@@ -18,11 +18,12 @@ from typing import Any
 
 from optimizer.jobs.context import ReconcileContext
 from optimizer.jobs.gang import fold
-from optimizer.jobs.machine import AttemptView, finished_on, power_off_time
+from optimizer.jobs.machine import AttemptView, finished_on
 from optimizer.jobs.migration import Move
 from optimizer.lifecycle import HANDED_OVER, AttemptEnd, JobState
 from optimizer.lifecycle import LIVE_JOB_STATES as LIVE
 from optimizer.model import Market
+from optimizer.protocol import power_off_time
 from optimizer.store import JobRecord, Store
 from optimizer.store.jobs import AttemptRecord
 from policies.deadline import Decision, Situation

@@ -43,8 +43,8 @@ WAIT_POLL_S = 0.05
 REQUEST_LOG = 1000
 
 
-def iso(t: float) -> str:
-    return utc_text(datetime.fromtimestamp(t, UTC), timespec="seconds")
+def iso(t: float, timespec: str = "seconds") -> str:
+    return utc_text(datetime.fromtimestamp(t, UTC), timespec=timespec)
 
 
 def aws_value(record: InstanceRecord, path: str) -> str | None:
@@ -53,9 +53,12 @@ def aws_value(record: InstanceRecord, path: str) -> str | None:
     if path == "spot/instance-action":
         if notice is None:
             return None
-        return json.dumps({"action": notice.action, "time": iso(notice.kill_at)})
+        # The power-off to the millisecond (AWS gives whole seconds): the agent and the
+        # daemon time the old job's stop from it, and the checkpoint window's bench measures
+        # against the instant the local cloud really powers the instance off.
+        return json.dumps({"action": notice.action, "time": iso(notice.kill_at, "milliseconds")})
     if path == "spot/termination-time":
-        return None if notice is None else iso(notice.kill_at)
+        return None if notice is None else iso(notice.kill_at, "milliseconds")
     if path == "events/recommendations/rebalance":
         return None if notice is None else json.dumps({"noticeTime": iso(notice.notice_at)})
     static = {

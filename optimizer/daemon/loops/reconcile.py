@@ -8,7 +8,8 @@ still run.
 
 Waking: `wakeup.set()` (from an API handler, an agent event, a policy change) runs a pass
 now instead of at the next tick. A wake during a pass makes that pass run once more when it
-ends, so no wake is lost and passes never overlap.
+ends, so no wake is lost and passes never overlap. A reconciler that knows when its next
+decision falls due asks for a pass at that instant (`ctx.wake_at`, the loop's `alarm`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 
 from optimizer.alerts.outbox import Emitter
 from optimizer.clock import Clock
+from optimizer.daemon.alarm import Alarm
 from optimizer.daemon.metrics import Metrics
 from optimizer.daemon.policies import PolicyRegistry
 from optimizer.daemon.providers import ProviderHandle
@@ -86,6 +88,7 @@ class ReconcileLoop:
         self._running = False
         self._trigger: Callable[[], None] | None = None
         self.wakeup.connect(self._woken)
+        self.alarm = Alarm(self.wakeup.set, clock)  # a pass at an instant (ctx.wake_at)
 
     def add(self, reconciler: Reconciler) -> None:
         """Append a reconciler; it runs from the next pass on."""
@@ -137,6 +140,7 @@ class ReconcileLoop:
             emitter=self.emitter,
             clock=self.clock,
             leading=self.leading,
+            wake_at=self.alarm.at,
         )
         report = PassReport(jobs=len(ctx.jobs))
         for reconciler in list(self.reconcilers):
