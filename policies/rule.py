@@ -19,15 +19,18 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ClassVar, NamedTuple
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from optimizer.model import Fabric, Interconnect, Market
 from policies.context import SLACK, RuleContext
 from policies.measured import MEASURED
 from policies.schema import Bid
 from policies.table import OfferTable
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from optimizer.common.lazy import numpy as np
 
 
 class Shape(NamedTuple):

@@ -25,9 +25,7 @@ from enum import Enum
 from functools import cache
 from itertools import count
 from operator import attrgetter
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from optimizer.model import (
     ROW_FIELDS,
@@ -40,8 +38,13 @@ from optimizer.model import (
     packed_rows,
 )
 
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from optimizer.common.lazy import numpy as np
+
 # Annotations (as written, `from __future__ import annotations`) that make a number column.
-_NUMBER_TYPES = {"int": np.int64, "float": np.float64}
+_NUMBER_TYPES = {"int": "int64", "float": "float64"}
 
 # Text-typed Offer fields, by annotation: encoded by Arrow.
 _TEXT_TYPES = frozenset({"str", "str | None"})
@@ -55,10 +58,8 @@ __all__ = ["SHAPE_FIELDS", "Codes", "OfferTable"]
 EAGER = (*SHAPE_FIELDS, "usd_per_hour", "observed_at")
 
 # An offer's packed row (optimizer.model.ROW_FORMAT) as numpy reads it.
-_ROW_DTYPE = np.dtype(
-    [(name, code) for name, code in zip(ROW_FIELDS, ("<i8", "<i8", "<f8"), strict=True)]
-)
-assert _ROW_DTYPE.itemsize == ROW_FORMAT.size
+_ROW_TYPES = list(zip(ROW_FIELDS, ("<i8", "<i8", "<f8"), strict=True))
+assert ROW_FORMAT.format == "<qqd"  # the same three, as struct spells them
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +199,7 @@ class OfferTable:
         of the build (bench/ranking.py)."""
         rows = offers if isinstance(offers, tuple) else tuple(offers)
         table = cls(rows, {}, {})
-        packed = np.frombuffer(packed_rows(rows), dtype=_ROW_DTYPE)
+        packed = np.frombuffer(packed_rows(rows), dtype=np.dtype(_ROW_TYPES))
         table.numbers["usd_per_hour"] = packed["usd_per_hour"].copy()
         table._build_shapes(packed["shape"])
         ids, first = _first_seen(packed["observed_us"])

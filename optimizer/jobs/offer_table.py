@@ -18,13 +18,17 @@ import weakref
 from collections.abc import Iterable
 from itertools import chain, groupby
 from operator import attrgetter
+from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary
-
-import numpy as np
 
 from optimizer.model import Offer, Pool
 from optimizer.store import OffersVersion, Prices, Store
 from policies.table import OfferTable
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from optimizer.common.lazy import numpy as np
 
 _provider = attrgetter("provider")
 
