@@ -162,14 +162,13 @@ class _Packed:
     """The one slot an Offer has besides its fields: its packed row (`ROW_FORMAT`)."""
 
     __slots__ = ("_row",)
+    _row: bytes
 
 
 def packed_rows(offers: Iterable[Offer]) -> bytes:
-    """The offers' packed rows (`ROW_FORMAT`), one after the other."""
-    return b"".join(map(_ROW, offers))
-
-
-_ROW = attrgetter("_row")
+    """The offers' packed rows (`ROW_FORMAT`), one after the other (a list for the join:
+    faster than a generator or a map of an attrgetter, which it would make a list of)."""
+    return b"".join([offer._row for offer in offers])
 
 
 @dataclass(frozen=True, slots=True)

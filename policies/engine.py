@@ -62,7 +62,8 @@ def evaluate(
     """Rank the offers `policy` allows at `now`, and say why each other offer was rejected.
 
     `offers` is an `OfferTable` (built once, ranked under many policies) or any iterable of
-    `Offer` (a table is built from it).
+    `Offer` (a table is built from it; a list is read in place, not copied, so leave it
+    unchanged while the ranking is read).
 
     `measured` is what the probes measured (`policies.measured.Measured`): per-GPU TFLOPS
     and copy bandwidth per (provider, instance type), with how many results and how old, and

@@ -181,7 +181,7 @@ def _shape_getter() -> Callable[[Offer], tuple[Any, ...]]:
 class OfferTable:
     """Offers in columns, and the offers themselves (candidates and rejections hold them)."""
 
-    offers: tuple[Offer, ...]
+    offers: Sequence[Offer]  # as given: a tuple, or a list the caller no longer changes
     numbers: dict[str, np.ndarray]  # int and float fields
     codes: dict[str, Codes]  # every other field
     _memo: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -197,7 +197,11 @@ class OfferTable:
         the few thousand distinct shapes, read from each one's first row, not over the rows.
         Reading a tuple of the shape fields from every row and hashing it cost three quarters
         of the build (bench/ranking.py)."""
-        rows = offers if isinstance(offers, tuple) else tuple(offers)
+        # A list is kept as it is, not copied: a copy of 100k offers touches each one's
+        # reference count, a third of a one-shot ranking's time (bench/ranking.py). So a
+        # caller that passes a list does not change it while the table or a ranking of it
+        # is read (the daemon's kept table is built from a tuple).
+        rows = offers if isinstance(offers, tuple | list) else tuple(offers)
         table = cls(rows, {}, {})
         packed = np.frombuffer(packed_rows(rows), dtype=np.dtype(_ROW_TYPES))
         table.numbers["usd_per_hour"] = packed["usd_per_hour"].copy()

@@ -131,3 +131,9 @@ def test_an_empty_table() -> None:
     assert len(table) == 0
     assert table.shape_ids()[0].tolist() == []
     assert evaluate(ANY, table, NOW).candidates == ()
+
+
+def test_a_list_of_offers_is_read_in_place_and_an_iterator_is_kept_whole() -> None:
+    rows = offers()
+    assert OfferTable.from_offers(rows).offers is rows  # no copy of every offer
+    assert OfferTable.from_offers(iter(rows)).offers == tuple(rows)
