@@ -307,6 +307,11 @@ def main() -> int:
             "cores": os.cpu_count(),
             "platform": platform.platform(),
             "arch": platform.machine(),
+            # Other processes' load: RSS does not depend on it, the --help time does.
+            "load_average_1m": round(os.getloadavg()[0], 2),
+            "affinity": sorted(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else None,
         },
         "command": " ".join(["python bench/daemon.py", *sys.argv[1:]]),
         "idle_daemon": daemon,

@@ -4,10 +4,13 @@ kinds of event the daemon records."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import struct
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
+from itertools import count
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 from optimizer.clock import parse_utc, utc_text
@@ -109,8 +112,67 @@ def _utc(value: datetime) -> datetime:
     return value.astimezone(UTC)
 
 
+# Offer fields that give a row its shape: what the offer-independent rules of the ranking
+# engine read (policies/table.py), and what an offer's shape number stands for.
+SHAPE_FIELDS = (
+    "market",
+    "provider",
+    "region",
+    "instance_type",
+    "gpu_model",
+    "gpu_count",
+    "gpu_memory_gib",
+    "interconnect",
+    "vcpus",
+    "ram_gib",
+    "fabric",
+)
+_shape_of = attrgetter(*SHAPE_FIELDS)
+
+# Each distinct shape's number. Numbers come from one counter and are never handed out
+# twice, so offers with the same number have the same shape; offers with the same shape share
+# a number unless the map was emptied between them (it is when it grows past _SHAPES_KEPT,
+# so a long life of changing catalogs cannot grow it for good): a reader groups the numbers'
+# shapes by value to be exact (policies/table.py does). `next` on a counter is one step under
+# the interpreter's lock, so two threads never get the same number.
+_SHAPES: dict[tuple[Any, ...], int] = {}
+_SHAPES_KEPT = 1 << 16
+_next_shape = count().__next__
+
+# An offer's row as the ranking table reads it, packed once when the offer is made: its
+# shape number, its observation time in whole microseconds since the epoch (equal times,
+# equal numbers) and its price. A table of 100k offers then reads these three columns with
+# one join of bytes, not three passes of attribute reads (bench/ranking.py).
+ROW_FORMAT = struct.Struct("<qqd")
+ROW_FIELDS = ("shape", "observed_us", "usd_per_hour")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _shape_number(shape: tuple[Any, ...]) -> int:
+    number = _SHAPES.get(shape)
+    if number is None:
+        if len(_SHAPES) >= _SHAPES_KEPT:
+            _SHAPES.clear()
+        number = _SHAPES.setdefault(shape, _next_shape())
+    return number
+
+
+class _Packed:
+    """The one slot an Offer has besides its fields: its packed row (`ROW_FORMAT`)."""
+
+    __slots__ = ("_row",)
+    _row: bytes
+
+
+def packed_rows(offers: Iterable[Offer]) -> bytes:
+    """The offers' packed rows (`ROW_FORMAT`), one after the other (a list for the join:
+    faster than a generator or a map of an attrgetter, which it would make a list of)."""
+    return b"".join([offer._row for offer in offers])
+
+
 @dataclass(frozen=True, slots=True)
-class Offer:
+class Offer(_Packed):
     """One purchasable instance type in one place and market, priced at one moment.
 
     `zone` is None where the cloud prices per region (on-demand, GCP spot). GPU memory
@@ -171,6 +233,13 @@ class Offer:
         if self.placement_score is not None and not 0 <= self.placement_score <= 10:
             raise OfferError(f"placement_score must be within 0..10, got {self.placement_score}")
         self._check_commitment()
+        micros = (self.observed_at - _EPOCH) // _MICROSECOND
+        row = ROW_FORMAT.pack(_shape_number(_shape_of(self)), micros, self.usd_per_hour)
+        object.__setattr__(self, "_row", row)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Made again through __init__ (a copy or an unpickled offer gets its packed row).
+        return (type(self), tuple(getattr(self, name) for name in OFFER_FIELDS))
 
     def _check_commitment(self) -> None:
         terms = (self.term_years, self.payment_option, self.upfront_usd)

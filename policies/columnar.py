@@ -19,8 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from optimizer.model import Market
 from policies.measured import DATASHEET, MEASURED, TypeMeasurement
@@ -28,6 +27,11 @@ from policies.price_rules import STALE
 from policies.rule import Priced, Prices, Shape, ShapeColumns
 from policies.rules import RuleSet
 from policies.table import SHAPE_FIELDS, OfferTable
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from optimizer.common.lazy import numpy as np
 
 PASSED = -1  # the rule index of a row that fails no rule
 _shape_of = attrgetter(*SHAPE_FIELDS)

@@ -18,12 +18,17 @@ checkpoint can rank below a dearer one next to it (policies/engine.py).
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
 
 from optimizer.common.units import size_text
 from policies.context import SLACK, RuleContext
 from policies.rule import Priced, PriceRule, Prices, Shape, ShapeColumns, ShapeRule
 from policies.schema import allowed_region
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from optimizer.common.lazy import numpy as np
 
 
 class DataRegionsRule(ShapeRule):

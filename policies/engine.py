@@ -21,9 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from itertools import repeat
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from optimizer.model import Offer
 from policies.budget import Committed
@@ -35,6 +33,11 @@ from policies.ranking import Candidate, LazyRows, Ranking, Rejection
 from policies.rules import RULES, EvaluationError, RuleSet
 from policies.schema import Policy
 from policies.table import OfferTable
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from optimizer.common.lazy import numpy as np
 
 __all__ = [
     "RULES",
@@ -59,7 +62,8 @@ def evaluate(
     """Rank the offers `policy` allows at `now`, and say why each other offer was rejected.
 
     `offers` is an `OfferTable` (built once, ranked under many policies) or any iterable of
-    `Offer` (a table is built from it).
+    `Offer` (a table is built from it; a list is read in place, not copied, so leave it
+    unchanged while the ranking is read).
 
     `measured` is what the probes measured (`policies.measured.Measured`): per-GPU TFLOPS
     and copy bandwidth per (provider, instance type), with how many results and how old, and

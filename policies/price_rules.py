@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from optimizer.clock import utc_text
 from optimizer.model import Market
@@ -23,6 +21,11 @@ from policies.context import number_text as _n
 from policies.rule import BidCap, ObservationRule, Priced, PriceRule, Prices, exceeds
 from policies.schema import Bid
 from policies.table import OfferTable
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from optimizer.common.lazy import numpy as np
 
 
 class StaleRule(ObservationRule):

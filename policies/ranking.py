@@ -12,12 +12,15 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import chain, repeat
-from typing import Any, NamedTuple, TypeVar, overload
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, overload
 
 from optimizer.clock import utc_text
 from optimizer.model import Offer
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from optimizer.common.lazy import numpy as np
 
 T = TypeVar("T")
 

@@ -19,15 +19,18 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ClassVar, NamedTuple
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from optimizer.model import Fabric, Interconnect, Market
 from policies.context import SLACK, RuleContext
 from policies.measured import MEASURED
 from policies.schema import Bid
 from policies.table import OfferTable
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from optimizer.common.lazy import numpy as np
 
 
 class Shape(NamedTuple):
@@ -78,12 +81,12 @@ class ShapeColumns:
 
     def number(self, name: str) -> np.ndarray:
         """An int or float field, per shape."""
-        return self.table.number(name)[self.rows]  # type: ignore[no-any-return]
+        return self.table.shape_number(name)
 
     def each(self, name: str, fn: Callable[[Any], Any], dtype: Any = bool) -> np.ndarray:
         """`fn` of the named field, per shape, called once per distinct value."""
-        column = self.table.column(name)
-        return np.asarray([fn(v) for v in column.values], dtype=dtype)[column.codes[self.rows]]
+        column = self.table.shape_column(name)
+        return np.asarray([fn(v) for v in column.values], dtype=dtype)[column.codes]
 
     def each_group(
         self, names: tuple[str, ...], fn: Callable[..., Any], dtype: Any = bool
@@ -94,11 +97,10 @@ class ShapeColumns:
         return np.asarray([fn(*v) for v in values], dtype=dtype)[ids]
 
     def _values(self, names: tuple[str, ...], shape: int) -> tuple[Any, ...]:
-        row = self.rows[shape]
         out = []
         for name in names:
-            column = self.table.column(name)
-            out.append(column.values[column.codes[row]])
+            column = self.table.shape_column(name)
+            out.append(column.values[column.codes[shape]])
         return tuple(out)
 
     def _groups(self, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -109,8 +111,8 @@ class ShapeColumns:
         def build() -> tuple[np.ndarray, np.ndarray]:
             key = np.zeros(len(rows), dtype=np.int64)
             for name in names:
-                column = table.column(name)
-                key = key * max(len(column.values), 1) + column.codes[rows]
+                column = table.shape_column(name)
+                key = key * max(len(column.values), 1) + column.codes
             _, first, ids = np.unique(key, return_index=True, return_inverse=True)
             return ids.reshape(-1), first
 

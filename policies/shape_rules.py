@@ -8,8 +8,7 @@ name the numbers, so a user can see how far an offer missed.
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from optimizer import hardware
 from optimizer.model import Fabric, Interconnect
@@ -18,6 +17,11 @@ from policies.context import SLACK, RuleContext, fabric_meets
 from policies.context import number_text as _n
 from policies.measured import MEASURED
 from policies.rule import Shape, ShapeColumns, ShapeRule
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from optimizer.common.lazy import numpy as np
 
 
 class MarketRule(ShapeRule):

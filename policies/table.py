@@ -25,14 +25,26 @@ from enum import Enum
 from functools import cache
 from itertools import count
 from operator import attrgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from optimizer.model import (
+    ROW_FIELDS,
+    ROW_FORMAT,
+    SHAPE_FIELDS,
+    Fabric,
+    Interconnect,
+    Market,
+    Offer,
+    packed_rows,
+)
 
-from optimizer.model import Fabric, Interconnect, Market, Offer
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from optimizer.common.lazy import numpy as np
 
 # Annotations (as written, `from __future__ import annotations`) that make a number column.
-_NUMBER_TYPES = {"int": np.int64, "float": np.float64}
+_NUMBER_TYPES = {"int": "int64", "float": "float64"}
 
 # Text-typed Offer fields, by annotation: encoded by Arrow.
 _TEXT_TYPES = frozenset({"str", "str | None"})
@@ -40,22 +52,14 @@ _TEXT_TYPES = frozenset({"str", "str | None"})
 # Enum-typed Offer fields, by annotation: encoded by their values.
 _ENUMS: dict[str, type[Enum]] = {"Market": Market, "Interconnect": Interconnect, "Fabric": Fabric}
 
-# Offer fields that give a row its shape: what the offer-independent rules read.
-SHAPE_FIELDS = (
-    "market",
-    "provider",
-    "region",
-    "instance_type",
-    "gpu_model",
-    "gpu_count",
-    "gpu_memory_gib",
-    "interconnect",
-    "vcpus",
-    "ram_gib",
-    "fabric",
-)
+__all__ = ["SHAPE_FIELDS", "Codes", "OfferTable"]
+
 # The fields every evaluation reads, built with the table; the rest when first read.
 EAGER = (*SHAPE_FIELDS, "usd_per_hour", "observed_at")
+
+# An offer's packed row (optimizer.model.ROW_FORMAT) as numpy reads it.
+_ROW_TYPES = list(zip(ROW_FIELDS, ("<i8", "<i8", "<f8"), strict=True))
+assert ROW_FORMAT.format == "<qqd"  # the same three, as struct spells them
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +112,36 @@ def _encode(column: Iterable[Any], size: int) -> Codes:
     return Codes(codes, tuple(index))
 
 
+def _first_seen(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(id per row, first row of each id) for the distinct int `keys`, ids numbered in the
+    order of their first rows (as `_encode` numbers values). Runs of equal keys (the offers
+    of one poll share its time) are grouped as one key each; keys from a narrow range (shape
+    numbers) by a table as long as the range; others by a sort."""
+    size = len(keys)
+    if size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+    if len(starts) * 2 <= size:
+        ids, first = _first_seen(keys[starts])
+        return np.repeat(ids, np.diff(starts, append=size)), starts[first]
+    low = int(keys.min())
+    span = int(keys.max()) - low + 1
+    if span <= 4 * size:
+        at = keys - low
+        first_at = np.full(span, size, dtype=np.int64)
+        np.minimum.at(first_at, at, np.arange(size, dtype=np.int64))
+        present = np.flatnonzero(first_at < size)
+        order = np.argsort(first_at[present])
+        code = np.empty(span, dtype=np.int64)
+        code[present[order]] = np.arange(len(order), dtype=np.int64)
+        return code[at], first_at[present[order]]
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    order = np.argsort(first)
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    return rank[inverse.reshape(-1)], first[order].astype(np.int64)
+
+
 # Rows from which a text column is encoded by Arrow. Its hash table is faster than a dict
 # on long columns (a quarter at 100k rows, docs/policies.md) and no faster on the local
 # cloud's 1,275 offers (0.17 against 0.18 ms for three columns), and importing it costs a
@@ -147,7 +181,7 @@ def _shape_getter() -> Callable[[Offer], tuple[Any, ...]]:
 class OfferTable:
     """Offers in columns, and the offers themselves (candidates and rejections hold them)."""
 
-    offers: tuple[Offer, ...]
+    offers: Sequence[Offer]  # as given: a tuple, or a list the caller no longer changes
     numbers: dict[str, np.ndarray]  # int and float fields
     codes: dict[str, Codes]  # every other field
     _memo: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -157,45 +191,63 @@ class OfferTable:
         """Build the columns every evaluation reads; the others (the tie-break's, fields no
         rule reads) are built the first time they are read.
 
-        The shape columns come from one pass that reads each row's shape as one tuple and
-        dictionary-encodes the tuples: the per-field columns are then built over the few
-        thousand distinct shapes, not the rows, and the shape ids are those codes. A pass per
-        field (an attribute read and a hash per row and field) cost three quarters of the
-        build (bench/ranking.py)."""
-        rows = offers if isinstance(offers, tuple) else tuple(offers)
+        Each offer carries its row packed when it was made (its shape's number, its time and
+        its price, `optimizer.model.ROW_FORMAT`): one join of those bytes gives the three
+        columns, and the numbers are grouped by numpy. The shape columns are then built over
+        the few thousand distinct shapes, read from each one's first row, not over the rows.
+        Reading a tuple of the shape fields from every row and hashing it cost three quarters
+        of the build (bench/ranking.py)."""
+        # A list is kept as it is, not copied: a copy of 100k offers touches each one's
+        # reference count, a third of a one-shot ranking's time (bench/ranking.py). So a
+        # caller that passes a list does not change it while the table or a ranking of it
+        # is read (the daemon's kept table is built from a tuple).
+        rows = offers if isinstance(offers, tuple | list) else tuple(offers)
         table = cls(rows, {}, {})
-        table._build_shapes()
-        for name in EAGER:
-            if name not in SHAPE_FIELDS:
-                table._build(name)
+        packed = np.frombuffer(packed_rows(rows), dtype=np.dtype(_ROW_TYPES))
+        table.numbers["usd_per_hour"] = packed["usd_per_hour"].copy()
+        table._build_shapes(packed["shape"])
+        ids, first = _first_seen(packed["observed_us"])
+        times = tuple(rows[i].observed_at for i in first.tolist())
+        table.codes["observed_at"] = Codes(ids.astype(np.int32), times)
         return table
 
-    def _build_shapes(self) -> None:
-        """The SHAPE_FIELDS columns and `shape_ids`, from the rows' shapes (`from_offers`)."""
-        found = _encode(map(_shape_getter(), self.offers), len(self.offers))
-        shape_of = found.codes
+    def _build_shapes(self, numbers: np.ndarray) -> None:
+        """The SHAPE_FIELDS columns and `shape_ids`, from the rows' shape numbers
+        (`from_offers`). The numbers' shapes are grouped by value too: two numbers may stand
+        for one shape (optimizer.model says when), never one number for two."""
+        shape_of, first = _first_seen(numbers)
+        found = _encode(
+            map(_shape_getter(), map(self.offers.__getitem__, first.tolist())), len(first)
+        )
+        if len(found.values) < len(first):  # numbers of one shape: one id for them
+            _, merged = np.unique(found.codes, return_index=True)
+            shape_of, first = found.codes.astype(np.int64)[shape_of], first[merged]
         shapes = list(zip(*found.values, strict=True)) if found.values else []
+        columns: dict[str, np.ndarray | Codes] = {}
         for position, name in enumerate(SHAPE_FIELDS):
             per_shape = list(shapes[position]) if shapes else []
             kind = _field_types()[name]
             dtype = _NUMBER_TYPES.get(kind)
             if dtype is not None:
-                self.numbers[name] = np.asarray(per_shape, dtype=dtype)[shape_of]
+                columns[name] = np.asarray(per_shape, dtype=dtype)
                 continue
             column = _encode(per_shape, len(per_shape))
             enum = _ENUMS.get(kind)
             values = column.values if enum is None else tuple(map(enum, column.values))
-            self.codes[name] = Codes(column.codes[shape_of], values)
-        count = len(found.values)
-        first = np.zeros(count, dtype=np.int64)
-        if count > 1:
-            # Codes are numbered in first-seen order: shape k first appears where the running
-            # maximum of the codes reaches k.
-            seen = np.maximum.accumulate(shape_of)
-            first = np.flatnonzero(np.concatenate(([True], seen[1:] != seen[:-1])))
-        self._memo["shape_ids"] = (shape_of.astype(np.int64), first)
+            columns[name] = Codes(column.codes, values)
+        # Per shape; a row's column is spread from them when first read (`_build`).
+        self._memo["shape_columns"] = columns
+        self._memo["shape_ids"] = (shape_of, first)
 
     def _build(self, name: str) -> None:
+        per_shape = self._memo.get("shape_columns", {}).get(name)
+        if per_shape is not None:
+            shape_of = self._memo["shape_ids"][0]
+            if isinstance(per_shape, Codes):
+                self.codes[name] = Codes(per_shape.codes[shape_of], per_shape.values)
+            else:
+                self.numbers[name] = per_shape[shape_of]
+            return
         kind = _field_types()[name]
         rows = self.offers
         dtype = _NUMBER_TYPES.get(kind)
@@ -216,6 +268,9 @@ class OfferTable:
         of the subset has), and so are its shapes; what depends on the rows is rebuilt when
         first read. Ranks the same as a table built from those offers."""
         picked = np.asarray(rows, dtype=np.int64)
+        for name in self._memo.get("shape_columns", {}):  # spread to the rows, to index them
+            if name not in self.numbers and name not in self.codes:
+                self._build(name)
         offers = tuple(map(self.offers.__getitem__, picked.tolist()))
         numbers = {name: column[picked] for name, column in self.numbers.items()}
         codes = {name: Codes(c.codes[picked], c.values) for name, c in self.codes.items()}
@@ -246,6 +301,22 @@ class OfferTable:
             found = self.codes[name]
         return found
 
+    def shape_number(self, name: str) -> np.ndarray:
+        """An int or float shape field, one value per shape (`shape_ids`)."""
+        found = self._memo.get("shape_columns", {}).get(name)
+        if found is None:
+            return self.number(name)[self.shape_ids()[1]]  # type: ignore[no-any-return]
+        return found  # type: ignore[no-any-return]
+
+    def shape_column(self, name: str) -> Codes:
+        """Any other shape field, one code per shape (`shape_ids`), with the row column's
+        values."""
+        found = self._memo.get("shape_columns", {}).get(name)
+        if found is None:
+            column = self.column(name)
+            return Codes(column.codes[self.shape_ids()[1]], column.values)
+        return found  # type: ignore[no-any-return]
+
     def memo(self, key: str, build: Callable[[], Any]) -> Any:
         """A value derived from the columns alone, built once per table."""
         found = self._memo.get(key)
@@ -264,8 +335,22 @@ class OfferTable:
 
 
 def _group(table: OfferTable, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Dense ids for the distinct combinations of the named columns, by one lexsort."""
-    n = len(table)
+    """Dense ids for the distinct combinations of the named columns, by one lexsort: over
+    the shapes' first rows where the names are shape fields (the same ids and first rows:
+    shapes are numbered in the order of their first rows, and the sort is stable)."""
+    shapes = table._memo.get("shape_ids")
+    if shapes is not None and len(shapes[1]) < len(table) and set(names) <= set(SHAPE_FIELDS):
+        shape_of, first = shapes
+        ids, groups = _group_rows(table, names, len(first), per_shape=True)
+        return ids[shape_of], first[groups]
+    return _group_rows(table, names, len(table), per_shape=False)
+
+
+def _group_rows(
+    table: OfferTable, names: Sequence[str], n: int, *, per_shape: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """`_group` over the rows, or over the shapes (`per_shape`): ids per row (or shape), and
+    the first row (or shape) of each group."""
     if n == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     keys: list[np.ndarray] = []
@@ -273,10 +358,10 @@ def _group(table: OfferTable, names: Sequence[str]) -> tuple[np.ndarray, np.ndar
     width = 1
     for name in names:
         if _NUMBER_TYPES.get(_field_types()[name]) is None:
-            column = table.column(name)
+            column = table.shape_column(name) if per_shape else table.column(name)
             values, size = column.codes.astype(np.int64), max(len(column.values), 1)
         else:
-            keys.append(table.number(name))
+            keys.append(table.shape_number(name) if per_shape else table.number(name))
             continue
         if width * size >= 2**62:  # the packed key would overflow: start another
             keys.append(combined)

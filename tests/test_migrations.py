@@ -206,6 +206,23 @@ def test_head_and_history_are_the_hand_written_revisions() -> None:
     ]
 
 
+def test_the_head_read_from_the_scripts_text_is_alembics() -> None:
+    # The daemon's start reads the head from the scripts' text, without Alembic.
+    from optimizer.store import migrate_scripts
+
+    assert migrate_scripts.head() == migrate_scripts._alembic_head() == HEAD
+
+
+def test_the_recorded_revision_read_by_plain_sql_is_alembics(store: Store) -> None:
+    from optimizer.store.migrate_scripts import recorded
+
+    with store.engine.connect() as conn:
+        assert recorded(conn) == MigrationContext.configure(conn).get_current_heads() == ()
+    migrate.upgrade(store.engine)
+    with store.engine.connect() as conn:
+        assert recorded(conn) == MigrationContext.configure(conn).get_current_heads() == (HEAD,)
+
+
 def test_migrations_to_head_make_exactly_the_table_definitions(store: Store) -> None:
     assert migrate.status(store.engine).state is State.EMPTY
     done = migrate.upgrade(store.engine)

@@ -111,11 +111,8 @@ def test_the_table_is_kept_until_a_poll_changes_the_offers(store: Store) -> None
     assert second.offers == tuple(store.prices.latest_offers())
 
 
-def test_only_the_polled_providers_offers_are_read_again(
-    store: Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store.prices.record_offers([*poll("aws", 0.40), *poll("gcp", 1.0)])
-    latest_table(store)
+def counted_reads(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Each read of the latest offers from here on, by its filters."""
     reads: list[dict[str, Any]] = []
     original = store.prices.latest_offers
 
@@ -124,11 +121,40 @@ def test_only_the_polled_providers_offers_are_read_again(
         return original(**kwargs)
 
     monkeypatch.setattr(store.prices, "latest_offers", counted)
+    return reads
+
+
+def test_this_process_polls_reach_the_kept_table_without_a_read(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.prices.record_offers([*poll("aws", 0.40), *poll("gcp", 1.0)])
+    latest_table(store)
+    stored = store.prices.latest_offers
+    reads = counted_reads(store, monkeypatch)
     store.prices.record_offers(poll("gcp", 1.5, at=timedelta(minutes=1)))
+    # Older than the kept prices: history only, as the store's latest rows have it.
+    store.prices.record_offers(poll("aws", 9.0, at=-timedelta(minutes=1)))
     table = latest_table(store)
 
-    assert reads == [{"provider": "gcp"}]
-    assert table.offers == tuple(original())
+    assert reads == []
+    assert table.offers == tuple(stored())
+    assert min(o.observed_at for o in table.offers) == T0  # the older poll is not there
+
+
+def test_a_poll_that_adds_a_pool_has_its_providers_offers_read_again(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.prices.record_offers([*poll("aws", 0.40), *poll("gcp", 1.0)])
+    latest_table(store)
+    stored = store.prices.latest_offers
+    reads = counted_reads(store, monkeypatch)
+    added = make_offer(zone="use1-az6", usd_per_hour=0.1, observed_at=T0 + timedelta(minutes=1))
+    store.prices.record_offers([*poll("aws", 0.5, at=timedelta(minutes=1)), added])
+    table = latest_table(store)
+
+    assert reads == [{"provider": "aws"}]
+    assert table.offers == tuple(stored())
+    assert added in table.offers
 
 
 def test_the_kept_table_ranks_exactly_as_one_built_from_the_stored_offers(store: Store) -> None:

@@ -1,11 +1,17 @@
 """Process identity on Linux (`/proc`): is a pid still the very process we started, and
 signalling its process group. Shared by the agent (adopting a job after a restart) and the
-local cloud (its instances are processes)."""
+local cloud (its instances are processes). And a call run in a forked child (`call_forked`)."""
 
 from __future__ import annotations
 
 import os
+import pickle
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def proc_stat(pid: int) -> list[str] | None:
@@ -48,3 +54,43 @@ def signal_group(pgid: int | None, signum: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
+
+
+def call_forked(fn: Callable[[], T]) -> T:
+    """`fn()` in a forked child, its result (or exception) brought back pickled: for work
+    whose imports the caller should not keep for good (the daemon's first start creates its
+    schema through Alembic, about 10 MB it would then hold while idle). Where the platform
+    cannot fork, `fn()` here."""
+    if not hasattr(os, "fork"):
+        return fn()
+    for stream in (sys.stdout, sys.stderr):  # else the child could write them out again
+        stream.flush()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: answers on the pipe and exits, never returns
+        code = 0
+        try:
+            os.close(read)
+            try:
+                payload = pickle.dumps((True, fn()))
+            except BaseException as exc:
+                try:
+                    payload = pickle.dumps((False, exc))
+                except Exception:
+                    payload = pickle.dumps((False, RuntimeError(f"{type(exc).__name__}: {exc}")))
+            with os.fdopen(write, "wb") as out:
+                out.write(payload)
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as answer:
+        data = answer.read()
+    _, status = os.waitpid(pid, 0)
+    if not data:
+        raise ChildProcessError(f"the child process ended without an answer (status {status})")
+    ok, value = pickle.loads(data)
+    if ok:
+        return value  # type: ignore[no-any-return]
+    raise value

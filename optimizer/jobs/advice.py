@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from optimizer import hardware
+from optimizer.jobs.offer_table import latest_table
 from optimizer.jobs.ranking import job_state, launch_ranking
 from optimizer.lifecycle import TERMINAL_JOB_STATES
 from optimizer.store import AttemptRecord, JobRecord, Store
@@ -81,7 +82,7 @@ def _current(store: Store, attempt: AttemptRecord, ranking: Ranking | None) -> a
     offer = same[0].offer if same else None
     if offer is None:
         offer = next(
-            (o for o in store.prices.latest_offers() if (o.provider, o.instance_type) == key),
+            (o for o in latest_table(store).offers if (o.provider, o.instance_type) == key),
             None,
         )
     tflops: float | None = None

@@ -26,6 +26,7 @@ from typing import Any
 from optimizer.clock import utc_text
 from optimizer.jobs.context import UNREACHABLE, ReconcileContext
 from optimizer.jobs.measured import DEFAULT_WINDOW, ProbeWindow, measured
+from optimizer.jobs.offer_table import latest_table
 from optimizer.jobs.ranking import pool_of
 from optimizer.lifecycle import JobState
 from optimizer.model import EventKind, Pool
@@ -181,7 +182,7 @@ class WindowWatch:
         if running:
             ranking = evaluate(
                 after,
-                ctx.store.prices.latest_offers(),
+                latest_table(ctx.store),  # the kept table of the latest offers
                 ctx.now,
                 measured=measured(ctx.store, self.probe_window),
             )

@@ -5,7 +5,9 @@ function here runs on the caller's engine, so a store's PostgreSQL `search_path`
 where `alembic_version` and the tables are. The daemon calls `ensure_ready` at start: an
 empty database is created at head, one at head is used, anything else is refused in one
 line — migrating is for whoever runs `gpuopt db upgrade` once for every replica, not for
-whichever daemon happens to start first. Alembic itself is imported only when used.
+whichever daemon happens to start first. Alembic itself is imported only when used: the
+revisions are read by plain SQL and from the scripts' text, and an empty database is created
+in a forked child, so a daemon does not keep Alembic in memory.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlmodel import SQLModel
 
 import optimizer.store.tables  # noqa: F401  (puts every table on SQLModel.metadata)
+from optimizer.common.procs import call_forked
 from optimizer.store.engine import StoreError
 from optimizer.store.migrate_scripts import (
     VERSION_TABLE,
@@ -218,8 +221,23 @@ def ensure_ready(engine: Engine) -> SchemaStatus:
         return found
     if found.state is not State.EMPTY:
         raise SchemaError(found.describe())
-    done = _upgrade(engine, only_empty=True)
+    done = _create_apart(engine)
     return SchemaStatus(State.CURRENT, done.revision, found.head)
+
+
+def _create_apart(engine: Engine) -> Migrated:
+    """An empty database created at head through the migrations, in a forked child where the
+    database is a file or a server: a daemon at head never imports Alembic, and one that
+    created its database does not keep it (bench/daemon.py). An in-memory SQLite database is
+    the process's own: created here."""
+    if engine.url.get_backend_name() == "sqlite" and engine.url.database in (None, "", ":memory:"):
+        return _upgrade(engine, only_empty=True)
+
+    def create() -> Migrated:
+        engine.dispose(close=False)  # the parent's pooled connections stay the parent's
+        return _upgrade(engine, only_empty=True)
+
+    return call_forked(create)
 
 
 def upgrade(engine: Engine) -> Migrated:

@@ -7,14 +7,16 @@ Alembic, and imports it inside the functions.
 
 from __future__ import annotations
 
+import ast
 import functools
 import logging
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, inspect, text
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -56,8 +58,31 @@ def script() -> ScriptDirectory:
     return ScriptDirectory.from_config(alembic_config())
 
 
+# A script's own `revision = "0012"` and `down_revision = "0011"` lines.
+_ASSIGNED = re.compile(r"^(revision|down_revision)\s*(?::[^=\n]*)?=\s*(.+?)\s*$", re.M)
+
+
+@functools.cache
 def head() -> str:
-    """The newest revision this gpuopt knows."""
+    """The newest revision this gpuopt knows: the one no script names as its down_revision,
+    read from the scripts' text, so the daemon's start (its database at head) needs no
+    Alembic (about 10 MB of a daemon's memory, bench/daemon.py). Where the text does not
+    give one head, Alembic's answer (tests/test_migrations.py holds the two to each other)."""
+    revisions: set[str] = set()
+    downs: set[str | None] = set()
+    for path in (SCRIPTS / "versions").glob("*.py"):
+        found = dict(_ASSIGNED.findall(path.read_text(encoding="utf-8")))
+        try:
+            revisions.add(ast.literal_eval(found["revision"]))
+            down = ast.literal_eval(found.get("down_revision", "None"))
+        except (KeyError, ValueError, SyntaxError):
+            return _alembic_head()
+        downs.update(down if isinstance(down, tuple | list) else [down])
+    heads = revisions - downs
+    return heads.pop() if len(heads) == 1 else _alembic_head()
+
+
+def _alembic_head() -> str:
     newest = script().get_current_head()
     assert newest is not None, "optimizer/store/migrations/versions holds no revision"
     return newest
@@ -88,7 +113,10 @@ def stamp(conn: Connection, revision: str) -> None:
 
 
 def recorded(conn: Connection) -> tuple[str, ...]:
-    """The revisions alembic_version holds: () without the table or a row, else usually one."""
-    from alembic.migration import MigrationContext
-
-    return MigrationContext.configure(conn).get_current_heads()
+    """The revisions alembic_version holds: () without the table or a row, else usually one.
+    Plain SQL, as Alembic reads them (the table where the connection's search path finds it),
+    so the daemon's start needs no Alembic."""
+    if not inspect(conn).has_table(VERSION_TABLE):
+        return ()
+    rows = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}"))
+    return tuple(str(value) for value in rows.scalars())

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import threading
+import weakref
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +74,9 @@ OffersVersion = tuple[int, int]
 """What the latest offers were at (`Prices.offers_version`): the newest price history row in
 the database, and how many writes this process has made."""
 
+WriteWatcher = Callable[[OffersVersion, OffersVersion, tuple[Offer, ...]], None]
+"""What `Prices.watch_writes` calls after each write: before, after, the offers written."""
+
 
 def _offer(row: Row[Any]) -> Offer:
     values = row._mapping
@@ -107,6 +111,7 @@ class Prices:
         self._writes: deque[tuple[OffersVersion, OffersVersion, frozenset[str]]] = deque(
             maxlen=_WRITES_KEPT
         )
+        self._watchers: list[weakref.WeakMethod[WriteWatcher]] = []
 
     def record_offers(self, offers: Iterable[Offer]) -> int:
         """Append offers to price history and advance each pool's latest price; one transaction.
@@ -138,6 +143,12 @@ class Prices:
                 self._writes_made += 1
                 after = (after_id, self._writes_made)
                 self._writes.append((before, after, frozenset(p for p, *_ in newest)))
+                for ref in list(self._watchers):
+                    watcher = ref()
+                    if watcher is None:
+                        self._watchers.remove(ref)
+                    else:
+                        watcher(before, after, tuple(newest.values()))
         return written
 
     def record_history(self, points: Iterable[tuple[Pool, float, datetime, str]]) -> int:
@@ -165,6 +176,14 @@ class Prices:
                 )
                 written += len(chunk)
         return written
+
+    def watch_writes(self, watcher: WriteWatcher) -> None:
+        """Call the bound method `watcher(before, after, offers)` after each of this process's
+        writes, in order, with the versions around it and the newest offer it wrote per pool
+        (a pool's latest row takes it where it is not older than the row's). Held weakly: a
+        watcher's object can go."""
+        with self._write_lock:
+            self._watchers.append(weakref.WeakMethod(watcher))
 
     @staticmethod
     def _newest_history_id(conn: Any) -> int:

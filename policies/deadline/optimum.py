@@ -13,15 +13,20 @@ could have been reached is computed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from math import gcd
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from policies.deadline.timeline import timeline
 from policies.deadline.traces import Trace
 
-INF = np.inf
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from optimizer.common.lazy import numpy as np
+
+INF = math.inf
 
 
 def optimum(

@@ -13,13 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from policies.deadline.model import DeadlineStrategy, Situation, Use, ZoneStats
 from policies.deadline.optimum import optimum
 from policies.deadline.timeline import Timeline, timeline
 from policies.deadline.traces import Trace
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from optimizer.common.lazy import numpy as np
 
 __all__ = ["HISTORY_S", "Outcome", "optimum", "replay", "zone_stats"]
 

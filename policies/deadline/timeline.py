@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from policies.deadline.traces import Trace, TraceError
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from optimizer.common.lazy import numpy as np
 
 
 @dataclass(frozen=True)
