@@ -13,21 +13,13 @@ import pytest
 from optimizer.agent import Agent, AgentConfig
 from optimizer.agent.code import CodeUnavailable, Interrupted, prepare
 from optimizer.agent.reporter import DaemonClient, DaemonError
-from optimizer.code import pack, sha256_file
+from optimizer.code import sha256_file
 from optimizer.common.retry import Backoff
 from optimizer.protocol import CodeArchive
 from tests.helpers.agent_loop import ScriptedDaemon, ScriptedWatcher, job
+from tests.helpers.code_archive import archive
 
 BASE = "http://daemon.test:8470"
-
-
-def archive(tmp_path: Path) -> tuple[CodeArchive, bytes]:
-    folder = tmp_path / "proj"
-    folder.mkdir()
-    (folder / "train.py").write_text("print('hi')\n")
-    packed = pack(folder, tmp_path / "out")
-    code = CodeArchive(sha256=packed.sha256, size=packed.size, url=f"/agent/code/{packed.sha256}")
-    return code, packed.path.read_bytes()
 
 
 def client(answers: list[httpx.Response], seen: list[httpx.Request]) -> DaemonClient:

@@ -7,15 +7,14 @@ import os
 import subprocess
 import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from optimizer.agent import Agent, AgentConfig, AgentConfigError, Assignment, Notice
-from optimizer.common.retry import Backoff
+from optimizer.agent import AgentConfig, AgentConfigError, Assignment, Notice
 from tests.helpers import wait_until
 from tests.helpers.agent import read_json
-from tests.helpers.agent_loop import ScriptedDaemon, ScriptedWatcher, job
+from tests.helpers.agent_loop import ScriptedDaemon, job
+from tests.helpers.agent_run import agent_for, run_in_thread
 
 REQUIRED = {
     "GPUOPT_DAEMON_URL": "http://d",
@@ -81,33 +80,6 @@ def test_the_registration_answer_becomes_the_jobs_environment() -> None:
         Assignment.parse({"job": {"name": "x"}})
     with pytest.raises(ValueError, match="probes"):
         Assignment.parse({"job": {"run": "x", "probes": "thorough"}})
-
-
-def agent_for(tmp_path: Path, daemon: ScriptedDaemon, **settings: Any) -> tuple[Agent, Any]:
-    config = AgentConfig(
-        daemon_url="http://d",
-        token="t",
-        attempt_key="train/1",
-        metadata_kind="aws-imds",
-        cloud="local",
-        agent_dir=tmp_path / "agent",
-        **settings,
-    )
-    watcher = ScriptedWatcher()
-    agent = Agent(
-        config,
-        client=daemon,  # type: ignore[arg-type]
-        watcher=watcher,
-        register_backoff=Backoff(base=0.01, cap=0.02),
-        send_backoff=Backoff(base=0.01, cap=0.05),
-    )
-    return agent, watcher
-
-
-def run_in_thread(agent: Agent) -> dict[str, int]:
-    result: dict[str, int] = {}
-    threading.Thread(target=lambda: result.setdefault("code", agent.run()), daemon=True).start()
-    return result
 
 
 def test_registration_is_retried_until_the_daemon_answers(tmp_path: Path) -> None:

@@ -21,9 +21,9 @@ from optimizer.agent.standby import READY_POLL_S
 from optimizer.checkpoints import Uploader, commit
 from optimizer.common.procs import proc_start_ticks
 from tests.helpers import wait_until
+from tests.helpers.agent_checkpoints import URI, FencedDaemon, agent_on, data_of
+from tests.helpers.code_archive import archive
 from tests.helpers.fake_store import FakeStore
-from tests.test_agent_checkpoints import URI, FencedDaemon, agent_on, data_of
-from tests.test_agent_code import archive
 
 # Builds "the model", says it is ready (pid, and what it saw of standby), waits for the go,
 # then loads the newest checkpoint in its folder and says which. SIGTERM only sets a flag (as a

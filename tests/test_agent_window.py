@@ -14,7 +14,7 @@ from optimizer.agent.window import WINDOW_REASON, CheckpointWindow, stop_due
 from optimizer.clock import utc_text
 from tests.helpers import wait_until
 from tests.helpers.agent_loop import ScriptedDaemon, job
-from tests.test_agent_loop import agent_for, run_in_thread
+from tests.helpers.agent_run import agent_for, run_in_thread
 
 T0 = datetime(2026, 11, 30, 12, tzinfo=UTC)
 

@@ -19,8 +19,8 @@ from optimizer.jobs.machine import AttemptView, Stop
 from optimizer.protocol import Job, RegisterAnswer, power_off_time
 from optimizer.store import Store
 from tests.helpers import wait_until
+from tests.helpers.billing_world import POLICY, InForce, World
 from tests.helpers.jobs import Drafter
-from tests.test_jobs_billing import POLICY, InForce, World
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
 ALLOWANCE = timedelta(seconds=20)

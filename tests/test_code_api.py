@@ -12,8 +12,7 @@ import pytest
 
 from optimizer.code import pack
 from optimizer.daemon.service import Daemon
-from optimizer.store.jobs import token_sha256
-from tests.helpers import make_offer
+from tests.helpers.code_api import POLICY, SPEC, attempt
 from tests.helpers.daemon import api, make_config, running, without_job_passes
 from tests.helpers.offers import T0
 from tests.helpers.policies import write_policy
@@ -21,14 +20,6 @@ from tests.helpers.policies import write_policy
 pytestmark = pytest.mark.usefixtures("daemon_env")
 
 CAP_MIB = 1
-POLICY = """\
-apiVersion: gpuopt/v1
-kind: Policy
-name: p
-workload: {gpus: 1}
-placement: {providers: [local]}
-"""
-SPEC = {"name": "train", "run": "python main.py", "checkpoint_dir": "/ckpt"}
 
 
 @pytest.fixture
@@ -132,14 +123,6 @@ def test_a_job_whose_code_was_not_uploaded_is_refused(daemon: Daemon) -> None:
     (problem,) = refused.json()["detail"]
     assert problem["loc"] == ["body", "code", "sha256"]
     assert "holds no code archive sha256:" + "1" * 64 in problem["msg"]
-
-
-def attempt(daemon: Daemon, job: int, number: int) -> str:
-    """An attempt of the job with its own agent token (returned)."""
-    key, token = f"{job}-{number}", f"token-{job}-{number}"
-    offer = make_offer(provider="aws", instance_type="p5.48xlarge")
-    daemon.store.jobs.create_attempt(job, number, key, offer, token_sha256(token), T0)
-    return token
 
 
 def test_an_agent_fetches_its_own_jobs_archive_and_no_other(daemon: Daemon, tmp_path: Path) -> None:

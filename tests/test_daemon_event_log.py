@@ -19,7 +19,8 @@ pytestmark = pytest.mark.usefixtures("daemon_env")
 ROOT = Path(__file__).resolve().parents[1]
 POLICY = ROOT / "examples" / "local-train-policy.yaml"  # local-train: the local cloud, EU only
 SECRET = "job-secret-0c6f9b2e7d41"
-EVENT_LINE = " INFO optimizer.daemon.eventlog: "
+# A job event's line, at its severity's level (INFO, WARNING for job.interrupted, ERROR).
+EVENT_LINE = " optimizer.daemon.eventlog: "
 PAIR = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
 
 

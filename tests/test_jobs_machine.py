@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -38,9 +38,8 @@ from optimizer.lifecycle import TERMINAL_JOB_STATES as TERMINAL
 from optimizer.lifecycle import JobState
 from optimizer.model import EventKind, Market
 from optimizer.protocol import power_off_time
+from tests.helpers.machine_views import NOW, POOL, attempt
 
-NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
-POOL = ("aws", "eu-west-1", "euw1-az1", "p4d.24xlarge", "spot")
 SETTINGS = RecoverySettings(
     max_restarts=3, pool_cooldown=timedelta(minutes=10), on_demand_after_interruptions=2
 )
@@ -53,19 +52,6 @@ def preempted(*at: datetime) -> tuple[tuple[Failure, datetime], ...]:
 
 def job(**changes: Any) -> JobView:
     return replace(JobView(id=7, name="train", state=JobState.RUNNING, probes="quick"), **changes)
-
-
-def attempt(**changes: Any) -> AttemptView:
-    base = AttemptView(
-        number=1,
-        key="7-1",
-        pool=POOL,
-        launched_at=NOW - timedelta(minutes=5),
-        registered=True,
-        probe_status="pass",
-        job_started=True,
-    )
-    return replace(base, **changes)
 
 
 def kinds(decision: Decision) -> list[str]:

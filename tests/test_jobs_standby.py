@@ -19,12 +19,12 @@ from optimizer.jobs.standby import STANDBY_READY_WAIT, standby_ready
 from optimizer.store import Store
 from optimizer.store.jobs import token_sha256
 from tests.helpers import make_offer
+from tests.helpers.code_api import POLICY, SPEC, attempt
 from tests.helpers.daemon import make_config, running, without_job_passes
+from tests.helpers.machine_views import NOW
+from tests.helpers.machine_views import attempt as view
 from tests.helpers.offers import T0
 from tests.helpers.policies import write_policy
-from tests.test_code_api import POLICY, SPEC, attempt
-from tests.test_jobs_machine import NOW
-from tests.test_jobs_machine import attempt as view
 
 NOTICE = T0 + timedelta(minutes=10)
 

@@ -269,7 +269,15 @@ def test_s3_access_denied_by_iam_is_mapped_and_not_retried(tmp_path: Path) -> No
             PolicyDocument=json.dumps(
                 {
                     "Version": "2012-10-17",
-                    "Statement": [{"Effect": "Allow", "Action": "s3:ListBucket", "Resource": "*"}],
+                    # AWS authorizes ListObjectsV2 as s3:ListBucket; moto 5.2 checks it as its
+                    # own name: both, so the user can list and nothing more on either.
+                    "Statement": [
+                        {
+                            "Effect": "Allow",
+                            "Action": ["s3:ListBucket", "s3:ListObjectsV2"],
+                            "Resource": "*",
+                        }
+                    ],
                 }
             ),
         )

@@ -19,7 +19,7 @@ from optimizer.cli import client
 from optimizer.cli.client import ApiOption
 from optimizer.cli.client import call as _call
 from optimizer.cli.common import error, fail
-from optimizer.cli.plan import effective_policy_lines
+from optimizer.cli.plan import effective_policy_header, effective_policy_lines
 from optimizer.cli.render import OutputOption, WideOption, wants_wide
 
 if TYPE_CHECKING:
@@ -107,13 +107,6 @@ def spare_line(a: AttemptView) -> str:
     else:
         status = "booting"
     return f"warm spare: attempt {a.number} on {where}{price}, {status}"
-
-
-def effective_policy_header(job: JobView) -> str:
-    """`effective policy job-train (inline resources over policy default):`."""
-    doc = job.effective_policy or {}
-    about = f" ({doc['description']})" if doc.get("description") else ""
-    return f"effective policy {doc.get('name', job.policy)}{about}:"
 
 
 def deadline_line(d: DeadlineView) -> str:

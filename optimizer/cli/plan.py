@@ -15,13 +15,16 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import typer
 
 from optimizer.cli.client import call
 from optimizer.cli.code import ShipError, ship, shipping
 from optimizer.cli.common import fail
+
+if TYPE_CHECKING:
+    from optimizer.answers import JobView
 
 PLAN_OFFERS = 5
 
@@ -83,6 +86,13 @@ def plan_lines(plan: dict[str, Any]) -> tuple[list[str], list[str]]:
         tail.append("cost to finish: unknown (give the spec's `work` to see it)")
     tail += [f"note: {note}" for note in plan.get("notes", [])]
     return [line for line in head if line], tail
+
+
+def effective_policy_header(job: JobView) -> str:
+    """`effective policy job-train (inline resources over policy default):`."""
+    doc = job.effective_policy or {}
+    about = f" ({doc['description']})" if doc.get("description") else ""
+    return f"effective policy {doc.get('name', job.policy)}{about}:"
 
 
 def effective_policy_lines(doc: dict[str, Any]) -> list[str]:

@@ -150,8 +150,7 @@ def policy_lines(job: JobDetail) -> list[str]:
     """The job's policy: its name, or where the API gives the effective policy (the policy
     with the job's inline resources merged over it) its header and summary lines, as the
     plan prints them (optimizer/cli/plan.py)."""
-    from optimizer.cli.jobs import effective_policy_header
-    from optimizer.cli.plan import effective_policy_lines
+    from optimizer.cli.plan import effective_policy_header, effective_policy_lines
 
     effective = getattr(job, "effective_policy", None) or (job.model_extra or {}).get(
         "effective_policy"
