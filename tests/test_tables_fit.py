@@ -227,3 +227,14 @@ def test_tco_fits(width: int) -> None:
     header = next(line for line in wide if line.startswith("option"))
     for name in ("where", "total", "per month", "$/GPU-h used", "fixed", "notes"):
         assert name in header
+
+
+def test_cost_rows_and_totals_round_alike() -> None:
+    """Amounts under a dollar get four decimals in every row and the total, so rows read
+    0.0040 and 0.0042 beside a 0.0082 total, not 0.00 and 0.00 beside 0.01."""
+    from optimizer.cli.tables import usd_digits
+
+    small = [{"spend_usd": 0.004}, {"spend_usd": 0.0042}]
+    assert usd_digits([*small, {"spend_usd": 0.0082}]) == 4
+    assert usd_digits([{"spend_usd": 12.5, "storage_usd": 0.0}, {"spend_usd": 3.0}]) == 2
+    assert usd_digits([{"spend_usd": 0.0}]) == 2

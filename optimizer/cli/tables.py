@@ -273,8 +273,21 @@ def _rejections(ranking: RankingView, examples: int = 3, *, wide: bool = False) 
     table([*header, Column("examples", cut=True, drop=0)], rows, title=title, wide=wide)
 
 
-def _usd(value: float) -> str:
-    return f"{value:,.2f}"
+def _usd(value: float, digits: int = 2) -> str:
+    return f"{value:,.{digits}f}"
+
+
+_USD_FIGURES = ("spend_usd", "storage_usd", "on_demand_usd", "savings_usd", "overhead_usd")
+
+
+def usd_digits(rows: Sequence[dict[str, Any]]) -> int:
+    """Decimals for every amount of a table, rows and totals alike: cents, or four where an
+    amount under a dollar would read 0.00 beside a total that does not (a few minutes of a
+    cheap spot instance), so the rows shown add up to the total shown."""
+    small = any(
+        0 < abs(float(row.get(name) or 0)) < 0.995 for row in rows for name in _USD_FIGURES
+    )
+    return 4 if small else 2
 
 
 def _share(value: float | None) -> str:
@@ -312,18 +325,20 @@ def costs_table(
         print("No costs in this window.")
         return
 
+    digits = usd_digits([*groups, totals])
+
     def cells(row: dict[str, Any]) -> list[str]:
         known = "" if row.get("baseline_known", True) else "*"
         return [
-            _usd(row["spend_usd"]),
-            _usd(row["storage_usd"]),
-            _usd(row["on_demand_usd"]) + known,
-            _usd(row["savings_usd"]),
+            _usd(row["spend_usd"], digits),
+            _usd(row["storage_usd"], digits),
+            _usd(row["on_demand_usd"], digits) + known,
+            _usd(row["savings_usd"], digits),
             _share(row["savings_fraction"]),
             _share(row["net_savings_fraction"]),
             _hours(row["billed_seconds"]),
             _hours(row["overhead_seconds"]),
-            _usd(row["overhead_usd"]),
+            _usd(row["overhead_usd"], digits),
             str(row.get("attempt_count", "")),
         ]
 
