@@ -115,7 +115,8 @@ def test_the_console_follows_a_job_through_an_interruption_and_a_cancel(tmp_path
         assert driver.current_url.startswith(f"{daemon.url}/ui/login")
         driver.find_element("id", "token").send_keys("wrong-token")
         driver.find_element("css selector", "form button[type=submit]").click()
-        assert "not the API token" in _text(driver, "#login-error")
+        # the click submits the form: the answer is a new page, read once it has come
+        wait_until(lambda: "not the API token" in _text(driver, "#login-error"), 10, "the error")
         assert driver.get_cookies() == []
         shot("01-login-error")
         driver.find_element("id", "token").send_keys(TOKEN)
@@ -216,7 +217,7 @@ def test_the_console_follows_a_job_through_an_interruption_and_a_cancel(tmp_path
         shot("08-offers-rejections")
         driver.find_element("id", "q").send_keys("spot")
         driver.find_element("css selector", "form.filters button").click()
-        assert "match" in _text(driver, "#rej-h ~ details summary")
+        wait_until(lambda: "match" in _text(driver, "#rej-h ~ details summary"), 10, "the filter")
 
         # -- a price chart ---------------------------------------------------------------
         # of the best spot pool now, which the interruption may have moved to another region
