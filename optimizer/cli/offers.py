@@ -220,19 +220,23 @@ def _daemon_or_snapshot(
     """What `gpuopt offers` lists without --provider or --catalog: the latest offers of every
     provider the daemon polls (the local cloud included) when one answers; else the bundled
     snapshot, saying so on stderr."""
-    from optimizer.cli.client import NoDaemon, base_url, check, request
+    from optimizer.answers import OfferList
+    from optimizer.cli.client import NoDaemon, base_url, check, read, request, unreadable
     from optimizer.model import Offer
 
     rows: list[Offer] = []
-    params: dict[str, object] = {"limit": DAEMON_PAGE, "offset": 0}
-    if query.market is not None:
-        params["market"] = query.market.value
+    market = {} if query.market is None else {"market": query.market.value}
+    offset = 0
     try:
         while True:
-            page = check(request("GET", "/offers", api, params=params))
-            rows.extend(Offer.from_dict(o) for o in page["offers"])
-            params["offset"] = int(str(params["offset"])) + DAEMON_PAGE
-            if int(str(params["offset"])) >= page["count"] or not page["offers"]:
+            params = {"limit": DAEMON_PAGE, "offset": offset, **market}
+            page = read(OfferList, check(request("GET", "/offers", api, params=params)))
+            try:
+                rows.extend(Offer.from_dict(o) for o in page.offers)
+            except (TypeError, ValueError, KeyError) as exc:
+                unreadable(f"OfferList.offers: {exc}")
+            offset += DAEMON_PAGE
+            if offset >= page.count or not page.offers:
                 break
     except NoDaemon as exc:
         print(f"gpuopt: no daemon ({exc}); showing the bundled snapshot", file=sys.stderr)
