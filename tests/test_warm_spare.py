@@ -70,6 +70,19 @@ def test_a_job_with_an_attempt_and_no_spare_gets_one_and_a_job_without_one_does_
     assert not decide(spare=None, wanted=False).launch  # type: ignore[attr-defined]
 
 
+def test_a_spare_is_launched_only_once_the_running_attempt_has_come_through_its_start() -> None:
+    booting = view(1, RUNNING, registered=True)  # its probe still running
+    assert not decide(spare=None, current=booting).launch  # type: ignore[attr-defined]
+    failed = view(1, RUNNING, registered=True, probe_status="fail")
+    assert not decide(spare=None, current=failed).launch  # type: ignore[attr-defined]
+    for ready in (
+        view(1, RUNNING, registered=True, probe_status="pass"),
+        view(1, RUNNING, registered=True, probe_status="warn"),
+        view(1, RUNNING, registered=True, job_started=True),  # probes: none
+    ):
+        assert decide(spare=None, current=ready).launch  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize(
     ("spare", "why"),
     [

@@ -284,9 +284,7 @@ def usd_digits(rows: Sequence[dict[str, Any]]) -> int:
     """Decimals for every amount of a table, rows and totals alike: cents, or four where an
     amount under a dollar would read 0.00 beside a total that does not (a few minutes of a
     cheap spot instance), so the rows shown add up to the total shown."""
-    small = any(
-        0 < abs(float(row.get(name) or 0)) < 0.995 for row in rows for name in _USD_FIGURES
-    )
+    small = any(0 < abs(float(row.get(name) or 0)) < 0.995 for row in rows for name in _USD_FIGURES)
     return 4 if small else 2
 
 

@@ -83,7 +83,8 @@ def decide_spare(
     A spare is kept only beside an open attempt of a live job: a job that ended (succeeded,
     failed, cancelled, stopped) releases it. A spare that is interrupted, lost, fails its
     probe or never registers is ended as an attempt would be (its reason is the state
-    machine's) and replaced. A job with an open attempt and no spare gets one launched."""
+    machine's) and replaced. A job with an open attempt and no spare gets one launched once
+    that attempt is `ready`."""
     live = wanted and state not in TERMINAL_JOB_STATES
     if spare is not None:
         if not live:
@@ -94,9 +95,22 @@ def decide_spare(
                 AttemptEnd(failed.why.value), failed.message, launch=current is not None
             )
         return SpareDecision()
-    if live and current is not None:
+    if live and current is not None and ready(current):
         return SpareDecision(launch=True, why=f"beside attempt {current.number}")
     return SpareDecision()
+
+
+def ready(current: AttemptView) -> bool:
+    """Whether the running attempt has come through its own start (its probe passed or
+    warned, or its job started), so that a spare may be launched beside it.
+
+    Waiting for it costs the spare one probe's time at the job's first start and buys three
+    things: a first launch that fails its probe is replaced without a spare already paid
+    for; the spare's probe never runs while the attempt's own probe does, so on a host whose
+    instances share a GPU (the local cloud on a GPU machine) neither measures the other's
+    load; and where the spare's type is the attempt's, the type has a full probe on record,
+    so the spare runs the short handover probe (docs/probes.md)."""
+    return current.job_started or current.probe_status in ("pass", "warn")
 
 
 def promotable(spare: AttemptView, market: str, launch: Launch) -> bool:
@@ -110,4 +124,4 @@ def promotable(spare: AttemptView, market: str, launch: Launch) -> bool:
     return launch.only is None or spare.pool in launch.only
 
 
-__all__ = ["SpareDecision", "decide_spare", "healthy", "promotable", "spare_order"]
+__all__ = ["SpareDecision", "decide_spare", "healthy", "promotable", "ready", "spare_order"]
