@@ -13,8 +13,10 @@ from typing import Any
 from optimizer.agent.imds import (
     AWS_POLL_S,
     DEFAULT_METADATA_URL,
+    OwnedFileError,
     UnknownWatcherKind,
     check_watcher_kind,
+    owned_file_path,
 )
 from optimizer.protocol import (
     DEFAULT_HEARTBEAT_S,
@@ -121,6 +123,12 @@ class AgentConfig:
             kind = check_watcher_kind((get(ENV_METADATA_KIND) or "").lower())
         except UnknownWatcherKind as exc:
             raise AgentConfigError(f"{ENV_METADATA_KIND}: {exc}") from None
+        metadata_url = get("GPUOPT_METADATA_URL") or DEFAULT_METADATA_URL
+        if kind == "owned-file":  # a notice file on the machine, not an HTTP endpoint
+            try:
+                owned_file_path(metadata_url)
+            except OwnedFileError as exc:
+                raise AgentConfigError(f"GPUOPT_METADATA_URL: {exc}") from None
 
         def number(name: str, default: float | None) -> float | None:
             raw = get(name)
@@ -143,7 +151,7 @@ class AgentConfig:
             attempt_key=get(ENV_ATTEMPT_KEY) or "",
             metadata_kind=kind,
             cloud=cloud,
-            metadata_url=get("GPUOPT_METADATA_URL") or DEFAULT_METADATA_URL,
+            metadata_url=metadata_url,
             agent_dir=Path(agent_dir) if agent_dir else default_agent_dir(),
             instance_id=get("GPUOPT_INSTANCE_ID"),
             poll_s=number("GPUOPT_AGENT_POLL_S", AWS_POLL_S) or AWS_POLL_S,

@@ -17,12 +17,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import random
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import unquote, urlsplit
 
 import httpx
 
@@ -55,7 +58,7 @@ MAX_PAYLOAD_CHARS = 2048
 class Notice:
     """One interruption notice, in the protocol's `interruption_notice` terms."""
 
-    source: str  # aws-imds-spot | aws-imds-rebalance | gcp-metadata-preempted
+    source: str  # aws-imds-spot | aws-imds-rebalance | gcp-metadata-preempted | owned-file
     action: str  # terminate | stop | hibernate | rebalance | preempted
     time: str | None  # when the action happens (AWS) or the notice was issued
     payload_sha256: str
@@ -334,11 +337,82 @@ class GcpMetadata:
         log.debug("GCP metadata: %s", self.last_error)
 
 
+class OwnedFileError(ValueError):
+    """An `owned-file` watcher URL that is not `file:///absolute/path`."""
+
+
+def owned_file_path(url: str) -> Path:
+    """The notice file a `file:///abs/path/notice.json` URL names; OwnedFileError otherwise."""
+    parts = urlsplit(url)
+    if parts.scheme != "file" or parts.netloc not in ("", "localhost"):
+        raise OwnedFileError(f"{url!r} is not a file:///absolute/path URL")
+    path = unquote(parts.path)
+    if not path.startswith("/") or path.endswith("/"):
+        raise OwnedFileError(f"{url!r} does not name a file by its absolute path")
+    return Path(path)
+
+
+class OwnedFile:
+    """Watcher for a machine the team owns: no cloud tells it of its end, so the daemon
+    writes `{"action": "terminate", "time": ..., "reason": "drain"}` into a local file over
+    SSH when it drains the machine, and this watcher reads that file. A rewritten file (say,
+    another time) is a new notice; the same content is reported once, as on AWS."""
+
+    interval_s = AWS_POLL_S
+
+    def __init__(self, base_url: str, *, interval_s: float = AWS_POLL_S) -> None:
+        self.path = owned_file_path(base_url)
+        self.interval_s = interval_s
+        self._dedupe = _Dedupe()
+        self.errors = 0
+        self.last_error: str | None = None
+
+    def instance_id(self) -> str | None:
+        """The id the daemon gave this machine (GPUOPT_INSTANCE_ID); the file cannot say."""
+        return os.environ.get("GPUOPT_INSTANCE_ID") or None
+
+    def check(self) -> list[Notice]:
+        try:
+            body = self.path.read_bytes()
+        except FileNotFoundError:
+            return []  # no drain asked for
+        except OSError as exc:
+            self._failed(f"{self.path}: cannot read: {exc.strerror or exc}")
+            return []
+        try:
+            data = json.loads(body)
+        except ValueError as exc:
+            self._failed(f"{self.path}: not JSON: {exc}")
+            return []
+        if not isinstance(data, dict) or not isinstance(data.get("action"), str):
+            self._failed(f"{self.path}: expected a JSON object with a string 'action'")
+            return []
+        time_text = data.get("time")
+        digest = _sha256(body)
+        if not self._dedupe.fresh(digest):
+            return []
+        return [
+            Notice(
+                source="owned-file",
+                action=data["action"],
+                time=time_text if isinstance(time_text, str) else None,
+                payload_sha256=digest,
+                payload=body.decode(errors="replace"),
+            )
+        ]
+
+    def _failed(self, message: str) -> None:
+        self.errors += 1
+        self.last_error = message
+        log.debug("owned-file: %s", message)
+
+
 # Metadata watcher kinds: the provider registry (providers/registry.py) names one per
 # provider, and the bootstrap hands it to the agent as GPUOPT_METADATA_KIND.
 WATCHERS: dict[str, Callable[[str, float], Watcher]] = {
     "aws-imds": lambda url, interval_s: AwsImds(url, interval_s=interval_s),  # also local
     "gcp-metadata": lambda url, interval_s: GcpMetadata(url),
+    "owned-file": lambda url, interval_s: OwnedFile(url, interval_s=interval_s),  # over SSH
 }
 
 
@@ -358,7 +432,8 @@ def check_watcher_kind(kind: str | None) -> str:
 
 def make_watcher(kind: str, base_url: str, *, interval_s: float = AWS_POLL_S) -> Watcher:
     """The watcher of `kind` (`aws-imds`: IMDSv2 on AWS and the local cloud's endpoint;
-    `gcp-metadata`: the GCP metadata server); UnknownWatcherKind for any other."""
+    `gcp-metadata`: the GCP metadata server; `owned-file`: a notice file on an owned machine);
+    UnknownWatcherKind for any other, OwnedFileError for an `owned-file` URL that is no file."""
     return WATCHERS[check_watcher_kind(kind)](base_url, interval_s)
 
 
