@@ -172,7 +172,7 @@ BAD: list[tuple[str, str, str]] = [
     (
         "unknown market",
         "markets: [reserved]\n",
-        "markets[0]: must be 'spot', 'on_demand' or 'committed'",
+        "markets[0]: must be 'spot', 'on_demand', 'committed' or 'owned'",
     ),
     ("market twice", "markets: [spot, spot]\n", "markets: markets lists a market twice"),
     (
