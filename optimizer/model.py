@@ -25,6 +25,9 @@ class Market(StrEnum):
     # discount): paid for every hour of its term whatever the usage; `usd_per_hour` is the
     # effective rate (upfront spread over the term's hours plus the hourly fee).
     COMMITTED = "committed"
+    # A machine the team owns (registered over SSH): never interrupted, no spot price history;
+    # `usd_per_hour` is its TCO rate (optimizer/costs/owned.py).
+    OWNED = "owned"
 
 
 class PaymentOption(StrEnum):

@@ -23,7 +23,7 @@ from datetime import datetime
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
-from optimizer.model import Offer
+from optimizer.model import Market, Offer
 from policies.budget import Committed
 from policies.columnar import PASSED, Verdicts, judge, places
 from policies.data_rules import move_parts
@@ -241,7 +241,8 @@ def _order(
     verdicts: Verdicts, rows: np.ndarray, scores: np.ndarray, demoted: np.ndarray
 ) -> np.ndarray:
     """Positions into `rows` in rank order: by (score, market preference, provider, region,
-    zone, type), then by every other field of their offers, then input order; the demoted
+    zone, type), then by every other field of their offers, then input order; owned offers
+    first where the policy lists `owned` first (`_owned_first`); the demoted
     (their type's probes keep failing) after all the others, in the same order among them.
 
     One sort on the score; the rest of the key is built only for rows whose scores tie (an
@@ -259,10 +260,29 @@ def _order(
         keys = [*_tie_keys(verdicts, picked), picked]  # then input order
         resorted = np.lexsort([*reversed(keys), run[positions]])  # last key sorts first
         order[positions] = order[positions][resorted]
+    owned = _owned_first(verdicts, rows)
+    if owned is not None and owned.any():
+        first = owned[order]
+        order = np.concatenate((order[first], order[~first]))
     if demoted.any():
         ranked = demoted[order]
         order = np.concatenate((order[~ranked], order[ranked]))
     return order
+
+
+def _owned_first(verdicts: Verdicts, rows: np.ndarray) -> np.ndarray | None:
+    """Per row, whether it is an owned offer that ranks ahead of every cloud offer: the
+    policy lists `owned` before each of its other markets ("own first, then spot"); None
+    where it does not (owned offers then rank by price, the market order breaking ties)."""
+    markets = verdicts.rules.markets
+    place = markets.get(Market.OWNED)
+    if place is None or any(i < place for i in markets.values()):
+        return None
+    market = verdicts.table.column("market")
+    code = market.code_of(Market.OWNED)
+    if code < 0:
+        return None
+    return market.codes[rows] == code  # type: ignore[no-any-return]
 
 
 def _tie_keys(verdicts: Verdicts, rows: np.ndarray) -> list[np.ndarray]:

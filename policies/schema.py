@@ -42,7 +42,7 @@ API_VERSION = "gpuopt/v1"
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 DTYPES = hardware.DTYPES
 Dtype = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8"]
-Market = Literal["spot", "on_demand", "committed"]
+Market = Literal["spot", "on_demand", "committed", "owned"]
 # How candidates are ordered; expected_cost is applied after the engine's rules
 # (optimizer/jobs/expected.py), the engine itself orders those by price; price_per_step too,
 # with the job's measured speeds (policies/per_step.py), the engine orders those per TFLOP.
@@ -85,7 +85,9 @@ def _all_providers() -> list[str]:
 
 
 def _all_markets() -> list[Market]:
-    return ["spot", "on_demand"]
+    # Owned machines are allowed by default (a team that registered machines wants them used),
+    # listed last so that they rank by price like the rest unless a policy puts them first.
+    return ["spot", "on_demand", "owned"]
 
 
 class RecoveryStrategy(StrEnum):
@@ -711,7 +713,9 @@ class Policy(_Strict):
     markets: list[Market] = Field(
         default_factory=_all_markets,
         min_length=1,
-        description="Allowed markets, in order of preference (breaks price ties).",
+        description="Allowed markets, in order of preference (breaks price ties). `owned` listed "
+        "before every other market is stronger: an owned offer passing every rule ranks ahead "
+        "of every cloud offer (own first, then the rest by price).",
         examples=[["spot", "on_demand"]],
     )
     rank_by: RankBy = Field(

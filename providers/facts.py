@@ -29,3 +29,10 @@ class FocusNames:
     issuer: str
     compute: str
     storage: str
+
+
+# A machine the team owns: its hourly TCO rate is charged per second of an attempt, with no
+# minimum (no cloud bills it), and its disk costs nothing more (it is part of the capex).
+OWNED_BILLING = BillingRule(
+    minimum_s=0.0, interrupted_free_s=None, disk_usd_per_gib_month=0.0, disk_type="local disk"
+)

@@ -65,7 +65,7 @@ def test_full_policy_loads_with_every_field() -> None:
 def test_defaults() -> None:
     policy = parse_policy(MINIMAL)
     assert policy.buffer == 0.2
-    assert policy.markets == ["spot", "on_demand"]
+    assert policy.markets == ["spot", "on_demand", "owned"]  # owned machines are used by default
     assert policy.workload.gpus == 1 and policy.workload.interconnect == "any"
     assert policy.placement.regions.allow == ["*"] and policy.placement.compliance is None
     assert policy.recovery.pool_cooldown_minutes == 10
@@ -172,7 +172,7 @@ BAD: list[tuple[str, str, str]] = [
     (
         "unknown market",
         "markets: [reserved]\n",
-        "markets[0]: must be 'spot', 'on_demand' or 'committed'",
+        "markets[0]: must be 'spot', 'on_demand', 'committed' or 'owned'",
     ),
     ("market twice", "markets: [spot, spot]\n", "markets: markets lists a market twice"),
     (

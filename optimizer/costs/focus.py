@@ -143,7 +143,7 @@ def rows(lines: Iterable[Line], *, account: str | None = None) -> Iterator[dict[
             "ChargeFrequency": "Usage-Based",
             "AvailabilityZone": line.zone,
             "RegionId": line.region,
-            "PricingCategory": "Dynamic" if line.market == "spot" else "Standard",
+            "PricingCategory": _pricing_category(line.market),
             "Tags": json.dumps(tags, sort_keys=True),
             "x_Job": line.job,
             "x_Policy": line.policy,
@@ -269,3 +269,16 @@ def write_csv(lines: Iterable[Line], *, account: str | None = None) -> str:
     for row in rows(lines, account=account):
         writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
     return out.getvalue()
+
+
+def _pricing_category(market: str) -> str:
+    """FOCUS 1.x PricingCategory: `Dynamic` for spot (interruptible, a moving price). An owned
+    machine is `Other`: FOCUS's `Committed` means a commitment discount was applied (and asks
+    for the CommitmentDiscount columns), which an owned machine's TCO rate is not; `Standard`
+    is a provider's list price, which no provider publishes for it. Everything else
+    (on-demand, and committed rates already effective in usd_per_hour) stays `Standard`."""
+    if market == "spot":
+        return "Dynamic"
+    if market == "owned":
+        return "Other"
+    return "Standard"
