@@ -25,6 +25,8 @@ class Market(StrEnum):
     # discount): paid for every hour of its term whatever the usage; `usd_per_hour` is the
     # effective rate (upfront spread over the term's hours plus the hourly fee).
     COMMITTED = "committed"
+    # A machine the team owns (providers/ssh), priced at its TCO rate per GPU-hour.
+    OWNED = "owned"
 
 
 class PaymentOption(StrEnum):
