@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from optimizer.cli.tco_history import History, owned_usage
 from policies import regions
 from providers.ssh import SshConfig
-from providers.ssh.inventory import MachineSpec
-from providers.ssh.provider import instance_type, judge, shares
+from providers.ssh.inventory import Instance, MachineSpec, State
+from providers.ssh.provider import UTILIZATION_S, instance_type, judge, shares, utilization
 
 MACHINE: dict[str, Any] = {
     "name": "fra-gpu1",
@@ -84,3 +85,39 @@ def test_the_machine_report_is_judged_against_the_inventory() -> None:
     assert not other.ok and other.detail == "the inventory says 2x T4, the machine has 2x A10G"
     none = judge(spec, {"gpus": [], "simulated": False}, 0.0)
     assert not none.ok and none.detail == "no GPU found (NVML); simulate_gpus is off"
+
+
+def test_measured_utilization_is_gpu_seconds_held_over_gpu_seconds_had() -> None:
+    spec = MachineSpec.model_validate({**MACHINE, "gpus": 2, "gpu_model": "T4"})
+    state = State(first_seen={"fra-gpu1": 1000.0})
+    assert utilization(state, spec, 1000.0) is None  # not seen ready before now
+    state.instances["a"] = Instance("a", "k1", "fra-gpu1", [0], "j", 1, "owned-1xT4", 0.1, 1000.0)
+    state.instances["a"].ended_at = 1050.0  # 1 GPU for 50 s
+    state.instances["b"] = Instance(
+        "b", "k2", "fra-gpu1", [0, 1], "j", 2, "owned-2xT4", 0.2, 1080.0
+    )
+    state.instances["c"] = Instance("c", "k3", "other", [0], "j", 1, "owned-1xT4", 0.1, 1000.0)
+    # 50 + 2 x 20 (b, still running at 1100) GPU-seconds of 2 x 100
+    assert utilization(state, spec, 1100.0) == pytest.approx(90 / 200)
+    # at most 30 days back: an old instance counts only inside the window
+    later = 1000.0 + UTILIZATION_S + 100.0
+    state.instances["b"].ended_at = 1100.0
+    assert utilization(state, spec, later) == 0.0
+
+
+def test_tco_from_history_reads_the_owned_machines_measured_utilization() -> None:
+    out = History(hours_per_month=500.0)
+    owned_usage(
+        [
+            {"name": "a", "gpus": 2, "utilization": 0.5},
+            {"name": "b", "gpus": 6, "utilization": 0.9},
+            {"name": "c", "gpus": 4, "utilization": None},  # not measured yet: left out
+        ],
+        out,
+    )
+    share = (0.5 * 2 + 0.9 * 6) / 8
+    assert out.hours_per_month == pytest.approx(share * 730)
+    assert "measured utilization (80.0% over 2 machine(s), 8 GPUs)" in out.notes[-1]
+    untouched = History(hours_per_month=500.0)
+    owned_usage([{"name": "c", "gpus": 4, "utilization": None}], untouched)
+    assert untouched.hours_per_month == 500.0 and not untouched.notes

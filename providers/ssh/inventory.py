@@ -212,6 +212,7 @@ class State:
     checks: dict[str, Check] = field(default_factory=dict)
     drains: dict[str, Drain] = field(default_factory=dict)
     instances: dict[str, Instance] = field(default_factory=dict)
+    first_seen: dict[str, float] = field(default_factory=dict)  # name -> its first check
     next_id: int = 1
 
     def live(self, machine: str | None = None) -> list[Instance]:
@@ -223,6 +224,17 @@ class State:
 
     def used_gpus(self, machine: str) -> set[int]:
         return {g for i in self.live(machine) for g in i.gpus}
+
+    def busy_gpu_seconds(self, machine: str, since: float, until: float) -> float:
+        """GPU-seconds the machine's instances held between `since` and `until`."""
+        total = 0.0
+        for i in self.instances.values():
+            if i.machine != machine:
+                continue
+            start, end = max(i.started_at, since), min(i.ended_at or until, until)
+            if end > start:
+                total += len(i.gpus) * (end - start)
+        return total
 
     def by_key(self, key: str) -> Instance | None:
         return next((i for i in self.instances.values() if i.key == key), None)
@@ -238,6 +250,7 @@ def _load(path: Path) -> State:
         checks={k: Check(**v) for k, v in raw.get("checks", {}).items()},
         drains={k: Drain(**v) for k, v in raw.get("drains", {}).items()},
         instances={k: Instance(**v) for k, v in raw.get("instances", {}).items()},
+        first_seen={k: float(v) for k, v in raw.get("first_seen", {}).items()},
         next_id=int(raw.get("next_id", 1)),
     )
 
@@ -268,6 +281,7 @@ class StateFile:
             "checks": {k: asdict(v) for k, v in state.checks.items()},
             "drains": {k: asdict(v) for k, v in state.drains.items()},
             "instances": {k: asdict(v) for k, v in state.instances.items()},
+            "first_seen": state.first_seen,
             "next_id": state.next_id,
         }
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".state.")

@@ -42,12 +42,21 @@ from providers.base import (
     LaunchSpec,
     ProviderError,
 )
-from providers.ssh.inventory import Check, Drain, Instance, MachineSpec, SshConfig, StateFile
+from providers.ssh.inventory import (
+    Check,
+    Drain,
+    Instance,
+    MachineSpec,
+    SshConfig,
+    State,
+    StateFile,
+)
 
 log = logging.getLogger(__name__)
 
 NAME = "ssh"
 SOURCE = "owned-tco"
+UTILIZATION_S = 30 * 86_400.0  # the window a machine's measured utilization covers
 RECHECK_S = 300.0  # a machine that passed is checked again this often; one that failed, each poll
 STOP_GRACE_S = 5.0  # SIGTERM to SIGKILL when an instance is terminated
 NOTICE_FILE = "notice.json"
@@ -87,6 +96,7 @@ class MachineView:
     used: tuple[int, ...]
     usd_per_gpu_hour: float | None
     instances: tuple[str, ...]
+    utilization: float | None = None  # GPU-hours held / GPU-hours it had, over UTILIZATION_S
 
     def to_dict(self) -> dict[str, Any]:
         s = self.spec
@@ -112,6 +122,7 @@ class MachineView:
             if self.drain is None
             else utc_text(_dt(self.drain.power_off_at)),
             "instances": list(self.instances),
+            "utilization": self.utilization,
         }
 
     @property
@@ -183,6 +194,7 @@ class SshProvider:
     def views(self) -> list[MachineView]:
         state = self.state.read()
         config_names = {m.name for m in self.config.machines}
+        now = self.clock()
         out = []
         for m in self.machines():
             live = state.live(m.name)
@@ -195,6 +207,7 @@ class SshProvider:
                     tuple(sorted(state.used_gpus(m.name))),
                     self._rate(m),
                     tuple(i.id for i in live),
+                    utilization(state, m, now),
                 )
             )
         return out
@@ -228,6 +241,7 @@ class SshProvider:
         with self.state.edit() as state:
             state.added[spec.name] = spec.model_dump(mode="json")
             state.checks[spec.name] = check
+            state.first_seen.setdefault(spec.name, check.at)
         return next(v for v in self.views() if v.spec.name == spec.name)
 
     def remove(self, name: str) -> None:
@@ -307,6 +321,8 @@ class SshProvider:
                     check = Check(now, False, str(exc))
                 with self.state.edit() as edit:
                     edit.checks[m.name] = check
+                    if check.ok:
+                        edit.first_seen.setdefault(m.name, check.at)
         finally:
             self._check_lock.release()
 
@@ -608,6 +624,16 @@ class SshProvider:
         self.pool.close()
 
 
+def utilization(state: State, m: MachineSpec, now: float) -> float | None:
+    """The machine's measured utilization: GPU-seconds its instances held over the GPU-seconds
+    it had, since it was first seen ready (at most UTILIZATION_S back); None before that."""
+    first = state.first_seen.get(m.name)
+    if first is None or now <= first:
+        return None
+    since = max(first, now - UTILIZATION_S)
+    return round(state.busy_gpu_seconds(m.name, since, now) / (m.gpus * (now - since)), 4)
+
+
 def _q(path: str) -> str:
     """A path for the remote shell: `~/` and relative paths stay relative to the home."""
     if path.startswith("~/"):
@@ -642,4 +668,14 @@ def judge(m: MachineSpec, found: dict[str, Any], now: float) -> Check:
     return Check(now, True, what, gpus, simulated, disk_gib)
 
 
-__all__ = ["NAME", "MachineError", "MachineView", "SshProvider", "instance_type", "judge", "shares"]
+__all__ = [
+    "NAME",
+    "UTILIZATION_S",
+    "MachineError",
+    "MachineView",
+    "SshProvider",
+    "instance_type",
+    "judge",
+    "shares",
+    "utilization",
+]
