@@ -469,3 +469,20 @@ class CostNotice(Answer):
     channels: list[str]
     message: str
     data: Object
+
+
+# -- owned machines ---------------------------------------------------------------------------
+
+
+class MachineList(Answer):
+    """The owned machines (providers/ssh `MachineView.to_dict`)."""
+
+    machines: list[Object]
+
+
+class MachineDrained(Answer):
+    """A drain begun: the machine, when it goes, and the instances told."""
+
+    machine: Object
+    power_off_at: str
+    told: list[str]

@@ -159,9 +159,11 @@ def reload() -> None:
 
 
 # The local cloud borrows AWS and GCP region names (its offers copy the snapshot's rows), so
-# its regions sit where the cloud that owns the name puts them. The two clouds' names do not
-# collide (eu-west-1 vs europe-west1); AWS is tried first all the same.
-BORROWED_NAMES = {"local": ("aws", "gcp")}
+# its regions sit where the cloud that owns the name puts them. Owned machines (`ssh`) do the
+# same: each says the cloud region nearest it (a Frankfurt rack is eu-central-1), so the
+# compliance presets and egress rates place it with no table of its own. The two clouds'
+# names do not collide (eu-west-1 vs europe-west1); AWS is tried first all the same.
+BORROWED_NAMES = {"local": ("aws", "gcp"), "ssh": ("aws", "gcp")}
 
 
 def providers() -> tuple[str, ...]:

@@ -66,6 +66,8 @@ class Capabilities:
     watcher: str | None = None  # the metadata watcher kind its instances' agent runs
     agent_on_host: bool = False  # its instances run on this host with this gpuopt: the
     # bootstrap installs nothing and starts the agent with this interpreter
+    markets: tuple[str, ...] = ("spot", "on_demand")  # the markets its offers are polled in
+    # (one poll loop each): owned machines (providers/ssh) offer the `owned` market alone
     hosted: bool = False  # the cloud runs inside the leading daemon (the local cloud's
     # metadata endpoint and power-off ticker): a replica that takes over resumes it at once
     # for the running instances, since it died with the last leader: the source is a

@@ -31,6 +31,7 @@ from optimizer.api import (
     health,
     jobs,
     logs,
+    machines,
     metrics,
     offers,
     plan,
@@ -58,6 +59,7 @@ PROTECTED: tuple[APIRouter, ...] = (
     costs.router,
     probes.router,
     code.router,
+    machines.router,
 )
 MAX_BODY_BYTES = 1 << 20  # api.max_body_bytes's default
 _MSG_CHARS = 300

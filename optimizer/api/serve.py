@@ -44,6 +44,11 @@ def daemon_state(daemon: Daemon) -> ApiState:
         code=CodeStore(daemon.config.effective_data_dir / "code", uri=daemon.config.code.store),
     )
     state.extras["replica"] = daemon.leadership.replica
+    owned = daemon.handles.get("ssh")
+    if owned is not None:  # owned machines (optimizer/api/machines.py)
+        polls = [p for p in daemon.polls if p.handle is owned]
+        state.extras["machines"] = owned.source
+        state.extras["machines_polled"] = lambda: [p.run_once() for p in polls]
     return state
 
 

@@ -19,6 +19,7 @@ from optimizer.cli import (
     db,
     jobs,
     local,
+    machines,
     offers,
     policy,
     prices,
@@ -58,6 +59,7 @@ app.add_typer(checkpoint.app, name="checkpoint")
 app.command("progress")(progress.progress)
 app.add_typer(standby.app, name="standby")
 app.add_typer(local.app, name="local")
+app.add_typer(machines.app, name="machines")
 app.command("version")(version.version)
 app.command("offers")(offers.offers)
 app.add_typer(prices.app, name="prices")

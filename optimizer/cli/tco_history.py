@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from optimizer.cli.client import call
+from optimizer.cli.client import NoDaemon, call, request
+from optimizer.costs.tco import HOURS_PER_MONTH
 
 
 @dataclass
@@ -62,6 +63,27 @@ def from_groups(
     return out
 
 
+def owned_usage(machines: list[dict[str, Any]], out: History) -> None:
+    """The owned machines' measured utilization as the usage (docs/owned.md): the GPU-weighted
+    mean of each machine's GPU-hours held over GPU-hours it had, times the hours in a month.
+    It replaces the ledger's billed hours, which count cloud hours too; nothing changes when
+    no machine has a measured figure yet."""
+    measured = [
+        (float(m["utilization"]), int(m.get("gpus") or 0))
+        for m in machines
+        if m.get("utilization") is not None and int(m.get("gpus") or 0) > 0
+    ]
+    if not measured:
+        return
+    gpus = sum(n for _, n in measured)
+    share = sum(u * n for u, n in measured) / gpus
+    out.hours_per_month = share * HOURS_PER_MONTH
+    out.notes.append(
+        f"usage {out.hours_per_month:,.1f} h/month: the owned machines' measured utilization "
+        f"({share:.1%} over {len(measured)} machine(s), {gpus} GPUs) x {HOURS_PER_MONTH:g} h"
+    )
+
+
 def read_history(
     api: str | None,
     policy: str | None,
@@ -73,4 +95,11 @@ def read_history(
     params: dict[str, str] = {} if policy is None else {"policy": policy}
     by_market = call("GET", "/costs", api, params={**params, "by": "market"})
     by_month = call("GET", "/costs", api, params={**params, "by": "month"})
-    return from_groups(by_market, by_month, capacity=capacity, default_overhead=default_overhead)
+    out = from_groups(by_market, by_month, capacity=capacity, default_overhead=default_overhead)
+    try:
+        response = request("GET", "/machines", api)
+    except NoDaemon:
+        return out
+    if response.status_code == 200:  # 404: the daemon has no owned machines
+        owned_usage(list(response.json().get("machines", [])), out)
+    return out

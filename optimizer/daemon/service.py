@@ -193,7 +193,7 @@ class Daemon:
                 secrets=secrets,
             )
             for handle in self.handles.values()
-            for market in (Market.SPOT, Market.ON_DEMAND)
+            for market in map(Market, handle.capabilities.markets)
         ]
         self.reconcile = ReconcileLoop(
             self.store,
@@ -324,7 +324,8 @@ class Daemon:
         loops = self.config.loops
         for poll in self.polls:
             cfg = poll.handle.config
-            every = cfg.spot_interval_s if poll.market is Market.SPOT else cfg.on_demand_interval_s
+            often = poll.market in (Market.SPOT, Market.OWNED)  # free GPUs change as spot does
+            every = cfg.spot_interval_s if often else cfg.on_demand_interval_s
             self._lead(poll.name, self._polling(poll), every)
         for queue in self.queues:  # back to back: each run is one long poll
             self._lead(queue.name, queue.run_once, 0.5)

@@ -362,3 +362,21 @@ async def policies(request: Request, state: StateDep, session: PageSession) -> R
         title="Policies",
         **_common(state, session, "policies"),
     )
+
+
+@router.get("/machines")
+async def machines(request: Request, state: StateDep, session: PageSession) -> Response:
+    """The owned machines (docs/owned.md): state, GPUs in use, measured utilization, TCO rate."""
+    get = state.extras.get("machines")
+    views: list[dict[str, Any]] = []
+    if get is not None:
+        provider = await run_in_threadpool(get)
+        views = [v.to_dict() for v in await run_in_threadpool(provider.views)]
+    return html(
+        request,
+        "machines.html",
+        configured=get is not None,
+        machines=views,
+        title="Machines",
+        **_common(state, session, "machines"),
+    )
