@@ -49,6 +49,9 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     VERSION: frozenset(),  # optimizer/__init__.py: the version only
     VOCAB: frozenset({COMMON}),
     "providers": BASE,
+    # owned machines: priced by the TCO model `gpuopt tco` uses, placed by the region table
+    # (the one provider whose prices are computed, not quoted)
+    "providers.ssh": BASE | {"providers", "optimizer.costs", "policies"},
     "policies": BASE,
     "optimizer.probes": BASE,
     # object storage (s3://, gs://, file://) behind one small interface
@@ -133,6 +136,8 @@ def layer_of(module: str) -> str:
     (the version), or `optimizer.<package>`; a stray top-level module is a layer of its own,
     which no rule knows."""
     parts = module.split(".")
+    if parts[:2] == ["providers", "ssh"]:
+        return "providers.ssh"
     if parts[0] != "optimizer":
         return parts[0]
     if len(parts) == 1 or parts[1] == "__version__":
@@ -340,6 +345,7 @@ FORBIDDEN_SAMPLES = {
     VERSION: "from optimizer.common import procs",
     VOCAB: "from optimizer.store import Store",
     "providers": "from optimizer.store import Store",
+    "providers.ssh": "from optimizer.store import Store",
     "policies": "from optimizer.daemon.config import DaemonConfig",
     "optimizer.probes": "from optimizer.agent import Agent",
     "optimizer.storage": "from optimizer.checkpoints import restore",
@@ -360,6 +366,7 @@ SAMPLE_FILES = {
     VERSION: "optimizer/__init__.py",
     VOCAB: "optimizer/model.py",
     "providers": "providers/sample/api.py",
+    "providers.ssh": "providers/ssh/sample.py",
     "policies": "policies/sample.py",
     "optimizer.cli": "optimizer/cli/sample.py",
 }

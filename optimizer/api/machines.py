@@ -77,11 +77,9 @@ def list_machines(state: StateDep) -> dict[str, Any]:
 def add_machine(body: AddMachine, state: StateDep) -> dict[str, Any]:
     """Add a machine: reached over SSH with its host key checked, its GPUs read by the agent's
     inventory and compared with what the body says; kept only if all of that holds."""
-    from providers.ssh import MachineSpec
-
     provider = _provider(state)
     try:
-        spec = MachineSpec.model_validate(body.machine)
+        spec = provider.parse(body.machine)
     except ValidationError as exc:
         detail = [
             {

@@ -178,6 +178,10 @@ class SshProvider:
         out += [MachineSpec.model_validate(v) for k, v in sorted(added.items())]
         return out
 
+    def parse(self, raw: dict[str, Any]) -> MachineSpec:
+        """A machine as the API was given it; pydantic's ValidationError names each field."""
+        return MachineSpec.model_validate(raw)
+
     def machine(self, name: str) -> MachineSpec:
         for m in self.machines():
             if m.name == name:
@@ -486,8 +490,8 @@ class SshProvider:
         # Machines past a drain's power-off: what is left there ends now.
         for name, drain in state.drains.items():
             if now >= drain.power_off_at:
-                for instance in state.live(name):
-                    self._kill(instance, EndReason.PREEMPTED, f"machine {name} was taken back")
+                for left in state.live(name):
+                    self._kill(left, EndReason.PREEMPTED, f"machine {name} was taken back")
         state = self.state.read()
         alive: dict[str, set[int] | None] = {}
         for machine in {
@@ -498,16 +502,16 @@ class SshProvider:
                 m = self.machine(machine)
                 session = self.pool.session(self.target(m))
                 listed = " ".join(map(str, pids)) or "0"
-                out = session.run(
+                found = session.run(
                     f"for p in {listed}; do kill -0 $p 2>/dev/null && echo $p; done; true"
                 )
-                alive[machine] = {int(x) for x in out.stdout.split() if x.isdigit()}
+                alive[machine] = {int(x) for x in found.stdout.split() if x.isdigit()}
             except (SshError, MachineError) as exc:
                 log.warning("machine %s: %s", machine, exc)
                 alive[machine] = None  # unknown: left as it was
         out: list[InstanceStatus] = []
         for ref in refs:
-            instance = state.instances.get(ref.instance_id)
+            instance: Instance | None = state.instances.get(ref.instance_id)
             if instance is None:
                 out.append(
                     InstanceStatus(
@@ -525,6 +529,7 @@ class SshProvider:
                 drained = instance.machine in state.drains
                 why = EndReason.PREEMPTED if drained else None
                 instance = self._end(instance.id, why, "its agent exited") or instance
+            assert instance is not None
             out.append(self._status(ref, instance))
         return out
 
