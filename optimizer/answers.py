@@ -486,3 +486,16 @@ class MachineDrained(Answer):
     machine: Object
     power_off_at: str
     told: list[str]
+
+
+class Machine(Answer):
+    """One owned machine (`MachineView.to_dict`)."""
+
+    name: str
+    state: str
+    gpus: int
+    gpus_free: int
+
+
+class MachineRemoved(Answer):
+    removed: str

@@ -73,7 +73,7 @@ def list_machines(state: StateDep) -> dict[str, Any]:
     return {"machines": [v.to_dict() for v in provider.views()]}
 
 
-@router.post("", status_code=201)
+@router.post("", status_code=201, response_model=answers.Machine)
 def add_machine(body: AddMachine, state: StateDep) -> dict[str, Any]:
     """Add a machine: reached over SSH with its host key checked, its GPUs read by the agent's
     inventory and compared with what the body says; kept only if all of that holds."""
@@ -98,7 +98,7 @@ def add_machine(body: AddMachine, state: StateDep) -> dict[str, Any]:
     return dict(view.to_dict())
 
 
-@router.post("/{name}/check")
+@router.post("/{name}/check", response_model=answers.Machine)
 def check_machine(name: str, state: StateDep) -> dict[str, Any]:
     """Check a machine again now (reachable, host key, GPUs, disk)."""
     provider = _provider(state)
@@ -125,7 +125,7 @@ def drain_machine(name: str, body: DrainMachine, state: StateDep) -> dict[str, A
     return {"machine": view, "power_off_at": view["draining_until"], "told": told}
 
 
-@router.post("/{name}/undrain")
+@router.post("/{name}/undrain", response_model=answers.Machine)
 def undrain_machine(name: str, state: StateDep) -> dict[str, Any]:
     """Give a drained machine back to the offers."""
     provider = _provider(state)
@@ -137,7 +137,7 @@ def undrain_machine(name: str, state: StateDep) -> dict[str, Any]:
     return dict(next(v for v in provider.views() if v.spec.name == name).to_dict())
 
 
-@router.delete("/{name}")
+@router.delete("/{name}", response_model=answers.MachineRemoved)
 def remove_machine(name: str, state: StateDep) -> dict[str, str]:
     """Forget a machine added at run time (refused while instances run there)."""
     provider = _provider(state)
