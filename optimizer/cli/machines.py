@@ -28,7 +28,6 @@ app = typer.Typer(
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the API's JSON.")]
 _DESTINATION = re.compile(r"^(?P<user>[^@\s]+)@(?P<host>[^@\s:]+)$")
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 COLUMNS = [
     Column("NAME", key=True),
@@ -41,20 +40,6 @@ COLUMNS = [
     Column("HOST", drop=4),
     Column("CHECK", cut=True, drop=1),
 ]
-
-
-def parse_in(value: str) -> float:
-    """Seconds from `10m`, `90s`, `2h`, `1d` or a plain number of seconds."""
-    text = value.strip().lower()
-    unit = _UNITS.get(text[-1:])
-    number_text = text[:-1] if unit else text
-    try:
-        number = float(number_text)
-    except ValueError:
-        fail(f"--in: {value!r} is not a duration (e.g. 10m, 90s or 2h)")
-    if number < 0 or number != number:
-        fail(f"--in: {value!r} is not a duration (e.g. 10m, 90s or 2h)")
-    return number * (unit or 1.0)
 
 
 def lines(machines: list[dict[str, Any]], *, width: int | None = None) -> list[str]:
@@ -167,15 +152,16 @@ def check_machine(name: str, api: ApiOption = None) -> None:
 def drain_machine(
     name: str,
     in_: Annotated[
-        str, typer.Option("--in", help="When it is taken: 10m, 90s, 2h (default 10m).")
+        str, typer.Option("--in", help="When it is taken: 10m, 90s, 2h or 1d (default 10m).")
     ] = "10m",
     api: ApiOption = None,
 ) -> None:
     """Take a machine back: no new work on it, and its jobs moved by the hot handover (to
     another owned machine, else the cloud) before it goes."""
     from optimizer.answers import MachineDrained
+    from optimizer.cli.backtest import parse_duration
 
-    seconds = parse_in(in_)
+    seconds = parse_duration(in_, "--in")
     answer = read(
         MachineDrained, call("POST", f"/machines/{name}/drain", api, json={"in_s": seconds})
     )
