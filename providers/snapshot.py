@@ -98,6 +98,12 @@ SNAPSHOT_GAPS = (
         "Reserved Instance, Savings Plans or committed use discount rate; --provider aws or "
         "gcp asks the cloud for them",
     ),
+    Gap(
+        Market.OWNED,
+        ("aws", "gcp"),
+        "owned machines are the team's own GPU servers, not a cloud's; their offers come "
+        "from the ssh provider's inventory (gpuopt machines add), priced by their TCO",
+    ),
 )
 
 

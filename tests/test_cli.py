@@ -302,6 +302,10 @@ def bad_input_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
             ["standby", "wait", "--timeout", "0"],
             "gpuopt: error: --timeout must be above 0, not 0",
         ),
+        "machines": (
+            ["machines", "drain", "gpu-a", "--in", "soon"],
+            "gpuopt: error: --in: 'soon' is not a duration",
+        ),
         "agent": (
             ["agent", "run"],
             "gpuopt: error: missing environment variable(s): "
@@ -331,6 +335,7 @@ GROUPS = [
     "checkpoint",
     "progress",
     "standby",
+    "machines",
 ]
 
 

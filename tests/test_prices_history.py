@@ -136,7 +136,7 @@ def test_history_needs_the_token(daemon: Daemon) -> None:
         ({"since": iso(NOW), "until": iso(NOW)}, "until", "must be later than since"),
         ({"limit": 0}, "limit", "greater than or equal to 1"),
         ({"limit": 10_001}, "limit", "less than or equal to 10000"),
-        ({"market": "reserved"}, "market", "'spot', 'on_demand' or 'committed'"),
+        ({"market": "reserved"}, "market", "'spot', 'on_demand', 'committed' or 'owned'"),
         ({"instance_type": None}, "instance_type", "Field required"),
     ],
 )

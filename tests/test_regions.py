@@ -291,7 +291,7 @@ def test_a_new_providers_rows_make_its_regions_known_and_installing_it_makes_it_
     monkeypatch.setattr("policies.regions.table_text", lambda: HEADER + rows + ROW)
     reload()
     try:
-        assert providers() == ("acme", "aws", "local")
+        assert providers() == ("acme", "aws", "local", "ssh")
         assert check("acme", "fr-par-1", compliance="eu") is None
         assert check("acme", "fr-par-2", compliance="eu") is not None  # not in the table
         with pytest.raises(ValueError, match=f"must be an installed provider: {installed}"):
@@ -304,7 +304,7 @@ def test_a_new_providers_rows_make_its_regions_known_and_installing_it_makes_it_
     finally:
         monkeypatch.undo()
         reload()
-    assert providers() == ("aws", "gcp", "local")
+    assert providers() == ("aws", "gcp", "local", "ssh")
 
 
 @pytest.mark.catalog

@@ -101,11 +101,12 @@ def test_the_snapshot_names_every_market_it_has_no_rows_of(snapshot) -> None:
     held = {o.market for o in snapshot}
     said = {gap.market for gap in SNAPSHOT_GAPS}
     assert held | said == set(Market) and not held & said  # whole, and true of the file
-    assert said == {Market.SPOT, Market.COMMITTED}
+    assert said == {Market.SPOT, Market.COMMITTED, Market.OWNED}
     providers = tuple(sorted({o.provider for o in snapshot}))
     assert all(tuple(sorted(gap.providers)) == providers for gap in SNAPSHOT_GAPS)
     docs = (Path(__file__).parents[1] / "docs" / "snapshot.md").read_text()
     assert "No commitment rows" in docs and "No spot prices" in docs
+    assert "owned" in docs
 
 
 @pytest.mark.catalog
