@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-# The local cloud marks every process of an instance with this variable so that powering the
-# instance off kills them all, the job included: a machine's identity, not a setting.
+# The local cloud and owned machines (providers/ssh) mark every process of an instance with
+# this variable so that powering the instance off kills them all, the job included: a
+# machine's identity, not a setting.
 MACHINE_MARK_ENV = "GPUOPT_LOCAL_INSTANCE"
 
 BASIC_ENV = frozenset(

@@ -3,7 +3,9 @@
 An instance here is an allocation on one machine: GPUs given to one attempt (by index, set as
 `CUDA_VISIBLE_DEVICES` for its agent and job), a folder of its own under the machine's
 `work_dir`, and the agent started there by the same bootstrap the clouds run, in its own
-session (`setsid`), so terminating it ends the agent, the job and anything they started.
+session (`setsid`). Every process of the instance inherits a mark in its environment (as on
+the local cloud), so terminating it ends the agent, the job (in a session of its own) and
+anything they started.
 
 Offers: one per machine shape and GPU count a free share of it allows (1, 2, 4 … up to the
 most GPUs free on one machine of the shape), market `owned`, priced per GPU-hour from the
@@ -25,6 +27,7 @@ import logging
 import shlex
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -32,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.clock import utc_text
+from optimizer.common.environ import MACHINE_MARK_ENV
 from optimizer.model import Interconnect, Market, Offer
 from providers.base import (
     CapacityError,
@@ -58,8 +62,33 @@ NAME = "ssh"
 SOURCE = "owned-tco"
 UTILIZATION_S = 30 * 86_400.0  # the window a machine's measured utilization covers
 RECHECK_S = 300.0  # a machine that passed is checked again this often; one that failed, each poll
+CHECK_WORKERS = 16  # machines checked at once
 STOP_GRACE_S = 5.0  # SIGTERM to SIGKILL when an instance is terminated
 NOTICE_FILE = "notice.json"
+
+
+def _mark(instance_id: str, folder: str) -> str:
+    """The value of MACHINE_MARK_ENV that every process of the instance inherits (the agent,
+    the job, whatever they start, in whichever session): its id and its folder, which no other
+    instance on the machine shares."""
+    return f"{instance_id}@{folder}"
+
+
+def _stop_script(pid: int, mark: str) -> str:
+    """A shell script that stops an instance the way a machine's power-off would: SIGTERM to
+    the agent's session (the agent forwards it to the job, which may checkpoint), then, after
+    STOP_GRACE_S, SIGKILL to every process still carrying the instance's mark. The job runs
+    in a session of its own, so the mark is what finds it; `grep -z` reads each process's
+    environment as NUL-separated lines (only this user's processes are readable)."""
+    needle = shlex.quote(f"{MACHINE_MARK_ENV}={mark}")
+    marked = f"grep -lzxF -- {needle} /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3"
+    tries = int(STOP_GRACE_S * 10)
+    return (
+        f"kill -TERM -{pid} 2>/dev/null; "
+        f'i=0; while [ -n "$({marked})" ] && [ $i -lt {tries} ]; do sleep 0.1; i=$((i+1)); done; '
+        f"left=$({marked}); "
+        '[ -z "$left" ] || kill -KILL $left 2>/dev/null; true'
+    )
 
 
 class MachineError(ProviderError):
@@ -269,8 +298,18 @@ class SshProvider:
             state.drains.pop(name, None)
 
     def check(self, name: str) -> Check:
+        """Check the machine now and record what was found; one that cannot be reached or
+        refuses us (its host key changed, our key refused) is recorded as failed, so it
+        offers nothing, and the error names the machine."""
+        from providers.ssh.transport import SshError
+
         m = self.machine(name)
-        check = self._check(m)
+        try:
+            check = self._check(m)
+        except SshError as exc:
+            with self.state.edit() as state:
+                state.checks[name] = Check(self.clock(), False, str(exc))
+            raise MachineError(f"machine {name}: {exc}", code=type(exc).__name__) from exc
         with self.state.edit() as state:
             state.checks[name] = check
         return check
@@ -308,9 +347,9 @@ class SshProvider:
         that cannot be reached or refuses us is recorded as failed, with why."""
         from providers.ssh.transport import SshError
 
-        if not self._check_lock.acquire(blocking=False):
-            return
-        try:
+        # One pass at a time; a caller that finds one under way waits for it and then sees
+        # its checks (never "not checked" because another poll got there first).
+        with self._check_lock:
             state = self.state.read()
             now = self.clock()
             due = [
@@ -318,17 +357,24 @@ class SshProvider:
                 for m in self.machines()
                 if (c := state.checks.get(m.name)) is None or not c.ok or now - c.at >= RECHECK_S
             ]
-            for m in due:
+
+            def check(m: MachineSpec) -> Check:
                 try:
-                    check = self._check(m)
+                    return self._check(m)
                 except SshError as exc:
-                    check = Check(now, False, str(exc))
-                with self.state.edit() as edit:
-                    edit.checks[m.name] = check
-                    if check.ok:
-                        edit.first_seen.setdefault(m.name, check.at)
-        finally:
-            self._check_lock.release()
+                    return Check(now, False, str(exc))
+
+            if not due:
+                return
+            # Machines are checked side by side: each is a few round trips and a Python
+            # start on the far side, and a site may have hundreds.
+            with ThreadPoolExecutor(min(CHECK_WORKERS, len(due))) as pool:
+                found = list(pool.map(check, due))
+            with self.state.edit() as edit:
+                for m, done in zip(due, found, strict=True):
+                    edit.checks[m.name] = done
+                    if done.ok:
+                        edit.first_seen.setdefault(m.name, done.at)
 
     # -- offers --------------------------------------------------------------------------------
 
@@ -470,12 +516,16 @@ class SshProvider:
             "GPUOPT_INSTANCE_ID": instance.id,
             "GPUOPT_AGENT_DIR": f"{folder}/agent",
             "TMPDIR": f"{folder}/tmp",
+            MACHINE_MARK_ENV: _mark(instance.id, folder),
         }
         if m.simulate_gpus:
             env["GPUOPT_SIMULATED_GPUS"] = f"{len(instance.gpus)}x{m.gpu_model}"
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        # Only the command itself goes to the background (not `cd && command`, which the
+        # shell would run in a subshell of its own), so `$!` is the agent: the shell's child
+        # execs setsid, nohup, sh and the bootstrap's own exec in turn, keeping its pid.
         started = session.run(
-            f"cd {_q(folder)} && {exports} setsid nohup /bin/sh ./bootstrap.sh "
+            f"cd {_q(folder)} || exit 1; {exports} setsid nohup /bin/sh ./bootstrap.sh "
             "> console.log 2>&1 < /dev/null & echo $!",
             check=True,
         )
@@ -559,13 +609,7 @@ class SshProvider:
         from providers.ssh.transport import SshError
 
         if instance.pid:
-            pid = int(instance.pid)
-            script = (
-                f"kill -TERM -{pid} 2>/dev/null || exit 0; "
-                f"i=0; while kill -0 -{pid} 2>/dev/null && [ $i -lt {int(STOP_GRACE_S * 10)} ]; "
-                "do sleep 0.1; i=$((i+1)); done; "
-                f"kill -KILL -{pid} 2>/dev/null; true"
-            )
+            script = _stop_script(int(instance.pid), _mark(instance.id, instance.dir))
             try:
                 m = self.machine(instance.machine)
                 self.pool.session(self.target(m)).run(script, timeout=STOP_GRACE_S + 20)

@@ -219,3 +219,31 @@ def sshd(folder: Path, name: str, *, authorized: Sequence[Path]) -> Iterator[Ssh
         yield machine
     finally:
         machine.stop()
+
+
+def reap_instances(folder: Path) -> list[int]:
+    """SIGKILL every process of an owned instance whose folder lies under `folder` (the
+    instances a test started over its sshd: each carries its mark, `<id>@<its folder>`, in
+    MACHINE_MARK_ENV), so a test that fails midway leaves none of its jobs running. Only
+    processes this test started can carry such a mark; returns the pids killed."""
+    from optimizer.common.environ import MACHINE_MARK_ENV
+
+    prefix = f"{MACHINE_MARK_ENV}=".encode()
+    root = str(folder.resolve())
+    killed = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{name}/environ").read_bytes()
+        except OSError:
+            continue
+        for entry in environ.split(b"\0"):
+            if entry.startswith(prefix):
+                where = entry[len(prefix) :].decode(errors="replace").partition("@")[2]
+                if where == root or where.startswith(root + "/"):
+                    with suppress(ProcessLookupError, PermissionError):
+                        os.kill(int(name), signal.SIGKILL)
+                        killed.append(int(name))
+                break
+    return killed
