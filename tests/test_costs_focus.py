@@ -153,3 +153,31 @@ def test_the_dataset_adds_up_to_the_ledger() -> None:
 def test_numbers_are_written_in_focus_numeric_format(value: float, text: str) -> None:
     assert focus_number(value) == text
     assert NUMERIC.match(text)
+
+
+def test_an_owned_machines_row_names_the_team_and_prices_as_other() -> None:
+    """An attempt on an owned machine (providers/ssh): billed at the machine's TCO rate, the
+    provider named as the team's own, PricingCategory `Other` (neither a list price nor a
+    commitment discount), and every value within the specification's rules."""
+    owned = make_line(
+        5,
+        "owned",
+        Cost(3600, 0.3, 0.0, 0.3, baseline_known=False),
+        provider="ssh",
+        region="eu-central-1",
+        zone="fra-lab",
+        instance_type="owned-1xT4",
+        instance_id="gpu-a-0001",
+    )
+    [row] = [
+        r
+        for r in csv.DictReader(io.StringIO(write_csv([owned])))
+        if r["ResourceId"] == "gpu-a-0001"
+    ]
+    assert row["PricingCategory"] == "Other"
+    assert row["PricingCategory"] in SPEC["allowed"]["PricingCategory"]
+    assert row["ProviderName"] == row["PublisherName"] == "Owned machines (gpuopt)"
+    assert float(row["BilledCost"]) == pytest.approx(0.3)
+    assert row["RegionId"] == "eu-central-1" and json.loads(row["Tags"])["gpuopt/market"] == (
+        "owned"
+    )

@@ -26,7 +26,7 @@ from tests.helpers.code import ship
 from tests.helpers.daemon import api, make_config, running
 from tests.helpers.jobs import job_body
 from tests.helpers.policies import write_policy
-from tests.helpers.sshd import SshMachine, make_key, reap_instances, sshd
+from tests.helpers.sshd import SshMachine, instance_processes, make_key, reap_instances, sshd
 from tests.helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("daemon_env")]
@@ -136,6 +136,9 @@ def test_own_first_burst_drain_and_return(
             # Six jobs on two cores: a step each 0.1 s, a checkpoint each 2 s.
             body["run"] = body["run"].replace("--checkpoint-every 5", "--checkpoint-every 20")
             body["run"] = body["run"].replace("--step-sleep 0.02", "--step-sleep 0.1")
+            # Expected to run a day: moving back to a cheaper owned GPU pays at once (the
+            # migration weighs the saving over what is left against the restart overhead).
+            body["max_duration"] = "24h"
             assert client.post("/jobs", json=body).status_code == 201, name
 
         # Four jobs on the owned GPUs, two burst to the local cloud.
@@ -183,6 +186,10 @@ def test_own_first_burst_drain_and_return(
         wait_until(
             lambda: not [a_ for a_ in _attempts(daemon) if not a_.ended], 120, "every attempt ended"
         )
+        # Ending an owned instance ends all of it: the agent and the job it ran in a session
+        # of its own.
+        work = tmp_path / "work"
+        wait_until(lambda: not instance_processes(work), 30, "every owned process gone")
         # The ledger: the owned attempts at their TCO rate, per second, no minimum.
         state = json.loads((tmp_path / "daemon" / "ssh" / "state.json").read_text())
         by_hand = sum(

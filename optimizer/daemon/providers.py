@@ -74,6 +74,9 @@ class ProviderHandle:
         self._source: OfferSource | None = None
         self._owned = True
         self._lock = threading.Lock()
+        # Called when the source says its offers changed (`offers_changed` below); the daemon
+        # sets it to poll the provider again now.
+        self.on_offers_changed: Callable[[], None] | None = None
 
     @classmethod
     def given(cls, name: str, config: ProviderConfig, source: OfferSource) -> ProviderHandle:
@@ -92,7 +95,17 @@ class ProviderHandle:
         with self._lock:
             if self._source is None:
                 self._source = self._build()
-            return self._source
+            source = self._source
+        if getattr(source, "offers_changed", None) is not None:
+            # A source whose offers follow its own launches (owned machines: a launch takes
+            # GPUs, an end frees them) says so through this hook, rather than leaving its
+            # offers stale until the next poll.
+            source.offers_changed = self._offers_changed  # type: ignore[attr-defined]
+        return source
+
+    def _offers_changed(self) -> None:
+        if self.on_offers_changed is not None:
+            self.on_offers_changed()
 
     def launcher(self) -> Provider | None:
         """The source as a Provider (a Launcher) where the provider launches, else None;

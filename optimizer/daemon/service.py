@@ -327,6 +327,9 @@ class Daemon:
             often = poll.market in (Market.SPOT, Market.OWNED)  # free GPUs change as spot does
             every = cfg.spot_interval_s if often else cfg.on_demand_interval_s
             self._lead(poll.name, self._polling(poll), every)
+        for handle in self.handles.values():
+            names = tuple(p.name for p in self.polls if p.handle is handle)
+            handle.on_offers_changed = lambda names=names: self._poll_now(names)
         for queue in self.queues:  # back to back: each run is one long poll
             self._lead(queue.name, queue.run_once, 0.5)
         local = self.handles.get("local")
@@ -439,6 +442,13 @@ class Daemon:
                 handle.start_hosted()
             except Exception as exc:  # the takeover goes on; the first launch tries again
                 log.warning("could not start provider %s on taking over: %s", handle.name, exc)
+
+    def _poll_now(self, names: tuple[str, ...]) -> None:
+        """A provider's offers changed (owned machines: a launch took GPUs, an end freed
+        them): its polls run now, not at their next tick, so the next launch ranks what is
+        free."""
+        for name in names:
+            self.scheduler.run_now(name)
 
     def _polling(self, poll: PollLoop) -> Callable[[], None]:
         def run() -> None:

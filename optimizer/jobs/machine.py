@@ -184,7 +184,10 @@ def relaunch_reason(
         return _Relaunch(
             Failure.PREEMPTED,
             EventKind.JOB_INTERRUPTED,
-            f"spot capacity reclaimed on {where}",
+            # An owned machine's notice is the team taking it back (a drain), not a cloud's.
+            f"machine taken back on {where}"
+            if Pool(*attempt.pool).market == "owned"
+            else f"spot capacity reclaimed on {where}",
             stop_job=True,
         )
     if attempt.probe_status == "fail":

@@ -197,6 +197,9 @@ class SshProvider:
         self.clock = clock
         self._problems: list[str] = []
         self._check_lock = threading.Lock()
+        # Set by the daemon: called when this provider's offers changed (a launch took GPUs,
+        # an instance's end freed them), so they are polled again now.
+        self.offers_changed: Callable[[], None] = lambda: None
 
     # -- the inventory -------------------------------------------------------------------------
 
@@ -492,6 +495,7 @@ class SshProvider:
         with self.state.edit() as state:
             record = state.instances[instance.id]
             record.pid, record.dir = pid, folder
+        self.offers_changed()
         log.info(
             "started %s on machine %s (GPUs %s) for job %s attempt %s",
             instance.id,
@@ -625,7 +629,8 @@ class SshProvider:
             instance.ended_at = self.clock()
             instance.end_reason = None if why is None else why.value
             instance.detail = detail
-            return instance
+        self.offers_changed()  # its GPUs are free
+        return instance
 
     def _ref(self, instance: Instance) -> InstanceRef:
         m = self.machine(instance.machine)

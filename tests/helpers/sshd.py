@@ -221,16 +221,16 @@ def sshd(folder: Path, name: str, *, authorized: Sequence[Path]) -> Iterator[Ssh
         machine.stop()
 
 
-def reap_instances(folder: Path) -> list[int]:
-    """SIGKILL every process of an owned instance whose folder lies under `folder` (the
-    instances a test started over its sshd: each carries its mark, `<id>@<its folder>`, in
-    MACHINE_MARK_ENV), so a test that fails midway leaves none of its jobs running. Only
-    processes this test started can carry such a mark; returns the pids killed."""
+def instance_processes(folder: Path) -> list[int]:
+    """The live processes of owned instances whose folder lies under `folder` (each carries
+    its mark, `<id>@<its folder>`, in MACHINE_MARK_ENV, the job included); zombies do not
+    count."""
     from optimizer.common.environ import MACHINE_MARK_ENV
+    from optimizer.common.procs import proc_start_ticks
 
     prefix = f"{MACHINE_MARK_ENV}=".encode()
     root = str(folder.resolve())
-    killed = []
+    found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -241,9 +241,21 @@ def reap_instances(folder: Path) -> list[int]:
         for entry in environ.split(b"\0"):
             if entry.startswith(prefix):
                 where = entry[len(prefix) :].decode(errors="replace").partition("@")[2]
-                if where == root or where.startswith(root + "/"):
-                    with suppress(ProcessLookupError, PermissionError):
-                        os.kill(int(name), signal.SIGKILL)
-                        killed.append(int(name))
+                if (where == root or where.startswith(root + "/")) and proc_start_ticks(
+                    int(name)
+                ) is not None:
+                    found.append(int(name))
                 break
+    return found
+
+
+def reap_instances(folder: Path) -> list[int]:
+    """SIGKILL every process of the owned instances under `folder` (instance_processes): so
+    a test that fails midway leaves none of its jobs running. Only processes a test started
+    can carry such a mark; returns the pids killed."""
+    killed = []
+    for pid in instance_processes(folder):
+        with suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
     return killed
