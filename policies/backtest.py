@@ -30,6 +30,8 @@ from policies.schema import Policy
 from policies.table import OfferTable
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Subtracted from an owned offer's score where the policy owns first: below any price.
+OWNED_FIRST = 1e12
 
 
 class BacktestError(ValueError):
@@ -327,6 +329,12 @@ def _judge(
         score = price / tbps
     else:
         score = price
+    # Own first (`markets: [owned, ...]`, the engine's `_owned_first`): an owned candidate
+    # ranks ahead of every cloud one whatever the prices, so it scores below them all.
+    place = rules.markets.get(Market.OWNED)
+    if place is not None and all(i >= place for i in rules.markets.values()):
+        owned_pool = market_codes.codes == market_codes.code_of(Market.OWNED)
+        score = np.where(owned_pool[None, :], score - OWNED_FIRST, score)
     score = np.where(candidate, score, np.inf)
     return Market_(
         times=times,

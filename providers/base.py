@@ -236,6 +236,16 @@ class PlacementOwner(Protocol):
 
 
 @runtime_checkable
+class OffersNotifier(Protocol):
+    """A source whose offers follow its own launches, for providers that declare
+    `offers_follow_launches` (providers/registry.py): owned machines offer the GPUs free now,
+    so a launch takes some and an instance's end frees them. The daemon sets
+    `offers_changed`, which the source calls after each such change, to poll it again now
+    rather than leave its offers stale until the next poll."""
+
+    offers_changed: Callable[[], None]
+
+
 class HostedCloud(Protocol):
     """A cloud that runs inside the leading daemon, for providers that declare `hosted`
     (providers/registry.py): the local cloud's metadata endpoint and power-off ticker live in

@@ -31,6 +31,7 @@ from optimizer.hardware import HardwareFacts
 from providers.base import (
     HostedCloud,
     InterruptionQueue,
+    OffersNotifier,
     OfferSource,
     PlacementOwner,
     Provider,
@@ -68,6 +69,8 @@ class Capabilities:
     # bootstrap installs nothing and starts the agent with this interpreter
     markets: tuple[str, ...] = ("spot", "on_demand")  # the markets its offers are polled in
     # (one poll loop each): owned machines (providers/ssh) offer the `owned` market alone
+    offers_follow_launches: bool = False  # its offers are what is free now, which its own
+    # launches and ends change (owned machines): the source is an OffersNotifier
     hosted: bool = False  # the cloud runs inside the leading daemon (the local cloud's
     # metadata endpoint and power-off ticker): a replica that takes over resumes it at once
     # for the running instances, since it died with the last leader: the source is a
@@ -138,6 +141,11 @@ class ProviderEntry:
     def hosted(self, source: OfferSource) -> HostedCloud | None:
         """`source` as a HostedCloud when this provider declares `hosted`, else None."""
         return cast(HostedCloud, source) if self.capabilities.hosted else None
+
+    def offers_notifier(self, source: OfferSource) -> OffersNotifier | None:
+        """`source` as an OffersNotifier when this provider declares
+        `offers_follow_launches`, else None."""
+        return cast(OffersNotifier, source) if self.capabilities.offers_follow_launches else None
 
     def placement_owner(self, source: OfferSource) -> PlacementOwner | None:
         """`source` as a PlacementOwner when this provider declares `gang_placement`, else

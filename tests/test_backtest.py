@@ -369,3 +369,29 @@ def test_advise_bid_says_why_no_value_reaches_the_target_and_when_the_history_is
     assert reachable.usd_per_hour is not None
     shy = advise_bid(policy(), History.from_offers(POINTS[:3]), 0.95, until=T0 + H).to_dict()
     assert any("cannot resolve a target of 95.0%" in w for w in shy["warnings"])
+
+
+@pytest.mark.parametrize(
+    ("markets", "zone"), [(["owned", "spot"], "fra-lab"), (["spot", "owned"], "use1-az1")]
+)
+def test_owning_first_places_the_job_on_an_owned_pool_whatever_the_prices(
+    markets: list[str], zone: str
+) -> None:
+    """`markets: [owned, spot]` ranks an owned offer ahead of every cloud offer, as the
+    engine does; listed later, owned offers rank by price with the rest."""
+    owned = make_offer(
+        provider="ssh",
+        region="us-east-1",
+        zone="fra-lab",
+        instance_type="owned-1xA10G",
+        gpu_model="A10G",
+        gpu_count=1,
+        gpu_memory_gib=24.0,
+        interconnect="none",
+        market=Market.OWNED,
+        usd_per_hour=3.0,  # dearer than the spot pool
+        observed_at=T0,
+    )
+    history = History.from_offers([owned, point("use1-az1", 0, 2.0), point("use1-az1", 2, 2.0)])
+    ran = replay(policy(markets=markets), history, until=T0 + 2 * H)
+    assert {s.pool.zone if s.pool else None for s in ran.steps} == {zone}

@@ -110,6 +110,18 @@ def test_the_summary_line_says_what_spot_saved_gross_and_net_of_overhead() -> No
     )
 
 
+def test_by_market_owned_machines_are_a_group_of_their_own_and_the_line_names_them() -> None:
+    owned = Cost(7200, spend_usd=0.3, on_demand_usd=0.0, baseline_known=False)
+    lines = [line("a", 1, "spot", SPOT_A), line("b", 1, "owned", owned)]
+    groups = grouped(lines, GroupBy.MARKET)
+    assert [g["group"] for g in groups] == ["owned", "spot"]
+    assert groups[0]["spend_usd"] == 0.3 and groups[0]["savings_usd"] == 0.0
+    said = summary(groups)
+    assert said.startswith("spot saved 70% gross")  # owned attempts are not spot's
+    assert said.endswith("; owned machines: $0.30 for 2.0 h at their TCO rate")
+    assert "owned machines" not in summary(grouped(lines[:1], GroupBy.MARKET))
+
+
 @pytest.mark.parametrize(
     ("text", "when"),
     [

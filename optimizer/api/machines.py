@@ -9,6 +9,8 @@ once and wakes the reconcile pass, so the next launch ranks what is free now.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from fastapi import APIRouter, HTTPException
@@ -58,12 +60,17 @@ def _changed(state: ApiState) -> None:
     state.wakeup.set()
 
 
-def _refused(exc: ProviderError) -> HTTPException:
-    code = getattr(exc, "code", "")
-    status = {"UnknownMachine": 404, "Duplicate": 409, "Busy": 409, "NotDrained": 409}.get(
-        code, 422
-    )
-    return HTTPException(status, str(exc))
+@contextmanager
+def _refusing() -> Iterator[None]:
+    """A provider's refusal as the HTTP answer its code calls for (the message names the
+    machine and the problem): unknown machine 404, a clash 409, anything else 422."""
+    try:
+        yield
+    except ProviderError as exc:
+        status = {"UnknownMachine": 404, "Duplicate": 409, "Busy": 409, "NotDrained": 409}.get(
+            getattr(exc, "code", ""), 422
+        )
+        raise HTTPException(status, str(exc)) from exc
 
 
 @router.get("", response_model=answers.MachineList)
@@ -90,10 +97,8 @@ def add_machine(body: AddMachine, state: StateDep) -> dict[str, Any]:
             for e in exc.errors(include_url=False)
         ]
         raise HTTPException(422, detail) from exc
-    try:
+    with _refusing():
         view = provider.add(spec, trust_new=body.trust_new_host_key)
-    except ProviderError as exc:
-        raise _refused(exc) from exc
     _changed(state)
     return dict(view.to_dict())
 
@@ -102,10 +107,8 @@ def add_machine(body: AddMachine, state: StateDep) -> dict[str, Any]:
 def check_machine(name: str, state: StateDep) -> dict[str, Any]:
     """Check a machine again now (reachable, host key, GPUs, disk)."""
     provider = _provider(state)
-    try:
+    with _refusing():
         provider.check(name)
-    except ProviderError as exc:
-        raise _refused(exc) from exc
     _changed(state)
     return dict(next(v for v in provider.views() if v.spec.name == name).to_dict())
 
@@ -116,10 +119,8 @@ def drain_machine(name: str, body: DrainMachine, state: StateDep) -> dict[str, A
     to each job there, which the hot handover moves (to another owned machine, else the
     cloud)."""
     provider = _provider(state)
-    try:
+    with _refusing():
         told = provider.drain(name, body.in_s, reason=body.reason)
-    except ProviderError as exc:
-        raise _refused(exc) from exc
     _changed(state)
     view = next(v for v in provider.views() if v.spec.name == name).to_dict()
     return {"machine": view, "power_off_at": view["draining_until"], "told": told}
@@ -129,10 +130,8 @@ def drain_machine(name: str, body: DrainMachine, state: StateDep) -> dict[str, A
 def undrain_machine(name: str, state: StateDep) -> dict[str, Any]:
     """Give a drained machine back to the offers."""
     provider = _provider(state)
-    try:
+    with _refusing():
         provider.undrain(name)
-    except ProviderError as exc:
-        raise _refused(exc) from exc
     _changed(state)
     return dict(next(v for v in provider.views() if v.spec.name == name).to_dict())
 
@@ -141,9 +140,7 @@ def undrain_machine(name: str, state: StateDep) -> dict[str, Any]:
 def remove_machine(name: str, state: StateDep) -> dict[str, str]:
     """Forget a machine added at run time (refused while instances run there)."""
     provider = _provider(state)
-    try:
+    with _refusing():
         provider.remove(name)
-    except ProviderError as exc:
-        raise _refused(exc) from exc
     _changed(state)
     return {"removed": name}

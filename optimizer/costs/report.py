@@ -171,7 +171,21 @@ def add_up(groups: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
 def summary(groups: Iterable[Mapping[str, Any]]) -> str:
     """The line under the table, from report objects split by market (`markets`): what spot
-    saved against on-demand, gross and net of overhead, over all the groups."""
+    saved against on-demand, gross and net of overhead, over all the groups; and what the
+    owned machines' attempts cost at their TCO rate, where there were any."""
+    rows = list(groups)
+    line = _spot_line(rows)
+    owned = [g["markets"]["owned"] for g in rows if "owned" in g.get("markets", {})]
+    if owned:
+        o = add_up(owned)
+        line += (
+            f"; owned machines: ${o['spend_usd']:,.2f} for {o['billed_seconds'] / 3600:,.1f} h "
+            "at their TCO rate"
+        )
+    return line
+
+
+def _spot_line(groups: list[Mapping[str, Any]]) -> str:
     parts = [g["markets"]["spot"] for g in groups if "spot" in g.get("markets", {})]
     if not parts:
         return "no spot attempts in this window"

@@ -96,11 +96,12 @@ class ProviderHandle:
             if self._source is None:
                 self._source = self._build()
             source = self._source
-        if getattr(source, "offers_changed", None) is not None:
-            # A source whose offers follow its own launches (owned machines: a launch takes
-            # GPUs, an end frees them) says so through this hook, rather than leaving its
-            # offers stale until the next poll.
-            source.offers_changed = self._offers_changed  # type: ignore[attr-defined]
+        notifier = self.entry.offers_notifier(source)
+        if notifier is not None:
+            # Its offers follow its own launches (owned machines: a launch takes GPUs, an
+            # end frees them): it says when they changed, rather than leaving them stale
+            # until the next poll.
+            notifier.offers_changed = self._offers_changed
         return source
 
     def _offers_changed(self) -> None:

@@ -50,7 +50,13 @@ def build(settings: ProviderSettings) -> SshProvider:
 
 ENTRY = ProviderEntry(
     NAME,
-    Capabilities(launch=True, live_offers=True, watcher="owned-file", markets=("owned",)),
+    Capabilities(
+        launch=True,
+        live_offers=True,
+        watcher="owned-file",
+        markets=("owned",),
+        offers_follow_launches=True,
+    ),
     build,
     billing=BILLING,
     hardware=hardware.LOCAL_FACTS,
