@@ -240,10 +240,12 @@ class OffersNotifier(Protocol):
     """A source whose offers follow its own launches, for providers that declare
     `offers_follow_launches` (providers/registry.py): owned machines offer the GPUs free now,
     so a launch takes some and an instance's end frees them. The daemon sets
-    `offers_changed`, which the source calls after each such change, to poll it again now
-    rather than leave its offers stale until the next poll."""
+    `offers_changed`, which the source calls after each such change (`freed`: capacity came
+    back), to poll it again now rather than leave its offers stale until the next poll, and,
+    when capacity came back, to end its pools' cooldowns (a launch that found no free GPU
+    cooled its pool; a freed GPU makes it worth trying again at once)."""
 
-    offers_changed: Callable[[], None]
+    offers_changed: Callable[[bool], None]
 
 
 class HostedCloud(Protocol):

@@ -38,7 +38,7 @@ name: own-first
 workload: {gpus: 1, gpu_memory_gib: 12}
 markets: [owned, spot]
 placement: {providers: [ssh, local], compliance: eu}
-recovery: {max_restarts: 20, pool_cooldown_minutes: 0, on_demand_after_interruptions: 100}
+recovery: {max_restarts: 20, on_demand_after_interruptions: 100}
 migration: {enabled: true, min_savings: 0.25, min_stable: 0, min_runtime: 0, max_per_day: 20,
   disruption_budget: 6}
 """

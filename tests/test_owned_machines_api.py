@@ -200,3 +200,31 @@ def test_gpus_that_differ_from_the_inventory_are_refused_naming_both(site: Site)
     # Through the CLI: a machine whose NVML finds no GPU at all.
     _one_line(site.cli_add("--name", "gpu-a", "--python", _python()), "gpu-a", "no GPU found")
     assert site.names() == []
+
+
+def test_freed_gpus_end_the_owned_pools_cooldowns_and_taken_ones_do_not(
+    tmp_path: Path,
+) -> None:
+    """A launch that found no free GPU cooled its owned pool; when the provider says GPUs
+    were freed (an end, an undrain), the daemon ends its pools' cooldowns at once, and only
+    its own; a launch (GPUs taken) ends none."""
+    from datetime import timedelta
+
+    from optimizer.model import Pool
+
+    owned = {"machines": []}
+    config = make_config(tmp_path / "daemon", providers={"ssh": owned})
+    source = build_owned(
+        ProviderSettings(config=SshConfig.model_validate(owned), data_dir=tmp_path / "daemon")
+    )
+    with running(config, sources={"ssh": source}) as daemon:
+        daemon.handles["ssh"].source()  # as a poll or a launch gets it: the hook is wired
+        now = daemon.clock()
+        mine = Pool("ssh", "eu-central-1", "fra-lab", "owned-1xT4", "owned")
+        theirs = Pool("local", "eu-north-1", "eu-north-1-b", "g4dn.xlarge", "spot")
+        for pool in (mine, theirs):
+            daemon.store.jobs.add_cooldown(pool, now + timedelta(minutes=10), "no capacity")
+        source.offers_changed(False)  # GPUs taken: nothing ends
+        assert daemon.store.jobs.cooled_pools(daemon.clock()) == {mine, theirs}
+        source.offers_changed(True)
+        assert daemon.store.jobs.cooled_pools(daemon.clock()) == {theirs}

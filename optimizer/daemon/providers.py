@@ -76,7 +76,7 @@ class ProviderHandle:
         self._lock = threading.Lock()
         # Called when the source says its offers changed (`offers_changed` below); the daemon
         # sets it to poll the provider again now.
-        self.on_offers_changed: Callable[[], None] | None = None
+        self.on_offers_changed: Callable[[bool], None] | None = None
 
     @classmethod
     def given(cls, name: str, config: ProviderConfig, source: OfferSource) -> ProviderHandle:
@@ -104,9 +104,9 @@ class ProviderHandle:
             notifier.offers_changed = self._offers_changed
         return source
 
-    def _offers_changed(self) -> None:
+    def _offers_changed(self, freed: bool) -> None:
         if self.on_offers_changed is not None:
-            self.on_offers_changed()
+            self.on_offers_changed(freed)
 
     def launcher(self) -> Provider | None:
         """The source as a Provider (a Launcher) where the provider launches, else None;

@@ -17,6 +17,7 @@ import signal
 import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -329,7 +330,7 @@ class Daemon:
             self._lead(poll.name, self._polling(poll), every)
         for handle in self.handles.values():
             names = tuple(p.name for p in self.polls if p.handle is handle)
-            handle.on_offers_changed = lambda names=names: self._poll_now(names)
+            handle.on_offers_changed = partial(self._offers_changed, handle.name, names)
         for queue in self.queues:  # back to back: each run is one long poll
             self._lead(queue.name, queue.run_once, 0.5)
         local = self.handles.get("local")
@@ -443,11 +444,17 @@ class Daemon:
             except Exception as exc:  # the takeover goes on; the first launch tries again
                 log.warning("could not start provider %s on taking over: %s", handle.name, exc)
 
-    def _poll_now(self, names: tuple[str, ...]) -> None:
+    def _offers_changed(self, provider: str, polls: tuple[str, ...], freed: bool) -> None:
         """A provider's offers changed (owned machines: a launch took GPUs, an end freed
         them): its polls run now, not at their next tick, so the next launch ranks what is
-        free."""
-        for name in names:
+        free; where capacity came back, its pools' cooldowns end (a launch that found no
+        free GPU cooled one)."""
+        if freed and self.leadership.is_leader:
+            try:
+                self.store.jobs.end_cooldowns(provider, self.clock())
+            except Exception:  # the store is down: the cooldowns end on their own
+                log.warning("could not end %s's pool cooldowns", provider, exc_info=True)
+        for name in polls:
             self.scheduler.run_now(name)
 
     def _polling(self, poll: PollLoop) -> Callable[[], None]:

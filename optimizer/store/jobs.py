@@ -685,6 +685,17 @@ class Jobs:
                 )
             )
 
+    def end_cooldowns(self, provider: str, now: datetime) -> int:
+        """End now every cooldown of `provider`'s pools still running at `now` (its capacity
+        came back: an owned machine freed GPUs); how many were ended."""
+        with self._db.begin() as conn:
+            done = conn.execute(
+                update(_COOLDOWN)
+                .where(_COOLDOWN.c.provider == provider, _COOLDOWN.c.until > now)
+                .values(until=now)
+            )
+        return int(done.rowcount or 0)
+
     def cooldown_ends(self, since: datetime) -> dict[Pool, datetime]:
         """Each pool's latest cooldown end, for pools whose cooldown ends after `since`
         (whether it is over by now or not): when each became, or becomes, available again."""

@@ -199,7 +199,7 @@ class SshProvider:
         self._check_lock = threading.Lock()
         # Set by the daemon: called when this provider's offers changed (a launch took GPUs,
         # an instance's end freed them), so they are polled again now.
-        self.offers_changed: Callable[[], None] = lambda: None
+        self.offers_changed: Callable[[bool], None] = lambda freed: None
 
     # -- the inventory -------------------------------------------------------------------------
 
@@ -278,6 +278,7 @@ class SshProvider:
             state.added[spec.name] = spec.model_dump(mode="json")
             state.checks[spec.name] = check
             state.first_seen.setdefault(spec.name, check.at)
+        self.offers_changed(True)  # new GPUs
         return next(v for v in self.views() if v.spec.name == spec.name)
 
     def remove(self, name: str) -> None:
@@ -495,7 +496,7 @@ class SshProvider:
         with self.state.edit() as state:
             record = state.instances[instance.id]
             record.pid, record.dir = pid, folder
-        self.offers_changed()
+        self.offers_changed(False)
         log.info(
             "started %s on machine %s (GPUs %s) for job %s attempt %s",
             instance.id,
@@ -629,7 +630,8 @@ class SshProvider:
             instance.ended_at = self.clock()
             instance.end_reason = None if why is None else why.value
             instance.detail = detail
-        self.offers_changed()  # its GPUs are free
+            offered = instance.machine not in state.drains
+        self.offers_changed(offered)  # its GPUs are free (offered again unless drained)
         return instance
 
     def _ref(self, instance: Instance) -> InstanceRef:
@@ -673,6 +675,7 @@ class SshProvider:
         with self.state.edit() as state:
             if state.drains.pop(name, None) is None:
                 raise MachineError(f"machine {name} is not being drained", code="NotDrained")
+        self.offers_changed(True)  # its GPUs are offered again
 
     def close(self) -> None:
         self.pool.close()
