@@ -147,3 +147,30 @@ def test_a_missing_folder_is_a_bad_argument(
     assert main(["--dir", str(tmp_path / "nope")], environ={}, open_source=_unavailable) == 2
     err = capsys.readouterr().err
     assert "nope" in err and len(err.strip().splitlines()) == 1
+
+
+def test_why_nvml_could_not_start_is_reported_and_named_by_the_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A machine whose NVML cannot start (no driver, nvidia-ml-py missing) says why, and the
+    check's refusal names it rather than only "no GPU"."""
+    from providers.ssh.inventory import MachineSpec
+    from providers.ssh.provider import judge
+
+    assert main(["--dir", str(tmp_path)], environ={}, open_source=_unavailable) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["gpus"] == [] and report["nvml_error"] == "no driver here"
+    spec = MachineSpec.model_validate(
+        {
+            "name": "box",
+            "host": "10.0.0.5",
+            "user": "ops",
+            "region": "eu-central-1",
+            "gpus": 1,
+            "gpu_model": "H200",
+            "tco": {"capex_usd": 40000},
+        }
+    )
+    check = judge(spec, report, 0.0)
+    assert not check.ok
+    assert check.detail == "no GPU found (NVML: no driver here); simulate_gpus is off"

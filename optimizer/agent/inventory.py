@@ -63,18 +63,21 @@ def simulated_gpus(value: str) -> list[dict[str, Any]]:
     ]
 
 
-def nvml_gpus(open_source: Callable[[], HealthSource] = PynvmlSource) -> list[dict[str, Any]]:
+def nvml_gpus(
+    open_source: Callable[[], HealthSource] = PynvmlSource,
+) -> tuple[list[dict[str, Any]], str | None]:
     """NVML's GPUs (all of them, whatever CUDA_VISIBLE_DEVICES says), models named as the
-    probes name them; [] where NVML cannot start."""
+    probes name them, and None; ([], why) where NVML cannot start (no driver, or
+    nvidia-ml-py not installed: the check says so rather than only "no GPU")."""
     try:
         source = open_source()
-    except NvmlUnavailable:
-        return []
+    except NvmlUnavailable as exc:
+        return [], str(exc) or "NVML unavailable"
     try:
         health = source.snapshot()
     finally:
         source.close()
-    return [
+    gpus = [
         {
             "index": gpu.index,
             "model": gpu_spec(gpu.name, gpu.memory_total_bytes).name,
@@ -83,6 +86,7 @@ def nvml_gpus(open_source: Callable[[], HealthSource] = PynvmlSource) -> list[di
         }
         for gpu in health.gpus
     ]
+    return gpus, None
 
 
 def inventory(
@@ -92,7 +96,7 @@ def inventory(
     open_source: Callable[[], HealthSource] = PynvmlSource,
 ) -> dict[str, Any]:
     """The JSON object the command prints; InventoryError for a bad GPUOPT_SIMULATED_GPUS."""
-    gpus = nvml_gpus(open_source)
+    gpus, nvml_error = nvml_gpus(open_source)
     simulated = False
     wanted = environ.get(ENV_SIMULATED_GPUS)
     if not gpus and wanted:
@@ -101,6 +105,7 @@ def inventory(
         "hostname": socket.gethostname(),
         "gpus": gpus,
         "simulated": simulated,
+        "nvml_error": nvml_error,
         "disk_free_gib": round(shutil.disk_usage(folder).free / (1 << 30), 2),
         "python": sys.version.split()[0],
         "gpuopt_version": __version__,

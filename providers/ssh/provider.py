@@ -705,7 +705,9 @@ def judge(m: MachineSpec, found: dict[str, Any], now: float) -> Check:
     disk = found.get("disk_free_gib")
     disk_gib = float(disk) if isinstance(disk, int | float) else None
     if not gpus:
-        why = "no GPU found (NVML)" + ("" if m.simulate_gpus else "; simulate_gpus is off")
+        error = found.get("nvml_error")
+        why = f"no GPU found (NVML: {error})" if error else "no GPU found (NVML)"
+        why += "" if m.simulate_gpus else "; simulate_gpus is off"
         return Check(now, False, why, gpus, simulated, disk_gib)
     models = sorted({str(g.get("model", "?")) for g in gpus})
     if len(gpus) != m.gpus or any(x.lower() != m.gpu_model.lower() for x in models):
