@@ -16,6 +16,8 @@ import httpx
 import pytest
 
 from optimizer.daemon.service import Daemon
+from optimizer.ui.app import console_app
+from optimizer.ui.render import price
 from providers.base import ProviderSettings
 from providers.ssh import SshConfig
 from providers.ssh import build as build_owned
@@ -103,7 +105,10 @@ def site(tmp_path: Path) -> Iterator[Site]:
         source = build_owned(
             ProviderSettings(config=SshConfig.model_validate(owned), data_dir=tmp_path / "daemon")
         )
-        with running(config, sources={"ssh": source}) as daemon, api(daemon) as client:
+        with (
+            running(config, sources={"ssh": source}, face=console_app) as daemon,
+            api(daemon) as client,
+        ):
             yield Site(daemon, client, machine, key, known, tmp_path)
 
 
@@ -130,6 +135,24 @@ def test_a_good_machine_is_added_checked_and_listed(site: Site) -> None:
     checked = site.cli("check", "gpu-a")
     assert checked.returncode == 0, checked.stderr
     assert "2x T4 (simulated)" in checked.stdout
+
+
+def test_the_console_shows_each_machine_its_gpus_in_use_utilization_and_rate(
+    site: Site,
+) -> None:
+    assert site.client.post("/machines", json=site.body()).status_code == 201
+    rate = site.client.get("/machines").json()["machines"][0]["usd_per_gpu_hour"]
+    with httpx.Client(base_url=site.daemon.url, timeout=10) as browser:
+        assert browser.post("/ui/login", data={"token": TOKEN}).status_code == 303
+        page = browser.get("/ui/machines")
+        assert page.status_code == 200
+        row = page.text.split('data-machine="gpu-a"')[1].split("</tr>")[0]
+        assert "2x T4 (simulated)" in row and "0/2" in row
+        assert "0.0%" in row  # held no GPU since it was first seen
+        assert price(rate) in row  # the machine's TCO rate per GPU-hour
+        assert site.client.post("/machines/gpu-a/drain", json={"in_s": 600}).status_code == 200
+        row = browser.get("/ui/machines").text.split('data-machine="gpu-a"')[1]
+        assert "draining until" in row.split("</tr>")[0]
 
 
 def test_a_duplicate_name_is_refused_and_the_first_kept(site: Site) -> None:
