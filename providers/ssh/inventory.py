@@ -146,6 +146,12 @@ class SshConfig(ProviderConfig):
         "refused.",
     )
     connect_timeout_s: float = Field(10.0, gt=0, le=120)
+    lost_after_s: float = Field(
+        300.0,
+        gt=0,
+        description="A machine that cannot be reached this long has gone away: its instances "
+        "end (their jobs restart elsewhere from their checkpoints) and its GPUs are freed.",
+    )
     spot_interval_s: int = Field(
         30, ge=1, description="How often the owned offers are read again (free GPUs change)."
     )
@@ -213,6 +219,8 @@ class State:
     drains: dict[str, Drain] = field(default_factory=dict)
     instances: dict[str, Instance] = field(default_factory=dict)
     first_seen: dict[str, float] = field(default_factory=dict)  # name -> its first check
+    # name -> when describe first failed to reach it, in the current run of failures
+    unreachable: dict[str, float] = field(default_factory=dict)
     next_id: int = 1
 
     def live(self, machine: str | None = None) -> list[Instance]:
@@ -251,6 +259,7 @@ def _load(path: Path) -> State:
         drains={k: Drain(**v) for k, v in raw.get("drains", {}).items()},
         instances={k: Instance(**v) for k, v in raw.get("instances", {}).items()},
         first_seen={k: float(v) for k, v in raw.get("first_seen", {}).items()},
+        unreachable={k: float(v) for k, v in raw.get("unreachable", {}).items()},
         next_id=int(raw.get("next_id", 1)),
     )
 
@@ -282,6 +291,7 @@ class StateFile:
             "drains": {k: asdict(v) for k, v in state.drains.items()},
             "instances": {k: asdict(v) for k, v in state.instances.items()},
             "first_seen": state.first_seen,
+            "unreachable": state.unreachable,
             "next_id": state.next_id,
         }
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".state.")

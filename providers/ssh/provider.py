@@ -337,6 +337,7 @@ class SshProvider:
             timeout=self.config.connect_timeout_s,
         ) as session:
             result = session.run(command, timeout=60.0)
+            self._reached(m.name, session)
         if result.rc != 0:
             last = (result.stderr.strip().splitlines() or ["no output"])[-1]
             return Check(now, False, f"the inventory failed (exit {result.rc}): {last}")
@@ -563,7 +564,11 @@ class SshProvider:
                 alive[machine] = {int(x) for x in found.stdout.split() if x.isdigit()}
             except (SshError, MachineError) as exc:
                 log.warning("machine %s: %s", machine, exc)
-                alive[machine] = None  # unknown: left as it was
+                alive[machine] = None  # unknown: left as it was, until it counts as gone
+                self._unreachable(machine, exc, now)
+            else:
+                self._reached(machine, session)
+        state = self.state.read()
         out: list[InstanceStatus] = []
         for ref in refs:
             instance: Instance | None = state.instances.get(ref.instance_id)
@@ -587,6 +592,52 @@ class SshProvider:
             assert instance is not None
             out.append(self._status(ref, instance))
         return out
+
+    def _unreachable(self, machine: str, exc: Exception, now: float) -> None:
+        """The machine could not be reached: after `lost_after_s` of that it has gone away
+        (powered off, cut off), and its instances end as failed, so their jobs restart
+        elsewhere from their checkpoints; its GPUs are freed."""
+        with self.state.edit() as state:
+            since = state.unreachable.setdefault(machine, now)
+            # It offers nothing until a check reaches it again (each poll tries).
+            state.checks[machine] = Check(now, False, f"unreachable: {exc}")
+            gone = now - since >= self.config.lost_after_s
+            left = state.live(machine) if gone else []
+        for instance in left:
+            self._end(
+                instance.id,
+                EndReason.FAILED,
+                f"machine {machine} unreachable for {now - since:.0f} s: {exc}",
+            )
+
+    def _reached(self, machine: str, session: Any) -> None:
+        """The machine answers again. Instances ended while it could not be reached (their
+        jobs restarted elsewhere) may still run there, cut off: they are stopped now, so two
+        runs never write one job's checkpoints (their agents also stop their jobs once they
+        cannot reach the daemon)."""
+        from providers.ssh.transport import SshError
+
+        if machine not in self.state.read().unreachable:
+            return
+        with self.state.edit() as state:
+            since = state.unreachable.pop(machine, None)
+            cut_off = [
+                i
+                for i in state.instances.values()
+                if i.machine == machine
+                and i.pid
+                and since is not None
+                and (i.ended_at or 0) >= since
+                and i.end_reason == EndReason.FAILED.value
+            ]
+        for instance in cut_off:
+            try:
+                session.run(
+                    _stop_script(int(instance.pid or 0), _mark(instance.id, instance.dir)),
+                    timeout=STOP_GRACE_S + 20,
+                )
+            except SshError as exc:
+                log.warning("machine %s: could not stop %s: %s", machine, instance.id, exc)
 
     def _status(self, ref: InstanceRef, i: Instance) -> InstanceStatus:
         if not i.ended:
