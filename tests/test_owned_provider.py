@@ -105,7 +105,10 @@ def test_a_machine_gone_ends_its_instances_and_stops_them_when_it_answers_again(
     assert view.check is not None and not view.check.ok and "unreachable" in view.check.detail
     assert owned.provider.fetch_offers() == []  # it offers nothing meanwhile
 
-    owned.now[0] += 61  # past lost_after_s
+    owned.now[0] += 45  # tried again (it is retried each 30 s at most): still unreachable
+    [status] = owned.provider.describe([ref])
+    assert status.state is InstanceState.RUNNING
+    owned.now[0] += 16  # past lost_after_s, between two tries: it is gone all the same
     [status] = owned.provider.describe([ref])
     assert status.state is InstanceState.TERMINATED and status.end_reason is EndReason.FAILED
     assert "machine gpu-a unreachable for 61 s" in (status.detail or "")

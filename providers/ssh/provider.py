@@ -63,6 +63,7 @@ SOURCE = "owned-tco"
 UTILIZATION_S = 30 * 86_400.0  # the window a machine's measured utilization covers
 RECHECK_S = 300.0  # a machine that passed is checked again this often; one that failed, each poll
 CHECK_WORKERS = 16  # machines checked at once
+RETRY_S = 30.0  # describe tries an unreachable machine again at most this often
 STOP_GRACE_S = 5.0  # SIGTERM to SIGKILL when an instance is terminated
 NOTICE_FILE = "notice.json"
 
@@ -200,6 +201,9 @@ class SshProvider:
         # Set by the daemon: called when this provider's offers changed (a launch took GPUs,
         # an instance's end freed them), so they are polled again now.
         self.offers_changed: Callable[[bool], None] = lambda freed: None
+        # describe's last try of each machine, and why an unreachable one failed
+        self._tried: dict[str, float] = {}
+        self._why: dict[str, str] = {}
 
     # -- the inventory -------------------------------------------------------------------------
 
@@ -554,6 +558,13 @@ class SshProvider:
             i.machine for r in refs if (i := state.instances.get(r.instance_id)) and not i.ended
         }:
             pids = [i.pid for i in state.live(machine) if i.pid]
+            if machine in state.unreachable and now - self._tried.get(machine, 0.0) < RETRY_S:
+                # Tried a moment ago and unreachable: not again in this pass (a dead host
+                # costs a connect timeout, and every job's pass would wait for it).
+                alive[machine] = None
+                self._unreachable(machine, self._why.get(machine, "unreachable"), now)
+                continue
+            self._tried[machine] = now
             try:
                 m = self.machine(machine)
                 session = self.pool.session(self.target(m))
@@ -565,7 +576,8 @@ class SshProvider:
             except (SshError, MachineError) as exc:
                 log.warning("machine %s: %s", machine, exc)
                 alive[machine] = None  # unknown: left as it was, until it counts as gone
-                self._unreachable(machine, exc, now)
+                self._why[machine] = str(exc)
+                self._unreachable(machine, str(exc), now)
             else:
                 self._reached(machine, session)
         state = self.state.read()
@@ -593,7 +605,7 @@ class SshProvider:
             out.append(self._status(ref, instance))
         return out
 
-    def _unreachable(self, machine: str, exc: Exception, now: float) -> None:
+    def _unreachable(self, machine: str, exc: str, now: float) -> None:
         """The machine could not be reached: after `lost_after_s` of that it has gone away
         (powered off, cut off), and its instances end as failed, so their jobs restart
         elsewhere from their checkpoints; its GPUs are freed."""
