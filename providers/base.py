@@ -248,6 +248,7 @@ class OffersNotifier(Protocol):
     offers_changed: Callable[[bool], None]
 
 
+@runtime_checkable
 class HostedCloud(Protocol):
     """A cloud that runs inside the leading daemon, for providers that declare `hosted`
     (providers/registry.py): the local cloud's metadata endpoint and power-off ticker live in

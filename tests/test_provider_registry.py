@@ -28,6 +28,7 @@ from providers.base import (
     HostedCloud,
     InterruptionQueue,
     Launcher,
+    OffersNotifier,
     OfferSource,
     PlacementOwner,
     ProviderDisabled,
@@ -92,6 +93,9 @@ def test_each_installed_provider_implements_what_it_declares(
     assert (entry.placement_owner(source) is source) is entry.capabilities.gang_placement
     assert isinstance(source, HostedCloud) is entry.capabilities.hosted
     assert (entry.hosted(source) is source) is entry.capabilities.hosted
+    assert isinstance(source, OffersNotifier) is entry.capabilities.offers_follow_launches
+    notifier = entry.offers_notifier(source)
+    assert (notifier is source) is entry.capabilities.offers_follow_launches
     launcher = entry.launcher(source)
     assert launcher is not None
     launcher.close()
