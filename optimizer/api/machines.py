@@ -60,6 +60,11 @@ def _changed(state: ApiState) -> None:
     state.wakeup.set()
 
 
+def _view(provider: Any, name: str) -> dict[str, Any]:
+    """The machine's view, as GET /machines lists it."""
+    return dict(next(v for v in provider.views() if v.spec.name == name).to_dict())
+
+
 @contextmanager
 def _refusing() -> Iterator[None]:
     """A provider's refusal as the HTTP answer its code calls for (the message names the
@@ -110,7 +115,7 @@ def check_machine(name: str, state: StateDep) -> dict[str, Any]:
     with _refusing():
         provider.check(name)
     _changed(state)
-    return dict(next(v for v in provider.views() if v.spec.name == name).to_dict())
+    return _view(provider, name)
 
 
 @router.post("/{name}/drain", response_model=answers.MachineDrained)
@@ -122,7 +127,7 @@ def drain_machine(name: str, body: DrainMachine, state: StateDep) -> dict[str, A
     with _refusing():
         told = provider.drain(name, body.in_s, reason=body.reason)
     _changed(state)
-    view = next(v for v in provider.views() if v.spec.name == name).to_dict()
+    view = _view(provider, name)
     return {"machine": view, "power_off_at": view["draining_until"], "told": told}
 
 
@@ -133,7 +138,7 @@ def undrain_machine(name: str, state: StateDep) -> dict[str, Any]:
     with _refusing():
         provider.undrain(name)
     _changed(state)
-    return dict(next(v for v in provider.views() if v.spec.name == name).to_dict())
+    return _view(provider, name)
 
 
 @router.delete("/{name}", response_model=answers.MachineRemoved)

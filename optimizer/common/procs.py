@@ -45,6 +45,25 @@ def same_process(pid: int | None, start_ticks: int | None) -> bool:
     return ticks is not None and (start_ticks is None or ticks == start_ticks)
 
 
+def pids_with_env(name: str, accept: Callable[[str], bool]) -> list[int]:
+    """Live processes (zombies left out) whose environment sets `name` to a value `accept`
+    takes; only the processes this user may read."""
+    prefix = f"{name}=".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        value = next((v[len(prefix) :] for v in environ.split(b"\0") if v.startswith(prefix)), None)
+        taken = value is not None and accept(value.decode(errors="replace"))
+        if taken and proc_start_ticks(int(entry)) is not None:
+            found.append(int(entry))
+    return found
+
+
 def signal_group(pgid: int | None, signum: int) -> bool:
     """Signal the process group led by `pgid`; False when none is left (or it is not ours)."""
     if pgid is None:

@@ -17,7 +17,7 @@ import signal
 from pathlib import Path
 
 from optimizer.common.environ import MACHINE_MARK_ENV
-from optimizer.common.procs import proc_start_ticks, same_process, signal_group
+from optimizer.common.procs import pids_with_env, same_process, signal_group
 from providers.local.state import InstanceRecord
 
 MARK_ENV = MACHINE_MARK_ENV
@@ -37,18 +37,7 @@ def alive(record: InstanceRecord) -> bool:
 def marked_pids(mark: str) -> list[int]:
     """Live processes that carry `mark` (an instance_mark) exactly (this user's processes
     only)."""
-    needle = f"{MARK_ENV}={mark}".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            environ = Path(f"/proc/{name}/environ").read_bytes()
-        except OSError:
-            continue
-        if needle in environ.split(b"\0") and proc_start_ticks(int(name)) is not None:
-            found.append(int(name))
-    return found
+    return pids_with_env(MARK_ENV, lambda value: value == mark)
 
 
 def power_off(record: InstanceRecord) -> int:

@@ -226,27 +226,15 @@ def instance_processes(folder: Path) -> list[int]:
     its mark, `<id>@<its folder>`, in MACHINE_MARK_ENV, the job included); zombies do not
     count."""
     from optimizer.common.environ import MACHINE_MARK_ENV
-    from optimizer.common.procs import proc_start_ticks
+    from optimizer.common.procs import pids_with_env
 
-    prefix = f"{MACHINE_MARK_ENV}=".encode()
     root = str(folder.resolve())
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            environ = Path(f"/proc/{name}/environ").read_bytes()
-        except OSError:
-            continue
-        for entry in environ.split(b"\0"):
-            if entry.startswith(prefix):
-                where = entry[len(prefix) :].decode(errors="replace").partition("@")[2]
-                if (where == root or where.startswith(root + "/")) and proc_start_ticks(
-                    int(name)
-                ) is not None:
-                    found.append(int(name))
-                break
-    return found
+
+    def under(mark: str) -> bool:
+        where = mark.partition("@")[2]
+        return where == root or where.startswith(root + "/")
+
+    return pids_with_env(MACHINE_MARK_ENV, under)
 
 
 def reap_instances(folder: Path) -> list[int]:
